@@ -1,0 +1,85 @@
+#pragma once
+// Entry point: a context on one provider (the protection domain). It creates
+// memory regions, completion queues, listeners and connected queue pairs.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "rdmakit/completion_queue.hpp"
+#include "rdmakit/memory.hpp"
+#include "rdmakit/queue_pair.hpp"
+
+namespace rdmakit {
+
+struct ContextOptions {
+  // kAuto: RDMAKIT_PROVIDER if set, else verbs when a usable device exists,
+  // else shm. The choice and the reason are logged.
+  ProviderKind provider = ProviderKind::kAuto;
+  std::string device;  // verbs: device name (default: first usable)
+  int gid_index = -1;  // verbs: -1 = pick a RoCEv2 IPv4 GID automatically
+};
+
+// Parses "shm", "tcp", "verbs", "auto"; throws Error on anything else.
+ProviderKind parse_provider(const std::string& name);
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Waits for one connection request, answers with reply_private_data and
+  // returns the connected QP. Throws Error(ETIMEDOUT) after timeout.
+  virtual std::unique_ptr<QueuePair> accept(
+      const QpOptions& options, std::chrono::milliseconds timeout,
+      std::span<const std::byte> reply_private_data = {}) = 0;
+  // host:port actually bound (port 0 resolves to the one chosen).
+  virtual std::string address() const = 0;
+  virtual uint16_t port() const = 0;
+};
+
+class Context {
+ public:
+  static constexpr size_t kMaxPrivateData = 192;
+
+  static std::unique_ptr<Context> open(const ContextOptions& options = {});
+  virtual ~Context() = default;
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ProviderKind provider() const noexcept { return provider_; }
+  const char* provider_name() const noexcept {
+    return rdmakit::provider_name(provider_);
+  }
+  // Device in use (verbs: "rxe0"; shm/tcp: the provider's own name).
+  virtual std::string device_name() const = 0;
+
+  // Registers caller memory. access: Access bits.
+  virtual std::unique_ptr<MemoryRegion> register_memory(void* addr,
+                                                        size_t length,
+                                                        uint32_t access) = 0;
+  // Allocates provider-best memory (shm: memfd, shared with peers directly;
+  // verbs: huge pages when available), zero-filled, and registers it.
+  virtual std::unique_ptr<MemoryRegion> allocate(size_t length,
+                                                 uint32_t access) = 0;
+
+  virtual std::unique_ptr<CompletionQueue> create_cq(
+      const CqOptions& options = {}) = 0;
+
+  // "host:port"; port 0 picks a free one.
+  virtual std::unique_ptr<Listener> listen(const std::string& address) = 0;
+
+  // Connects to a listener; private_data (<= kMaxPrivateData bytes) is
+  // delivered to the acceptor. Throws Error (ECONNREFUSED, ETIMEDOUT, ...).
+  virtual std::unique_ptr<QueuePair> connect(
+      const std::string& address, const QpOptions& options,
+      std::span<const std::byte> private_data = {},
+      std::chrono::milliseconds timeout = std::chrono::seconds(5)) = 0;
+
+ protected:
+  explicit Context(ProviderKind provider) noexcept : provider_(provider) {}
+
+ private:
+  ProviderKind provider_;
+};
+
+}  // namespace rdmakit

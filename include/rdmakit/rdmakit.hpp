@@ -1,0 +1,9 @@
+#pragma once
+// rdmakit transport core: include this one header.
+#include "rdmakit/completion_queue.hpp"
+#include "rdmakit/context.hpp"
+#include "rdmakit/error.hpp"
+#include "rdmakit/memory.hpp"
+#include "rdmakit/queue_pair.hpp"
+#include "rdmakit/status.hpp"
+#include "rdmakit/types.hpp"

@@ -1,0 +1,18 @@
+#pragma once
+// "host:port" parsing shared by every provider ("[::1]:7471" for IPv6).
+#include <cstdint>
+#include <string>
+
+namespace rdmakit::core {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+
+// Throws rdmakit::Error(EINVAL) naming the operation and provider.
+HostPort parse_host_port(const std::string& address, const char* operation,
+                         const char* provider);
+
+}  // namespace rdmakit::core
