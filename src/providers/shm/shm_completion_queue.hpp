@@ -1,0 +1,65 @@
+#pragma once
+#include <vector>
+
+#include "providers/shm/unix_socket.hpp"
+#include "rdmakit/completion_queue.hpp"
+
+namespace rdmakit::shm {
+
+class ShmQueuePair;
+
+// Send-side completions are produced by the owning thread into a private
+// ring; receive-side completions are read straight from each attached QP's
+// shared receive ring. fd() is an epoll set of an eventfd (peers and the
+// service thread signal it when armed) and a timerfd (RNR retry pacing).
+class ShmCompletionQueue final : public CompletionQueue {
+ public:
+  explicit ShmCompletionQueue(const CqOptions& options);
+  ~ShmCompletionQueue() override;
+
+  int poll(std::span<Completion> out) noexcept override;
+  int fd() const noexcept override { return epoll_.get(); }
+  bool arm() noexcept override;
+
+  int wake_fd() const noexcept { return event_.get(); }
+
+  // Control path. Throws Error(EINVAL) if the QP depths exceed capacity, so
+  // the private ring can never overflow.
+  void attach_send(ShmQueuePair* qp, uint32_t depth);
+  void attach_recv(ShmQueuePair* qp, uint32_t depth);
+  void detach(ShmQueuePair* qp) noexcept;
+
+  // Data path: a send completion; polling it retires the QP's send slots
+  // up to retire_to (selective signaling).
+  void push(const Completion& completion, ShmQueuePair* qp, uint64_t retire_to) noexcept {
+    Entry& e = ring_[tail_ & mask_];
+    e.completion = completion;
+    e.qp = qp;
+    e.retire_to = retire_to;
+    ++tail_;
+  }
+
+ private:
+  struct Entry {
+    Completion completion;
+    ShmQueuePair* qp;
+    uint64_t retire_to;
+  };
+  void disarm() noexcept;
+  void reserve(uint32_t depth);
+
+  std::vector<Entry> ring_;
+  uint64_t mask_ = 0;
+  uint64_t head_ = 0;
+  uint64_t tail_ = 0;
+  uint64_t committed_ = 0;  // sum of attached depths
+  std::vector<ShmQueuePair*> send_qps_;
+  std::vector<ShmQueuePair*> recv_qps_;
+  size_t next_recv_ = 0;  // round-robin start for fairness across QPs
+  bool armed_ = false;
+  Fd epoll_;
+  Fd event_;
+  Fd timer_;
+};
+
+}  // namespace rdmakit::shm

@@ -1,0 +1,284 @@
+#include "providers/shm/shm_context.hpp"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "core/log.hpp"
+#include "core/provider_factories.hpp"
+#include "providers/shm/shm_completion_queue.hpp"
+#include "providers/shm/shm_listener.hpp"
+#include "providers/shm/shm_memory_region.hpp"
+#include "providers/shm/shm_queue_pair.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::shm {
+namespace {
+
+Error context_error(const char* what, int err, const std::string& detail = {}) {
+  return Error(what, "shm", "", err, detail);
+}
+
+size_t page_round(size_t length) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return (length + page - 1) / page * page;
+}
+
+}  // namespace
+
+ShmContext::ShmContext() : Context(ProviderKind::kShm), pid_(::getpid()) {
+  table_fd_.reset(::memfd_create("rdmakit-shm-regions", MFD_CLOEXEC));
+  if (!table_fd_) throw context_error("memfd_create(region table)", errno);
+  if (::ftruncate(table_fd_.get(), sizeof(RegionTable)) != 0) {
+    throw context_error("ftruncate(region table)", errno);
+  }
+  void* mem = map_fd(table_fd_.get(), sizeof(RegionTable), true);
+  if (mem == nullptr) throw context_error("mmap(region table)", errno);
+  table_ = new (mem) RegionTable();
+  table_->owner_pid = static_cast<uint32_t>(pid_);
+  free_indices_.reserve(kRegionTableSize);
+  for (uint32_t i = kRegionTableSize; i-- > 0;) free_indices_.push_back(i);
+  generation_ = std::random_device{}() & ((1u << (32 - kRegionIndexBits)) - 1);
+
+  // Peers read and write registered user memory with process_vm_readv/writev,
+  // which Yama's ptrace_scope=1 would refuse for non-descendants.
+  if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
+    core::log().warn("shm: prctl(PR_SET_PTRACER) failed ({}); peers may be unable "
+                     "to access registered user memory", std::strerror(errno));
+  }
+
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  stop_event_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!epoll_ || !stop_event_) throw context_error("epoll/eventfd", errno);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stop_event_.get(), &ev);
+  service_ = std::thread([this] { service_loop(); });
+}
+
+ShmContext::~ShmContext() {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(stop_event_.get(), &one, sizeof one);
+  service_.join();
+  ::munmap(table_, sizeof(RegionTable));
+}
+
+uint32_t ShmContext::reserve_key() {
+  std::lock_guard lock(mutex_);
+  if (free_indices_.empty()) {
+    throw context_error("register_memory", ENOSPC,
+                        "region table full (" + std::to_string(kRegionTableSize) +
+                            " regions per context)");
+  }
+  const uint32_t index = free_indices_.back();
+  free_indices_.pop_back();
+  uint32_t key;
+  do {
+    generation_ = (generation_ + 1) & ((1u << (32 - kRegionIndexBits)) - 1);
+    key = (generation_ << kRegionIndexBits) | index;
+  } while (key == 0);
+  return key;
+}
+
+void ShmContext::publish_region(uint32_t key, ShmMemoryRegion* region,
+                                RegionKind kind, uint64_t addr, uint64_t length,
+                                uint32_t access) {
+  std::lock_guard lock(mutex_);
+  const uint32_t index = key & kRegionIndexMask;
+  regions_[index] = region;
+  RegionEntry& entry = table_->entries[index];
+  entry.access.store(access, std::memory_order_relaxed);
+  entry.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
+  entry.addr.store(addr, std::memory_order_relaxed);
+  entry.length.store(length, std::memory_order_relaxed);
+  entry.key.store(key, std::memory_order_release);
+}
+
+void ShmContext::remove_region(uint32_t key) {
+  std::lock_guard lock(mutex_);
+  const uint32_t index = key & kRegionIndexMask;
+  // Invalidate first: a peer that checks after this sees a dead key.
+  table_->entries[index].key.store(0, std::memory_order_seq_cst);
+  regions_[index] = nullptr;
+  free_indices_.push_back(index);
+}
+
+std::unique_ptr<MemoryRegion> ShmContext::register_memory(void* addr, size_t length,
+                                                          uint32_t access) {
+  if (addr == nullptr && length != 0) {
+    throw context_error("register_memory", EINVAL, "null address");
+  }
+  if ((access & ~static_cast<uint32_t>(kAccessAll)) != 0) {
+    throw context_error("register_memory", EINVAL, "unknown access bits");
+  }
+  const uint32_t key = reserve_key();
+  auto region = std::make_unique<ShmMemoryRegion>(*this, addr, length, key, access,
+                                                  Fd(), 0);
+  publish_region(key, region.get(), RegionKind::kUser,
+                 reinterpret_cast<uint64_t>(addr), length, access);
+  return region;
+}
+
+std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t access) {
+  if ((access & ~static_cast<uint32_t>(kAccessAll)) != 0) {
+    throw context_error("allocate", EINVAL, "unknown access bits");
+  }
+  Fd memfd(::memfd_create("rdmakit-shm-region", MFD_CLOEXEC));
+  if (!memfd) throw context_error("memfd_create", errno);
+  const size_t mapped = page_round(length == 0 ? 1 : length);
+  if (::ftruncate(memfd.get(), static_cast<off_t>(mapped)) != 0) {
+    throw context_error("ftruncate(region)", errno,
+                        "allocating " + std::to_string(length) + " bytes");
+  }
+  void* mem = map_fd(memfd.get(), mapped, true);
+  if (mem == nullptr) throw context_error("mmap(region)", errno);
+  const uint32_t key = reserve_key();
+  auto region = std::make_unique<ShmMemoryRegion>(*this, mem, length, key, access,
+                                                  std::move(memfd), mapped);
+  publish_region(key, region.get(), RegionKind::kMemfd,
+                 reinterpret_cast<uint64_t>(mem), length, access);
+  return region;
+}
+
+std::unique_ptr<CompletionQueue> ShmContext::create_cq(const CqOptions& options) {
+  return std::make_unique<ShmCompletionQueue>(options);
+}
+
+std::unique_ptr<Listener> ShmContext::listen(const std::string& address) {
+  return std::make_unique<ShmListener>(*this, address);
+}
+
+std::unique_ptr<QueuePair> ShmContext::connect(const std::string& address,
+                                               const QpOptions& options,
+                                               std::span<const std::byte> private_data,
+                                               std::chrono::milliseconds timeout) {
+  return connect_queue_pair(*this, address, options, private_data, timeout);
+}
+
+void ShmContext::add_link(const std::shared_ptr<Link>& link) {
+  std::lock_guard lock(mutex_);
+  link->id = next_link_id_++;
+  links_.emplace(link->id, link);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = link->id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, link->serve_socket.get(), &ev) != 0) {
+    links_.erase(link->id);
+    throw context_error("epoll_ctl(link)", errno);
+  }
+}
+
+void ShmContext::remove_link(const std::shared_ptr<Link>& link) {
+  std::lock_guard lock(mutex_);
+  if (links_.erase(link->id) != 0) {
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, link->serve_socket.get(), nullptr);
+  }
+}
+
+void ShmContext::mark_gone(Link& link) {
+  link.peer_gone.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(link.send_cq_wake.get(), &one, sizeof one);
+  n = ::write(link.recv_cq_wake.get(), &one, sizeof one);
+}
+
+void ShmContext::service_loop() {
+  epoll_event events[32];
+  for (;;) {
+    const int n = ::epoll_wait(epoll_.get(), events, 32, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      core::log().error("shm: service epoll_wait failed: {}", std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == 0) return;  // stop
+      std::shared_ptr<Link> link;
+      {
+        std::lock_guard lock(mutex_);
+        auto it = links_.find(events[i].data.u64);
+        if (it == links_.end()) continue;
+        link = it->second;
+      }
+      if ((events[i].events & EPOLLIN) != 0) serve_request(*link);
+      if ((events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0 &&
+          !link->peer_gone.load()) {
+        mark_gone(*link);
+      }
+      if (link->peer_gone.load()) remove_link(link);
+    }
+  }
+}
+
+void ShmContext::serve_request(Link& link) {
+  Request request{};
+  size_t nfds = 0;
+  const ssize_t got = recv_with_fds(link.serve_socket.get(), &request, sizeof request,
+                                    {}, &nfds, std::chrono::milliseconds(0));
+  if (got == 0 || (got < 0 && got != -EAGAIN && got != -ETIMEDOUT)) {
+    mark_gone(link);
+    return;
+  }
+  if (got != static_cast<ssize_t>(sizeof request)) return;  // malformed: ignore
+
+  Reply reply{static_cast<uint32_t>(Status::kRemoteAccessError), 0, 0};
+  Fd region_fd;
+  {
+    std::lock_guard lock(mutex_);
+    const uint32_t index = request.rkey & kRegionIndexMask;
+    ShmMemoryRegion* region = regions_[index];
+    const bool live = region != nullptr && region->rkey() == request.rkey;
+    if (live && request.op == RequestOp::kGetRegion && region->kind() == RegionKind::kMemfd) {
+      if (region->peers_may_write()) {
+        region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
+        reply.writable = 1;
+      } else {
+        // A new read-only open file description: the peer cannot mmap it writable.
+        const std::string path = "/proc/self/fd/" + std::to_string(region->memfd());
+        region_fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      }
+      reply.status = static_cast<uint32_t>(region_fd ? Status::kSuccess
+                                                     : Status::kRemoteOperationError);
+    } else if (live && (request.op == RequestOp::kCompareSwap ||
+                        request.op == RequestOp::kFetchAdd)) {
+      const uint64_t base = reinterpret_cast<uint64_t>(region->addr());
+      const bool in_range = request.addr >= base && region->length() >= 8 &&
+                            request.addr - base <= region->length() - 8;
+      if (in_range && (region->access() & kAccessRemoteAtomic) != 0 &&
+          request.addr % 8 == 0) {
+        std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(request.addr));
+        if (request.op == RequestOp::kFetchAdd) {
+          reply.value = word.fetch_add(request.compare_add);
+        } else {
+          uint64_t expected = request.compare_add;
+          word.compare_exchange_strong(expected, request.swap);
+          reply.value = expected;
+        }
+        reply.status = static_cast<uint32_t>(Status::kSuccess);
+      }
+    }
+  }
+  const int fd = region_fd.get();
+  if (send_with_fds(link.serve_socket.get(), &reply, sizeof reply,
+                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>()) != 0) {
+    mark_gone(link);
+  }
+}
+
+}  // namespace rdmakit::shm
+
+namespace rdmakit::core {
+std::unique_ptr<Context> make_shm_context(const ContextOptions&) {
+  return std::make_unique<shm::ShmContext>();
+}
+}  // namespace rdmakit::core

@@ -1,0 +1,77 @@
+#pragma once
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "providers/shm/shm_layout.hpp"
+#include "providers/shm/shm_link.hpp"
+#include "providers/shm/unix_socket.hpp"
+#include "rdmakit/context.hpp"
+
+namespace rdmakit::shm {
+
+class ShmMemoryRegion;
+
+// The shm protection domain: a region table in a memfd that peers map
+// read-only (so rkey checks and deregistration need no peer CPU), and a
+// service thread that hands out region descriptors, performs atomics on
+// regions peers cannot map, and notices dead peers.
+class ShmContext final : public Context {
+ public:
+  ShmContext();
+  ~ShmContext() override;
+
+  std::string device_name() const override { return "shm"; }
+  std::unique_ptr<MemoryRegion> register_memory(void* addr, size_t length,
+                                                uint32_t access) override;
+  std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
+  std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override;
+  std::unique_ptr<Listener> listen(const std::string& address) override;
+  std::unique_ptr<QueuePair> connect(const std::string& address,
+                                     const QpOptions& options,
+                                     std::span<const std::byte> private_data,
+                                     std::chrono::milliseconds timeout) override;
+
+  RegionTable& table() noexcept { return *table_; }
+  int table_fd() const noexcept { return table_fd_.get(); }
+  pid_t pid() const noexcept { return pid_; }
+
+  // Region bookkeeping (control path).
+  // Throws Error(ENOSPC) when the table is full.
+  uint32_t reserve_key();
+  void publish_region(uint32_t key, ShmMemoryRegion* region, RegionKind kind,
+                      uint64_t addr, uint64_t length, uint32_t access);
+  void remove_region(uint32_t key);
+
+  // Service thread registration of a QP's link.
+  void add_link(const std::shared_ptr<Link>& link);
+  void remove_link(const std::shared_ptr<Link>& link);
+
+  uint32_t next_qp_num() noexcept { return next_qp_num_++; }
+
+ private:
+  void service_loop();
+  void serve_request(Link& link);
+  void mark_gone(Link& link);
+
+  pid_t pid_;
+  Fd table_fd_;
+  RegionTable* table_ = nullptr;
+  std::mutex mutex_;  // regions_, free_indices_, links_
+  ShmMemoryRegion* regions_[kRegionTableSize] = {};
+  std::vector<uint32_t> free_indices_;
+  uint32_t generation_;
+  std::unordered_map<uint64_t, std::shared_ptr<Link>> links_;
+  uint64_t next_link_id_ = 1;
+  std::atomic<uint32_t> next_qp_num_{1};
+  Fd epoll_;
+  Fd stop_event_;
+  std::thread service_;
+};
+
+}  // namespace rdmakit::shm

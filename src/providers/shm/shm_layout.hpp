@@ -1,0 +1,114 @@
+#pragma once
+// Structures that live in shared memory and are read or written by two
+// processes. Every cross-process field is a lock-free atomic or is published
+// by a release store of a counter and read after its acquire load.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmakit::shm {
+
+inline constexpr uint32_t kRegionIndexBits = 12;
+inline constexpr uint32_t kRegionTableSize = 1u << kRegionIndexBits;
+inline constexpr uint32_t kRegionIndexMask = kRegionTableSize - 1;
+inline constexpr uint32_t kLayoutMagic = 0x52444b53;  // "RDKS"
+inline constexpr uint16_t kProtocolVersion = 1;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "cross-process atomics must not fall back to locks");
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+enum class RegionKind : uint32_t {
+  kMemfd = 1,  // allocate(): peers map the memfd and access it directly
+  kUser = 2,   // register_memory(): peers use process_vm_readv/writev
+};
+
+// One registered region of a context. rkey == lkey == key: (generation <<
+// kRegionIndexBits) | index, never 0. Readers use the key as a sequence lock:
+// load key, read fields, fence, load key again; equal keys mean a consistent
+// snapshot of a live region.
+struct RegionEntry {
+  std::atomic<uint32_t> key{0};
+  std::atomic<uint32_t> access{0};
+  std::atomic<uint32_t> kind{0};
+  uint32_t reserved = 0;
+  std::atomic<uint64_t> addr{0};    // in the owner's address space
+  std::atomic<uint64_t> length{0};
+};
+static_assert(sizeof(RegionEntry) == 32);
+
+struct RegionTable {
+  uint32_t magic = kLayoutMagic;
+  uint32_t owner_pid = 0;
+  uint64_t reserved[7] = {};
+  RegionEntry entries[kRegionTableSize];
+};
+
+// Receive queue entry. The receiver writes addr/length/lkey before
+// publishing `posted`; the sender writes the result fields before publishing
+// `completed`.
+struct RecvSlot {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+  uint32_t byte_len;
+  uint32_t imm;
+  uint8_t status;  // rdmakit::Status
+  uint8_t opcode;  // rdmakit::Opcode of the completion
+  uint8_t flags;   // CompletionFlags
+  uint8_t reserved[5];
+};
+static_assert(sizeof(RecvSlot) == 32);
+
+enum QpSideState : uint32_t { kSideOpen = 0, kSideError = 1, kSideClosed = 2 };
+
+// One per QP per side, created by the receiving side and mapped by its peer:
+// the receive ring the peer's SENDs consume, and the wake-up handshake.
+struct alignas(64) InboundBlock {
+  uint32_t magic = kLayoutMagic;
+  uint32_t ring_size = 0;  // power of two
+  alignas(64) std::atomic<uint64_t> posted{0};     // receiver writes
+  alignas(64) std::atomic<uint64_t> completed{0};  // sender writes
+  alignas(64) std::atomic<uint32_t> owner_state{kSideOpen};  // receiver writes
+  std::atomic<uint32_t> cq_armed{0};  // receiver's CQ sleeps: sender must signal
+  alignas(64) std::atomic<uint32_t> sender_state{kSideOpen};  // sender writes
+
+  RecvSlot* slots() noexcept { return reinterpret_cast<RecvSlot*>(this + 1); }
+  static size_t bytes_for(uint32_t ring_size) noexcept {
+    return sizeof(InboundBlock) + sizeof(RecvSlot) * ring_size;
+  }
+};
+static_assert(sizeof(InboundBlock) % 64 == 0, "slots start on a cache line");
+
+// Control messages on the per-QP request socket (SOCK_SEQPACKET).
+enum class RequestOp : uint32_t { kGetRegion = 1, kCompareSwap = 2, kFetchAdd = 3 };
+
+struct Request {
+  RequestOp op;
+  uint32_t rkey;
+  uint64_t addr;
+  uint64_t compare_add;
+  uint64_t swap;
+};
+
+struct Reply {
+  uint32_t status;  // rdmakit::Status
+  uint32_t writable;
+  uint64_t value;   // atomics: the old value
+};
+
+// Connection handshake: each side sends one Hello plus four descriptors:
+// region table, inbound block, recv CQ eventfd, request socket for the peer.
+struct Hello {
+  uint32_t magic = kLayoutMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t private_len = 0;
+  uint32_t pid = 0;
+  uint32_t ring_size = 0;
+  uint32_t qp_num = 0;
+  uint32_t accepted = 1;  // reply only: 0 = rejected
+  uint8_t private_data[192] = {};
+};
+inline constexpr size_t kHelloFds = 4;
+
+}  // namespace rdmakit::shm

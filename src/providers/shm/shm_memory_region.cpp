@@ -1,0 +1,22 @@
+#include "providers/shm/shm_memory_region.hpp"
+
+#include <sys/mman.h>
+
+#include "providers/shm/shm_context.hpp"
+
+namespace rdmakit::shm {
+
+ShmMemoryRegion::ShmMemoryRegion(ShmContext& context, void* addr, size_t length,
+                                 uint32_t key, uint32_t access, Fd memfd,
+                                 size_t mapped_length)
+    : MemoryRegion(addr, length, key, key, access, ProviderKind::kShm),
+      context_(context),
+      memfd_(std::move(memfd)),
+      mapped_length_(mapped_length) {}
+
+ShmMemoryRegion::~ShmMemoryRegion() {
+  context_.remove_region(rkey());
+  if (memfd_) ::munmap(addr(), mapped_length_);
+}
+
+}  // namespace rdmakit::shm

@@ -1,0 +1,33 @@
+#pragma once
+#include "providers/shm/shm_layout.hpp"
+#include "providers/shm/unix_socket.hpp"
+#include "rdmakit/memory.hpp"
+
+namespace rdmakit::shm {
+
+class ShmContext;
+
+class ShmMemoryRegion final : public MemoryRegion {
+ public:
+  // memfd may be empty (registered user memory).
+  ShmMemoryRegion(ShmContext& context, void* addr, size_t length, uint32_t key,
+                  uint32_t access, Fd memfd, size_t mapped_length);
+  ~ShmMemoryRegion() override;
+
+  RegionKind kind() const noexcept {
+    return memfd_ ? RegionKind::kMemfd : RegionKind::kUser;
+  }
+  int memfd() const noexcept { return memfd_.get(); }
+  // Peers get a read-only descriptor unless the region grants remote writes
+  // or atomics, so the kernel enforces read-only grants.
+  bool peers_may_write() const noexcept {
+    return (access() & (kAccessRemoteWrite | kAccessRemoteAtomic)) != 0;
+  }
+
+ private:
+  ShmContext& context_;
+  Fd memfd_;
+  size_t mapped_length_;
+};
+
+}  // namespace rdmakit::shm

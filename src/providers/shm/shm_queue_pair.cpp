@@ -1,0 +1,657 @@
+#include "providers/shm/shm_queue_pair.hpp"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "core/address.hpp"
+#include "core/log.hpp"
+#include "providers/shm/shm_completion_queue.hpp"
+#include "providers/shm/shm_context.hpp"
+#include "rdmakit/context.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::shm {
+namespace {
+
+
+bool is_sink(Opcode op) {
+  return op == Opcode::kRead || op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
+}
+
+bool valid_send_opcode(Opcode op) {
+  return op <= Opcode::kFetchAdd;
+}
+
+// Snapshot of a live region entry, or false if key does not name one.
+struct EntryView {
+  uint32_t access;
+  RegionKind kind;
+  uint64_t addr;
+  uint64_t length;
+};
+
+bool read_entry(const RegionTable& table, uint32_t key, EntryView* view) noexcept {
+  if (key == 0) return false;
+  const RegionEntry& e = table.entries[key & kRegionIndexMask];
+  if (e.key.load(std::memory_order_acquire) != key) return false;
+  view->access = e.access.load(std::memory_order_relaxed);
+  view->kind = static_cast<RegionKind>(e.kind.load(std::memory_order_relaxed));
+  view->addr = e.addr.load(std::memory_order_relaxed);
+  view->length = e.length.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return e.key.load(std::memory_order_relaxed) == key;
+}
+
+bool in_range(const EntryView& view, uint64_t addr, uint64_t length) noexcept {
+  return addr >= view.addr && length <= view.length &&
+         addr - view.addr <= view.length - length;
+}
+
+Error setup_error(const char* what, const std::string& peer, int err,
+                  const std::string& detail = {}) {
+  return Error(what, "shm", peer, err, detail);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- handshake
+
+LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
+  if (options.send_cq == nullptr || options.recv_cq == nullptr) {
+    throw setup_error("create_qp", "", EINVAL, "send_cq and recv_cq are required");
+  }
+  if (options.max_send_wr == 0 || options.max_recv_wr == 0) {
+    throw setup_error("create_qp", "", EINVAL, "max_send_wr and max_recv_wr must be > 0");
+  }
+  LocalEnd local;
+  local.qp_num = context.next_qp_num();
+  const uint32_t ring = std::bit_ceil(options.max_recv_wr);
+  local.block_bytes = InboundBlock::bytes_for(ring);
+  local.block_fd.reset(::memfd_create("rdmakit-shm-qp", MFD_CLOEXEC));
+  if (!local.block_fd) throw setup_error("memfd_create(qp)", "", errno);
+  if (::ftruncate(local.block_fd.get(), static_cast<off_t>(local.block_bytes)) != 0) {
+    throw setup_error("ftruncate(qp)", "", errno);
+  }
+  void* mem = map_fd(local.block_fd.get(), local.block_bytes, true);
+  if (mem == nullptr) throw setup_error("mmap(qp)", "", errno);
+  local.block = new (mem) InboundBlock();
+  local.block->ring_size = ring;
+
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    throw setup_error("socketpair", "", errno);
+  }
+  local.link = std::make_shared<Link>();
+  local.link->serve_socket.reset(pair[0]);
+  local.peer_request_end.reset(pair[1]);
+  return local;
+}
+
+int send_hello(int sock, ShmContext& context, const LocalEnd& local,
+               const QpOptions& options, std::span<const std::byte> private_data,
+               bool accepted) {
+  Hello hello;
+  hello.pid = static_cast<uint32_t>(context.pid());
+  hello.ring_size = local.block->ring_size;
+  hello.qp_num = local.qp_num;
+  hello.accepted = accepted ? 1 : 0;
+  hello.private_len = static_cast<uint16_t>(private_data.size());
+  std::memcpy(hello.private_data, private_data.data(), private_data.size());
+  auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
+  const int fds[kHelloFds] = {context.table_fd(), local.block_fd.get(),
+                              recv_cq->wake_fd(), local.peer_request_end.get()};
+  return send_with_fds(sock, &hello, sizeof hello, fds);
+}
+
+PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
+                      std::chrono::milliseconds timeout) {
+  Hello hello;
+  Fd fds[kHelloFds];
+  size_t nfds = 0;
+  const ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
+  if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
+  if (got == 0) throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
+  if (got != sizeof hello || hello.magic != kLayoutMagic ||
+      hello.version != kProtocolVersion || nfds != kHelloFds ||
+      hello.private_len > Context::kMaxPrivateData || hello.ring_size == 0 ||
+      !std::has_single_bit(hello.ring_size)) {
+    throw setup_error(operation, peer, EPROTO, "malformed handshake");
+  }
+  if (hello.accepted == 0) throw setup_error(operation, peer, ECONNREFUSED, "rejected");
+  PeerEnd end;
+  end.table_fd = std::move(fds[0]);
+  end.block_fd = std::move(fds[1]);
+  end.cq_event = std::move(fds[2]);
+  end.request_socket = std::move(fds[3]);
+  end.pid = static_cast<pid_t>(hello.pid);
+  end.ring_size = hello.ring_size;
+  end.address = peer;
+  end.private_data.assign(reinterpret_cast<const std::byte*>(hello.private_data),
+                          reinterpret_cast<const std::byte*>(hello.private_data) +
+                              hello.private_len);
+  return end;
+}
+
+std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
+                                              const std::string& address,
+                                              const QpOptions& options,
+                                              std::span<const std::byte> private_data,
+                                              std::chrono::milliseconds timeout) {
+  const auto target = core::parse_host_port(address, "connect", "shm");
+  if (private_data.size() > Context::kMaxPrivateData) {
+    throw setup_error("connect", address, EINVAL, "private data larger than 192 bytes");
+  }
+  Fd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock) throw setup_error("connect", address, errno, "socket");
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const std::string name = abstract_name(target.port);
+  std::memcpy(sa.sun_path, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    const int err = errno;
+    throw setup_error("connect", address, err,
+                      err == ECONNREFUSED ? "no shm listener on that port (same host only)"
+                                          : "connect");
+  }
+  LocalEnd local = prepare_local_end(context, options);
+  if (int rc = send_hello(sock.get(), context, local, options, private_data, true);
+      rc != 0) {
+    throw setup_error("connect", address, -rc, "sending handshake");
+  }
+  PeerEnd peer = receive_hello(sock.get(), "connect", address, timeout);
+  return std::make_unique<ShmQueuePair>(context, options, std::move(local),
+                                        std::move(peer));
+}
+
+// ------------------------------------------------------------- construction
+
+ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options,
+                           LocalEnd local, PeerEnd peer)
+    : QueuePair(local.qp_num, options, peer.address, peer.private_data),
+      context_(context),
+      local_(std::move(local)),
+      peer_(std::move(peer)),
+      send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
+      recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
+  auto fail = [&](const char* what, int err) {
+    return setup_error(what, peer_.address, err);
+  };
+  void* table = map_fd(peer_.table_fd.get(), sizeof(RegionTable), false);
+  if (table == nullptr) throw fail("mmap(peer region table)", errno);
+  peer_table_ = static_cast<const RegionTable*>(table);
+  peer_block_bytes_ = InboundBlock::bytes_for(peer_.ring_size);
+  void* block = map_fd(peer_.block_fd.get(), peer_block_bytes_, true);
+  if (block == nullptr) throw fail("mmap(peer queue)", errno);
+  peer_block_ = static_cast<InboundBlock*>(block);
+  if (peer_table_->magic != kLayoutMagic || peer_block_->magic != kLayoutMagic ||
+      peer_block_->ring_size != peer_.ring_size) {
+    throw fail("handshake", EPROTO);
+  }
+
+  const uint64_t sq_size = std::bit_ceil(options_.max_send_wr);
+  sq_.resize(sq_size);
+  sq_mask_ = sq_size - 1;
+  if (options_.max_inline < 8) options_.max_inline = 8;
+  inline_data_.resize(sq_size * options_.max_inline);
+  rq_wr_id_.resize(local_.block->ring_size);
+  rq_mask_ = local_.block->ring_size - 1;
+  mappings_ = std::make_unique<Mapping[]>(kRegionTableSize);
+
+  local_.link->send_cq_wake.reset(::fcntl(send_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
+  local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
+  send_cq_->attach_send(this, options_.max_send_wr);
+  try {
+    recv_cq_->attach_recv(this, options_.max_recv_wr);
+  } catch (...) {
+    send_cq_->detach(this);
+    throw;
+  }
+  // Our copy of the peer's request end must close, so the peer's death (or
+  // ours) is seen as a hang-up by the other side's service thread.
+  local_.peer_request_end.reset();
+  context_.add_link(local_.link);
+}
+
+ShmQueuePair::~ShmQueuePair() {
+  local_.block->owner_state.store(kSideClosed, std::memory_order_seq_cst);
+  peer_block_->sender_state.store(kSideClosed, std::memory_order_seq_cst);
+  wake_peer();
+  context_.remove_link(local_.link);
+  send_cq_->detach(this);
+  recv_cq_->detach(this);
+  for (uint32_t i = 0; i < kRegionTableSize; ++i) {
+    if (mappings_[i].base != nullptr) ::munmap(mappings_[i].base, mappings_[i].bytes);
+  }
+  ::munmap(const_cast<RegionTable*>(peer_table_), sizeof(RegionTable));
+  ::munmap(peer_block_, peer_block_bytes_);
+  ::munmap(local_.block, local_.block_bytes);
+}
+
+// ---------------------------------------------------------------- posting
+
+PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
+  uint32_t accepted = 0;
+  PostResult result;
+  for (const SendWr& wr : wrs) {
+    if (sq_posted_ - sq_retired_ >= options_.max_send_wr) {
+      result.status = PostStatus::kQueueFull;
+      break;
+    }
+    if (!valid_send_opcode(wr.opcode) ||
+        ((wr.opcode == Opcode::kCompareSwap || wr.opcode == Opcode::kFetchAdd) &&
+         wr.length != 8)) {
+      result.status = PostStatus::kInvalidArgument;
+      break;
+    }
+    const bool inline_payload = (wr.flags & kInline) != 0 && !is_sink(wr.opcode);
+    if (inline_payload && wr.length > options_.max_inline) {
+      result.status = PostStatus::kInlineTooLarge;
+      break;
+    }
+    const uint64_t slot = sq_posted_ & sq_mask_;
+    SendWr& stored = sq_[slot].wr;
+    stored = wr;
+    if (inline_payload) {
+      std::byte* copy = &inline_data_[slot * options_.max_inline];
+      if (wr.length != 0) std::memcpy(copy, wr.local_addr, wr.length);
+      stored.local_addr = copy;
+    }
+    ++sq_posted_;
+    ++accepted;
+  }
+  result.posted = accepted;
+  // Ring once: execute everything that was queued.
+  if (accepted != 0) {
+    if (lock.owns_lock()) lock.unlock();
+    progress();
+  }
+  return result;
+}
+
+PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
+  PostResult result;
+  RecvSlot* slots = local_.block->slots();
+  for (const RecvWr& wr : wrs) {
+    if (rq_posted_ - rq_polled_ >= options_.max_recv_wr) {
+      result.status = PostStatus::kQueueFull;
+      break;
+    }
+    const uint64_t index = rq_posted_ & rq_mask_;
+    RecvSlot& slot = slots[index];
+    slot.addr = reinterpret_cast<uint64_t>(wr.addr);
+    slot.length = wr.length;
+    slot.lkey = wr.lkey;
+    rq_wr_id_[index] = wr.wr_id;
+    ++rq_posted_;
+    ++result.posted;
+  }
+  // One release store publishes the whole batch to the peer.
+  local_.block->posted.store(rq_posted_, std::memory_order_release);
+  return result;
+}
+
+// ---------------------------------------------------------------- progress
+
+void ShmQueuePair::progress() noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
+  if (state_ == QpState::kConnected &&
+      (peer_gone() || peer_block_->owner_state.load(std::memory_order_acquire) != kSideOpen ||
+       local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
+    // The peer died or its QP left the connected state: nothing can
+    // complete any more (as a NIC whose transport retries run out).
+    if (sq_executed_ != sq_posted_) {
+      complete_send(sq_[sq_executed_ & sq_mask_].wr, Status::kRetryExceeded);
+      ++sq_executed_;
+    }
+    enter_error();
+  }
+  while (sq_executed_ != sq_posted_) {
+    const SendWr& wr = sq_[sq_executed_ & sq_mask_].wr;
+    if (state_ != QpState::kConnected) {
+      complete_send(wr, Status::kWrFlushError);
+      ++sq_executed_;
+      continue;
+    }
+    Status status = Status::kSuccess;
+    if (execute(wr, &status) == Exec::kBlocked) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!rnr_deadline_set_) {
+        rnr_deadline_set_ = true;
+        rnr_deadline_ = now + options_.rnr_timeout;
+        return;
+      }
+      if (now < rnr_deadline_) return;
+      status = Status::kRnrRetryExceeded;
+    }
+    rnr_deadline_set_ = false;
+    complete_send(wr, status);
+    ++sq_executed_;
+    if (status != Status::kSuccess) enter_error();
+  }
+}
+
+void ShmQueuePair::complete_send(const SendWr& wr, Status status) noexcept {
+  // Errors and flushes always complete, as on a NIC; success only if signaled.
+  if (status == Status::kSuccess && (wr.flags & kSignaled) == 0) return;
+  Completion c;
+  c.wr_id = wr.wr_id;
+  c.status = status;
+  c.opcode = wr.opcode;
+  c.byte_len = wr.length;
+  c.qp_num = qp_num();
+  send_cq_->push(c, this, sq_executed_ + 1);
+}
+
+void ShmQueuePair::enter_error() noexcept {
+  if (state_ != QpState::kConnected) return;
+  state_ = QpState::kError;
+  local_.block->owner_state.store(kSideError, std::memory_order_seq_cst);
+  peer_block_->sender_state.store(kSideError, std::memory_order_seq_cst);
+  wake_peer();
+  // Our own sleepers must see the flushes.
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(send_cq_->wake_fd(), &one, sizeof one);
+  n = ::write(recv_cq_->wake_fd(), &one, sizeof one);
+}
+
+void ShmQueuePair::wake_peer() noexcept {
+  if (peer_block_->cq_armed.load(std::memory_order_seq_cst) != 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
+  }
+}
+
+bool ShmQueuePair::send_ready() const noexcept {
+  if (state_ == QpState::kConnected && peer_gone()) return true;
+  return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
+}
+
+bool ShmQueuePair::recv_ready() const noexcept {
+  if (local_.block->completed.load(std::memory_order_seq_cst) != rq_polled_) return true;
+  if (state_ == QpState::kConnected &&
+      (peer_gone() || local_.block->sender_state.load(std::memory_order_seq_cst) != kSideOpen)) {
+    return true;
+  }
+  return state_ != QpState::kConnected && rq_polled_ != rq_posted_;
+}
+
+int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
+  size_t n = 0;
+  const uint64_t completed = local_.block->completed.load(std::memory_order_acquire);
+  RecvSlot* slots = local_.block->slots();
+  while (n < out.size() && rq_polled_ < completed) {
+    const uint64_t index = rq_polled_ & rq_mask_;
+    const RecvSlot& slot = slots[index];
+    Completion& c = out[n++];
+    c = Completion{};
+    c.wr_id = rq_wr_id_[index];
+    c.byte_len = slot.byte_len;
+    c.imm = slot.imm;
+    c.flags = slot.flags;
+    c.opcode = static_cast<Opcode>(slot.opcode);
+    c.status = static_cast<Status>(slot.status);
+    c.qp_num = qp_num();
+    ++rq_polled_;
+    if (c.status != Status::kSuccess) enter_error();
+  }
+  if (state_ == QpState::kConnected &&
+      (peer_gone() || local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
+    enter_error();
+  }
+  // In error the peer no longer consumes our ring: flush what is left.
+  if (state_ != QpState::kConnected && rq_polled_ >= completed) {
+    while (n < out.size() && rq_polled_ < rq_posted_) {
+      Completion& c = out[n++];
+      c = Completion{};
+      c.wr_id = rq_wr_id_[rq_polled_ & rq_mask_];
+      c.status = Status::kWrFlushError;
+      c.opcode = Opcode::kRecv;
+      c.qp_num = qp_num();
+      ++rq_polled_;
+    }
+  }
+  return static_cast<int>(n);
+}
+
+// ---------------------------------------------------------------- execution
+
+Status ShmQueuePair::check_local(const SendWr& wr, bool sink) const noexcept {
+  if (wr.length == 0) return Status::kSuccess;
+  if ((wr.flags & kInline) != 0 && !sink) return Status::kSuccess;
+  EntryView view;
+  if (!read_entry(context_.table(), wr.lkey, &view) ||
+      !in_range(view, reinterpret_cast<uint64_t>(wr.local_addr), wr.length) ||
+      (sink && (view.access & kAccessLocalWrite) == 0)) {
+    return Status::kLocalProtectionError;
+  }
+  return Status::kSuccess;
+}
+
+ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr,
+                                           uint64_t length, uint32_t need,
+                                           bool want_write) noexcept {
+  Target target;
+  EntryView view;
+  if (!read_entry(*peer_table_, rkey, &view) || !in_range(view, addr, length) ||
+      (view.access & need) != need) {
+    target.status = Status::kRemoteAccessError;
+    return target;
+  }
+  if (view.kind == RegionKind::kUser) {
+    target.user_addr = addr;
+    return target;
+  }
+  Mapping& m = mappings_[rkey & kRegionIndexMask];
+  if (m.key != rkey) {
+    // First touch of this region: ask the owner's service thread for its
+    // memfd (read-only unless the region grants remote writes).
+    if (m.base != nullptr) {
+      ::munmap(m.base, m.bytes);
+      m = Mapping{};
+    }
+    Request request{RequestOp::kGetRegion, rkey, 0, 0, 0};
+    Reply reply{};
+    Fd fd[1];
+    size_t nfds = 0;
+    if (send_with_fds(peer_.request_socket.get(), &request, sizeof request, {}) != 0 ||
+        recv_with_fds(peer_.request_socket.get(), &reply, sizeof reply, fd, &nfds,
+                      options_.peer_timeout) != static_cast<ssize_t>(sizeof reply)) {
+      target.status = Status::kRetryExceeded;
+      return target;
+    }
+    if (reply.status != static_cast<uint32_t>(Status::kSuccess) || nfds != 1) {
+      target.status = static_cast<Status>(reply.status);
+      return target;
+    }
+    const size_t bytes = view.length == 0 ? 1 : view.length;
+    void* base = map_fd(fd[0].get(), bytes, reply.writable != 0);
+    if (base == nullptr) {
+      target.status = Status::kRemoteOperationError;
+      return target;
+    }
+    m.key = rkey;
+    m.writable = reply.writable != 0;
+    m.base = static_cast<std::byte*>(base);
+    m.bytes = bytes;
+  }
+  if (want_write && !m.writable) {
+    // Writable by the owner's grant (e.g. a RECV buffer) but mapped
+    // read-only here: go through the kernel, as a NIC's DMA would.
+    target.user_addr = addr;
+    return target;
+  }
+  target.mapped = m.base + (addr - view.addr);
+  target.writable = m.writable;
+  return target;
+}
+
+Status ShmQueuePair::copy_to_peer(const Target& target, const void* src,
+                                  size_t length) noexcept {
+  if (length == 0) return Status::kSuccess;
+  if (target.mapped != nullptr) {
+    std::memcpy(target.mapped, src, length);
+    return Status::kSuccess;
+  }
+  iovec local{const_cast<void*>(src), length};
+  iovec remote{reinterpret_cast<void*>(target.user_addr), length};
+  const ssize_t n = ::process_vm_writev(peer_.pid, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(length)) return Status::kSuccess;
+  return errno == ESRCH ? Status::kRetryExceeded : Status::kRemoteAccessError;
+}
+
+Status ShmQueuePair::copy_from_peer(const Target& target, void* dst,
+                                    size_t length) noexcept {
+  if (length == 0) return Status::kSuccess;
+  if (target.mapped != nullptr) {
+    std::memcpy(dst, target.mapped, length);
+    return Status::kSuccess;
+  }
+  iovec local{dst, length};
+  iovec remote{reinterpret_cast<void*>(target.user_addr), length};
+  const ssize_t n = ::process_vm_readv(peer_.pid, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(length)) return Status::kSuccess;
+  return errno == ESRCH ? Status::kRetryExceeded : Status::kRemoteAccessError;
+}
+
+Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept {
+  if (wr.remote_addr % 8 != 0) return Status::kRemoteInvalidRequestError;
+  Target target = resolve(wr.rkey, wr.remote_addr, 8, kAccessRemoteAtomic, true);
+  if (target.status != Status::kSuccess) return target.status;
+  if (target.mapped != nullptr && target.writable) {
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(target.mapped));
+    if (wr.opcode == Opcode::kFetchAdd) {
+      *old_value = word.fetch_add(wr.compare_add);
+    } else {
+      uint64_t expected = wr.compare_add;
+      word.compare_exchange_strong(expected, wr.swap);
+      *old_value = expected;
+    }
+    return Status::kSuccess;
+  }
+  // Registered user memory cannot be mapped here: the owner performs it.
+  Request request{wr.opcode == Opcode::kFetchAdd ? RequestOp::kFetchAdd
+                                                 : RequestOp::kCompareSwap,
+                  wr.rkey, wr.remote_addr, wr.compare_add, wr.swap};
+  Reply reply{};
+  size_t nfds = 0;
+  if (send_with_fds(peer_.request_socket.get(), &request, sizeof request, {}) != 0 ||
+      recv_with_fds(peer_.request_socket.get(), &reply, sizeof reply, {}, &nfds,
+                    options_.peer_timeout) != static_cast<ssize_t>(sizeof reply)) {
+    return Status::kRetryExceeded;
+  }
+  *old_value = reply.value;
+  return static_cast<Status>(reply.status);
+}
+
+ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
+                                         bool carry_payload, Status* status) noexcept {
+  const uint64_t posted = peer_block_->posted.load(std::memory_order_acquire);
+  if (peer_consumed_ == posted) return Exec::kBlocked;
+  RecvSlot& slot = peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)];
+  Status recv_status = Status::kSuccess;
+  if (carry_payload) {
+    if (wr.length > slot.length) {
+      recv_status = Status::kLocalLengthError;
+      *status = Status::kRemoteInvalidRequestError;
+    } else if (wr.length != 0) {
+      EntryView view;
+      if (!read_entry(*peer_table_, slot.lkey, &view) ||
+          !in_range(view, slot.addr, wr.length) ||
+          (view.access & kAccessLocalWrite) == 0) {
+        recv_status = Status::kLocalProtectionError;
+        *status = Status::kRemoteOperationError;
+      } else {
+        Target target = resolve(slot.lkey, slot.addr, wr.length, kAccessLocalWrite, true);
+        if (target.status == Status::kSuccess) {
+          target.status = copy_to_peer(target, wr.local_addr, wr.length);
+        }
+        if (target.status != Status::kSuccess) {
+          recv_status = Status::kLocalProtectionError;
+          *status = target.status == Status::kRetryExceeded
+                        ? Status::kRetryExceeded
+                        : Status::kRemoteOperationError;
+        }
+      }
+    }
+  }
+  slot.byte_len = wr.length;
+  slot.imm = wr.imm;
+  slot.flags = (wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm)
+                   ? kCompletionHasImm
+                   : 0;
+  slot.opcode = static_cast<uint8_t>(recv_opcode);
+  slot.status = static_cast<uint8_t>(recv_status);
+  ++peer_consumed_;
+  // seq_cst pairs with the receiver's arm(): store armed, then load completed.
+  peer_block_->completed.store(peer_consumed_, std::memory_order_seq_cst);
+  wake_peer();
+  return Exec::kDone;
+}
+
+ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexcept {
+  *status = check_local(wr, is_sink(wr.opcode));
+  if (*status != Status::kSuccess) return Exec::kDone;
+  switch (wr.opcode) {
+    case Opcode::kSend:
+    case Opcode::kSendWithImm:
+      return deliver(wr, Opcode::kRecv, true, status);
+    case Opcode::kWrite:
+    case Opcode::kWriteWithImm: {
+      // WRITE_WITH_IMM needs a RECV: check before moving data so an RNR
+      // retry does not depend on the write being idempotent.
+      if (wr.opcode == Opcode::kWriteWithImm &&
+          peer_consumed_ == peer_block_->posted.load(std::memory_order_acquire)) {
+        return Exec::kBlocked;
+      }
+      if (wr.length != 0) {
+        Target target = resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteWrite, true);
+        if (target.status == Status::kSuccess) {
+          target.status = copy_to_peer(target, wr.local_addr, wr.length);
+        }
+        *status = target.status;
+        if (*status != Status::kSuccess) return Exec::kDone;
+      }
+      if (wr.opcode == Opcode::kWriteWithImm) {
+        return deliver(wr, Opcode::kRecvWriteWithImm, false, status);
+      }
+      return Exec::kDone;
+    }
+    case Opcode::kRead: {
+      if (wr.length == 0) return Exec::kDone;
+      Target target = resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteRead, false);
+      if (target.status == Status::kSuccess) {
+        target.status = copy_from_peer(target, wr.local_addr, wr.length);
+      }
+      *status = target.status;
+      return Exec::kDone;
+    }
+    case Opcode::kCompareSwap:
+    case Opcode::kFetchAdd: {
+      uint64_t old_value = 0;
+      *status = remote_atomic(wr, &old_value);
+      if (*status == Status::kSuccess) std::memcpy(wr.local_addr, &old_value, 8);
+      return Exec::kDone;
+    }
+    default:
+      *status = Status::kLocalQpOperationError;
+      return Exec::kDone;
+  }
+}
+
+}  // namespace rdmakit::shm

@@ -1,0 +1,157 @@
+#pragma once
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "providers/shm/shm_layout.hpp"
+#include "providers/shm/shm_link.hpp"
+#include "providers/shm/unix_socket.hpp"
+#include "rdmakit/queue_pair.hpp"
+
+namespace rdmakit::shm {
+
+class ShmCompletionQueue;
+class ShmContext;
+
+// What one side prepares before the handshake.
+struct LocalEnd {
+  Fd block_fd;
+  InboundBlock* block = nullptr;
+  size_t block_bytes = 0;
+  Fd peer_request_end;  // handed to the peer
+  std::shared_ptr<Link> link;
+  uint32_t qp_num = 0;
+};
+
+// What the handshake delivered from the peer.
+struct PeerEnd {
+  Fd table_fd;
+  Fd block_fd;
+  Fd cq_event;
+  Fd request_socket;  // our requests -> the peer's service thread
+  pid_t pid = 0;
+  uint32_t ring_size = 0;
+  std::string address;
+  std::vector<std::byte> private_data;
+};
+
+LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options);
+// Builds the Hello and the four descriptors that go with it.
+int send_hello(int sock, ShmContext& context, const LocalEnd& local,
+               const QpOptions& options, std::span<const std::byte> private_data,
+               bool accepted);
+// Receives and validates a Hello; throws Error naming operation and peer.
+PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
+                      std::chrono::milliseconds timeout);
+
+std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
+                                              const std::string& address,
+                                              const QpOptions& options,
+                                              std::span<const std::byte> private_data,
+                                              std::chrono::milliseconds timeout);
+
+// The data path: requests execute in the posting thread, in order. WRITE/READ
+// and atomics on memfd regions are direct loads/stores/atomic_ref operations
+// on the peer's memory; on registered user memory they use
+// process_vm_readv/writev (atomics: the owner's service thread). A SEND
+// writes into the receive buffer the peer published in its receive ring.
+class ShmQueuePair final : public QueuePair {
+ public:
+  ShmQueuePair(ShmContext& context, const QpOptions& options, LocalEnd local,
+               PeerEnd peer);
+  ~ShmQueuePair() override;
+
+  QpState state() const noexcept override { return state_; }
+
+  // Completion-queue side.
+  void progress() noexcept;
+  int poll_recv(std::span<Completion> out) noexcept;
+  void retire(uint64_t upto) noexcept {
+    if (upto > sq_retired_) sq_retired_ = upto;
+  }
+  void set_cq_armed(bool armed) noexcept {
+    local_.block->cq_armed.store(armed ? 1 : 0, std::memory_order_seq_cst);
+  }
+  bool recv_ready() const noexcept;
+  bool send_ready() const noexcept;
+  bool rnr_waiting() const noexcept { return rnr_deadline_set_; }
+
+ protected:
+  PostResult do_post_send(std::span<const SendWr> wrs) noexcept override;
+  PostResult do_post_recv(std::span<const RecvWr> wrs) noexcept override;
+
+ private:
+  struct SqEntry {
+    SendWr wr;
+  };
+  // kBlocked: no RECV posted at the peer yet (RNR).
+  enum class Exec : uint8_t { kDone, kBlocked };
+
+  struct Target {
+    Status status = Status::kSuccess;
+    std::byte* mapped = nullptr;  // direct pointer, or null for process_vm
+    bool writable = false;
+    uint64_t user_addr = 0;
+  };
+
+  Exec execute(const SendWr& wr, Status* status) noexcept;
+  Status check_local(const SendWr& wr, bool sink) const noexcept;
+  Target resolve(uint32_t rkey, uint64_t addr, uint64_t length, uint32_t need,
+                 bool want_write) noexcept;
+  Status copy_to_peer(const Target& target, const void* src, size_t length) noexcept;
+  Status copy_from_peer(const Target& target, void* dst, size_t length) noexcept;
+  Status remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept;
+  Exec deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payload,
+               Status* status) noexcept;
+  void complete_send(const SendWr& wr, Status status) noexcept;
+  void enter_error() noexcept;
+  bool peer_gone() const noexcept {
+    return local_.link->peer_gone.load(std::memory_order_acquire);
+  }
+  void wake_peer() noexcept;
+
+  ShmContext& context_;
+  LocalEnd local_;
+  PeerEnd peer_;
+  const RegionTable* peer_table_ = nullptr;
+  InboundBlock* peer_block_ = nullptr;
+  size_t peer_block_bytes_ = 0;
+  ShmCompletionQueue* send_cq_;
+  ShmCompletionQueue* recv_cq_;
+
+  // Send queue: [sq_retired_, sq_executed_) done awaiting retirement,
+  // [sq_executed_, sq_posted_) waiting (behind an RNR-blocked SEND).
+  std::vector<SqEntry> sq_;
+  std::vector<std::byte> inline_data_;  // max_inline bytes per slot
+  uint64_t sq_mask_ = 0;
+  uint64_t sq_posted_ = 0;
+  uint64_t sq_executed_ = 0;
+  uint64_t sq_retired_ = 0;
+  bool rnr_deadline_set_ = false;
+  std::chrono::steady_clock::time_point rnr_deadline_{};
+
+  // Receive queue (our InboundBlock's ring): wr_ids by slot.
+  std::vector<uint64_t> rq_wr_id_;
+  uint64_t rq_mask_ = 0;
+  uint64_t rq_posted_ = 0;
+  uint64_t rq_polled_ = 0;
+
+  uint64_t peer_consumed_ = 0;  // RECVs of the peer we consumed
+
+  // Peer mappings by region index, filled on first access to each region.
+  struct Mapping {
+    uint32_t key = 0;
+    bool writable = false;
+    std::byte* base = nullptr;
+    size_t bytes = 0;
+  };
+  std::unique_ptr<Mapping[]> mappings_;
+
+  QpState state_ = QpState::kConnected;
+  std::mutex post_mutex_;  // only when options.thread_safe
+};
+
+}  // namespace rdmakit::shm

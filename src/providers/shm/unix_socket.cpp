@@ -1,0 +1,95 @@
+#include "providers/shm/unix_socket.hpp"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace rdmakit::shm {
+
+void Fd::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string abstract_name(uint16_t port) {
+  return std::string(1, '\0') + "rdmakit-shm:" + std::to_string(port);
+}
+
+ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds,
+                      size_t* nfds, std::chrono::milliseconds timeout) {
+  *nfds = 0;
+  pollfd pfd{sock, POLLIN, 0};
+  int ready;
+  do {
+    ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) return -errno;
+  if (ready == 0) return -ETIMEDOUT;
+
+  constexpr size_t kMaxFds = 8;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  iovec iov{buf, len};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got;
+  do {
+    got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);
+  if (got < 0) return -errno;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const auto* received = reinterpret_cast<const int*>(CMSG_DATA(c));
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, received + i, sizeof fd);
+      if (*nfds < fds.size()) {
+        fds[(*nfds)++].reset(fd);
+      } else {
+        ::close(fd);  // more than expected: never leak
+      }
+    }
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) return -EPROTO;
+  return got;
+}
+
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds) {
+  constexpr size_t kMaxFds = 8;
+  if (fds.size() > kMaxFds) return -EINVAL;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  iovec iov{const_cast<void*>(buf), len};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0) return -errno;
+  return sent == static_cast<ssize_t>(len) ? 0 : -EMSGSIZE;
+}
+
+void* map_fd(int fd, size_t length, bool writable) {
+  void* p = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
+                   MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace rdmakit::shm

@@ -1,0 +1,46 @@
+#pragma once
+// File-descriptor ownership and SOCK_SEQPACKET messages carrying descriptors
+// (SCM_RIGHTS): the control plane of the shm provider.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace rdmakit::shm {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept;
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Abstract-namespace name for a port: shm peers meet by port only.
+std::string abstract_name(uint16_t port);
+
+// Returns bytes received, 0 on orderly shutdown, -errno on error or
+// -ETIMEDOUT. Received descriptors are stored in fds (at most fds.size());
+// *nfds says how many.
+ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds,
+                      size_t* nfds, std::chrono::milliseconds timeout);
+// Returns 0 or -errno.
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds);
+
+// mmap of a whole descriptor; nullptr on failure (errno set).
+void* map_fd(int fd, size_t length, bool writable);
+
+}  // namespace rdmakit::shm
