@@ -106,7 +106,9 @@ int send_hello(int sock, ShmContext& context, const LocalEnd& local,
   hello.qp_num = local.qp_num;
   hello.accepted = accepted ? 1 : 0;
   hello.private_len = static_cast<uint16_t>(private_data.size());
-  std::memcpy(hello.private_data, private_data.data(), private_data.size());
+  if (!private_data.empty()) {
+    std::memcpy(hello.private_data, private_data.data(), private_data.size());
+  }
   auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
   const int fds[kHelloFds] = {context.table_fd(), local.block_fd.get(),
                               recv_cq->wake_fd(), local.peer_request_end.get()};

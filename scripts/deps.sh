@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing rdmakit needs on Debian 12, if missing.
+#   scripts/deps.sh            build + test dependencies
+#   scripts/deps.sh --bench    also the peers bench/compare measures against
+set -euo pipefail
+pkgs=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+      libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
+      libibverbs-dev librdmacm-dev libclang-rt-14-dev iproute2 procps)
+[ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]}"
+sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds and runs every test: unit + conformance (shm, tcp) in a release
+# build, again under ASan+UBSan and under TSan, the frame fuzzer for a
+# bounded time, and the verbs provider inside Soft-RoCE VMs.
+#   RDMAKIT_TEST_STAGES="release asan tsan fuzz verbs"   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs}
+jobs=$(nproc)
+passed=0; failed=0; failed_stages=()
+
+scripts/deps.sh || { echo "dependency installation failed"; exit 1; }
+
+run_ctest() {  # name build_dir [cmake args...]
+  local name=$1 dir=$2; shift 2
+  echo "=== [$name] configure + build ($dir)"
+  cmake -S "$root" -B "$dir" -G Ninja -DRDMAKIT_BUILD_BENCH=OFF "$@" >/dev/null &&
+    ninja -C "$dir" -j"$jobs" >"$dir.build.log" 2>&1 || {
+      tail -40 "$dir.build.log"; failed=$((failed + 1)); failed_stages+=("$name:build"); return; }
+  echo "=== [$name] ctest"
+  local log="$dir.ctest.log"
+  ctest --test-dir "$dir" --output-on-failure --timeout 300 -j1 2>&1 | tee "$log"
+  local p f
+  p=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' "$log" | awk '{print $1-$2}')
+  f=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of.*/\1/p' "$log")
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
+  [ "${f:-1}" = 0 ] || failed_stages+=("$name")
+}
+
+for stage in $stages; do
+  case $stage in
+    release) run_ctest release build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo ;;
+    asan)    run_ctest asan build-asan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=address,undefined ;;
+    tsan)    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+               run_ctest tsan build-tsan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=thread ;;
+    fuzz|verbs)
+      script="tests/stages/$stage.sh"
+      if [ -x "$script" ]; then
+        echo "=== [$stage] $script"
+        if "$script"; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_stages+=("$stage"); fi
+      else
+        echo "=== [$stage] not present in this tree"; failed=$((failed + 1)); failed_stages+=("$stage:missing")
+      fi ;;
+    *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
+  esac
+done
+
+[ ${#failed_stages[@]} -eq 0 ] || echo "failed stages: ${failed_stages[*]}"
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
