@@ -97,10 +97,12 @@ void ShmContext::publish_region(uint32_t key, ShmMemoryRegion* region,
   const uint32_t index = key & kRegionIndexMask;
   regions_[index] = region;
   RegionEntry& entry = table_->entries[index];
-  entry.access.store(access, std::memory_order_relaxed);
-  entry.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
-  entry.addr.store(addr, std::memory_order_relaxed);
-  entry.length.store(length, std::memory_order_relaxed);
+  // Release stores: a reader that sees a new field value also sees the key
+  // that was invalidated before it, so its second key load fails.
+  entry.access.store(access, std::memory_order_release);
+  entry.kind.store(static_cast<uint32_t>(kind), std::memory_order_release);
+  entry.addr.store(addr, std::memory_order_release);
+  entry.length.store(length, std::memory_order_release);
   entry.key.store(key, std::memory_order_release);
 }
 

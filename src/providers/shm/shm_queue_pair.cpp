@@ -44,11 +44,12 @@ bool read_entry(const RegionTable& table, uint32_t key, EntryView* view) noexcep
   if (key == 0) return false;
   const RegionEntry& e = table.entries[key & kRegionIndexMask];
   if (e.key.load(std::memory_order_acquire) != key) return false;
-  view->access = e.access.load(std::memory_order_relaxed);
-  view->kind = static_cast<RegionKind>(e.kind.load(std::memory_order_relaxed));
-  view->addr = e.addr.load(std::memory_order_relaxed);
-  view->length = e.length.load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  // Acquire loads keep the second key load after the field loads (a
+  // seqlock read without a standalone fence, which TSan cannot model).
+  view->access = e.access.load(std::memory_order_acquire);
+  view->kind = static_cast<RegionKind>(e.kind.load(std::memory_order_acquire));
+  view->addr = e.addr.load(std::memory_order_acquire);
+  view->length = e.length.load(std::memory_order_acquire);
   return e.key.load(std::memory_order_relaxed) == key;
 }
 
