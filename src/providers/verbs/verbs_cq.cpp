@@ -1,0 +1,177 @@
+// Completion queue: ibv_cq + its own completion channel (the fd of the
+// epoll/blocking modes). arm() = ibv_req_notify_cq, then a re-poll whose
+// find, if any, is stashed and returned by the next poll().
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "providers/verbs/verbs_provider.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::verbs {
+namespace {
+
+uint64_t ring_size(uint32_t depth) { return std::bit_ceil(std::max<uint64_t>(depth, 1)); }
+
+}  // namespace
+
+QpCore::QpCore(uint32_t qp_num_in, uint32_t send_depth_in, uint32_t recv_depth_in)
+    : qp_num(qp_num_in),
+      send_depth(send_depth_in),
+      recv_depth(recv_depth_in),
+      send_mask(ring_size(send_depth_in) - 1),
+      recv_mask(ring_size(recv_depth_in) - 1),
+      send_ring(ring_size(send_depth_in)),
+      recv_ring(ring_size(recv_depth_in)) {}
+
+VerbsCq::VerbsCq(std::shared_ptr<Device> device, const CqOptions& options)
+    : CompletionQueue(options), device_(std::move(device)) {
+  const auto max_cqe = static_cast<uint32_t>(device_->info.attr.max_cqe);
+  if (options.capacity == 0 || options.capacity > max_cqe) {
+    throw Error("create_cq", kProvider, "", EINVAL,
+                fmt::format("capacity {} is outside 1..{} (max_cqe of {})", options.capacity,
+                            max_cqe, device_->name()));
+  }
+  channel_.reset(ibv_create_comp_channel(device_->context));
+  if (!channel_) {
+    throw Error("ibv_create_comp_channel", kProvider, "", errno, "device " + device_->name());
+  }
+  // poll() and arm() read events without blocking; sleeping is poll(2)'s job.
+  const int flags = fcntl(channel_->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw Error("fcntl(O_NONBLOCK)", kProvider, "", errno, "completion channel");
+  }
+  cq_.reset(ibv_create_cq(device_->context, static_cast<int>(options.capacity), this,
+                          channel_.get(), 0));
+  if (!cq_) {
+    throw Error("ibv_create_cq", kProvider, "", errno,
+                fmt::format("{} entries on {}", options.capacity, device_->name()));
+  }
+}
+
+VerbsCq::~VerbsCq() {
+  // Events received but not acknowledged would make ibv_destroy_cq wait.
+  consume_event();
+}
+
+void VerbsCq::attach(QpCore* core, uint32_t depth, const std::string& peer) {
+  std::lock_guard lock(qps_mutex_);
+  if (committed_ + depth > options().capacity) {
+    throw Error("create_qp", kProvider, peer, EINVAL,
+                fmt::format("completion queue capacity {} is smaller than the work requests "
+                            "its queue pairs may have outstanding ({} + {}); a verbs CQ that "
+                            "overflows breaks every QP on it, so raise CqOptions::capacity",
+                            options().capacity, committed_, depth));
+  }
+  committed_ += depth;
+  qps_.push_back(core);
+}
+
+void VerbsCq::detach(QpCore* core, uint32_t depth) noexcept {
+  std::lock_guard lock(qps_mutex_);
+  std::erase(qps_, core);
+  if (last_ == core) last_ = nullptr;
+  committed_ -= depth;
+}
+
+void VerbsCq::consume_event() noexcept {
+  if (!armed_) return;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  // Non-blocking channel: EAGAIN when the event has not fired yet.
+  if (ibv_get_cq_event(channel_.get(), &cq, &context) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    armed_ = false;
+  }
+}
+
+bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
+  QpCore* core = last_;
+  if (core == nullptr || core->qp_num != wc.qp_num) {
+    core = nullptr;
+    for (QpCore* candidate : qps_) {
+      if (candidate->qp_num == wc.qp_num) {
+        core = candidate;
+        break;
+      }
+    }
+    // A QP destroyed with completions still queued: drop them, as mlx5
+    // does when it cleans the CQ at ibv_destroy_qp.
+    if (core == nullptr) return false;
+    last_ = core;
+  }
+  *out = Completion{};
+  out->status = map_wc_status(wc.status);
+  out->vendor_err = wc.vendor_err;
+  out->qp_num = wc.qp_num;
+  out->byte_len = wc.byte_len;
+  if (wc.wc_flags & IBV_WC_WITH_IMM) {
+    out->imm = ntohl(wc.imm_data);
+    out->flags |= kCompletionHasImm;
+  }
+  const uint64_t seq = wc.wr_id & ~QpCore::kRecvBit;
+  if (wc.wr_id & QpCore::kRecvBit) {
+    core->recv_published.load(std::memory_order_acquire);
+    out->wr_id = core->recv_ring[seq & core->recv_mask];
+    out->opcode = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM
+                      ? Opcode::kRecvWriteWithImm
+                      : Opcode::kRecv;
+    // Receives always complete one by one, in order.
+    core->recv_retired.store(seq + 1, std::memory_order_release);
+  } else {
+    core->send_published.load(std::memory_order_acquire);
+    const QpCore::SendSlot& slot = core->send_ring[seq & core->send_mask];
+    out->wr_id = slot.wr_id;
+    out->opcode = slot.opcode;
+    // This completion retires itself and every unsignaled send before it.
+    core->send_retired.store(seq + 1, std::memory_order_release);
+  }
+  return true;
+}
+
+int VerbsCq::poll(std::span<Completion> out) noexcept {
+  consume_event();
+  size_t count = 0;
+  if (out.empty()) return 0;
+  std::unique_lock lock(qps_mutex_, std::defer_lock);
+  if (has_stash_) {
+    lock.lock();
+    has_stash_ = false;
+    if (translate(stash_, &out[count])) ++count;
+  }
+  constexpr int kBatch = 32;
+  ibv_wc wcs[kBatch];
+  while (count < out.size()) {
+    const int want = static_cast<int>(std::min<size_t>(kBatch, out.size() - count));
+    const int n = ibv_poll_cq(cq_.get(), want, wcs);
+    if (n <= 0) break;  // empty, or the device is gone (nothing to report then)
+    if (!lock.owns_lock()) lock.lock();
+    for (int i = 0; i < n; ++i) {
+      if (translate(wcs[i], &out[count])) ++count;
+    }
+    if (n < want) break;
+  }
+  return static_cast<int>(count);
+}
+
+bool VerbsCq::arm() noexcept {
+  consume_event();  // clears the fd's readiness
+  if (has_stash_) return false;
+  if (!armed_) {
+    if (ibv_req_notify_cq(cq_.get(), 0) != 0) return false;  // poll instead of sleeping
+    armed_ = true;
+  }
+  // A completion that landed before the request armed would never signal.
+  if (ibv_poll_cq(cq_.get(), 1, &stash_) == 1) {
+    has_stash_ = true;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace rdmakit::verbs

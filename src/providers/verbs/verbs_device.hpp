@@ -1,0 +1,76 @@
+#pragma once
+// Device discovery and the small verbs facts the provider and rdmakit-info
+// share: GID tables, GID choice, MTUs, status names, RLIMIT_MEMLOCK, huge pages.
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmakit/status.hpp"
+
+namespace rdmakit::verbs {
+
+struct GidInfo {
+  uint32_t index = 0;
+  ibv_gid gid{};
+  ibv_gid_type type = IBV_GID_TYPE_IB;
+  uint32_t ifindex = 0;
+  std::string netdev;   // "" for IB
+  std::string address;  // "fe80::..." or, when IPv4-mapped, "10.77.0.1"
+  bool ipv4_mapped = false;
+};
+
+struct PortInfo {
+  uint8_t port = 0;
+  ibv_port_attr attr{};
+  std::vector<GidInfo> gids;
+};
+
+struct DeviceInfo {
+  std::string name;
+  std::string node_guid;
+  ibv_device_attr attr{};
+  std::vector<PortInfo> ports;
+};
+
+// Queries one opened device. Throws rdmakit::Error on a failed query.
+DeviceInfo query_device(ibv_context* context);
+std::vector<GidInfo> query_gids(ibv_context* context, uint8_t port, int table_len);
+
+// Lists every device ibv_get_device_list sees (opens each briefly). Devices
+// that fail to open are reported in *problems instead of throwing.
+std::vector<DeviceInfo> list_devices(std::vector<std::string>* problems);
+
+// The GID rdmakit uses: override_index >= 0 must name a valid entry; otherwise
+// the first RoCEv2 IPv4-mapped entry, then any RoCEv2, then the first entry.
+// *why says which rule chose it.
+std::optional<GidInfo> choose_gid(const std::vector<GidInfo>& gids, int override_index,
+                                  std::string* why);
+
+// true when some device has an ACTIVE port. Reads sysfs only: cheap, silent
+// and harmless on hosts without RDMA (then *reason says what is missing).
+bool device_usable(std::string* reason);
+
+const char* gid_type_name(ibv_gid_type type) noexcept;  // "IB", "RoCEv1", "RoCEv2"
+const char* link_layer_name(uint8_t link_layer) noexcept;
+int mtu_bytes(ibv_mtu mtu) noexcept;  // IBV_MTU_1024 -> 1024
+const char* atomic_cap_name(ibv_atomic_cap cap) noexcept;
+
+// ibv_wc_status -> the core's Status (one to one).
+Status map_wc_status(ibv_wc_status status) noexcept;
+
+// RLIMIT_MEMLOCK: nullopt when registering `more` bytes on top of
+// `already_registered` fits (or CAP_IPC_LOCK / unlimited makes the limit
+// moot); otherwise a message saying what to raise.
+std::optional<std::string> memlock_shortfall(size_t already_registered, size_t more);
+std::string memlock_limit_text();  // "unlimited", "8 MiB", ... for logs
+
+// Free huge pages of the default size (bytes per page in *page_size).
+size_t free_huge_pages(size_t* page_size);
+
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace rdmakit::verbs

@@ -1,0 +1,103 @@
+// The connection monitor: one thread per context reading rdma_cm events of
+// established connections.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "providers/verbs/verbs_provider.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::verbs {
+
+Device::~Device() = default;
+
+Monitor& Device::get_monitor() {
+  std::call_once(monitor_once, [this] { monitor = std::make_unique<Monitor>(); });
+  return *monitor;
+}
+
+Monitor::Monitor() {
+  channel_.reset(rdma_create_event_channel());
+  if (!channel_) {
+    throw Error("rdma_create_event_channel", kProvider, "", errno, "connection monitor");
+  }
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw Error("eventfd", kProvider, "", errno, "connection monitor");
+  thread_ = std::thread([this] { run(); });
+}
+
+Monitor::~Monitor() {
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof one) < 0) {
+    log_release_failure("eventfd write", errno);
+  }
+  if (thread_.joinable()) thread_.join();
+  close(wake_fd_);
+}
+
+void Monitor::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
+                    const std::string& peer) {
+  {
+    std::lock_guard lock(mutex_);
+    entries_[id] = Entry{qp, std::move(conn), peer};
+  }
+  if (rdma_migrate_id(id, channel_.get()) != 0) {
+    const int err = errno;
+    release(id);
+    throw Error("rdma_migrate_id", kProvider, peer, err, "moving the connection to the monitor");
+  }
+}
+
+void Monitor::release(rdma_cm_id* id) noexcept {
+  std::lock_guard lock(mutex_);
+  entries_.erase(id);
+}
+
+void Monitor::run() noexcept {
+  pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      log_release_failure("poll (connection monitor)", errno);
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if (fds[0].revents == 0) continue;
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel_.get(), &event) != 0) continue;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = entries_.find(event->id);
+      if (it != entries_.end()) {
+        Entry& entry = it->second;
+        switch (event->event) {
+          case RDMA_CM_EVENT_DISCONNECTED:
+          case RDMA_CM_EVENT_DEVICE_REMOVAL: {
+            // Flush outstanding work (WR_FLUSH_ERROR) so nobody waits forever
+            // on a peer that is gone; rdma_disconnect answers the DREQ.
+            entry.conn->disconnected.store(true, std::memory_order_release);
+            ibv_qp_attr attr{};
+            attr.qp_state = IBV_QPS_ERR;
+            ibv_modify_qp(entry.qp, &attr, IBV_QP_STATE);
+            rdma_disconnect(event->id);
+            try {
+              core::log().info("verbs: peer {} disconnected ({}); qp {} moved to the error state",
+                               entry.peer, rdma_event_str(event->event), entry.qp->qp_num);
+            } catch (...) {
+            }
+            break;
+          }
+          default:
+            break;
+        }
+      }
+    }
+    rdma_ack_cm_event(event);
+  }
+}
+
+}  // namespace rdmakit::verbs
