@@ -1,0 +1,285 @@
+// Region table, progress thread and completion queue of the tcp provider.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "providers/tcp/tcp_provider.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::tcp {
+
+int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void SpinLock::lock() noexcept {
+  for (int i = 0; !try_lock(); ++i) {
+    if (i > 64) std::this_thread::yield();
+  }
+}
+
+// ---------------------------------------------------------------- MrTable
+
+MrTable::MrTable() : slots_(new MrEntry[kSlots]), rng_(std::random_device{}()) {}
+
+MrEntry* MrTable::add(uint64_t addr, uint64_t length, uint32_t access) {
+  std::lock_guard lock(mu_);
+  uint32_t slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else if (next_ < kSlots) {
+    slot = next_++;
+  } else {
+    throw Error("register_memory", "tcp", "", ENOSPC, "region table is full (65535)");
+  }
+  MrEntry& e = slots_[slot];
+  e.addr = addr;
+  e.length = length;
+  e.access = access;
+  // Random upper bits: a stale or guessed key almost never names a live region.
+  auto key = [&] {
+    uint32_t k = 0;
+    while (k == 0) k = rng_() & 0xffff0000u;
+    return k | slot;
+  };
+  e.lkey.store(key(), std::memory_order_relaxed);
+  e.rkey.store(key(), std::memory_order_release);
+  return &e;
+}
+
+void MrTable::remove(MrEntry* e) noexcept {
+  if (e == nullptr) return;
+  e->lkey.store(0, std::memory_order_seq_cst);
+  e->rkey.store(0, std::memory_order_seq_cst);
+  // Dekker with acquire(): either it sees rkey == 0 or we see its pin. The
+  // wait is bounded by one payload transfer, or the peer timeout at worst.
+  for (int i = 0; e->users.load(std::memory_order_seq_cst) != 0; ++i) {
+    if (i < 100) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::lock_guard lock(mu_);
+  free_.push_back(static_cast<uint32_t>(e - slots_.get()));
+}
+
+namespace {
+bool range_ok(uint64_t base, uint64_t size, uint64_t addr, uint64_t len) noexcept {
+  // Overflow-safe: addr >= base && addr + len <= base + size.
+  return addr >= base && len <= size && addr - base <= size - len;
+}
+}  // namespace
+
+MrEntry* MrTable::acquire(uint32_t rkey, uint64_t addr, uint64_t len,
+                          uint32_t need) noexcept {
+  if (rkey == 0) return nullptr;
+  MrEntry& e = slots_[rkey & (kSlots - 1)];
+  e.users.fetch_add(1, std::memory_order_seq_cst);
+  if (e.rkey.load(std::memory_order_seq_cst) != rkey ||
+      (e.access & need) != need || !range_ok(e.addr, e.length, addr, len)) {
+    e.users.fetch_sub(1, std::memory_order_release);
+    return nullptr;
+  }
+  return &e;
+}
+
+bool MrTable::check_local(uint32_t lkey, const void* addr, uint64_t len,
+                          uint32_t need) const noexcept {
+  if (lkey == 0) return false;
+  const MrEntry& e = slots_[lkey & (kSlots - 1)];
+  return e.lkey.load(std::memory_order_acquire) == lkey &&
+         (e.access & need) == need &&
+         range_ok(e.addr, e.length, reinterpret_cast<uint64_t>(addr), len);
+}
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(bool progress_thread)
+    : qp_num_((static_cast<uint32_t>(std::random_device{}()) & 0xffffu) | 0x10000u),
+      with_thread_(progress_thread) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    const int err = errno;
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    throw Error("Context::open", "tcp", "", err, "epoll/eventfd");
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;  // qp numbers are never 0
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  if (with_thread_) thread_ = std::thread([this] { run(); });
+  core::log().debug("tcp: engine up ({} progress thread)",
+                    with_thread_ ? "with" : "without");
+}
+
+Engine::~Engine() {
+  stop_.store(true);
+  kick();
+  if (thread_.joinable()) thread_.join();
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+}
+
+void Engine::kick() noexcept {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof one);
+}
+
+void Engine::add_qp(TcpQp* qp) {
+  std::lock_guard lock(mu_);
+  qps_.push_back(qp);
+  if (qp->socket_fd() >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = qp->qp_num();
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, qp->socket_fd(), &ev) == 0) {
+      qp->ep_armed = true;
+    }
+  }
+}
+
+void Engine::remove_qp(TcpQp* qp) noexcept {
+  // Taking mu_ also waits for the thread to finish serving this QP.
+  std::lock_guard lock(mu_);
+  if (qp->socket_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
+  std::erase(qps_, qp);
+}
+
+void Engine::run() noexcept {
+  epoll_event events[64];
+  int timeout_ms = 5;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const int n = ::epoll_wait(epoll_fd_, events, 64, timeout_ms);
+    std::lock_guard lock(mu_);
+    const int64_t now = now_ns();
+    bool busy = false;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == 0) {
+        uint64_t drained;
+        [[maybe_unused]] auto r = ::read(wake_fd_, &drained, sizeof drained);
+        continue;
+      }
+      // Look the QP up by number: an event may outlive its QP.
+      for (TcpQp* qp : qps_) {
+        if (qp->qp_num() == events[i].data.u64) {
+          qp->ep_armed = false;
+          qp->ep_event = true;
+          break;
+        }
+      }
+    }
+    for (TcpQp* qp : qps_) busy |= qp->thread_service(now, epoll_fd_);
+    // A fast tick while some QP is skipped, stalled or blocked on output;
+    // otherwise a slow one that still drives heartbeats and timeouts.
+    timeout_ms = busy ? 1 : 5;
+  }
+}
+
+// ---------------------------------------------------------------- CQ
+
+TcpCq::TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options)
+    : CompletionQueue(options),
+      engine_(std::move(engine)),
+      ring_(std::max<uint32_t>(options.capacity, 1)) {
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (event_fd_ < 0) throw Error("create_cq", "tcp", "", errno, "eventfd");
+}
+
+TcpCq::~TcpCq() {
+  std::lock_guard lock(attach_mu_);
+  if (!qps_.empty()) {
+    core::log().error("tcp: completion queue destroyed before {} queue pair(s)",
+                      qps_.size());
+  }
+  ::close(event_fd_);
+}
+
+void TcpCq::attach(TcpQp* qp) {
+  std::lock_guard lock(attach_mu_);
+  qps_.push_back(qp);
+}
+
+void TcpCq::detach(TcpQp* qp) noexcept {
+  {
+    std::lock_guard lock(attach_mu_);
+    std::erase(qps_, qp);
+  }
+  // Completions of a destroyed QP stay pollable, minus slot accounting.
+  ring_lock_.lock();
+  for (uint64_t i = head_; i != tail_; ++i) {
+    CqEntry& e = ring_[i % ring_.size()];
+    if (e.retire_qp == qp) e.retire_qp = nullptr;
+  }
+  ring_lock_.unlock();
+}
+
+void TcpCq::push(const CqEntry& entry) noexcept {
+  ring_lock_.lock();
+  if (tail_ - head_ >= ring_.size()) {
+    // As a NIC's CQ overrun: the completion is lost and we say so (once per
+    // burst); capacity must cover the attached QPs' depths.
+    if (overflows_++ == 0) {
+      core::log().error("tcp: completion queue overrun (capacity {})", ring_.size());
+    }
+    ring_lock_.unlock();
+    return;
+  }
+  ring_[tail_++ % ring_.size()] = entry;
+  ring_lock_.unlock();
+  if (armed_.exchange(false, std::memory_order_seq_cst)) {
+    const uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(event_fd_, &one, sizeof one);
+  }
+}
+
+int TcpCq::poll(std::span<Completion> out) noexcept {
+  const int64_t now = now_ns();
+  last_poll_ns_.store(now, std::memory_order_relaxed);
+  // The poller drives its queue pairs' sockets itself: no thread hop on the
+  // latency path. try_lock: QP creation/destruction never blocks a poll.
+  if (attach_mu_.try_lock()) {
+    for (TcpQp* qp : qps_) qp->try_progress(now);
+    attach_mu_.unlock();
+  }
+  int n = 0;
+  ring_lock_.lock();
+  while (n < static_cast<int>(out.size()) && head_ != tail_) {
+    CqEntry& e = ring_[head_++ % ring_.size()];
+    out[n++] = e.c;
+    // verbs slot rule: send slots retire when a completion is polled.
+    if (e.retire_qp != nullptr) e.retire_qp->retire_to(e.retire_seq + 1);
+  }
+  ring_lock_.unlock();
+  return n;
+}
+
+bool TcpCq::arm() noexcept {
+  uint64_t drained;
+  [[maybe_unused]] auto r = ::read(event_fd_, &drained, sizeof drained);
+  armed_.store(true, std::memory_order_seq_cst);
+  ring_lock_.lock();
+  const bool pending = head_ != tail_;
+  ring_lock_.unlock();
+  bool work = false;
+  if (!pending && attach_mu_.try_lock()) {
+    for (TcpQp* qp : qps_) work |= qp->wants_service();
+    attach_mu_.unlock();
+  }
+  if (pending || work) {
+    armed_.store(false, std::memory_order_seq_cst);
+    return false;
+  }
+  // From now on the progress thread serves our QPs (driving() is false).
+  return true;
+}
+
+}  // namespace rdmakit::tcp

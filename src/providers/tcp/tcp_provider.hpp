@@ -1,0 +1,300 @@
+#pragma once
+// tcp provider internals: one TCP connection per queue pair, framed requests
+// (wire.hpp), a progress engine that serves one-sided operations at the
+// target. Exposed as a header so the fuzzer and white-box tests can drive a
+// queue pair over a socketpair without a handshake.
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "providers/tcp/wire.hpp"
+#include "rdmakit/context.hpp"
+
+namespace rdmakit::tcp {
+
+int64_t now_ns() noexcept;
+
+// Test-and-test-and-set lock: held for a few hundred nanoseconds by whoever
+// drives a queue pair (poller, poster or the progress thread).
+class SpinLock {
+ public:
+  bool try_lock() noexcept {
+    return !flag_.load(std::memory_order_relaxed) &&
+           !flag_.exchange(true, std::memory_order_acquire);
+  }
+  void lock() noexcept;
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+// One registered region. Slots are never freed while the context lives, so a
+// stale pointer is always safe to read; `rkey == 0` means free/deregistered.
+struct MrEntry {
+  std::atomic<uint32_t> rkey{0};
+  std::atomic<uint32_t> lkey{0};
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t access = 0;
+  // Remote accesses in progress. Deregistration waits for zero, so no byte
+  // lands in a region after its MemoryRegion is destroyed.
+  std::atomic<uint32_t> users{0};
+};
+
+// Lock-free lookup of rkeys/lkeys: key = (random << 16) | slot.
+class MrTable {
+ public:
+  static constexpr uint32_t kSlots = 1u << 16;
+  MrTable();
+  // Throws Error(ENOSPC) when every slot is in use.
+  MrEntry* add(uint64_t addr, uint64_t length, uint32_t access);
+  // Makes later lookups fail, then waits for in-flight accesses.
+  void remove(MrEntry* entry) noexcept;
+  // Pins the region for a remote access of [addr, addr+len) needing `need`.
+  // Returns nullptr (and nothing is pinned) on any violation.
+  MrEntry* acquire(uint32_t rkey, uint64_t addr, uint64_t len,
+                   uint32_t need) noexcept;
+  static void release(MrEntry* entry) noexcept {
+    if (entry != nullptr) entry->users.fetch_sub(1, std::memory_order_release);
+  }
+  // Local key check at post time (no pin: the caller owns that memory).
+  bool check_local(uint32_t lkey, const void* addr, uint64_t len,
+                   uint32_t need) const noexcept;
+
+ private:
+  std::unique_ptr<MrEntry[]> slots_;
+  std::mutex mu_;  // control path only: add/remove
+  std::vector<uint32_t> free_;
+  uint32_t next_ = 1;  // slot 0 is never used, so no valid key is 0
+  std::mt19937 rng_;
+};
+
+class TcpQp;
+
+// Per-context engine: region table, progress thread, epoll set of sockets.
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  explicit Engine(bool progress_thread);
+  ~Engine();
+  MrTable& mrs() noexcept { return mrs_; }
+  uint32_t next_qp_num() noexcept { return qp_num_.fetch_add(1); }
+  void add_qp(TcpQp* qp);
+  void remove_qp(TcpQp* qp) noexcept;
+  void kick() noexcept;  // wake the progress thread
+
+ private:
+  void run() noexcept;
+  MrTable mrs_;
+  std::atomic<uint32_t> qp_num_;
+  std::mutex mu_;  // guards qps_; held by the thread while it serves them
+  std::vector<TcpQp*> qps_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  bool with_thread_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct CqEntry {
+  Completion c;
+  TcpQp* retire_qp = nullptr;  // send completions: slot accounting on poll
+  uint64_t retire_seq = 0;
+};
+
+class TcpCq final : public CompletionQueue {
+ public:
+  TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options);
+  ~TcpCq() override;
+  int poll(std::span<Completion> out) noexcept override;
+  int fd() const noexcept override { return event_fd_; }
+  bool arm() noexcept override;
+
+  // Producer side (any thread, under the producing QP's lock).
+  void push(const CqEntry& entry) noexcept;
+  void attach(TcpQp* qp);
+  void detach(TcpQp* qp) noexcept;
+  // True while an application thread is busy-polling this CQ, so the
+  // progress thread keeps off its queue pairs (no contention, no thread hop).
+  bool driving(int64_t now) const noexcept {
+    return !armed_.load(std::memory_order_seq_cst) &&
+           now - last_poll_ns_.load(std::memory_order_relaxed) < kDriveWindowNs;
+  }
+  bool armed() const noexcept { return armed_.load(std::memory_order_seq_cst); }
+  uint64_t overflows() const noexcept { return overflows_; }
+
+  static constexpr int64_t kDriveWindowNs = 200'000;
+
+ private:
+  std::shared_ptr<Engine> engine_;
+  SpinLock ring_lock_;  // producers are the QPs' drivers, possibly several
+  std::vector<CqEntry> ring_;
+  uint64_t head_ = 0, tail_ = 0;
+  uint64_t overflows_ = 0;
+  int event_fd_ = -1;
+  std::atomic<bool> armed_{false};
+  std::atomic<int64_t> last_poll_ns_{0};
+  std::mutex attach_mu_;  // QP create/destroy vs poll (poll only try_locks)
+  std::vector<TcpQp*> qps_;
+};
+
+class TcpQp final : public QueuePair {
+ public:
+  TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
+        const Hello& peer_hello, std::string peer,
+        std::vector<std::byte> peer_private_data);
+  ~TcpQp() override;
+  QpState state() const noexcept override {
+    return state_.load(std::memory_order_acquire);
+  }
+
+  // Drives the socket: transmit, receive, serve, time out. Try-lock based;
+  // returns false if someone else holds the QP.
+  bool try_progress(int64_t now) noexcept;
+  // Progress thread entry; returns true if it wants a fast re-tick.
+  bool thread_service(int64_t now, int epoll_fd) noexcept;
+  void retire_to(uint64_t seq) noexcept {
+    sq_retired_.store(seq, std::memory_order_release);
+  }
+  int socket_fd() const noexcept { return fd_; }
+  bool wants_service() const noexcept {
+    return skipped_.load(std::memory_order_seq_cst);
+  }
+  // Epoll bookkeeping, touched only by the engine thread under its mutex.
+  bool ep_armed = false;
+  bool ep_out = false;
+  bool ep_event = false;
+
+ protected:
+  PostResult do_post_send(std::span<const SendWr> wrs) noexcept override;
+  PostResult do_post_recv(std::span<const RecvWr> wrs) noexcept override;
+
+ private:
+  struct SendSlot {
+    SendWr wr;
+    Status local_error = Status::kSuccess;  // set at post; fails in order
+  };
+  struct TxItem {
+    std::array<std::byte, kHeaderSize> hdr;
+    const std::byte* payload = nullptr;
+    uint32_t payload_len = 0;
+    uint64_t sent = 0;
+    MrEntry* ref = nullptr;  // pinned region for READ responses
+    bool request = false;
+    bool cancelled = false;
+  };
+  enum class RxState : uint8_t { kHeader, kPayload };
+  enum class PayloadDone : uint8_t { kDiscard, kWrite, kWriteImm, kSend, kReadResp };
+  enum class FrameResult : uint8_t { kConsumed, kStall, kFatal };
+
+  void progress(int64_t now) noexcept;
+  void flush_tx(int64_t now) noexcept;
+  void rx(int64_t now) noexcept;
+  bool fill(int64_t now) noexcept;
+  FrameResult handle_frame(const Header& h, int64_t now) noexcept;
+  FrameResult handle_request(const Header& h, int64_t now) noexcept;
+  FrameResult handle_response(const Header& h) noexcept;
+  void finish_payload() noexcept;
+  void start_payload(uint64_t len, std::byte* dst, MrEntry* ref,
+                     PayloadDone done) noexcept;
+  void abort_payload_sink() noexcept;
+  void timers(int64_t now) noexcept;
+
+  bool tx_full(uint32_t need) const noexcept {
+    return tx_tail_ - tx_head_ + need > tx_.size();
+  }
+  TxItem& tx_push() noexcept;
+  void queue_control(WireOp op, uint64_t seq, Status status = Status::kSuccess,
+                     uint64_t arg0 = 0) noexcept;
+  void queue_nak(uint64_t seq, Status status) noexcept;
+
+  void complete_send(uint64_t seq, Status status) noexcept;
+  void complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
+                     uint32_t imm, Status status) noexcept;
+  void advance_local_errors() noexcept;
+  void enter_error() noexcept;
+  void die(Status head_status, int err, const char* why) noexcept;
+  void protocol_error(const char* why) noexcept;
+
+  std::shared_ptr<Engine> engine_;
+  MrTable& mrs_;
+  TcpCq* send_cq_;
+  TcpCq* recv_cq_;
+  int fd_;
+  Hello peer_hello_;
+  SpinLock mu_;
+  std::atomic<QpState> state_{QpState::kConnected};
+  std::atomic<bool> skipped_{false};
+  bool dead_ = false;
+  bool destroyed_ = false;
+
+  // Send queue: seq -> slot seq % size. retired <= completed <= sent <= posted.
+  std::vector<SendSlot> sq_;
+  std::unique_ptr<std::byte[]> inline_buf_;
+  uint64_t sq_posted_ = 0, sq_sent_ = 0, sq_completed_ = 0;
+  std::atomic<uint64_t> sq_retired_{0};
+  bool sq_blocked_ = false;  // a local error waits its turn: send nothing more
+
+  std::vector<RecvWr> rq_;
+  uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+  std::vector<TxItem> tx_;
+  uint64_t tx_head_ = 0, tx_tail_ = 0;
+
+  // Receive side: a small staging buffer saves a syscall per small frame;
+  // large payloads are received straight into their destination.
+  static constexpr uint32_t kStageSize = 16384;
+  static constexpr uint64_t kDirectMin = 4096;
+  std::unique_ptr<std::byte[]> stage_;
+  uint32_t sb_ = 0, se_ = 0;
+  RxState rx_state_ = RxState::kHeader;
+  std::byte* pdst_ = nullptr;
+  uint64_t premain_ = 0;
+  uint64_t plen_ = 0;
+  MrEntry* pref_ = nullptr;
+  PayloadDone pdone_ = PayloadDone::kDiscard;
+  Header phdr_;
+  bool pending_ack_ = false;
+  uint64_t ack_seq_ = 0;
+  bool discard_requests_ = false;  // after a NAK: the initiator is in error
+  int64_t stall_since_ = 0;        // RNR: waiting for a RECV since then
+
+  int64_t last_rx_ns_ = 0, last_tx_ns_ = 0, next_timer_ns_ = 0;
+  int64_t heartbeat_ns_ = 0, peer_timeout_ns_ = 0, rnr_ns_ = 0;
+};
+
+class TcpContext final : public Context {
+ public:
+  explicit TcpContext(bool progress_thread);
+  std::string device_name() const override { return "tcp"; }
+  std::unique_ptr<MemoryRegion> register_memory(void* addr, size_t length,
+                                                uint32_t access) override;
+  std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
+  std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) override;
+  std::unique_ptr<Listener> listen(const std::string& address) override;
+  std::unique_ptr<QueuePair> connect(const std::string& address,
+                                     const QpOptions& options,
+                                     std::span<const std::byte> private_data = {},
+                                     std::chrono::milliseconds timeout =
+                                         std::chrono::seconds(5)) override;
+  // Wraps an already connected socket (fuzzer, white-box tests). Takes fd.
+  std::unique_ptr<QueuePair> adopt(int fd, const QpOptions& options,
+                                   const Hello& peer_hello, std::string peer);
+  const std::shared_ptr<Engine>& engine() const noexcept { return engine_; }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+};
+
+// Normalizes options the way connect/accept do (used by adopt as well).
+QpOptions adjust_options(const QpOptions& options);
+
+}  // namespace rdmakit::tcp

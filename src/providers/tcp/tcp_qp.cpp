@@ -1,0 +1,770 @@
+// The tcp queue pair: initiator (send queue, responses) and target (requests
+// served against the region table) over one non-blocking TCP socket.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "providers/tcp/tcp_provider.hpp"
+
+namespace rdmakit::tcp {
+namespace {
+
+constexpr int kMaxIov = 64;
+constexpr int kRxBudget = 256;  // frames/reads per progress call: bounded work
+
+bool is_send_op(Opcode op) noexcept {
+  return op == Opcode::kSend || op == Opcode::kSendWithImm ||
+         op == Opcode::kWrite || op == Opcode::kWriteWithImm;
+}
+bool is_atomic(Opcode op) noexcept {
+  return op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
+}
+
+}  // namespace
+
+QpOptions adjust_options(const QpOptions& in) {
+  QpOptions o = in;
+  o.max_send_wr = std::clamp<uint32_t>(o.max_send_wr, 1, kMaxWr);
+  o.max_recv_wr = std::clamp<uint32_t>(o.max_recv_wr, 1, kMaxWr);
+  o.max_inline = std::min<uint32_t>(o.max_inline, 4096);
+  if (o.peer_timeout.count() <= 0) o.peer_timeout = std::chrono::milliseconds(1);
+  if (o.rnr_timeout.count() < 0) o.rnr_timeout = std::chrono::milliseconds(0);
+  return o;
+}
+
+TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
+             const Hello& peer_hello, std::string peer,
+             std::vector<std::byte> peer_private_data)
+    : QueuePair(engine->next_qp_num(), adjust_options(options), std::move(peer),
+                std::move(peer_private_data)),
+      engine_(std::move(engine)),
+      mrs_(engine_->mrs()),
+      send_cq_(static_cast<TcpCq*>(options_.send_cq)),
+      recv_cq_(static_cast<TcpCq*>(options_.recv_cq)),
+      fd_(fd),
+      peer_hello_(peer_hello),
+      sq_(options_.max_send_wr),
+      inline_buf_(new std::byte[size_t{options_.max_send_wr} * std::max<uint32_t>(options_.max_inline, 1)]),
+      rq_(options_.max_recv_wr),
+      // Requests in flight plus the responses the peer's depth can demand
+      // plus an ACK and a heartbeat: an honest peer never exhausts it.
+      tx_(size_t{options_.max_send_wr} + std::min(peer_hello.max_send_wr, kMaxWr) + 4),
+      stage_(new std::byte[kStageSize]) {
+  const int64_t now = now_ns();
+  last_rx_ns_ = last_tx_ns_ = now;
+  peer_timeout_ns_ = int64_t{options_.peer_timeout.count()} * 1'000'000;
+  // Heartbeat at a quarter of the shorter of both timeouts, so either side
+  // sees traffic several times per timeout even if one beat is late.
+  const int64_t shorter = std::min<int64_t>(
+      peer_timeout_ns_, int64_t{peer_hello.peer_timeout_ms} * 1'000'000);
+  heartbeat_ns_ = std::max<int64_t>(shorter / 4, 1'000'000);
+  // As the target, a SEND waits for a RECV as long as the initiator would
+  // retry on a NIC (its rnr_timeout, from the handshake).
+  rnr_ns_ = int64_t{peer_hello.rnr_timeout_ms} * 1'000'000;
+  next_timer_ns_ = now + heartbeat_ns_ / 2;
+  send_cq_->attach(this);
+  if (recv_cq_ != send_cq_) recv_cq_->attach(this);
+  engine_->add_qp(this);
+}
+
+TcpQp::~TcpQp() {
+  engine_->remove_qp(this);
+  send_cq_->detach(this);
+  if (recv_cq_ != send_cq_) recv_cq_->detach(this);
+  mu_.lock();
+  destroyed_ = true;
+  // Unpin everything: a deregistration must never wait on a dead QP.
+  abort_payload_sink();
+  for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
+    MrTable::release(tx_[i % tx_.size()].ref);
+    tx_[i % tx_.size()].ref = nullptr;
+  }
+  tx_head_ = tx_tail_;
+  state_.store(QpState::kClosed, std::memory_order_release);
+  mu_.unlock();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// ------------------------------------------------------------ driving
+
+bool TcpQp::try_progress(int64_t now) noexcept {
+  if (!mu_.try_lock()) return false;
+  skipped_.store(false, std::memory_order_relaxed);
+  progress(now);
+  mu_.unlock();
+  return true;
+}
+
+bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
+  const bool event = ep_event;
+  const bool want = event || !ep_armed || now >= next_timer_ns_ ||
+                    stall_since_ != 0 || tx_head_ != tx_tail_;
+  if (!want || dead_) return false;
+  // An application thread is polling one of our CQs: it drives the socket,
+  // so stay away (no lock contention, no wake-up). Dekker with arm(): set
+  // skipped, then re-read armed; arm() sets armed, then reads skipped.
+  if (send_cq_->driving(now) && recv_cq_->driving(now)) {
+    skipped_.store(true, std::memory_order_seq_cst);
+    if (!send_cq_->armed() && !recv_cq_->armed()) return true;
+  }
+  if (!mu_.try_lock()) return true;
+  ep_event = false;
+  skipped_.store(false, std::memory_order_relaxed);
+  progress(now);
+  const bool out = tx_head_ != tx_tail_;
+  const bool stalled = stall_since_ != 0;
+  const bool dead = dead_;
+  mu_.unlock();
+  if (!dead && (!ep_armed || out != ep_out)) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT | (out ? EPOLLOUT : 0u);
+    ev.data.u64 = qp_num();
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_, &ev) == 0) {
+      ep_armed = true;
+      ep_out = out;
+    }
+  }
+  return out || stalled;
+}
+
+void TcpQp::progress(int64_t now) noexcept {
+  if (dead_ || destroyed_) return;
+  if (tx_head_ != tx_tail_) flush_tx(now);
+  if (!dead_) rx(now);
+  if (!dead_ && pending_ack_ && !tx_full(1)) {
+    pending_ack_ = false;
+    queue_control(WireOp::kAck, ack_seq_);
+  }
+  if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
+  if (!dead_ && now >= next_timer_ns_) timers(now);
+}
+
+void TcpQp::timers(int64_t now) noexcept {
+  next_timer_ns_ = now + heartbeat_ns_ / 2;
+  // While RNR-stalled we deliberately stop reading; that is not silence.
+  if (stall_since_ == 0 && now - last_rx_ns_ > peer_timeout_ns_) {
+    die(Status::kRetryExceeded, ETIMEDOUT, "peer silent for longer than peer_timeout");
+    return;
+  }
+  if (now - last_tx_ns_ >= heartbeat_ns_ && tx_head_ == tx_tail_) {
+    queue_control(WireOp::kHeartbeat, 0);
+    flush_tx(now);
+  }
+}
+
+// ------------------------------------------------------------ transmit
+
+TcpQp::TxItem& TcpQp::tx_push() noexcept {
+  TxItem& it = tx_[tx_tail_++ % tx_.size()];
+  it.payload = nullptr;
+  it.payload_len = 0;
+  it.sent = 0;
+  it.ref = nullptr;
+  it.request = false;
+  it.cancelled = false;
+  return it;
+}
+
+void TcpQp::queue_control(WireOp op, uint64_t seq, Status status, uint64_t arg0) noexcept {
+  Header h;
+  h.op = op;
+  h.seq = seq;
+  h.status = status;
+  h.arg0 = arg0;
+  encode_header(h, tx_push().hdr.data());
+}
+
+void TcpQp::queue_nak(uint64_t seq, Status status) noexcept {
+  // A NAK for seq also says every earlier request succeeded.
+  pending_ack_ = false;
+  discard_requests_ = true;
+  queue_control(WireOp::kNak, seq, status);
+}
+
+void TcpQp::flush_tx(int64_t now) noexcept {
+  for (int round = 0; round < 64 && tx_head_ != tx_tail_; ++round) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (uint64_t i = tx_head_; i != tx_tail_ && n + 2 <= kMaxIov; ++i) {
+      const TxItem& it = tx_[i % tx_.size()];
+      if (it.cancelled && it.sent == 0) continue;
+      const uint64_t off = it.sent;
+      if (off < kHeaderSize) {
+        iov[n++] = {const_cast<std::byte*>(it.hdr.data()) + off, kHeaderSize - off};
+      }
+      const uint64_t poff = off > kHeaderSize ? off - kHeaderSize : 0;
+      if (it.payload_len > poff) {
+        iov[n++] = {const_cast<std::byte*>(it.payload) + poff, it.payload_len - poff};
+      }
+    }
+    size_t left = 0;
+    if (n > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t w = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        die(Status::kRetryExceeded, errno, "send failed");
+        return;
+      }
+      left = static_cast<size_t>(w);
+      last_tx_ns_ = now;
+    }
+    while (tx_head_ != tx_tail_) {
+      TxItem& it = tx_[tx_head_ % tx_.size()];
+      if (!(it.cancelled && it.sent == 0)) {
+        const uint64_t need = kHeaderSize + it.payload_len - it.sent;
+        if (left < need) {
+          it.sent += left;
+          break;
+        }
+        left -= need;
+      }
+      MrTable::release(it.ref);
+      it.ref = nullptr;
+      ++tx_head_;
+    }
+  }
+}
+
+// ------------------------------------------------------------ posting
+
+PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
+  mu_.lock();
+  if (destroyed_) {
+    mu_.unlock();
+    return {PostStatus::kNotConnected, 0};
+  }
+  PostResult result;
+  const uint32_t cap = static_cast<uint32_t>(sq_.size());
+  for (const SendWr& wr : wrs) {
+    const bool inl = (wr.flags & kInline) != 0;
+    PostStatus bad = PostStatus::kOk;
+    if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kFetchAdd)) {
+      bad = PostStatus::kInvalidArgument;
+    } else if (is_atomic(wr.opcode) && (wr.length != 8 || inl)) {
+      bad = PostStatus::kInvalidArgument;
+    } else if (wr.opcode == Opcode::kRead && inl) {
+      bad = PostStatus::kInvalidArgument;
+    } else if (wr.length > kMaxPayload) {
+      bad = PostStatus::kInvalidArgument;
+    } else if (inl && wr.length > options_.max_inline) {
+      bad = PostStatus::kInlineTooLarge;
+    } else if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= cap) {
+      bad = PostStatus::kQueueFull;
+    }
+    if (bad != PostStatus::kOk) {
+      result.status = bad;
+      break;
+    }
+    const uint64_t seq = sq_posted_++;
+    SendSlot& slot = sq_[seq % cap];
+    slot.wr = wr;
+    slot.local_error = Status::kSuccess;
+    ++result.posted;
+    if (state() != QpState::kConnected) {
+      complete_send(seq, Status::kWrFlushError);
+      continue;
+    }
+    std::byte* inline_at = inline_buf_.get() + (seq % cap) * std::max<uint32_t>(options_.max_inline, 1);
+    if (inl) {
+      if (wr.length != 0) std::memcpy(inline_at, wr.local_addr, wr.length);
+    } else if (wr.length != 0) {
+      const bool sink = !is_send_op(wr.opcode);  // READ/atomics write locally
+      if (!mrs_.check_local(wr.lkey, wr.local_addr, wr.length,
+                            sink ? uint32_t{kAccessLocalWrite} : 0u)) {
+        slot.local_error = Status::kLocalProtectionError;
+        sq_blocked_ = true;
+      }
+    }
+    if (sq_blocked_) continue;  // fails (or flushes) when its turn comes
+    if (tx_full(1)) {
+      // Cannot happen with honest sizing (tx >= max_send_wr + 4); treat as
+      // a local QP error rather than overwrite a frame in flight.
+      slot.local_error = Status::kLocalQpOperationError;
+      sq_blocked_ = true;
+      continue;
+    }
+    Header h;
+    h.seq = seq;
+    h.imm = wr.imm;
+    h.addr = wr.remote_addr;
+    h.rkey = wr.rkey;
+    TxItem& it = tx_push();
+    it.request = true;
+    switch (wr.opcode) {
+      case Opcode::kSend: h.op = WireOp::kSend; break;
+      case Opcode::kSendWithImm: h.op = WireOp::kSendWithImm; break;
+      case Opcode::kWrite: h.op = WireOp::kWrite; break;
+      case Opcode::kWriteWithImm: h.op = WireOp::kWriteWithImm; break;
+      case Opcode::kRead: h.op = WireOp::kReadReq; h.arg0 = wr.length; break;
+      case Opcode::kCompareSwap:
+        h.op = WireOp::kCompareSwap;
+        h.arg0 = wr.compare_add;
+        h.arg1 = wr.swap;
+        break;
+      default:
+        h.op = WireOp::kFetchAdd;
+        h.arg0 = wr.compare_add;
+        break;
+    }
+    if (is_send_op(wr.opcode)) {
+      h.length = wr.length;
+      it.payload = inl ? inline_at : static_cast<const std::byte*>(wr.local_addr);
+      it.payload_len = wr.length;
+    }
+    encode_header(h, it.hdr.data());
+    sq_sent_ = seq + 1;
+  }
+  // One doorbell for the whole list: a single sendmsg gathers every frame.
+  const int64_t now = now_ns();
+  if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
+  advance_local_errors();
+  mu_.unlock();
+  return result;
+}
+
+PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  mu_.lock();
+  if (destroyed_) {
+    mu_.unlock();
+    return {PostStatus::kNotConnected, 0};
+  }
+  PostResult result;
+  for (const RecvWr& wr : wrs) {
+    if (state() != QpState::kConnected) {
+      complete_recv(wr, Opcode::kRecv, 0, false, 0, Status::kWrFlushError);
+      ++result.posted;
+      continue;
+    }
+    if (rq_tail_ - rq_head_ >= rq_.size()) {
+      result.status = PostStatus::kQueueFull;
+      break;
+    }
+    rq_[rq_tail_++ % rq_.size()] = wr;
+    ++result.posted;
+  }
+  // A SEND may be waiting for exactly this buffer (RNR stall).
+  if (stall_since_ != 0 && !dead_) progress(now_ns());
+  mu_.unlock();
+  return result;
+}
+
+// ------------------------------------------------------------ completions
+
+void TcpQp::complete_send(uint64_t seq, Status status) noexcept {
+  const SendSlot& slot = sq_[seq % sq_.size()];
+  sq_completed_ = seq + 1;
+  // Errors always complete, signaled or not, as on a NIC.
+  if (status != Status::kSuccess || (slot.wr.flags & kSignaled) != 0) {
+    CqEntry e;
+    e.c.wr_id = slot.wr.wr_id;
+    e.c.byte_len = slot.wr.length;
+    e.c.qp_num = qp_num();
+    e.c.opcode = slot.wr.opcode;
+    e.c.status = status;
+    e.retire_qp = this;
+    e.retire_seq = seq;
+    send_cq_->push(e);
+  }
+}
+
+void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
+                          uint32_t imm, Status status) noexcept {
+  CqEntry e;
+  e.c.wr_id = wr.wr_id;
+  e.c.byte_len = len;
+  e.c.imm = has_imm ? imm : 0;
+  e.c.flags = has_imm ? kCompletionHasImm : 0;
+  e.c.qp_num = qp_num();
+  e.c.opcode = op;
+  e.c.status = status;
+  recv_cq_->push(e);
+}
+
+void TcpQp::advance_local_errors() noexcept {
+  // A request that failed local checks completes once everything before it
+  // has, so completions stay in order.
+  if (state() == QpState::kConnected && sq_completed_ == sq_sent_ &&
+      sq_completed_ < sq_posted_) {
+    const Status st = sq_[sq_completed_ % sq_.size()].local_error;
+    if (st != Status::kSuccess) {
+      complete_send(sq_completed_, st);
+      enter_error();
+    }
+  }
+}
+
+void TcpQp::enter_error() noexcept {
+  if (state() != QpState::kConnected) return;
+  state_.store(QpState::kError, std::memory_order_release);
+  while (sq_completed_ < sq_posted_) complete_send(sq_completed_, Status::kWrFlushError);
+  sq_sent_ = sq_posted_;
+  while (rq_head_ != rq_tail_) {
+    complete_recv(rq_[rq_head_++ % rq_.size()], Opcode::kRecv, 0, false, 0,
+                  Status::kWrFlushError);
+  }
+  // Requests not yet on the wire never leave; a partly sent frame finishes
+  // so the stream stays framed.
+  for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
+    TxItem& it = tx_[i % tx_.size()];
+    if (it.request && it.sent == 0) it.cancelled = true;
+  }
+  // A RECV being filled was just flushed: drop the rest of its payload.
+  if (rx_state_ == RxState::kPayload &&
+      (pdone_ == PayloadDone::kSend || pdone_ == PayloadDone::kWriteImm ||
+       pdone_ == PayloadDone::kReadResp)) {
+    abort_payload_sink();
+  }
+}
+
+void TcpQp::die(Status head_status, int err, const char* why) noexcept {
+  if (dead_) return;
+  dead_ = true;
+  // An orderly close by the peer is routine; timeouts and bad frames are not.
+  core::log().log(err == 0 || err == ETIMEDOUT ? spdlog::level::warn : spdlog::level::info,
+                  "tcp: qp {} peer {}: connection lost: {} ({})", qp_num(), peer(), why,
+                  err != 0 ? std::strerror(err) : "protocol violation");
+  ::shutdown(fd_, SHUT_RDWR);
+  abort_payload_sink();
+  for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
+    MrTable::release(tx_[i % tx_.size()].ref);
+    tx_[i % tx_.size()].ref = nullptr;
+  }
+  tx_head_ = tx_tail_;
+  stall_since_ = 0;
+  if (state() == QpState::kConnected) {
+    // The request at the head is the one that "timed out"; the rest flush.
+    if (sq_completed_ < sq_sent_) complete_send(sq_completed_, head_status);
+    enter_error();
+  }
+}
+
+void TcpQp::protocol_error(const char* why) noexcept {
+  // Hostile or corrupt input ends this connection only.
+  die(Status::kBadResponseError, 0, why);
+}
+
+// ------------------------------------------------------------ receive
+
+bool TcpQp::fill(int64_t now) noexcept {
+  if (sb_ == se_) {
+    sb_ = se_ = 0;
+  } else if (sb_ > 0 && (se_ == kStageSize || kStageSize - sb_ < kHeaderSize)) {
+    std::memmove(stage_.get(), stage_.get() + sb_, se_ - sb_);
+    se_ -= sb_;
+    sb_ = 0;
+  }
+  if (se_ == kStageSize) return false;  // cannot happen: a header is < stage
+  for (;;) {
+    const ssize_t r = ::recv(fd_, stage_.get() + se_, kStageSize - se_, MSG_DONTWAIT);
+    if (r > 0) {
+      se_ += static_cast<uint32_t>(r);
+      last_rx_ns_ = now;
+      return true;
+    }
+    if (r == 0) {
+      die(Status::kRetryExceeded, EPIPE, "peer closed the connection");
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      die(Status::kRetryExceeded, errno, "receive failed");
+    }
+    return false;
+  }
+}
+
+void TcpQp::start_payload(uint64_t len, std::byte* dst, MrEntry* ref,
+                          PayloadDone done) noexcept {
+  rx_state_ = RxState::kPayload;
+  premain_ = plen_ = len;
+  pdst_ = dst;
+  pref_ = ref;
+  pdone_ = done;
+}
+
+void TcpQp::abort_payload_sink() noexcept {
+  MrTable::release(pref_);
+  pref_ = nullptr;
+  pdst_ = nullptr;
+  pdone_ = PayloadDone::kDiscard;
+}
+
+void TcpQp::rx(int64_t now) noexcept {
+  for (int budget = kRxBudget; budget > 0 && !dead_; --budget) {
+    if (rx_state_ == RxState::kPayload) {
+      if (premain_ == 0) {
+        finish_payload();
+        continue;
+      }
+      const uint32_t avail = se_ - sb_;
+      if (avail != 0) {
+        const uint64_t n = std::min<uint64_t>(avail, premain_);
+        if (pdst_ != nullptr) {
+          std::memcpy(pdst_, stage_.get() + sb_, n);
+          pdst_ += n;
+        }
+        sb_ += static_cast<uint32_t>(n);
+        premain_ -= n;
+        continue;
+      }
+      if (pdst_ != nullptr && premain_ >= kDirectMin) {
+        // Large payload: straight from the socket into the region/buffer.
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(premain_, 1u << 30));
+        const ssize_t r = ::recv(fd_, pdst_, want, MSG_DONTWAIT);
+        if (r > 0) {
+          pdst_ += r;
+          premain_ -= static_cast<uint64_t>(r);
+          last_rx_ns_ = now;
+          continue;
+        }
+        if (r == 0) {
+          die(Status::kRetryExceeded, EPIPE, "peer closed the connection");
+          return;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          die(Status::kRetryExceeded, errno, "receive failed");
+        }
+        return;
+      }
+      if (!fill(now)) return;
+      continue;
+    }
+    if (se_ - sb_ < kHeaderSize) {
+      if (!fill(now)) return;
+      continue;
+    }
+    // Every request may need a response slot; wait for the wire to drain
+    // rather than overrun (only a peer exceeding its depth gets here).
+    if (tx_full(2)) return;
+    const auto h = decode_header(std::span<const std::byte, kHeaderSize>(
+        stage_.get() + sb_, kHeaderSize));
+    if (!h) {
+      protocol_error("malformed frame header");
+      return;
+    }
+    const FrameResult r = handle_frame(*h, now);
+    if (r != FrameResult::kConsumed) return;
+  }
+}
+
+TcpQp::FrameResult TcpQp::handle_frame(const Header& h, int64_t now) noexcept {
+  if (h.op == WireOp::kHeartbeat) {
+    sb_ += kHeaderSize;
+    return FrameResult::kConsumed;
+  }
+  if (is_response(h.op)) return handle_response(h);
+  return handle_request(h, now);
+}
+
+TcpQp::FrameResult TcpQp::handle_response(const Header& h) noexcept {
+  sb_ += kHeaderSize;
+  if (state() != QpState::kConnected) {
+    // Everything was flushed already; late responses are dropped.
+    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
+    return FrameResult::kConsumed;
+  }
+  if (h.seq < sq_completed_ || h.seq >= sq_sent_) {
+    protocol_error("response for a request not in flight");
+    return FrameResult::kFatal;
+  }
+  const uint64_t cap = sq_.size();
+  // A response for seq acknowledges every earlier SEND/WRITE; a READ or an
+  // atomic in between would have needed its own response first.
+  for (uint64_t s = sq_completed_; s < h.seq; ++s) {
+    if (!is_send_op(sq_[s % cap].wr.opcode)) {
+      protocol_error("response skipped a READ/atomic");
+      return FrameResult::kFatal;
+    }
+  }
+  while (sq_completed_ < h.seq) complete_send(sq_completed_, Status::kSuccess);
+  const SendWr& wr = sq_[h.seq % cap].wr;
+  switch (h.op) {
+    case WireOp::kAck:
+      if (!is_send_op(wr.opcode)) {
+        protocol_error("ACK for a READ/atomic");
+        return FrameResult::kFatal;
+      }
+      complete_send(h.seq, Status::kSuccess);
+      break;
+    case WireOp::kNak:
+      complete_send(h.seq, h.status);
+      enter_error();
+      return FrameResult::kConsumed;
+    case WireOp::kReadResp:
+      if (wr.opcode != Opcode::kRead || h.length != wr.length) {
+        protocol_error("READ response does not match the request");
+        return FrameResult::kFatal;
+      }
+      phdr_ = h;
+      start_payload(h.length, static_cast<std::byte*>(wr.local_addr), nullptr,
+                    PayloadDone::kReadResp);
+      return FrameResult::kConsumed;
+    case WireOp::kAtomicResp:
+      if (!is_atomic(wr.opcode)) {
+        protocol_error("atomic response for another operation");
+        return FrameResult::kFatal;
+      }
+      std::memcpy(wr.local_addr, &h.arg0, sizeof h.arg0);
+      complete_send(h.seq, Status::kSuccess);
+      break;
+    default:
+      protocol_error("unexpected response opcode");
+      return FrameResult::kFatal;
+  }
+  advance_local_errors();
+  return FrameResult::kConsumed;
+}
+
+TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept {
+  const bool consumes_recv = h.op == WireOp::kSend || h.op == WireOp::kSendWithImm ||
+                             h.op == WireOp::kWriteWithImm;
+  auto reject = [&](Status st) {
+    sb_ += kHeaderSize;
+    queue_nak(h.seq, st);
+    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
+    return FrameResult::kConsumed;
+  };
+  if (discard_requests_) {
+    // We NAKed earlier: the initiator is in error and flushes whatever it
+    // sent after; executing any of it would break the verbs contract.
+    sb_ += kHeaderSize;
+    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
+    return FrameResult::kConsumed;
+  }
+  if (state() != QpState::kConnected) {
+    // A NIC would not answer and the initiator would time out; say so at once.
+    return reject(Status::kRetryExceeded);
+  }
+  if (consumes_recv && rq_head_ == rq_tail_) {
+    if (stall_since_ == 0) stall_since_ = now;
+    if (now - stall_since_ < rnr_ns_) return FrameResult::kStall;
+    stall_since_ = 0;
+    last_rx_ns_ = now;
+    return reject(Status::kRnrRetryExceeded);
+  }
+  if (stall_since_ != 0) {
+    stall_since_ = 0;
+    last_rx_ns_ = now;  // we were not reading: do not count it as silence
+  }
+  phdr_ = h;
+  switch (h.op) {
+    case WireOp::kSend:
+    case WireOp::kSendWithImm: {
+      const RecvWr& r = rq_[rq_head_ % rq_.size()];
+      if (h.length > r.length) {
+        ++rq_head_;
+        complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalLengthError);
+        const FrameResult res = reject(Status::kRemoteInvalidRequestError);
+        enter_error();
+        return res;
+      }
+      if (h.length != 0 &&
+          !mrs_.check_local(r.lkey, r.addr, h.length, kAccessLocalWrite)) {
+        ++rq_head_;
+        complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalProtectionError);
+        const FrameResult res = reject(Status::kRemoteOperationError);
+        enter_error();
+        return res;
+      }
+      sb_ += kHeaderSize;
+      start_payload(h.length, static_cast<std::byte*>(r.addr), nullptr, PayloadDone::kSend);
+      return FrameResult::kConsumed;
+    }
+    case WireOp::kWrite:
+    case WireOp::kWriteWithImm: {
+      MrEntry* e = h.length == 0 && h.op == WireOp::kWriteWithImm
+                       ? nullptr
+                       : mrs_.acquire(h.rkey, h.addr, h.length, kAccessRemoteWrite);
+      if (e == nullptr && !(h.length == 0 && h.op == WireOp::kWriteWithImm)) {
+        return reject(Status::kRemoteAccessError);
+      }
+      sb_ += kHeaderSize;
+      start_payload(h.length, reinterpret_cast<std::byte*>(h.addr), e,
+                    h.op == WireOp::kWrite ? PayloadDone::kWrite : PayloadDone::kWriteImm);
+      return FrameResult::kConsumed;
+    }
+    case WireOp::kReadReq: {
+      MrEntry* e = mrs_.acquire(h.rkey, h.addr, h.arg0, kAccessRemoteRead);
+      if (e == nullptr) return reject(Status::kRemoteAccessError);
+      sb_ += kHeaderSize;
+      pending_ack_ = false;  // the response acknowledges everything before
+      Header resp;
+      resp.op = WireOp::kReadResp;
+      resp.seq = h.seq;
+      resp.length = static_cast<uint32_t>(h.arg0);
+      TxItem& it = tx_push();
+      encode_header(resp, it.hdr.data());
+      // Sent straight from the region; the pin holds until it is on the wire.
+      it.payload = reinterpret_cast<const std::byte*>(h.addr);
+      it.payload_len = resp.length;
+      it.ref = e;
+      return FrameResult::kConsumed;
+    }
+    case WireOp::kCompareSwap:
+    case WireOp::kFetchAdd: {
+      if (h.addr % 8 != 0) return reject(Status::kRemoteInvalidRequestError);
+      MrEntry* e = mrs_.acquire(h.rkey, h.addr, 8, kAccessRemoteAtomic);
+      if (e == nullptr) return reject(Status::kRemoteAccessError);
+      // Atomic against every other atomic on this address, whichever QP or
+      // thread serves it: all targets execute on the same memory word.
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(h.addr));
+      uint64_t old;
+      if (h.op == WireOp::kFetchAdd) {
+        old = word.fetch_add(h.arg0, std::memory_order_acq_rel);
+      } else {
+        old = h.arg0;
+        word.compare_exchange_strong(old, h.arg1, std::memory_order_acq_rel);
+      }
+      MrTable::release(e);
+      sb_ += kHeaderSize;
+      pending_ack_ = false;
+      queue_control(WireOp::kAtomicResp, h.seq, Status::kSuccess, old);
+      return FrameResult::kConsumed;
+    }
+    default:
+      protocol_error("unexpected request opcode");
+      return FrameResult::kFatal;
+  }
+}
+
+void TcpQp::finish_payload() noexcept {
+  rx_state_ = RxState::kHeader;
+  const PayloadDone done = pdone_;
+  MrTable::release(pref_);
+  pref_ = nullptr;
+  pdst_ = nullptr;
+  pdone_ = PayloadDone::kDiscard;
+  switch (done) {
+    case PayloadDone::kDiscard:
+      return;
+    case PayloadDone::kWrite:
+      break;
+    case PayloadDone::kWriteImm:
+    case PayloadDone::kSend: {
+      const RecvWr r = rq_[rq_head_++ % rq_.size()];
+      const bool imm = phdr_.op != WireOp::kSend;
+      complete_recv(r, done == PayloadDone::kSend ? Opcode::kRecv : Opcode::kRecvWriteWithImm,
+                    static_cast<uint32_t>(plen_), imm, phdr_.imm, Status::kSuccess);
+      break;
+    }
+    case PayloadDone::kReadResp:
+      complete_send(phdr_.seq, Status::kSuccess);
+      advance_local_errors();
+      return;
+  }
+  pending_ack_ = true;
+  ack_seq_ = phdr_.seq;
+}
+
+}  // namespace rdmakit::tcp

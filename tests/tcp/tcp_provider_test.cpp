@@ -1,0 +1,345 @@
+// tcp provider tests that need no second process: both ends live in this
+// process (two contexts over loopback), plus white-box cases that drive a
+// queue pair over a socketpair to play a silent or hostile peer.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "providers/tcp/tcp_provider.hpp"
+#include "rdmakit/rdmakit.hpp"
+
+namespace rdmakit::tcp {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Side {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<QueuePair> qp;
+};
+
+QpOptions opts(CompletionQueue* cq) {
+  QpOptions o;
+  o.send_cq = cq;
+  o.recv_cq = cq;
+  o.rnr_timeout = 300ms;
+  o.peer_timeout = 1000ms;
+  return o;
+}
+
+// Both ends in one process; `b` is the acceptor.
+struct Pair {
+  Side a, b;
+  explicit Pair(QpOptions oa_in = {}, QpOptions ob_in = {}) {
+    a.ctx = std::make_unique<TcpContext>(true);
+    b.ctx = std::make_unique<TcpContext>(true);
+    a.cq = a.ctx->create_cq();
+    b.cq = b.ctx->create_cq();
+    QpOptions oa = opts(a.cq.get()), ob = opts(b.cq.get());
+    if (oa_in.send_cq == nullptr) oa_in = oa; else { oa_in.send_cq = oa_in.recv_cq = a.cq.get(); }
+    if (ob_in.send_cq == nullptr) ob_in = ob; else { ob_in.send_cq = ob_in.recv_cq = b.cq.get(); }
+    auto listener = b.ctx->listen("127.0.0.1:0");
+    const std::string pd = "hello";
+    std::thread t([&] {
+      b.qp = listener->accept(ob_in, 5s, std::as_bytes(std::span(pd)));
+    });
+    a.qp = a.ctx->connect("127.0.0.1:" + std::to_string(listener->port()), oa_in,
+                          std::as_bytes(std::span(pd)));
+    t.join();
+  }
+  ~Pair() {
+    a.qp.reset();
+    b.qp.reset();
+  }
+};
+
+bool wait_one(CompletionQueue& cq, Completion* out, std::chrono::milliseconds t = 5s) {
+  const auto end = Clock::now() + t;
+  while (Clock::now() < end) {
+    if (cq.poll({out, 1}) == 1) return true;
+  }
+  return false;
+}
+
+SendWr wr(Opcode op, uint64_t id, const MemoryRegion& mr, uint32_t len,
+          const RemoteRegion* remote = nullptr, uint64_t roff = 0) {
+  SendWr w;
+  w.wr_id = id;
+  w.opcode = op;
+  w.flags = kSignaled;
+  w.length = len;
+  w.local_addr = mr.data();
+  w.lkey = mr.lkey();
+  if (remote != nullptr) {
+    w.remote_addr = remote->addr + roff;
+    w.rkey = remote->rkey;
+  }
+  return w;
+}
+
+TEST(TcpProvider, ConnectRefusedNamesProviderAndPeer) {
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  auto l = ctx.listen("127.0.0.1:0");
+  const uint16_t port = l->port();
+  l.reset();
+  try {
+    ctx.connect("127.0.0.1:" + std::to_string(port), opts(cq.get()), {}, 2s);
+    FAIL() << "connect succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), ECONNREFUSED);
+    EXPECT_NE(std::string(e.what()).find("tcp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpProvider, SendRecvWriteReadAtomics) {
+  Pair p;
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(p.b.qp->peer_private_data().data()),
+                        p.b.qp->peer_private_data().size()),
+            "hello");
+  auto amr = p.a.ctx->allocate(1 << 20, kAccessAll);
+  auto bmr = p.b.ctx->allocate(1 << 20, kAccessAll);
+  const RemoteRegion br = bmr->remote();
+  // SEND with imm into a posted RECV.
+  RecvWr r{7, bmr->data(), 4096, bmr->lkey()};
+  ASSERT_TRUE(p.b.qp->post_recv(r).ok());
+  std::memcpy(amr->data(), "ping", 4);
+  SendWr s = wr(Opcode::kSendWithImm, 1, *amr, 4);
+  s.imm = 0xabcd;
+  ASSERT_TRUE(p.a.qp->post_send(s).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*p.b.cq, &c));
+  EXPECT_EQ(c.wr_id, 7u);
+  EXPECT_EQ(c.opcode, Opcode::kRecv);
+  EXPECT_EQ(c.byte_len, 4u);
+  EXPECT_TRUE(c.has_imm());
+  EXPECT_EQ(c.imm, 0xabcdu);
+  EXPECT_EQ(std::memcmp(bmr->data(), "ping", 4), 0);
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.wr_id, 1u);
+  EXPECT_TRUE(c.ok());
+  EXPECT_EQ(c.opcode, Opcode::kSendWithImm);
+
+  // 1 MiB WRITE then READ back into another part of a.
+  for (size_t i = 0; i < 512 * 1024; ++i) amr->data()[i] = std::byte(i * 7);
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kWrite, 2, *amr, 512 * 1024, &br)).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_TRUE(c.ok()) << status_name(c.status);
+  EXPECT_EQ(std::memcmp(bmr->data(), amr->data(), 512 * 1024), 0);
+  SendWr rd = wr(Opcode::kRead, 3, *amr, 512 * 1024, &br);
+  rd.local_addr = amr->data() + 512 * 1024;
+  ASSERT_TRUE(p.a.qp->post_send(rd).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_TRUE(c.ok());
+  EXPECT_EQ(c.opcode, Opcode::kRead);
+  EXPECT_EQ(std::memcmp(amr->data() + 512 * 1024, amr->data(), 512 * 1024), 0);
+
+  // WRITE_WITH_IMM: byte_len = bytes written.
+  ASSERT_TRUE(p.b.qp->post_recv(RecvWr{8, nullptr, 0, 0}).ok());
+  SendWr wi = wr(Opcode::kWriteWithImm, 4, *amr, 100, &br, 4096);
+  wi.imm = 42;
+  ASSERT_TRUE(p.a.qp->post_send(wi).ok());
+  ASSERT_TRUE(wait_one(*p.b.cq, &c));
+  EXPECT_EQ(c.opcode, Opcode::kRecvWriteWithImm);
+  EXPECT_EQ(c.byte_len, 100u);
+  EXPECT_EQ(c.imm, 42u);
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_TRUE(c.ok());
+
+  // Atomics.
+  uint64_t v = 10;
+  std::memcpy(bmr->data() + 8192, &v, 8);
+  SendWr fa = wr(Opcode::kFetchAdd, 5, *amr, 8, &br, 8192);
+  fa.compare_add = 5;
+  ASSERT_TRUE(p.a.qp->post_send(fa).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  uint64_t old;
+  std::memcpy(&old, amr->data(), 8);
+  EXPECT_EQ(old, 10u);
+  SendWr cas = wr(Opcode::kCompareSwap, 6, *amr, 8, &br, 8192);
+  cas.compare_add = 15;
+  cas.swap = 99;
+  ASSERT_TRUE(p.a.qp->post_send(cas).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  std::memcpy(&old, amr->data(), 8);
+  EXPECT_EQ(old, 15u);
+  std::memcpy(&v, bmr->data() + 8192, 8);
+  EXPECT_EQ(v, 99u);
+}
+
+TEST(TcpProvider, AccessErrorFlushesAndLeavesTargetUntouched) {
+  Pair p;
+  auto amr = p.a.ctx->allocate(8192, kAccessAll);
+  auto bmr = p.b.ctx->allocate(8192, kAccessRemoteRead | kAccessLocalWrite);
+  RemoteRegion br = bmr->remote();
+  std::memset(amr->data(), 0x5a, 8192);
+  // WRITE to a read-only region, then a READ that would be fine.
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kWrite, 1, *amr, 64, &br)).ok());
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kRead, 2, *amr, 64, &br)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kRemoteAccessError);
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kWrFlushError);
+  EXPECT_EQ(p.a.qp->state(), QpState::kError);
+  for (size_t i = 0; i < 8192; ++i) ASSERT_EQ(bmr->data()[i], std::byte{0});
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kWrite, 3, *amr, 64, &br)).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kWrFlushError);
+}
+
+TEST(TcpProvider, DeregisteredRegionFails) {
+  Pair p;
+  auto amr = p.a.ctx->allocate(4096, kAccessAll);
+  auto bmr = p.b.ctx->allocate(4096, kAccessAll);
+  const RemoteRegion br = bmr->remote();
+  bmr.reset();
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kRead, 1, *amr, 64, &br)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kRemoteAccessError);
+}
+
+TEST(TcpProvider, RnrAndLengthError) {
+  Pair p;
+  auto amr = p.a.ctx->allocate(4096, kAccessAll);
+  auto bmr = p.b.ctx->allocate(4096, kAccessAll);
+  const auto start = Clock::now();
+  ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kSend, 1, *amr, 16)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kRnrRetryExceeded);
+  EXPECT_GE(Clock::now() - start, 250ms);
+
+  Pair q;
+  auto amr2 = q.a.ctx->allocate(4096, kAccessAll);
+  auto bmr2 = q.b.ctx->allocate(4096, kAccessAll);
+  ASSERT_TRUE(q.b.qp->post_recv(RecvWr{9, bmr2->data(), 8, bmr2->lkey()}).ok());
+  ASSERT_TRUE(q.a.qp->post_send(wr(Opcode::kSend, 1, *amr2, 16)).ok());
+  ASSERT_TRUE(wait_one(*q.b.cq, &c));
+  EXPECT_EQ(c.status, Status::kLocalLengthError);
+  ASSERT_TRUE(wait_one(*q.a.cq, &c));
+  EXPECT_EQ(c.status, Status::kRemoteInvalidRequestError);
+}
+
+TEST(TcpProvider, SelectiveSignalingSlotRule) {
+  QpOptions o;
+  o.send_cq = reinterpret_cast<CompletionQueue*>(1);  // replaced by Pair
+  o.max_send_wr = 4;
+  o.rnr_timeout = 300ms;
+  o.peer_timeout = 1000ms;
+  Pair p(o, {});
+  auto amr = p.a.ctx->allocate(4096, kAccessAll);
+  auto bmr = p.b.ctx->allocate(4096, kAccessAll);
+  const RemoteRegion br = bmr->remote();
+  SendWr w = wr(Opcode::kWrite, 1, *amr, 8, &br);
+  w.flags = 0;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(p.a.qp->post_send(w).ok());
+  EXPECT_EQ(p.a.qp->post_send(w).status, PostStatus::kQueueFull);
+  std::this_thread::sleep_for(100ms);
+  Completion c;
+  EXPECT_EQ(p.a.cq->poll({&c, 1}), 0);
+  EXPECT_EQ(p.a.qp->post_send(w).status, PostStatus::kQueueFull);
+}
+
+TEST(TcpProvider, PeerDestroyedCompletesOutstanding) {
+  Pair p;
+  auto amr = p.a.ctx->allocate(4096, kAccessAll);
+  ASSERT_TRUE(p.a.qp->post_recv(RecvWr{1, amr->data(), 64, amr->lkey()}).ok());
+  p.b.qp.reset();
+  Completion c;
+  ASSERT_TRUE(wait_one(*p.a.cq, &c, 3s));
+  EXPECT_EQ(c.status, Status::kWrFlushError);
+  EXPECT_EQ(p.a.qp->state(), QpState::kError);
+}
+
+// A peer that handshook and then went silent (link cut): detected within
+// peer_timeout plus a heartbeat period.
+TEST(TcpProvider, SilentPeerDetected) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  QpOptions o = opts(cq.get());
+  o.peer_timeout = 300ms;
+  Hello peer{16, 16, 100, 300, 0};
+  auto qp = ctx.adopt(sv[0], o, peer, "silent-peer");
+  auto mr = ctx.allocate(4096, kAccessAll);
+  const auto start = Clock::now();
+  ASSERT_TRUE(qp->post_send(wr(Opcode::kRead, 1, *mr, 64, nullptr)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*cq, &c, 3s));
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(c.status, Status::kRetryExceeded);
+  EXPECT_LT(took, 600ms);
+  EXPECT_GE(took, 250ms);
+  ::close(sv[1]);
+}
+
+// Garbage from the peer is a protocol error for that QP only.
+TEST(TcpProvider, HostileHeaderEndsOnlyThatConnection) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  Hello peer{16, 16, 100, 1000, 0};
+  auto qp = ctx.adopt(sv[0], opts(cq.get()), peer, "hostile-peer");
+  auto mr = ctx.allocate(4096, kAccessAll);
+  ASSERT_TRUE(qp->post_recv(RecvWr{5, mr->data(), 64, mr->lkey()}).ok());
+  std::byte junk[kHeaderSize];
+  std::memset(junk, 0xee, sizeof junk);
+  ASSERT_EQ(::write(sv[1], junk, sizeof junk), static_cast<ssize_t>(sizeof junk));
+  Completion c;
+  ASSERT_TRUE(wait_one(*cq, &c, 2s));
+  EXPECT_EQ(c.status, Status::kWrFlushError);
+  EXPECT_EQ(qp->state(), QpState::kError);
+  ::close(sv[1]);
+}
+
+TEST(TcpProvider, AtomicsFromManyPeersAreAtomic) {
+  TcpContext target(true);
+  auto tcq = target.create_cq();
+  auto counter = target.allocate(64, kAccessAll);
+  const RemoteRegion rr = counter->remote();
+  auto listener = target.listen("127.0.0.1:0");
+  constexpr int kPeers = 4, kOps = 500;
+  std::vector<std::unique_ptr<QueuePair>> accepted(kPeers);
+  std::thread acc([&] {
+    for (auto& q : accepted) q = listener->accept(opts(tcq.get()), 5s);
+  });
+  std::vector<std::thread> peers;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kPeers; ++i) {
+    peers.emplace_back([&] {
+      TcpContext ctx(true);
+      auto cq = ctx.create_cq();
+      auto qp = ctx.connect("127.0.0.1:" + std::to_string(listener->port()), opts(cq.get()));
+      auto mr = ctx.allocate(64, kAccessAll);
+      for (int k = 0; k < kOps; ++k) {
+        SendWr w = wr(Opcode::kFetchAdd, k, *mr, 8, &rr);
+        w.compare_add = 1;
+        Completion c;
+        if (!qp->post_send(w).ok() || !wait_one(*cq, &c) || !c.ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : peers) t.join();
+  acc.join();
+  EXPECT_EQ(failures.load(), 0);
+  uint64_t v;
+  std::memcpy(&v, counter->data(), 8);
+  EXPECT_EQ(v, uint64_t{kPeers} * kOps);
+}
+
+}  // namespace
+}  // namespace rdmakit::tcp
