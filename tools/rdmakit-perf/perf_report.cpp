@@ -169,6 +169,8 @@ void Reporter::row(const RunInfo& info, const Result& r) {
     j["iterations"] = r.iterations;
     j["qps"] = s.num_qps;
     j["tx_depth"] = s.tx_depth;
+    j["cq_mod"] = s.cq_mod;
+    j["post_list"] = s.post_list;
     j["inline"] = info.effective_inline;
     j["bidirectional"] = s.bidirectional;
     j["event"] = s.event;

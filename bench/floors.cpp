@@ -1,0 +1,177 @@
+// rdmakit-floors: what the hardware allows, measured in the same run as the
+// benchmarks so ratios compare like with like.
+//   cache-line ping-pong between two pinned cores (half round trip = the
+//     time one cache line takes to move from one core to the other);
+//   single-thread memcpy bandwidth per size (hot buffers, MB = 10^6 bytes).
+//   rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] [--rounds N]
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fmt/format.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof set, &set);  // best effort: one core still measures
+}
+
+// One 64-byte line bounced between two threads: A stores odd values, B even
+// ones, each waiting for the other's. Timed in batches of 100 round trips;
+// the median batch gives nanoseconds per one-way hop, so a descheduled
+// thread on a shared machine spoils a few batches, not the figure.
+double pingpong_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best) {
+  constexpr uint64_t kBatch = 100;
+  alignas(128) static std::atomic<uint64_t> line{0};
+  line.store(0);
+  std::atomic<bool> go{false};
+  const uint64_t rounds = batches * kBatch;
+  std::thread b([&] {
+    pin(cpu_b);
+    while (!go.load(std::memory_order_acquire)) {
+    }
+    for (uint64_t i = 0; i < rounds; ++i) {
+      const uint64_t want = 2 * i + 1;
+      while (line.load(std::memory_order_acquire) != want) {
+      }
+      line.store(want + 1, std::memory_order_release);
+    }
+  });
+  pin(cpu_a);
+  std::vector<double> per_hop(batches);
+  go.store(true, std::memory_order_release);
+  for (uint64_t k = 0; k < batches; ++k) {
+    const auto t0 = Clock::now();
+    for (uint64_t j = 0; j < kBatch; ++j) {
+      const uint64_t i = k * kBatch + j;
+      line.store(2 * i + 1, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+    const auto t1 = Clock::now();
+    per_hop[k] = std::chrono::duration<double, std::nano>(t1 - t0).count() / (2 * kBatch);
+  }
+  b.join();
+  std::sort(per_hop.begin(), per_hop.end());
+  *best = per_hop.front();
+  return per_hop[per_hop.size() / 2];
+}
+
+// memcpy of `size` bytes repeated for about `budget`; best of `reps` in MB/s.
+double memcpy_MBps(size_t size, int reps, std::chrono::milliseconds budget) {
+  auto src = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size + 64]);
+  auto dst = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size + 64]);
+  std::memset(src.get(), 1, size);
+  std::memset(dst.get(), 2, size);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    uint64_t n = 0;
+    const auto t0 = Clock::now();
+    auto t1 = t0;
+    do {
+      for (int k = 0; k < 64; ++k) {
+        std::memcpy(dst.get(), src.get(), size);
+        // Keep the copy: the compiler may not drop it.
+        asm volatile("" : : "r"(dst.get()) : "memory");
+      }
+      n += 64;
+      t1 = Clock::now();
+    } while (t1 - t0 < budget / reps);
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    best = std::max(best, static_cast<double>(n) * size / s / 1e6);
+  }
+  return best;
+}
+
+std::vector<uint64_t> parse_list(const char* s) {
+  std::vector<uint64_t> v;
+  while (*s) {
+    char* end = nullptr;
+    v.push_back(std::strtoull(s, &end, 10));
+    if (end == s) break;
+    s = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  int cpu_a = 0, cpu_b = 1;
+  int rounds = 3;
+  std::vector<uint64_t> sizes;
+  for (uint64_t v = 8; v <= (uint64_t{8} << 20); v *= 2) sizes.push_back(v);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--cpus" && i + 1 < argc) {
+      const auto v = parse_list(argv[++i]);
+      if (v.size() == 2) {
+        cpu_a = static_cast<int>(v[0]);
+        cpu_b = static_cast<int>(v[1]);
+      }
+    } else if (a == "--sizes" && i + 1 < argc) {
+      sizes = parse_list(argv[++i]);
+    } else if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr,
+                   "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
+                   "[--rounds N]\n");
+      return a == "-h" || a == "--help" ? 0 : 1;
+    }
+  }
+  if (std::thread::hardware_concurrency() < 2) {
+    std::fprintf(stderr, "rdmakit-floors: one CPU only; ping-pong shares it\n");
+  }
+
+  // Median of several runs of 2000 batches each.
+  std::vector<double> hops, mins;
+  for (int r = 0; r < rounds; ++r) {
+    double best = 0;
+    hops.push_back(pingpong_half_rtt_ns(cpu_a, cpu_b, 1000, &best));
+    mins.push_back(best);
+  }
+  std::sort(hops.begin(), hops.end());
+  std::sort(mins.begin(), mins.end());
+  const double hop = hops[hops.size() / 2];
+  if (json) {
+    std::printf("%s\n", fmt::format("{{\"floor\":\"cacheline_pingpong\",\"cpus\":[{},{}],"
+                                    "\"half_rtt_ns\":{:.2f},\"rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
+                                    cpu_a, cpu_b, hop, 2 * hop, mins.front())
+                            .c_str());
+  } else {
+    std::printf("cache-line ping-pong cpu %d <-> cpu %d: half round trip %.1f ns (min %.1f)\n",
+                cpu_a, cpu_b, hop, mins.front());
+    std::printf("%-10s %s\n", "#bytes", "memcpy[MB/sec]");
+  }
+  pin(cpu_b);
+  for (uint64_t size : sizes) {
+    const double bw = memcpy_MBps(size, 3, std::chrono::milliseconds(60));
+    if (json) {
+      std::printf("{\"floor\":\"memcpy\",\"size\":%llu,\"bw_MBps\":%.2f}\n",
+                  static_cast<unsigned long long>(size), bw);
+    } else {
+      std::printf("%-10llu %.1f\n", static_cast<unsigned long long>(size), bw);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
