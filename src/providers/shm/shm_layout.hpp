@@ -44,21 +44,29 @@ struct RegionTable {
   RegionEntry entries[kRegionTableSize];
 };
 
-// Receive queue entry. The receiver writes addr/length/lkey before
-// publishing `posted`; the sender writes the result fields before publishing
-// `completed`.
-struct RecvSlot {
-  uint64_t addr;
-  uint32_t length;
-  uint32_t lkey;
-  uint32_t byte_len;
-  uint32_t imm;
-  uint8_t status;  // rdmakit::Status
-  uint8_t opcode;  // rdmakit::Opcode of the completion
-  uint8_t flags;   // CompletionFlags
-  uint8_t reserved[5];
+// Receive queue entry: one cache line, so a small SEND moves one line from
+// sender to receiver, like a cache-line ping-pong. The receiver fills
+// addr/length/lkey and then publishes post_seq = n+1 (release) for the n-th
+// RECV; the sender fills the result (and, for payloads of at most
+// kSlotInline bytes, the data itself) and publishes done_seq = n+1. The
+// receiver copies inline data into its buffer when it polls the completion.
+inline constexpr uint32_t kSlotInline = 20;
+
+struct alignas(64) RecvSlot {
+  std::atomic<uint64_t> post_seq{0};  // receiver writes
+  std::atomic<uint64_t> done_seq{0};  // sender writes
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+  uint32_t byte_len = 0;
+  uint32_t imm = 0;
+  uint8_t status = 0;  // rdmakit::Status
+  uint8_t opcode = 0;  // rdmakit::Opcode of the completion
+  uint8_t flags = 0;   // CompletionFlags
+  uint8_t data_inline = 0;
+  std::byte data[kSlotInline] = {};
 };
-static_assert(sizeof(RecvSlot) == 32);
+static_assert(sizeof(RecvSlot) == 64, "one receive slot per cache line");
 
 enum QpSideState : uint32_t { kSideOpen = 0, kSideError = 1, kSideClosed = 2 };
 
@@ -67,8 +75,6 @@ enum QpSideState : uint32_t { kSideOpen = 0, kSideError = 1, kSideClosed = 2 };
 struct alignas(64) InboundBlock {
   uint32_t magic = kLayoutMagic;
   uint32_t ring_size = 0;  // power of two
-  alignas(64) std::atomic<uint64_t> posted{0};     // receiver writes
-  alignas(64) std::atomic<uint64_t> completed{0};  // sender writes
   alignas(64) std::atomic<uint32_t> owner_state{kSideOpen};  // receiver writes
   std::atomic<uint32_t> cq_armed{0};  // receiver's CQ sleeps: sender must signal
   alignas(64) std::atomic<uint32_t> sender_state{kSideOpen};  // sender writes

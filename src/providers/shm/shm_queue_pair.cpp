@@ -87,6 +87,7 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   if (mem == nullptr) throw setup_error("mmap(qp)", "", errno);
   local.block = new (mem) InboundBlock();
   local.block->ring_size = ring;
+  for (uint32_t i = 0; i < ring; ++i) new (&local.block->slots()[i]) RecvSlot();
 
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -301,10 +302,9 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
     slot.lkey = wr.lkey;
     rq_wr_id_[index] = wr.wr_id;
     ++rq_posted_;
+    slot.post_seq.store(rq_posted_, std::memory_order_release);
     ++result.posted;
   }
-  // One release store publishes the whole batch to the peer.
-  local_.block->posted.store(rq_posted_, std::memory_order_release);
   return result;
 }
 
@@ -385,8 +385,14 @@ bool ShmQueuePair::send_ready() const noexcept {
   return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
 }
 
+bool ShmQueuePair::recv_done(std::memory_order order) const noexcept {
+  const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
+  return slot.done_seq.load(order) == rq_polled_ + 1;
+}
+
 bool ShmQueuePair::recv_ready() const noexcept {
-  if (local_.block->completed.load(std::memory_order_seq_cst) != rq_polled_) return true;
+  // seq_cst pairs with the sender's done_seq store / cq_armed load.
+  if (recv_done(std::memory_order_seq_cst)) return true;
   if (state_ == QpState::kConnected &&
       (peer_gone() || local_.block->sender_state.load(std::memory_order_seq_cst) != kSideOpen)) {
     return true;
@@ -396,11 +402,13 @@ bool ShmQueuePair::recv_ready() const noexcept {
 
 int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   size_t n = 0;
-  const uint64_t completed = local_.block->completed.load(std::memory_order_acquire);
   RecvSlot* slots = local_.block->slots();
-  while (n < out.size() && rq_polled_ < completed) {
+  while (n < out.size() && recv_done(std::memory_order_acquire)) {
     const uint64_t index = rq_polled_ & rq_mask_;
     const RecvSlot& slot = slots[index];
+    if (slot.data_inline != 0 && slot.status == static_cast<uint8_t>(Status::kSuccess)) {
+      std::memcpy(reinterpret_cast<void*>(slot.addr), slot.data, slot.byte_len);
+    }
     Completion& c = out[n++];
     c = Completion{};
     c.wr_id = rq_wr_id_[index];
@@ -418,7 +426,7 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
     enter_error();
   }
   // In error the peer no longer consumes our ring: flush what is left.
-  if (state_ != QpState::kConnected && rq_polled_ >= completed) {
+  if (state_ != QpState::kConnected && !recv_done(std::memory_order_acquire)) {
     while (n < out.size() && rq_polled_ < rq_posted_) {
       Completion& c = out[n++];
       c = Completion{};
@@ -564,10 +572,12 @@ Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexce
 
 ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
                                          bool carry_payload, Status* status) noexcept {
-  const uint64_t posted = peer_block_->posted.load(std::memory_order_acquire);
-  if (peer_consumed_ == posted) return Exec::kBlocked;
   RecvSlot& slot = peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)];
+  if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) {
+    return Exec::kBlocked;
+  }
   Status recv_status = Status::kSuccess;
+  slot.data_inline = 0;
   if (carry_payload) {
     if (wr.length > slot.length) {
       recv_status = Status::kLocalLengthError;
@@ -579,6 +589,11 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
           (view.access & kAccessLocalWrite) == 0) {
         recv_status = Status::kLocalProtectionError;
         *status = Status::kRemoteOperationError;
+      } else if (wr.length <= kSlotInline) {
+        // Small payloads ride in the slot's cache line; the receiver copies
+        // them into its buffer when it polls.
+        std::memcpy(slot.data, wr.local_addr, wr.length);
+        slot.data_inline = 1;
       } else {
         Target target = resolve(slot.lkey, slot.addr, wr.length, kAccessLocalWrite, true);
         if (target.status == Status::kSuccess) {
@@ -601,8 +616,8 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
   slot.opcode = static_cast<uint8_t>(recv_opcode);
   slot.status = static_cast<uint8_t>(recv_status);
   ++peer_consumed_;
-  // seq_cst pairs with the receiver's arm(): store armed, then load completed.
-  peer_block_->completed.store(peer_consumed_, std::memory_order_seq_cst);
+  // seq_cst pairs with the receiver's arm(): store armed, then load done_seq.
+  slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
   wake_peer();
   return Exec::kDone;
 }
@@ -619,7 +634,8 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
       // WRITE_WITH_IMM needs a RECV: check before moving data so an RNR
       // retry does not depend on the write being idempotent.
       if (wr.opcode == Opcode::kWriteWithImm &&
-          peer_consumed_ == peer_block_->posted.load(std::memory_order_acquire)) {
+          peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)].post_seq.load(
+              std::memory_order_acquire) != peer_consumed_ + 1) {
         return Exec::kBlocked;
       }
       if (wr.length != 0) {

@@ -78,6 +78,7 @@ class ShmQueuePair final : public QueuePair {
   bool recv_ready() const noexcept;
   bool send_ready() const noexcept;
   bool rnr_waiting() const noexcept { return rnr_deadline_set_; }
+  bool recv_done(std::memory_order order) const noexcept;
 
  protected:
   PostResult do_post_send(std::span<const SendWr> wrs) noexcept override;
