@@ -69,6 +69,8 @@ class MrTable {
   // Local key check at post time (no pin: the caller owns that memory).
   bool check_local(uint32_t lkey, const void* addr, uint64_t len,
                    uint32_t need) const noexcept;
+  // Deterministic keys for the fuzzer's seed corpus; never used otherwise.
+  void reseed_for_testing(uint32_t seed) { rng_.seed(seed); }
 
  private:
   std::unique_ptr<MrEntry[]> slots_;
