@@ -573,6 +573,9 @@ Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexce
 ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
                                          bool carry_payload, Status* status) noexcept {
   RecvSlot& slot = peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)];
+  // We read the slot and then write it: fetch the line for writing once
+  // instead of a shared read followed by an invalidation.
+  __builtin_prefetch(&slot, 1);
   if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) {
     return Exec::kBlocked;
   }
