@@ -74,8 +74,9 @@ void VerbsCq::attach(QpCore* core, uint32_t depth, const std::string& peer) {
 
 void VerbsCq::detach(QpCore* core, uint32_t depth) noexcept {
   std::lock_guard lock(qps_mutex_);
-  std::erase(qps_, core);
-  if (last_ == core) last_ = nullptr;
+  // A shared CQ holds the QP twice (send and receive side): drop one.
+  if (auto it = std::find(qps_.begin(), qps_.end(), core); it != qps_.end()) qps_.erase(it);
+  if (std::find(qps_.begin(), qps_.end(), core) == qps_.end() && last_ == core) last_ = nullptr;
   committed_ -= depth;
 }
 

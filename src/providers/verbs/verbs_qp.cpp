@@ -59,7 +59,15 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std
       send_wrs_(core_->send_depth),
       send_sges_(core_->send_depth),
       recv_wrs_(core_->recv_depth),
-      recv_sges_(core_->recv_depth) {}
+      recv_sges_(core_->recv_depth) {
+  send_cq_->attach(core_.get(), core_->send_depth, this->peer());
+  try {
+    recv_cq_->attach(core_.get(), core_->recv_depth, this->peer());
+  } catch (...) {
+    send_cq_->detach(core_.get(), core_->send_depth);
+    throw;
+  }
+}
 
 VerbsQp::~VerbsQp() {
   if (device_->monitor) device_->monitor->release(id_.get());
