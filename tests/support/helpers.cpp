@@ -119,6 +119,7 @@ void Control::start() {
 
 ::testing::AssertionResult Control::pump(milliseconds timeout, bool want_send) {
   const auto deadline = Clock::now() + timeout;
+  bool polled = false;
   for (;;) {
     if (want_send ? send_done_ : !inbox_.empty()) {
       return ::testing::AssertionSuccess();
@@ -130,12 +131,17 @@ void Control::start() {
              << "control channel failed while waiting for "
              << (want_send ? "a send completion" : "a message") << ": " << error_;
     }
-    const auto left = deadline - Clock::now();
+    auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) {
-      return ::testing::AssertionFailure()
-             << "control channel: timed out waiting for "
-             << (want_send ? "a send completion" : "a message");
+      // A zero timeout still polls once (try_recv).
+      if (polled) {
+        return ::testing::AssertionFailure()
+               << "control channel: timed out waiting for "
+               << (want_send ? "a send completion" : "a message");
+      }
+      left = Clock::duration::zero();
     }
+    polled = true;
     std::array<Completion, 8> out;
     const int n = cq_->wait(out, left);
     for (int i = 0; i < n; ++i) {
@@ -183,6 +189,12 @@ void Control::start() {
   inbox_.pop_front();
   return ::testing::AssertionSuccess();
 }
+
+bool Control::try_recv(std::string* msg) {
+  return static_cast<bool>(recv(msg, milliseconds(0)));
+}
+
+bool Control::failed() const { return !error_.empty(); }
 
 ::testing::AssertionResult Control::expect(std::string_view msg,
                                            milliseconds timeout) {

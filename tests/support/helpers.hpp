@@ -69,6 +69,10 @@ class Control {
                                   milliseconds timeout = milliseconds(30000));
   ::testing::AssertionResult expect(std::string_view msg,
                                     milliseconds timeout = milliseconds(30000));
+  // Non-blocking: true and *msg set if a message is waiting.
+  bool try_recv(std::string* msg);
+  // True once a control completion failed (e.g. the peer is gone).
+  bool failed() const;
 
   static constexpr size_t kSlotSize = 256;
   static constexpr uint32_t kSlots = 16;
