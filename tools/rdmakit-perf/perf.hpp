@@ -118,7 +118,6 @@ class Reporter {
 
  private:
   const Options& options_;
-  bool csv_header_done_ = false;
   bool progress_shown_ = false;
 };
 

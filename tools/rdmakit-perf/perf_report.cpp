@@ -200,13 +200,15 @@ void Reporter::row(const RunInfo& info, const Result& r) {
     }
     std::printf("%s\n", j.dump().c_str());
   } else if (options_.csv) {
-    if (!csv_header_done_) {
+    // One header per process, also when several tests run.
+    static bool csv_header_done = false;
+    if (!csv_header_done) {
       std::printf(
           "test,provider,device,size,iterations,qps,posted,completions,recv_completions,"
           "bytes,peer_posted,peer_recv_completions,peer_recv_bytes,verified,seconds,"
           "t_min_us,t_max_us,t_typical_us,t_avg_us,t_stdev_us,t_p99_us,t_p999_us,"
           "bw_peak_MBps,bw_avg_MBps,msg_rate_Mps\n");
-      csv_header_done_ = true;
+      csv_header_done = true;
     }
     std::string tail =
         r.latency ? fmt::format("{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},,,", r.t_min,

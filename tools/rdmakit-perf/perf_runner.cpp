@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <thread>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -227,7 +229,18 @@ class Session {
     mem_->remote().serialize(
         std::span<std::byte, RemoteRegion::kSerializedSize>(pd + sizeof w,
                                                             RemoteRegion::kSerializedSize));
-    ctrl_ = ctx_->connect(address, ctrl_qp_options(), pd, 10s);
+    // A server running several tests listens anew for each one: retry a
+    // refused connection for a bounded time.
+    const auto give_up = std::chrono::steady_clock::now() + 5s;
+    for (;;) {
+      try {
+        ctrl_ = ctx_->connect(address, ctrl_qp_options(), pd, 10s);
+        break;
+      } catch (const Error& e) {
+        if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > give_up) throw;
+        std::this_thread::sleep_for(50ms);
+      }
+    }
     post_ctrl_recvs();
     for (uint32_t q = 0; q < s_.num_qps; ++q) {
       const WireQp wq{kMagic, q};
