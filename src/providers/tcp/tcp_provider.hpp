@@ -237,6 +237,7 @@ class TcpQp final : public QueuePair {
   std::atomic<bool> skipped_{false};
   bool dead_ = false;
   bool destroyed_ = false;
+  bool flushed_ = false;  // error state entered and outstanding work flushed
 
   // Send queue: seq -> slot seq % size. retired <= completed <= sent <= posted.
   std::vector<SendSlot> sq_;

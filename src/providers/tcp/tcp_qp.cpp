@@ -270,7 +270,7 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
     slot.wr = wr;
     slot.local_error = Status::kSuccess;
     ++result.posted;
-    if (state() != QpState::kConnected) {
+    if (flushed_) {
       complete_send(seq, Status::kWrFlushError);
       continue;
     }
@@ -340,7 +340,7 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   }
   PostResult result;
   for (const RecvWr& wr : wrs) {
-    if (state() != QpState::kConnected) {
+    if (flushed_) {
       complete_recv(wr, Opcode::kRecv, 0, false, 0, Status::kWrFlushError);
       ++result.posted;
       continue;
@@ -363,6 +363,8 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
 void TcpQp::complete_send(uint64_t seq, Status status) noexcept {
   const SendSlot& slot = sq_[seq % sq_.size()];
   sq_completed_ = seq + 1;
+  // The QP is in error before anyone can poll the error completion.
+  if (status != Status::kSuccess) state_.store(QpState::kError, std::memory_order_release);
   // Errors always complete, signaled or not, as on a NIC.
   if (status != Status::kSuccess || (slot.wr.flags & kSignaled) != 0) {
     CqEntry e;
@@ -379,6 +381,7 @@ void TcpQp::complete_send(uint64_t seq, Status status) noexcept {
 
 void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
                           uint32_t imm, Status status) noexcept {
+  if (status != Status::kSuccess) state_.store(QpState::kError, std::memory_order_release);
   CqEntry e;
   e.c.wr_id = wr.wr_id;
   e.c.byte_len = len;
@@ -393,7 +396,7 @@ void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_im
 void TcpQp::advance_local_errors() noexcept {
   // A request that failed local checks completes once everything before it
   // has, so completions stay in order.
-  if (state() == QpState::kConnected && sq_completed_ == sq_sent_ &&
+  if (!flushed_ && sq_completed_ == sq_sent_ &&
       sq_completed_ < sq_posted_) {
     const Status st = sq_[sq_completed_ % sq_.size()].local_error;
     if (st != Status::kSuccess) {
@@ -404,7 +407,8 @@ void TcpQp::advance_local_errors() noexcept {
 }
 
 void TcpQp::enter_error() noexcept {
-  if (state() != QpState::kConnected) return;
+  if (flushed_) return;
+  flushed_ = true;
   state_.store(QpState::kError, std::memory_order_release);
   while (sq_completed_ < sq_posted_) complete_send(sq_completed_, Status::kWrFlushError);
   sq_sent_ = sq_posted_;
@@ -441,7 +445,7 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
   }
   tx_head_ = tx_tail_;
   stall_since_ = 0;
-  if (state() == QpState::kConnected) {
+  if (!flushed_) {
     // The request at the head is the one that "timed out"; the rest flush.
     if (sq_completed_ < sq_sent_) complete_send(sq_completed_, head_status);
     enter_error();
@@ -569,7 +573,7 @@ TcpQp::FrameResult TcpQp::handle_frame(const Header& h, int64_t now) noexcept {
 
 TcpQp::FrameResult TcpQp::handle_response(const Header& h) noexcept {
   sb_ += kHeaderSize;
-  if (state() != QpState::kConnected) {
+  if (flushed_) {
     // Everything was flushed already; late responses are dropped.
     if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
     return FrameResult::kConsumed;
@@ -642,7 +646,7 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
     if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
     return FrameResult::kConsumed;
   }
-  if (state() != QpState::kConnected) {
+  if (flushed_) {
     // A NIC would not answer and the initiator would time out; say so at once.
     return reject(Status::kRetryExceeded);
   }
