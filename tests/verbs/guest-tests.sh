@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE VM(s) started by run-softroce-tests.sh.
+#   guest-tests.sh one-vm BUILD_DIR   client and server over rxe loopback
+#   guest-tests.sh two-vm BUILD_DIR   node0 = server role, node1 = client role
+# Every step runs under `timeout`, so a hang becomes a failure, not a stuck VM.
+set -u
+mode=$1 build=$2
+fails=0
+step() {  # step NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  echo "==== $name"
+  timeout --kill-after=5 "$secs" "$@"
+  local rc=$?
+  echo "==== $name: $([ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)") in $((SECONDS - t0)) s"
+  [ $rc = 0 ] || fails=$((fails + 1))
+}
+export RDMAKIT_LOG=${RDMAKIT_LOG:-warn}
+# A few 2 MiB pages so allocate() takes its huge-page path.
+echo 8 > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+conformance=$build/tests/rdmakit_conformance
+verbs_test=$build/tests/verbs/rdmakit_verbs_test
+
+case $mode in
+  one-vm)
+    step rdmakit-info 60 "$build/tools/rdmakit-info/rdmakit-info"
+    step verbs-tests 180 env RDMAKIT_TEST_HOST="$SOFTROCE_IP" "$verbs_test"
+    if [ -x "$conformance" ]; then
+      step conformance 420 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
+        "$conformance"
+    else
+      echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
+    fi
+    ;;
+  two-vm)
+    # The server role listens on its own address; clients retry while it starts.
+    if [ "$SOFTROCE_NODE" = 0 ]; then role=server host=$SOFTROCE_IP; else role=client host=$SOFTROCE_PEER_IP; fi
+    step "verbs-tests ($role)" 240 env RDMAKIT_TEST_ROLE=$role RDMAKIT_TEST_HOST="$host" \
+      RDMAKIT_TEST_BASE_PORT=7700 "$verbs_test"
+    if [ -x "$conformance" ]; then
+      step "conformance ($role)" 480 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_ROLE=$role \
+        RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7800 "$conformance"
+    else
+      echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
+    fi
+    ;;
+  *) echo "usage: guest-tests.sh one-vm|two-vm BUILD_DIR" >&2; exit 2 ;;
+esac
+echo "==== $mode: $fails step(s) failed"
+exit $((fails > 0))
