@@ -45,8 +45,7 @@ class CompletionQueue {
   const CqOptions& options() const noexcept { return options_; }
 
  protected:
-  explicit CompletionQueue(const CqOptions& options) noexcept
-      : options_(options) {}
+  explicit CompletionQueue(const CqOptions& options) noexcept : options_(options) {}
 
  private:
   CqOptions options_;

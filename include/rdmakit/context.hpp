@@ -47,23 +47,18 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   ProviderKind provider() const noexcept { return provider_; }
-  const char* provider_name() const noexcept {
-    return rdmakit::provider_name(provider_);
-  }
+  const char* provider_name() const noexcept { return rdmakit::provider_name(provider_); }
   // Device in use (verbs: "rxe0"; shm/tcp: the provider's own name).
   virtual std::string device_name() const = 0;
 
   // Registers caller memory. access: Access bits.
-  virtual std::unique_ptr<MemoryRegion> register_memory(void* addr,
-                                                        size_t length,
+  virtual std::unique_ptr<MemoryRegion> register_memory(void* addr, size_t length,
                                                         uint32_t access) = 0;
   // Allocates provider-best memory (shm: memfd, shared with peers directly;
   // verbs: huge pages when available), zero-filled, and registers it.
-  virtual std::unique_ptr<MemoryRegion> allocate(size_t length,
-                                                 uint32_t access) = 0;
+  virtual std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) = 0;
 
-  virtual std::unique_ptr<CompletionQueue> create_cq(
-      const CqOptions& options = {}) = 0;
+  virtual std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) = 0;
 
   // "host:port"; port 0 picks a free one.
   virtual std::unique_ptr<Listener> listen(const std::string& address) = 0;

@@ -30,8 +30,7 @@ struct RemoteRegion {
   void serialize(std::span<std::byte, kSerializedSize> out) const noexcept;
   std::vector<std::byte> serialize() const;
   // nullopt if the blob is short, has a wrong magic or an unknown version.
-  static std::optional<RemoteRegion> deserialize(
-      std::span<const std::byte> in) noexcept;
+  static std::optional<RemoteRegion> deserialize(std::span<const std::byte> in) noexcept;
 
   uint64_t addr_at(uint64_t offset) const noexcept { return addr + offset; }
   friend bool operator==(const RemoteRegion&, const RemoteRegion&) = default;
@@ -54,13 +53,13 @@ class MemoryRegion {
   ProviderKind provider() const noexcept { return provider_; }
 
   RemoteRegion remote() const noexcept {
-    return RemoteRegion{reinterpret_cast<uint64_t>(addr_), length_, rkey_,
-                        access_, provider_};
+    return RemoteRegion{reinterpret_cast<uint64_t>(addr_), length_, rkey_, access_,
+                        provider_};
   }
 
  protected:
-  MemoryRegion(void* addr, size_t length, uint32_t lkey, uint32_t rkey,
-               uint32_t access, ProviderKind provider) noexcept
+  MemoryRegion(void* addr, size_t length, uint32_t lkey, uint32_t rkey, uint32_t access,
+               ProviderKind provider) noexcept
       : addr_(addr),
         length_(length),
         lkey_(lkey),

@@ -7,20 +7,20 @@ namespace rdmakit {
 
 enum class Status : uint8_t {
   kSuccess = 0,
-  kLocalLengthError,            // IBV_WC_LOC_LEN_ERR
-  kLocalQpOperationError,       // IBV_WC_LOC_QP_OP_ERR
-  kLocalProtectionError,        // IBV_WC_LOC_PROT_ERR: bad lkey or local range
-  kWrFlushError,                // IBV_WC_WR_FLUSH_ERR: QP was in error
-  kBadResponseError,            // IBV_WC_BAD_RESP_ERR
-  kLocalAccessError,            // IBV_WC_LOC_ACCESS_ERR
-  kRemoteInvalidRequestError,   // IBV_WC_REM_INV_REQ_ERR: e.g. SEND > RECV
-  kRemoteAccessError,           // IBV_WC_REM_ACCESS_ERR: rkey/range/permission
-  kRemoteOperationError,        // IBV_WC_REM_OP_ERR
-  kRetryExceeded,               // IBV_WC_RETRY_EXC_ERR: peer dead / unreachable
-  kRnrRetryExceeded,            // IBV_WC_RNR_RETRY_EXC_ERR: no RECV posted
-  kFatalError,                  // IBV_WC_FATAL_ERR
-  kResponseTimeout,             // IBV_WC_RESP_TIMEOUT_ERR
-  kGeneralError,                // IBV_WC_GENERAL_ERR
+  kLocalLengthError,           // IBV_WC_LOC_LEN_ERR
+  kLocalQpOperationError,      // IBV_WC_LOC_QP_OP_ERR
+  kLocalProtectionError,       // IBV_WC_LOC_PROT_ERR: bad lkey or local range
+  kWrFlushError,               // IBV_WC_WR_FLUSH_ERR: QP was in error
+  kBadResponseError,           // IBV_WC_BAD_RESP_ERR
+  kLocalAccessError,           // IBV_WC_LOC_ACCESS_ERR
+  kRemoteInvalidRequestError,  // IBV_WC_REM_INV_REQ_ERR: e.g. SEND > RECV
+  kRemoteAccessError,          // IBV_WC_REM_ACCESS_ERR: rkey/range/permission
+  kRemoteOperationError,       // IBV_WC_REM_OP_ERR
+  kRetryExceeded,              // IBV_WC_RETRY_EXC_ERR: peer dead / unreachable
+  kRnrRetryExceeded,           // IBV_WC_RNR_RETRY_EXC_ERR: no RECV posted
+  kFatalError,                 // IBV_WC_FATAL_ERR
+  kResponseTimeout,            // IBV_WC_RESP_TIMEOUT_ERR
+  kGeneralError,               // IBV_WC_GENERAL_ERR
 };
 
 // "SUCCESS", "REMOTE_ACCESS_ERROR", ... Never null.

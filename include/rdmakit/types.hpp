@@ -13,8 +13,8 @@ enum Access : uint32_t {
   kAccessRemoteWrite = 1u << 1,
   kAccessRemoteRead = 1u << 2,
   kAccessRemoteAtomic = 1u << 3,
-  kAccessAll = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead |
-               kAccessRemoteAtomic,
+  kAccessAll =
+      kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic,
 };
 
 enum class Opcode : uint8_t {
@@ -40,17 +40,17 @@ enum SendFlags : uint8_t {
 };
 
 struct SendWr {
-  uint64_t wr_id = 0;          // caller's cookie, returned untouched
+  uint64_t wr_id = 0;  // caller's cookie, returned untouched
   Opcode opcode = Opcode::kSend;
   uint8_t flags = 0;           // SendFlags
   uint32_t length = 0;         // bytes; 8 for atomics
   void* local_addr = nullptr;  // source (SEND/WRITE) or sink (READ, atomic old value)
   uint32_t lkey = 0;
-  uint32_t imm = 0;            // for *_WITH_IMM, host byte order
-  uint64_t remote_addr = 0;    // WRITE/READ/atomics
+  uint32_t imm = 0;          // for *_WITH_IMM, host byte order
+  uint64_t remote_addr = 0;  // WRITE/READ/atomics
   uint32_t rkey = 0;
-  uint64_t compare_add = 0;    // CAS: compare value; FETCH_ADD: addend
-  uint64_t swap = 0;           // CAS: new value
+  uint64_t compare_add = 0;  // CAS: compare value; FETCH_ADD: addend
+  uint64_t swap = 0;         // CAS: new value
 };
 
 struct RecvWr {
@@ -76,9 +76,7 @@ struct Completion {
   uint32_t vendor_err = 0;  // provider-specific detail (verbs: wc.vendor_err)
 
   [[nodiscard]] bool ok() const noexcept { return status == Status::kSuccess; }
-  [[nodiscard]] bool has_imm() const noexcept {
-    return (flags & kCompletionHasImm) != 0;
-  }
+  [[nodiscard]] bool has_imm() const noexcept { return (flags & kCompletionHasImm) != 0; }
 };
 static_assert(sizeof(Completion) == 32, "Completion stays two per cache line");
 

@@ -8,7 +8,8 @@
 namespace rdmakit::core {
 
 std::string HostPort::to_string() const {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  if (host.find(':') != std::string::npos)
+    return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);
 }
 

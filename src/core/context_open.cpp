@@ -45,8 +45,7 @@ std::unique_ptr<Context> Context::open(const ContextOptions& requested) {
   }
   core::log().info("provider {} ({})", rdmakit::provider_name(options.provider), why);
   switch (options.provider) {
-    case ProviderKind::kShm:
-      return core::make_shm_context(options);
+    case ProviderKind::kShm: return core::make_shm_context(options);
     case ProviderKind::kTcp:
 #ifdef RDMAKIT_HAVE_TCP
       return core::make_tcp_context(options);
@@ -59,8 +58,7 @@ std::unique_ptr<Context> Context::open(const ContextOptions& requested) {
 #else
       break;
 #endif
-    case ProviderKind::kAuto:
-      break;
+    case ProviderKind::kAuto: break;
   }
   throw Error("Context::open", rdmakit::provider_name(options.provider), "", ENOTSUP,
               "this build of rdmakit does not include that provider");

@@ -1,15 +1,15 @@
 #include "rdmakit/error.hpp"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace rdmakit {
 namespace {
 
-std::string format_error(const std::string& operation,
-                         const std::string& provider, const std::string& peer,
-                         int sys_errno, const std::string& detail) {
+std::string format_error(const std::string& operation, const std::string& provider,
+                         const std::string& peer, int sys_errno,
+                         const std::string& detail) {
   std::string text = fmt::format("{} failed on provider {}", operation, provider);
   if (!peer.empty()) text += fmt::format(" (peer {})", peer);
   if (!detail.empty()) text += ": " + detail;
@@ -23,10 +23,9 @@ std::string format_error(const std::string& operation,
 
 }  // namespace
 
-Error::Error(std::string operation, std::string provider, std::string peer,
-             int sys_errno, std::string detail)
-    : std::runtime_error(
-          format_error(operation, provider, peer, sys_errno, detail)),
+Error::Error(std::string operation, std::string provider, std::string peer, int sys_errno,
+             std::string detail)
+    : std::runtime_error(format_error(operation, provider, peer, sys_errno, detail)),
       operation_(std::move(operation)),
       provider_(std::move(provider)),
       peer_(std::move(peer)),

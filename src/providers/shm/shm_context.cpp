@@ -52,8 +52,10 @@ ShmContext::ShmContext() : Context(ProviderKind::kShm), pid_(::getpid()) {
   // Peers read and write registered user memory with process_vm_readv/writev,
   // which Yama's ptrace_scope=1 would refuse for non-descendants.
   if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
-    core::log().warn("shm: prctl(PR_SET_PTRACER) failed ({}); peers may be unable "
-                     "to access registered user memory", std::strerror(errno));
+    core::log().warn(
+        "shm: prctl(PR_SET_PTRACER) failed ({}); peers may be unable "
+        "to access registered user memory",
+        std::strerror(errno));
   }
 
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -90,9 +92,8 @@ uint32_t ShmContext::reserve_key() {
   return key;
 }
 
-void ShmContext::publish_region(uint32_t key, ShmMemoryRegion* region,
-                                RegionKind kind, uint64_t addr, uint64_t length,
-                                uint32_t access) {
+void ShmContext::publish_region(uint32_t key, ShmMemoryRegion* region, RegionKind kind,
+                                uint64_t addr, uint64_t length, uint32_t access) {
   std::lock_guard lock(mutex_);
   const uint32_t index = key & kRegionIndexMask;
   regions_[index] = region;
@@ -124,10 +125,10 @@ std::unique_ptr<MemoryRegion> ShmContext::register_memory(void* addr, size_t len
     throw context_error("register_memory", EINVAL, "unknown access bits");
   }
   const uint32_t key = reserve_key();
-  auto region = std::make_unique<ShmMemoryRegion>(*this, addr, length, key, access,
-                                                  Fd(), 0);
-  publish_region(key, region.get(), RegionKind::kUser,
-                 reinterpret_cast<uint64_t>(addr), length, access);
+  auto region =
+      std::make_unique<ShmMemoryRegion>(*this, addr, length, key, access, Fd(), 0);
+  publish_region(key, region.get(), RegionKind::kUser, reinterpret_cast<uint64_t>(addr),
+                 length, access);
   return region;
 }
 
@@ -147,8 +148,8 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
   const uint32_t key = reserve_key();
   auto region = std::make_unique<ShmMemoryRegion>(*this, mem, length, key, access,
                                                   std::move(memfd), mapped);
-  publish_region(key, region.get(), RegionKind::kMemfd,
-                 reinterpret_cast<uint64_t>(mem), length, access);
+  publish_region(key, region.get(), RegionKind::kMemfd, reinterpret_cast<uint64_t>(mem),
+                 length, access);
   return region;
 }
 
@@ -225,8 +226,8 @@ void ShmContext::service_loop() {
 void ShmContext::serve_request(Link& link) {
   Request request{};
   size_t nfds = 0;
-  const ssize_t got = recv_with_fds(link.serve_socket.get(), &request, sizeof request,
-                                    {}, &nfds, std::chrono::milliseconds(0));
+  const ssize_t got = recv_with_fds(link.serve_socket.get(), &request, sizeof request, {},
+                                    &nfds, std::chrono::milliseconds(0));
   if (got == 0 || (got < 0 && got != -EAGAIN && got != -ETIMEDOUT)) {
     mark_gone(link);
     return;
@@ -240,7 +241,8 @@ void ShmContext::serve_request(Link& link) {
     const uint32_t index = request.rkey & kRegionIndexMask;
     ShmMemoryRegion* region = regions_[index];
     const bool live = region != nullptr && region->rkey() == request.rkey;
-    if (live && request.op == RequestOp::kGetRegion && region->kind() == RegionKind::kMemfd) {
+    if (live && request.op == RequestOp::kGetRegion &&
+        region->kind() == RegionKind::kMemfd) {
       if (region->peers_may_write()) {
         region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
         reply.writable = 1;
@@ -272,7 +274,8 @@ void ShmContext::serve_request(Link& link) {
   }
   const int fd = region_fd.get();
   if (send_with_fds(link.serve_socket.get(), &reply, sizeof reply,
-                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>()) != 0) {
+                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>()) !=
+      0) {
     mark_gone(link);
   }
 }

@@ -32,8 +32,7 @@ class ShmContext final : public Context {
   std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override;
   std::unique_ptr<Listener> listen(const std::string& address) override;
-  std::unique_ptr<QueuePair> connect(const std::string& address,
-                                     const QpOptions& options,
+  std::unique_ptr<QueuePair> connect(const std::string& address, const QpOptions& options,
                                      std::span<const std::byte> private_data,
                                      std::chrono::milliseconds timeout) override;
 

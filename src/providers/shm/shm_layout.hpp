@@ -32,7 +32,7 @@ struct RegionEntry {
   std::atomic<uint32_t> access{0};
   std::atomic<uint32_t> kind{0};
   uint32_t reserved = 0;
-  std::atomic<uint64_t> addr{0};    // in the owner's address space
+  std::atomic<uint64_t> addr{0};  // in the owner's address space
   std::atomic<uint64_t> length{0};
 };
 static_assert(sizeof(RegionEntry) == 32);
@@ -74,7 +74,7 @@ enum QpSideState : uint32_t { kSideOpen = 0, kSideError = 1, kSideClosed = 2 };
 // the receive ring the peer's SENDs consume, and the wake-up handshake.
 struct alignas(64) InboundBlock {
   uint32_t magic = kLayoutMagic;
-  uint32_t ring_size = 0;  // power of two
+  uint32_t ring_size = 0;                                    // power of two
   alignas(64) std::atomic<uint32_t> owner_state{kSideOpen};  // receiver writes
   std::atomic<uint32_t> cq_armed{0};  // receiver's CQ sleeps: sender must signal
   alignas(64) std::atomic<uint32_t> sender_state{kSideOpen};  // sender writes
@@ -100,7 +100,7 @@ struct Request {
 struct Reply {
   uint32_t status;  // rdmakit::Status
   uint32_t writable;
-  uint64_t value;   // atomics: the old value
+  uint64_t value;  // atomics: the old value
 };
 
 // Connection handshake: each side sends one Hello plus four descriptors:

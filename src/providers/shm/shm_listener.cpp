@@ -74,14 +74,18 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
     ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
   } while (ready < 0 && errno == EINTR);
   if (ready < 0) throw Error("accept", "shm", address(), errno, "poll");
-  if (ready == 0) throw Error("accept", "shm", address(), ETIMEDOUT, "no connection request");
+  if (ready == 0)
+    throw Error("accept", "shm", address(), ETIMEDOUT, "no connection request");
   Fd conn(::accept4(socket_.get(), nullptr, nullptr, SOCK_CLOEXEC));
   if (!conn) throw Error("accept", "shm", address(), errno, "accept");
 
   ucred cred{};
   socklen_t cred_len = sizeof cred;
-  std::string peer = "pid " + std::to_string(
-      ::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.pid : 0);
+  std::string peer =
+      "pid " + std::to_string(::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred,
+                                           &cred_len) == 0
+                                  ? cred.pid
+                                  : 0);
   PeerEnd remote = receive_hello(conn.get(), "accept", peer, timeout);
   LocalEnd local = prepare_local_end(context_, options);
   if (int rc = send_hello(conn.get(), context_, local, options, reply, true); rc != 0) {

@@ -13,9 +13,9 @@ class ShmContext;
 class ShmListener final : public Listener {
  public:
   ShmListener(ShmContext& context, const std::string& address);
-  std::unique_ptr<QueuePair> accept(const QpOptions& options,
-                                    std::chrono::milliseconds timeout,
-                                    std::span<const std::byte> reply_private_data) override;
+  std::unique_ptr<QueuePair> accept(
+      const QpOptions& options, std::chrono::milliseconds timeout,
+      std::span<const std::byte> reply_private_data) override;
   std::string address() const override { return host_ + ":" + std::to_string(port_); }
   uint16_t port() const override { return port_; }
 

@@ -4,8 +4,8 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,14 +23,11 @@
 namespace rdmakit::shm {
 namespace {
 
-
 bool is_sink(Opcode op) {
   return op == Opcode::kRead || op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
 }
 
-bool valid_send_opcode(Opcode op) {
-  return op <= Opcode::kFetchAdd;
-}
+bool valid_send_opcode(Opcode op) { return op <= Opcode::kFetchAdd; }
 
 // Snapshot of a live region entry, or false if key does not name one.
 struct EntryView {
@@ -124,7 +121,8 @@ PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
   size_t nfds = 0;
   const ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
   if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
-  if (got == 0) throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
+  if (got == 0)
+    throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
   if (got != sizeof hello || hello.magic != kLayoutMagic ||
       hello.version != kProtocolVersion || nfds != kHelloFds ||
       hello.private_len > Context::kMaxPrivateData || hello.ring_size == 0 ||
@@ -140,9 +138,9 @@ PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
   end.pid = static_cast<pid_t>(hello.pid);
   end.ring_size = hello.ring_size;
   end.address = peer;
-  end.private_data.assign(reinterpret_cast<const std::byte*>(hello.private_data),
-                          reinterpret_cast<const std::byte*>(hello.private_data) +
-                              hello.private_len);
+  end.private_data.assign(
+      reinterpret_cast<const std::byte*>(hello.private_data),
+      reinterpret_cast<const std::byte*>(hello.private_data) + hello.private_len);
   return end;
 }
 
@@ -165,8 +163,9 @@ std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     const int err = errno;
     throw setup_error("connect", address, err,
-                      err == ECONNREFUSED ? "no shm listener on that port (same host only)"
-                                          : "connect");
+                      err == ECONNREFUSED
+                          ? "no shm listener on that port (same host only)"
+                          : "connect");
   }
   LocalEnd local = prepare_local_end(context, options);
   if (int rc = send_hello(sock.get(), context, local, options, private_data, true);
@@ -180,8 +179,8 @@ std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
 
 // ------------------------------------------------------------- construction
 
-ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options,
-                           LocalEnd local, PeerEnd peer)
+ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalEnd local,
+                           PeerEnd peer)
     : QueuePair(local.qp_num, options, peer.address, peer.private_data),
       context_(context),
       local_(std::move(local)),
@@ -314,7 +313,8 @@ void ShmQueuePair::progress() noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
   if (state_ == QpState::kConnected &&
-      (peer_gone() || peer_block_->owner_state.load(std::memory_order_acquire) != kSideOpen ||
+      (peer_gone() ||
+       peer_block_->owner_state.load(std::memory_order_acquire) != kSideOpen ||
        local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
     // The peer died or its QP left the connected state: nothing can
     // complete any more (as a NIC whose transport retries run out).
@@ -394,7 +394,8 @@ bool ShmQueuePair::recv_ready() const noexcept {
   // seq_cst pairs with the sender's done_seq store / cq_armed load.
   if (recv_done(std::memory_order_seq_cst)) return true;
   if (state_ == QpState::kConnected &&
-      (peer_gone() || local_.block->sender_state.load(std::memory_order_seq_cst) != kSideOpen)) {
+      (peer_gone() ||
+       local_.block->sender_state.load(std::memory_order_seq_cst) != kSideOpen)) {
     return true;
   }
   return state_ != QpState::kConnected && rq_polled_ != rq_posted_;
@@ -422,7 +423,8 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
     if (c.status != Status::kSuccess) enter_error();
   }
   if (state_ == QpState::kConnected &&
-      (peer_gone() || local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
+      (peer_gone() ||
+       local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
     enter_error();
   }
   // In error the peer no longer consumes our ring: flush what is left.
@@ -454,9 +456,8 @@ Status ShmQueuePair::check_local(const SendWr& wr, bool sink) const noexcept {
   return Status::kSuccess;
 }
 
-ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr,
-                                           uint64_t length, uint32_t need,
-                                           bool want_write) noexcept {
+ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_t length,
+                                           uint32_t need, bool want_write) noexcept {
   Target target;
   EntryView view;
   if (!read_entry(*peer_table_, rkey, &view) || !in_range(view, addr, length) ||
@@ -556,9 +557,9 @@ Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexce
     return Status::kSuccess;
   }
   // Registered user memory cannot be mapped here: the owner performs it.
-  Request request{wr.opcode == Opcode::kFetchAdd ? RequestOp::kFetchAdd
-                                                 : RequestOp::kCompareSwap,
-                  wr.rkey, wr.remote_addr, wr.compare_add, wr.swap};
+  Request request{
+      wr.opcode == Opcode::kFetchAdd ? RequestOp::kFetchAdd : RequestOp::kCompareSwap,
+      wr.rkey, wr.remote_addr, wr.compare_add, wr.swap};
   Reply reply{};
   size_t nfds = 0;
   if (send_with_fds(peer_.request_socket.get(), &request, sizeof request, {}) != 0 ||
@@ -630,8 +631,7 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
   if (*status != Status::kSuccess) return Exec::kDone;
   switch (wr.opcode) {
     case Opcode::kSend:
-    case Opcode::kSendWithImm:
-      return deliver(wr, Opcode::kRecv, true, status);
+    case Opcode::kSendWithImm: return deliver(wr, Opcode::kRecv, true, status);
     case Opcode::kWrite:
     case Opcode::kWriteWithImm: {
       // WRITE_WITH_IMM needs a RECV: check before moving data so an RNR
@@ -642,7 +642,8 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
         return Exec::kBlocked;
       }
       if (wr.length != 0) {
-        Target target = resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteWrite, true);
+        Target target =
+            resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteWrite, true);
         if (target.status == Status::kSuccess) {
           target.status = copy_to_peer(target, wr.local_addr, wr.length);
         }
@@ -656,7 +657,8 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
     }
     case Opcode::kRead: {
       if (wr.length == 0) return Exec::kDone;
-      Target target = resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteRead, false);
+      Target target =
+          resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteRead, false);
       if (target.status == Status::kSuccess) {
         target.status = copy_from_peer(target, wr.local_addr, wr.length);
       }
@@ -670,9 +672,7 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
       if (*status == Status::kSuccess) std::memcpy(wr.local_addr, &old_value, 8);
       return Exec::kDone;
     }
-    default:
-      *status = Status::kLocalQpOperationError;
-      return Exec::kDone;
+    default: *status = Status::kLocalQpOperationError; return Exec::kDone;
   }
 }
 

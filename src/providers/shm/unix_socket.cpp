@@ -19,8 +19,8 @@ std::string abstract_name(uint16_t port) {
   return std::string(1, '\0') + "rdmakit-shm:" + std::to_string(port);
 }
 
-ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds,
-                      size_t* nfds, std::chrono::milliseconds timeout) {
+ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds,
+                      std::chrono::milliseconds timeout) {
   *nfds = 0;
   pollfd pfd{sock, POLLIN, 0};
   int ready;
@@ -87,8 +87,8 @@ int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fd
 }
 
 void* map_fd(int fd, size_t length, bool writable) {
-  void* p = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
-                   MAP_SHARED, fd, 0);
+  void* p =
+      ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 

@@ -35,8 +35,8 @@ std::string abstract_name(uint16_t port);
 // Returns bytes received, 0 on orderly shutdown, -errno on error or
 // -ETIMEDOUT. Received descriptors are stored in fds (at most fds.size());
 // *nfds says how many.
-ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds,
-                      size_t* nfds, std::chrono::milliseconds timeout);
+ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds,
+                      std::chrono::milliseconds timeout);
 // Returns 0 or -errno.
 int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds);
 
