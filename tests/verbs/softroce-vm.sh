@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
 # run-in-softroce.sh -- run a command inside a throw-away qemu VM (stock Debian
-# (rdmakit copy of shared/softroce/run-in-softroce.sh, kept in the repo so the verbs
-# tests need nothing outside it; tests/verbs/run-softroce-tests.sh drives it.)
 # kernel) that has a Soft-RoCE (rdma_rxe) device, so libibverbs/librdmacm code
 # can be exercised for real on a machine without RDMA hardware or CONFIG_INFINIBAND.
 #
@@ -43,6 +41,8 @@
 #   SOFTROCE_INSTALL  1 = apt-get install missing host packages (default 1 when root)
 #   SOFTROCE_VERBOSE  1 = print the guest console log to stderr after the run
 #   SOFTROCE_CPU      qemu -cpu model under TCG (default max)
+# rdmakit: a copy of shared/softroce/run-in-softroce.sh, kept in the repo so the verbs
+# tests need nothing outside it; tests/verbs/run-softroce-tests.sh drives it.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
