@@ -10,7 +10,7 @@ namespace rdmakit {
 class Error : public std::runtime_error {
  public:
   Error(std::string operation, std::string provider, std::string peer, int sys_errno,
-        std::string detail);
+        const std::string& detail);
 
   const std::string& operation() const noexcept { return operation_; }
   const std::string& provider() const noexcept { return provider_; }

@@ -24,7 +24,7 @@ std::string format_error(const std::string& operation, const std::string& provid
 }  // namespace
 
 Error::Error(std::string operation, std::string provider, std::string peer, int sys_errno,
-             std::string detail)
+             const std::string& detail)
     : std::runtime_error(format_error(operation, provider, peer, sys_errno, detail)),
       operation_(std::move(operation)),
       provider_(std::move(provider)),
