@@ -1,6 +1,8 @@
 // Connecting to a port nobody listens on fails fast with a useful Error.
+#include <algorithm>
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "conformance.hpp"
 
@@ -50,6 +52,54 @@ TEST_P(ConnectTest, RefusedConnectThrowsNamingProviderAndPeer) {
         EXPECT_LE(took, milliseconds(1000)) << "a refusal should be quick";
       }
     }
+  };
+  run(server, client);
+}
+
+TEST_P(ConnectTest, PrivateDataTravelsBothWays) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    auto listener = env.listen(*ctx);
+    std::vector<std::byte> reply(Context::kMaxPrivateData);
+    fill_pattern(reply.data(), Context::kMaxPrivateData, 11);
+    Endpoint full = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    const auto got = full.qp->peer_private_data();
+    EXPECT_EQ(got.size(), Context::kMaxPrivateData);
+    EXPECT_TRUE(check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 12));
+    Endpoint empty = accept_endpoint(*ctx, *listener);
+    EXPECT_EQ(empty.qp->peer_private_data().size(), 0u);
+    Buffer recv = make_buffer(*ctx, MemKind::kAllocated, 64, kAccessLocalWrite);
+    ASSERT_TRUE(post(*empty.qp, recv_wr(1, *recv.mr, 0, 64)));
+    Completion c;
+    ASSERT_TRUE(wait_one(*empty.recv_cq, &c));
+    EXPECT_EQ(c.status, Status::kSuccess);
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    auto cq = ctx->create_cq();
+    QpOptions options = test_qp_options();
+    options.send_cq = cq.get();
+    options.recv_cq = cq.get();
+    std::vector<std::byte> too_big(Context::kMaxPrivateData + 1);
+    try {
+      auto qp = env.connect(*ctx, options, too_big);
+      ADD_FAILURE() << "connect accepted " << too_big.size() << " bytes of private data";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.sys_errno(), EINVAL) << e.what();
+    }
+    std::vector<std::byte> data(Context::kMaxPrivateData);
+    fill_pattern(data.data(), Context::kMaxPrivateData, 12);
+    Endpoint full = connect_endpoint(env, *ctx, test_qp_options(), data);
+    const auto got = full.qp->peer_private_data();
+    EXPECT_EQ(got.size(), Context::kMaxPrivateData);
+    EXPECT_TRUE(check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 11));
+    Endpoint empty = connect_endpoint(env, *ctx);
+    EXPECT_EQ(empty.qp->peer_private_data().size(), 0u);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 64, kAccessLocalWrite);
+    ASSERT_TRUE(post(*empty.qp, send_wr(1, *local.mr, 0, 8)));
+    Completion c;
+    ASSERT_TRUE(wait_one(*empty.send_cq, &c));
+    EXPECT_EQ(c.status, Status::kSuccess);
   };
   run(server, client);
 }

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "conformance.hpp"
@@ -363,6 +364,126 @@ TEST_P(OpcodeTest, ImmediateValuesArriveUnchanged) {
       EXPECT_EQ(got[i].status, Status::kSuccess);
       EXPECT_EQ(got[i].wr_id, wrs[i].wr_id);
     }
+  };
+  run(server, client);
+}
+
+constexpr int kFenceRounds = 10;
+constexpr uint32_t kFenceLen = 4096;
+
+TEST_P(OpcodeTest, FenceOrdersASendAfterARead) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Buffer source = make_buffer(*ctx, MemKind::kAllocated, kFenceLen, kAccessAll);
+    fill_pattern(source.data(), kFenceLen, 321);
+    const auto reply = pack_regions({source.mr->remote()});
+    auto listener = env.listen(*ctx);
+    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    Buffer recv = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen, kAccessLocalWrite);
+    for (uint64_t i = 0; i < kFenceRounds; ++i) {
+      ASSERT_TRUE(post(*ep.qp, recv_wr(i, *recv.mr, i * kFenceLen, kFenceLen)));
+    }
+    for (uint64_t i = 0; i < kFenceRounds; ++i) {
+      Completion c;
+      ASSERT_TRUE(wait_one(*ep.recv_cq, &c));
+      ASSERT_EQ(c.status, Status::kSuccess);
+      EXPECT_EQ(c.byte_len, kFenceLen);
+      EXPECT_TRUE(check_pattern(recv.data() + i * kFenceLen, kFenceLen, 321))
+          << "round " << i << ": the fenced SEND did not carry the READ's data";
+    }
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Endpoint ep = connect_endpoint(env, *ctx);
+    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen, kAccessLocalWrite);
+    for (uint64_t i = 0; i < kFenceRounds; ++i) {
+      // The SEND's source is the READ's sink: FENCE makes it wait for the
+      // READ's data instead of sending the zeros that are there now.
+      const SendWr wrs[] = {
+          rdma_wr(Opcode::kRead, 2 * i, *local.mr, i * kFenceLen, kFenceLen, rr, 0),
+          send_wr(2 * i + 1, *local.mr, i * kFenceLen, kFenceLen, kSignaled | kFence),
+      };
+      const PostResult r = ep.qp->post_send(wrs);
+      ASSERT_TRUE(r.ok()) << post_status_name(r.status);
+      std::vector<Completion> got;
+      ASSERT_TRUE(wait_n(*ep.send_cq, 2, &got));
+      EXPECT_EQ(got[0].wr_id, 2 * i);
+      EXPECT_EQ(got[0].status, Status::kSuccess);
+      EXPECT_EQ(got[1].wr_id, 2 * i + 1);
+      EXPECT_EQ(got[1].status, Status::kSuccess);
+    }
+  };
+  run(server, client);
+}
+
+TEST_P(OpcodeTest, PostValidationAndQueueLimits) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
+    const auto reply = pack_regions({target.mr->remote()});
+    auto listener = env.listen(*ctx);
+    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    auto ctl = Control::accept(*ctx, *listener);
+    ASSERT_TRUE(ctl->expect("done"));
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Endpoint ep = connect_endpoint(env, *ctx);
+    auto ctl = Control::connect(env, *ctx);
+    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
+
+    SendWr short_atomic = atomic_wr(Opcode::kFetchAdd, 1, *local.mr, 0, rr, 0, 1);
+    short_atomic.length = 4;
+    PostResult r = ep.qp->post_send(short_atomic);
+    EXPECT_EQ(r.status, PostStatus::kInvalidArgument) << "atomic of 4 bytes";
+    EXPECT_EQ(r.posted, 0u);
+
+    SendWr receive_opcode = send_wr(2, *local.mr, 0, 8);
+    receive_opcode.opcode = Opcode::kRecv;
+    r = ep.qp->post_send(receive_opcode);
+    EXPECT_EQ(r.status, PostStatus::kInvalidArgument) << "RECV is not a send opcode";
+    EXPECT_EQ(r.posted, 0u);
+
+    // A bad request in a postlist: the ones before it are posted and run.
+    const SendWr list[] = {
+        rdma_wr(Opcode::kWrite, 3, *local.mr, 0, 64, rr, 0),
+        short_atomic,
+        rdma_wr(Opcode::kWrite, 5, *local.mr, 0, 64, rr, 64),
+    };
+    r = ep.qp->post_send(list);
+    EXPECT_EQ(r.status, PostStatus::kInvalidArgument);
+    EXPECT_EQ(r.posted, 1u);
+    Completion c;
+    ASSERT_TRUE(wait_one(*ep.send_cq, &c));
+    EXPECT_EQ(c.wr_id, 3u);
+    EXPECT_EQ(c.status, Status::kSuccess);
+    EXPECT_TRUE(expect_quiet(*ep.send_cq, milliseconds(50)));
+
+    // The receive queue holds max_recv_wr requests.
+    const uint32_t depth = ep.qp->options().max_recv_wr;
+    ASSERT_LE(depth, 4096u);
+    for (uint32_t i = 0; i < depth; ++i) {
+      ASSERT_TRUE(post(*ep.qp, recv_wr(100 + i, *local.mr, 0, 64))) << i;
+    }
+    r = ep.qp->post_recv(recv_wr(99, *local.mr, 0, 64));
+    EXPECT_EQ(r.status, PostStatus::kQueueFull);
+    EXPECT_EQ(r.posted, 0u);
+
+    // A single-owner QP refuses posts from a second thread.
+    PostResult from_other_send;
+    PostResult from_other_recv;
+    std::thread other([&] {
+      from_other_send = ep.qp->post_send(rdma_wr(Opcode::kWrite, 7, *local.mr, 0, 8, rr, 0));
+      from_other_recv = ep.qp->post_recv(recv_wr(8, *local.mr, 0, 64));
+    });
+    other.join();
+    EXPECT_EQ(from_other_send.status, PostStatus::kWrongThread);
+    EXPECT_EQ(from_other_recv.status, PostStatus::kWrongThread);
+    EXPECT_TRUE(expect_quiet(*ep.send_cq, milliseconds(20)));
+    EXPECT_EQ(ep.qp->state(), QpState::kConnected);
+    ASSERT_TRUE(ctl->send("done"));
   };
   run(server, client);
 }
