@@ -209,6 +209,7 @@ class TcpQp final : public QueuePair {
                      PayloadDone done) noexcept;
   void abort_payload_sink() noexcept;
   void timers(int64_t now) noexcept;
+  void publish_hints() noexcept;
 
   bool tx_full(uint32_t need) const noexcept {
     return tx_tail_ - tx_head_ + need > tx_.size();
@@ -235,6 +236,10 @@ class TcpQp final : public QueuePair {
   SpinLock mu_;
   std::atomic<QpState> state_{QpState::kConnected};
   std::atomic<bool> skipped_{false};
+  // Copies of lock-protected state for the progress thread's quick look.
+  std::atomic<bool> hint_busy_{false};
+  std::atomic<bool> hint_dead_{false};
+  std::atomic<int64_t> hint_timer_ns_{0};
   bool dead_ = false;
   bool destroyed_ = false;
   bool flushed_ = false;  // error state entered and outstanding work flushed

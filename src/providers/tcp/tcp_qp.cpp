@@ -101,17 +101,24 @@ bool TcpQp::try_progress(int64_t now) noexcept {
   return true;
 }
 
+void TcpQp::publish_hints() noexcept {
+  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0, std::memory_order_relaxed);
+  hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
+  hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
+}
+
 bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
-  const bool event = ep_event;
-  const bool want = event || !ep_armed || now >= next_timer_ns_ ||
-                    stall_since_ != 0 || tx_head_ != tx_tail_;
-  if (!want || dead_) return false;
+  // Lock-free hints (published under mu_) decide whether to look at all.
+  const bool want = ep_event || !ep_armed ||
+                    now >= hint_timer_ns_.load(std::memory_order_relaxed) ||
+                    hint_busy_.load(std::memory_order_relaxed);
+  if (!want || hint_dead_.load(std::memory_order_relaxed)) return false;
   // An application thread is polling one of our CQs: it drives the socket,
   // so stay away (no lock contention, no wake-up). Dekker with arm(): set
   // skipped, then re-read armed; arm() sets armed, then reads skipped.
-  if (send_cq_->driving(now) && recv_cq_->driving(now)) {
+  if (send_cq_->driving(now) || recv_cq_->driving(now)) {
     skipped_.store(true, std::memory_order_seq_cst);
-    if (!send_cq_->armed() && !recv_cq_->armed()) return true;
+    if (send_cq_->driving(now) || recv_cq_->driving(now)) return true;
   }
   if (!mu_.try_lock()) return true;
   ep_event = false;
@@ -143,6 +150,7 @@ void TcpQp::progress(int64_t now) noexcept {
   }
   if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
   if (!dead_ && now >= next_timer_ns_) timers(now);
+  publish_hints();
 }
 
 void TcpQp::timers(int64_t now) noexcept {
@@ -328,6 +336,7 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
   const int64_t now = now_ns();
   if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
   advance_local_errors();
+  publish_hints();
   mu_.unlock();
   return result;
 }
