@@ -364,8 +364,11 @@ void run_roles(const std::string& provider, const RoleFn& server,
       ADD_FAILURE() << child.role << " role hung: killed after the case's "
                     << options.timeout.count() << " s limit";
     } else if (WIFEXITED(child.status)) {
-      EXPECT_EQ(WEXITSTATUS(child.status), 0)
-          << child.role << " role failed (its assertions are printed above)";
+      if (WEXITSTATUS(child.status) != 0) {
+        ADD_FAILURE() << child.role << " role failed with exit status "
+                      << WEXITSTATUS(child.status)
+                      << " (its assertions are printed above)";
+      }
     } else if (WIFSIGNALED(child.status)) {
       const int sig = WTERMSIG(child.status);
       if (!(child.may_be_killed && sig == SIGKILL)) {
