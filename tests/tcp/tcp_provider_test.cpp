@@ -1,7 +1,9 @@
 // tcp provider tests that need no second process: both ends live in this
 // process (two contexts over loopback), plus white-box cases that drive a
 // queue pair over a socketpair to play a silent or hostile peer.
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -261,6 +263,52 @@ TEST(TcpProvider, PeerDestroyedCompletesOutstanding) {
   ASSERT_TRUE(wait_one(*p.a.cq, &c, 3s));
   EXPECT_EQ(c.status, Status::kWrFlushError);
   EXPECT_EQ(p.a.qp->state(), QpState::kError);
+}
+
+// A killed peer process: outstanding requests and RECVs complete with errors
+// promptly (the kernel closes its sockets), nothing hangs.
+TEST(TcpProvider, KilledPeerProcess) {
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The peer: its own context (created after fork), accepts and idles.
+    ::close(port_pipe[0]);
+    TcpContext ctx(true);
+    auto cq = ctx.create_cq();
+    auto l = ctx.listen("127.0.0.1:0");
+    const uint16_t port = l->port();
+    if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(2);
+    auto qp = l->accept(opts(cq.get()), 10s);
+    for (int i = 0; i < 1000; ++i) std::this_thread::sleep_for(10ms);
+    ::_exit(0);
+  }
+  ::close(port_pipe[1]);
+  uint16_t port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(port_pipe[0]);
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  auto qp = ctx.connect("127.0.0.1:" + std::to_string(port), opts(cq.get()));
+  auto mr = ctx.allocate(4096, kAccessAll);
+  ASSERT_TRUE(qp->post_recv(RecvWr{1, mr->data(), 64, mr->lkey()}).ok());
+  ASSERT_TRUE(qp->post_send(wr(Opcode::kSend, 2, *mr, 16)).ok());  // RNR-stalled
+  std::this_thread::sleep_for(50ms);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  const auto start = Clock::now();
+  Completion c[2];
+  int got = 0;
+  while (got < 2 && Clock::now() - start < 3s) got += cq->poll({c + got, size_t(2 - got)});
+  ASSERT_EQ(got, 2);
+  EXPECT_LT(Clock::now() - start, 500ms);
+  for (const Completion& x : c) {
+    EXPECT_FALSE(x.ok());
+    const Status want = x.wr_id == 2 ? Status::kRetryExceeded : Status::kWrFlushError;
+    EXPECT_EQ(x.status, want) << x.wr_id;
+  }
+  EXPECT_EQ(qp->state(), QpState::kError);
 }
 
 // A peer that handshook and then went silent (link cut): detected within
