@@ -15,6 +15,11 @@
 //   RDMAKIT_TEST_SERVER_NETNS fork mode: the server enters /var/run/netns/NAME
 //                             before opening its context
 //
+// In split mode both invocations must run the same binary with the same
+// RDMAKIT_TEST_PROVIDERS and base port: the case index is the test's position
+// among all tests of the binary (sorted by name, independent of filters and
+// shuffling). A client retries ECONNREFUSED until its server is up.
+//
 // In fork mode the parent only forks and reaps: contexts own threads, so they
 // are created in the children after fork. A child reports its gtest failures
 // through its exit status; the parent kills children that outlive the case's
