@@ -33,11 +33,24 @@ case $mode in
     fi
     ;;
   two-vm)
+    # The VMs boot at different speeds: start each step on both nodes together
+    # (a shared directory both guests see), so a client's first connect does
+    # not time out against a peer whose rxe device is not up yet.
+    sync_nodes() {
+      touch "$SOFTROCE_PAIR_DIR/$1.node$SOFTROCE_NODE"
+      for _ in $(seq 600); do
+        [ -e "$SOFTROCE_PAIR_DIR/$1.node0" ] && [ -e "$SOFTROCE_PAIR_DIR/$1.node1" ] && return 0
+        sleep 0.1
+      done
+      echo "==== the other node never reached $1"; return 1
+    }
     # The server role listens on its own address; clients retry while it starts.
     if [ "$SOFTROCE_NODE" = 0 ]; then role=server host=$SOFTROCE_IP; else role=client host=$SOFTROCE_PEER_IP; fi
+    sync_nodes verbs || fails=$((fails + 1))
     step "verbs-tests ($role)" 240 env RDMAKIT_TEST_ROLE=$role RDMAKIT_TEST_HOST="$host" \
       RDMAKIT_TEST_BASE_PORT=7700 "$verbs_test"
     if [ -x "$conformance" ]; then
+      sync_nodes conformance || fails=$((fails + 1))
       step "conformance ($role)" 480 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_ROLE=$role \
         RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7800 "$conformance"
     else

@@ -124,7 +124,9 @@ void dial(Peer& p, const std::string& address, const std::function<void(QpOption
       p.qp = p.ctx->connect(address, o, data, 5s);
       return;
     } catch (const Error& e) {
-      if (e.sys_errno() != ECONNREFUSED || Clock::now() > deadline) throw;
+      // Refused: not listening yet. Timed out: its host is still coming up.
+      const bool early = e.sys_errno() == ECONNREFUSED || e.sys_errno() == ETIMEDOUT;
+      if (!early || Clock::now() > deadline) throw;
       std::this_thread::sleep_for(100ms);
     }
   }

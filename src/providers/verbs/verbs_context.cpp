@@ -2,6 +2,7 @@
 // move the QPs through INIT/RTR/RTS ourselves (rdma_init_qp_attr supplies the
 // addressing) so the path MTU, retry and RNR settings are ours to choose.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -89,20 +90,21 @@ int remaining_ms(Clock::time_point deadline) {
 CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
                    const char* operation, const char* waiting_for, const std::string& peer) {
   pollfd pfd{channel->fd, POLLIN, 0};
+  rdma_cm_event* event = nullptr;
   for (;;) {
-    const int ms = remaining_ms(deadline);
-    const int rc = ::poll(&pfd, 1, ms);
+    const int rc = ::poll(&pfd, 1, remaining_ms(deadline));
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) throw Error(operation, kProvider, peer, errno, "poll on the rdma_cm channel");
     if (rc == 0) {
       throw Error(operation, kProvider, peer, ETIMEDOUT,
                   fmt::format("no {} before the deadline", waiting_for));
     }
-    break;
-  }
-  rdma_cm_event* event = nullptr;
-  if (rdma_get_cm_event(channel, &event) != 0) {
-    throw Error(operation, kProvider, peer, errno, "rdma_get_cm_event");
+    // The channel is non-blocking: an announced event may have been dropped
+    // with its id (EAGAIN), so go back to waiting.
+    if (rdma_get_cm_event(channel, &event) == 0) break;
+    if (errno != EAGAIN && errno != EINTR) {
+      throw Error(operation, kProvider, peer, errno, "rdma_get_cm_event");
+    }
   }
   CmEvent out;
   out.type = event->event;
@@ -161,6 +163,16 @@ CmEvent expect_event(rdma_event_channel* channel, Clock::time_point deadline,
   CmEvent event = next_event(channel, deadline, operation, rdma_event_str(want), peer);
   if (event.type != want) throw_cm_failure(event, operation, verb, peer);
   return event;
+}
+
+EventChannelHandle make_channel(const char* operation, const std::string& peer) {
+  EventChannelHandle channel(rdma_create_event_channel());
+  if (!channel) throw Error(operation, kProvider, peer, errno, "rdma_create_event_channel");
+  const int flags = fcntl(channel->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw Error(operation, kProvider, peer, errno, "fcntl(O_NONBLOCK) on the rdma_cm channel");
+  }
+  return channel;
 }
 
 // ---------------------------------------------------------------- handshake
@@ -432,8 +444,13 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
                                      ibv_get_device_name(id->verbs->device), device_->name()));
   }
   // Until established the id gets its own channel; then the monitor's.
-  EventChannelHandle channel(rdma_create_event_channel());
-  if (!channel) throw refuse(errno, "rdma_create_event_channel");
+  EventChannelHandle channel;
+  try {
+    channel = make_channel("accept", peer);
+  } catch (const Error&) {
+    rdma_reject(id.get(), nullptr, 0);
+    throw;
+  }
   if (rdma_migrate_id(id.get(), channel.get()) != 0) throw refuse(errno, "rdma_migrate_id");
   VerbsQp::Parts parts;
   Negotiated negotiated{};
@@ -552,8 +569,7 @@ std::unique_ptr<MemoryRegion> VerbsContext::allocate(size_t length, uint32_t acc
 std::unique_ptr<Listener> VerbsContext::listen(const std::string& address) {
   const core::HostPort hp = core::parse_host_port(address, "listen", kProvider);
   SockAddr addr = resolve(hp, true, "listen", address);
-  EventChannelHandle channel(rdma_create_event_channel());
-  if (!channel) throw Error("listen", kProvider, address, errno, "rdma_create_event_channel");
+  EventChannelHandle channel = make_channel("listen", address);
   rdma_cm_id* raw = nullptr;
   if (rdma_create_id(channel.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
     throw Error("listen", kProvider, address, errno, "rdma_create_id");
@@ -601,8 +617,7 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
     src.length = sizeof(sockaddr_in);
     bind_src = (ntohl(to->sin_addr.s_addr) >> 24) != 127;
   }
-  EventChannelHandle channel(rdma_create_event_channel());
-  if (!channel) throw Error("connect", kProvider, address, errno, "rdma_create_event_channel");
+  EventChannelHandle channel = make_channel("connect", address);
   rdma_cm_id* raw = nullptr;
   if (rdma_create_id(channel.get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_create_id");

@@ -245,6 +245,7 @@ Status map_wc_status(ibv_wc_status status) noexcept {
 }
 
 std::string format_bytes(uint64_t bytes) {
+  if (bytes == UINT64_MAX) return "unlimited";
   if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0) return fmt::format("{} GiB", bytes >> 30);
   if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
   if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0) return fmt::format("{} KiB", bytes >> 10);

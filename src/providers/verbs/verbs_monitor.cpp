@@ -1,5 +1,6 @@
 // The connection monitor: one thread per context reading rdma_cm events of
 // established connections.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -24,6 +25,13 @@ Monitor::Monitor() {
   channel_.reset(rdma_create_event_channel());
   if (!channel_) {
     throw Error("rdma_create_event_channel", kProvider, "", errno, "connection monitor");
+  }
+  // Non-blocking: an event poll() announced can vanish before we read it
+  // (rdma_destroy_id discards its id's queued events), and a blocking read
+  // would then hang this thread and the join in ~Monitor.
+  const int flags = fcntl(channel_->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw Error("fcntl(O_NONBLOCK)", kProvider, "", errno, "connection monitor channel");
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw Error("eventfd", kProvider, "", errno, "connection monitor");
@@ -68,7 +76,7 @@ void Monitor::run() noexcept {
     if (fds[1].revents != 0) return;
     if (fds[0].revents == 0) continue;
     rdma_cm_event* event = nullptr;
-    if (rdma_get_cm_event(channel_.get(), &event) != 0) continue;
+    if (rdma_get_cm_event(channel_.get(), &event) != 0) continue;  // EAGAIN: gone
     {
       std::lock_guard lock(mutex_);
       auto it = entries_.find(event->id);
