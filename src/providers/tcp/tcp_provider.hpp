@@ -210,6 +210,8 @@ class TcpQp final : public QueuePair {
   void abort_payload_sink() noexcept;
   void timers(int64_t now) noexcept;
   void publish_hints() noexcept;
+  void pump_sends() noexcept;
+  std::byte* inline_slot(uint64_t seq) noexcept;
 
   bool tx_full(uint32_t need) const noexcept {
     return tx_tail_ - tx_head_ + need > tx_.size();
@@ -249,7 +251,6 @@ class TcpQp final : public QueuePair {
   std::unique_ptr<std::byte[]> inline_buf_;
   uint64_t sq_posted_ = 0, sq_sent_ = 0, sq_completed_ = 0;
   std::atomic<uint64_t> sq_retired_{0};
-  bool sq_blocked_ = false;  // a local error waits its turn: send nothing more
 
   std::vector<RecvWr> rq_;
   uint64_t rq_head_ = 0, rq_tail_ = 0;

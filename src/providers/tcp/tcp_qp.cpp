@@ -102,7 +102,8 @@ bool TcpQp::try_progress(int64_t now) noexcept {
 }
 
 void TcpQp::publish_hints() noexcept {
-  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0, std::memory_order_relaxed);
+  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_,
+                   std::memory_order_relaxed);
   hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
   hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
 }
@@ -144,6 +145,7 @@ void TcpQp::progress(int64_t now) noexcept {
   if (dead_ || destroyed_) return;
   if (tx_head_ != tx_tail_) flush_tx(now);
   if (!dead_) rx(now);
+  if (!dead_) pump_sends();  // completions may have released a FENCE
   if (!dead_ && pending_ack_ && !tx_full(1)) {
     pending_ack_ = false;
     queue_control(WireOp::kAck, ack_seq_);
@@ -280,27 +282,51 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
     ++result.posted;
     if (flushed_) {
       complete_send(seq, Status::kWrFlushError);
+      sq_sent_ = seq + 1;
       continue;
     }
-    std::byte* inline_at = inline_buf_.get() + (seq % cap) * std::max<uint32_t>(options_.max_inline, 1);
     if (inl) {
-      if (wr.length != 0) std::memcpy(inline_at, wr.local_addr, wr.length);
+      if (wr.length != 0) std::memcpy(inline_slot(seq), wr.local_addr, wr.length);
     } else if (wr.length != 0) {
       const bool sink = !is_send_op(wr.opcode);  // READ/atomics write locally
       if (!mrs_.check_local(wr.lkey, wr.local_addr, wr.length,
                             sink ? uint32_t{kAccessLocalWrite} : 0u)) {
+        // Fails in its turn; nothing after it is sent (pump_sends stops).
         slot.local_error = Status::kLocalProtectionError;
-        sq_blocked_ = true;
       }
     }
-    if (sq_blocked_) continue;  // fails (or flushes) when its turn comes
-    if (tx_full(1)) {
-      // Cannot happen with honest sizing (tx >= max_send_wr + 4); treat as
-      // a local QP error rather than overwrite a frame in flight.
-      slot.local_error = Status::kLocalQpOperationError;
-      sq_blocked_ = true;
-      continue;
+  }
+  pump_sends();
+  // One doorbell for the whole list: a single sendmsg gathers every frame.
+  const int64_t now = now_ns();
+  if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
+  advance_local_errors();
+  publish_hints();
+  mu_.unlock();
+  return result;
+}
+
+std::byte* TcpQp::inline_slot(uint64_t seq) noexcept {
+  return inline_buf_.get() + (seq % sq_.size()) * std::max<uint32_t>(options_.max_inline, 1);
+}
+
+void TcpQp::pump_sends() noexcept {
+  // Puts posted requests on the transmit ring, in order, until one must
+  // wait: a local error (completes in its turn), a FENCE behind an
+  // unfinished READ/atomic (the SEND may carry the READ's data), or a full
+  // ring (drains as the socket takes bytes).
+  const uint64_t cap = sq_.size();
+  while (!flushed_ && sq_sent_ < sq_posted_) {
+    const uint64_t seq = sq_sent_;
+    const SendSlot& slot = sq_[seq % cap];
+    const SendWr& wr = slot.wr;
+    if (slot.local_error != Status::kSuccess) return;
+    if ((wr.flags & kFence) != 0) {
+      for (uint64_t s = sq_completed_; s < sq_sent_; ++s) {
+        if (!is_send_op(sq_[s % cap].wr.opcode)) return;
+      }
     }
+    if (tx_full(1)) return;
     Header h;
     h.seq = seq;
     h.imm = wr.imm;
@@ -326,19 +352,13 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
     }
     if (is_send_op(wr.opcode)) {
       h.length = wr.length;
-      it.payload = inl ? inline_at : static_cast<const std::byte*>(wr.local_addr);
+      it.payload = (wr.flags & kInline) != 0 ? inline_slot(seq)
+                                             : static_cast<const std::byte*>(wr.local_addr);
       it.payload_len = wr.length;
     }
     encode_header(h, it.hdr.data());
     sq_sent_ = seq + 1;
   }
-  // One doorbell for the whole list: a single sendmsg gathers every frame.
-  const int64_t now = now_ns();
-  if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
-  advance_local_errors();
-  publish_hints();
-  mu_.unlock();
-  return result;
 }
 
 PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
