@@ -496,6 +496,13 @@ class Session {
     }
   }
 
+  // A waiting side notices a dead peer through the control QP's state.
+  void check_peer() const {
+    if (ctrl_->state() != QpState::kConnected) {
+      fail(fmt::format("peer lost (control QP {})", qp_state_name(ctrl_->state())));
+    }
+  }
+
   static void expect(const CtrlMsg& m, Ctrl type) {
     if (m.type != type) {
       fail(fmt::format("protocol: expected message {}, got {}", static_cast<int>(type),
@@ -608,6 +615,10 @@ class Session {
   // --- measurement ----------------------------------------------------------
 
   Result run(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
+    // A side that only waits for the peer sees no progress of its own for
+    // the whole run: bound it by the run's length (at 10 MB/s at worst).
+    passive_limit_s_ = std::max(o_.timeout_s, 30.0) + duration_ns / 1e9 +
+                       static_cast<double>(iterations) * size * s_.num_qps / 1e7;
     switch (s_.test) {
       case Test::kSendLat:
       case Test::kWriteLat:
@@ -824,7 +835,7 @@ class Session {
 
   // Server side of tests where it does nothing but let the client work.
   Result run_passive(uint64_t) {
-    Watchdog wd(std::max(o_.timeout_s, 30.0), "waiting for the client's End", s_.event);
+    Watchdog wd(passive_limit_s_, "waiting for the client's End", s_.event);
     Completion c[16];
     CtrlMsg m;
     uint32_t turn = 0;
@@ -832,7 +843,10 @@ class Session {
       // Polling the data CQ drives software providers' target side.
       const int n = poll_data(c);
       for (int i = 0; i < n; ++i) on_completion(c[i]);
-      if ((++turn & 255) == 0 && ctrl_try_recv(&m)) break;
+      if ((++turn & 255) == 0) {
+        if (ctrl_try_recv(&m)) break;
+        check_peer();
+      }
       wd.idle();
     }
     expect(m, Ctrl::kEnd);
@@ -997,9 +1011,10 @@ class Session {
   // signaled posts; both ends run this loop (the server as a receiver, or
   // as a second sender when bidirectional).
   Result run_bw(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
-    Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size), s_.event);
     const bool sending = !server_ || s_.bidirectional;
     const bool recv_duty = consumes_recv(s_.test) && (server_ || s_.bidirectional);
+    Watchdog wd(sending || recv_duty ? o_.timeout_s : passive_limit_s_,
+                fmt::format("{} size {}", test_name(s_.test), size), s_.event);
     // Server waits for the client's End; a bidirectional client for the
     // server's.
     const bool want_peer_end = server_ || s_.bidirectional;
@@ -1117,6 +1132,7 @@ class Session {
       }
       if (!peer_end && ((++turn & 63) == 0 || !active)) {
         CtrlMsg m;
+        if ((turn & 4095) == 0) check_peer();
         if (ctrl_try_recv(&m)) {
           expect(m, Ctrl::kEnd);
           peer_end = true;
@@ -1198,6 +1214,7 @@ class Session {
   uint32_t inline_ = 0;
   uint64_t cur_size_ = 0;
   bool end_seen_ = false;
+  double passive_limit_s_ = 30;
   bool ctrl_send_done_ = false;
   CtrlMsg pending_[kCtrlRecvs];
   uint32_t pending_head_ = 0, pending_count_ = 0;
