@@ -197,7 +197,8 @@ class TcpQp final : public QueuePair {
   enum class PayloadDone : uint8_t { kDiscard, kWrite, kWriteImm, kSend, kReadResp };
   enum class FrameResult : uint8_t { kConsumed, kStall, kFatal };
 
-  void progress(int64_t now) noexcept;
+  void progress(int64_t now, bool from_poll) noexcept;
+  void queue_pending_ack() noexcept;
   void flush_tx(int64_t now) noexcept;
   void rx(int64_t now) noexcept;
   bool fill(int64_t now) noexcept;

@@ -78,6 +78,12 @@ TcpQp::~TcpQp() {
   send_cq_->detach(this);
   if (recv_cq_ != send_cq_) recv_cq_->detach(this);
   mu_.lock();
+  if (!dead_) {
+    // Acknowledge what we executed (a NIC would have): best effort, never
+    // blocks; the peer then sees our close after its completions.
+    queue_pending_ack();
+    if (tx_head_ != tx_tail_) flush_tx(now_ns());
+  }
   destroyed_ = true;
   // Unpin everything: a deregistration must never wait on a dead QP.
   abort_payload_sink();
@@ -96,13 +102,14 @@ TcpQp::~TcpQp() {
 bool TcpQp::try_progress(int64_t now) noexcept {
   if (!mu_.try_lock()) return false;
   skipped_.store(false, std::memory_order_relaxed);
-  progress(now);
+  progress(now, /*from_poll=*/true);
   mu_.unlock();
   return true;
 }
 
 void TcpQp::publish_hints() noexcept {
-  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_,
+  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ ||
+                       pending_ack_,
                    std::memory_order_relaxed);
   hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
   hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
@@ -124,7 +131,7 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
   if (!mu_.try_lock()) return true;
   ep_event = false;
   skipped_.store(false, std::memory_order_relaxed);
-  progress(now);
+  progress(now, /*from_poll=*/false);
   const bool out = tx_head_ != tx_tail_;
   const bool stalled = stall_since_ != 0;
   const bool dead = dead_;
@@ -141,15 +148,23 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
   return out || stalled;
 }
 
-void TcpQp::progress(int64_t now) noexcept {
-  if (dead_ || destroyed_) return;
-  if (tx_head_ != tx_tail_) flush_tx(now);
-  if (!dead_) rx(now);
-  if (!dead_) pump_sends();  // completions may have released a FENCE
-  if (!dead_ && pending_ack_ && !tx_full(1)) {
+void TcpQp::queue_pending_ack() noexcept {
+  if (pending_ack_ && !tx_full(1)) {
     pending_ack_ = false;
     queue_control(WireOp::kAck, ack_seq_);
   }
+}
+
+void TcpQp::progress(int64_t now, bool from_poll) noexcept {
+  if (dead_ || destroyed_) return;
+  queue_pending_ack();  // deferred by the previous poll
+  if (tx_head_ != tx_tail_) flush_tx(now);
+  if (!dead_) rx(now);
+  if (!dead_) pump_sends();  // completions may have released a FENCE
+  // From poll, an ACK waits for the next poll or post: the application sees
+  // its RECV completion one sendmsg sooner, and a reply it posts carries the
+  // ACK in the same sendmsg.
+  if (!dead_ && !from_poll) queue_pending_ack();
   if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
   if (!dead_ && now >= next_timer_ns_) timers(now);
   publish_hints();
@@ -296,6 +311,7 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
       }
     }
   }
+  queue_pending_ack();  // rides in the same sendmsg as the requests
   pump_sends();
   // One doorbell for the whole list: a single sendmsg gathers every frame.
   const int64_t now = now_ns();
@@ -382,7 +398,7 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
     ++result.posted;
   }
   // A SEND may be waiting for exactly this buffer (RNR stall).
-  if (stall_since_ != 0 && !dead_) progress(now_ns());
+  if (stall_since_ != 0 && !dead_) progress(now_ns(), /*from_poll=*/false);
   mu_.unlock();
   return result;
 }
