@@ -177,19 +177,22 @@ EventChannelHandle make_channel(const char* operation, const std::string& peer) 
 
 // ---------------------------------------------------------------- handshake
 
-std::vector<std::byte> make_handshake(ibv_mtu mtu, std::span<const std::byte> user) {
+// `user` is what fits in this message; `total` the caller's full length.
+std::vector<std::byte> make_handshake(ibv_mtu mtu, std::span<const std::byte> user,
+                                      size_t total) {
   std::vector<std::byte> out(kHandshakeSize + user.size());
   out[0] = std::byte{kHandshakeMagic};
   out[1] = std::byte{kHandshakeVersion};
   out[2] = static_cast<std::byte>(mtu);
-  out[3] = static_cast<std::byte>(user.size());
+  out[3] = static_cast<std::byte>(total);
   std::copy(user.begin(), user.end(), out.begin() + kHandshakeSize);
   return out;
 }
 
 struct Handshake {
   ibv_mtu mtu = IBV_MTU_1024;
-  std::vector<std::byte> user;
+  size_t total = 0;             // the caller's full private data length
+  std::vector<std::byte> user;  // the part carried by the CM message
 };
 
 std::optional<Handshake> parse_handshake(const std::vector<std::byte>& in) {
@@ -198,13 +201,15 @@ std::optional<Handshake> parse_handshake(const std::vector<std::byte>& in) {
     return std::nullopt;
   }
   const auto mtu = static_cast<int>(in[2]);
-  const auto length = static_cast<size_t>(in[3]);
-  if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096 || kHandshakeSize + length > in.size()) {
+  const auto total = static_cast<size_t>(in[3]);
+  if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096 || total > Context::kMaxPrivateData) {
     return std::nullopt;
   }
   Handshake out;
   out.mtu = static_cast<ibv_mtu>(mtu);
-  out.user.assign(in.begin() + kHandshakeSize, in.begin() + kHandshakeSize + length);
+  out.total = total;
+  const size_t present = std::min(total, in.size() - kHandshakeSize);
+  out.user.assign(in.begin() + kHandshakeSize, in.begin() + kHandshakeSize + present);
   return out;
 }
 
@@ -227,10 +232,11 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   parts.recv_cq = as_verbs_cq(options.recv_cq, device, "recv_cq", peer);
   const auto max_wr = static_cast<uint32_t>(device.info.attr.max_qp_wr);
   for (uint32_t depth : {options.max_send_wr, options.max_recv_wr}) {
-    if (depth == 0 || depth > max_wr) {
+    if (depth == 0 || depth >= max_wr) {
       throw Error("create_qp", kProvider, peer, EINVAL,
-                  fmt::format("queue depth {} is outside 1..{} (max_qp_wr of {})", depth,
-                              max_wr, device.name()));
+                  fmt::format("queue depth {} is outside 1..{} (max_qp_wr of {}, less one "
+                              "slot for the connection handshake)",
+                              depth, max_wr - 1, device.name()));
     }
   }
   ibv_qp_init_attr init{};
@@ -238,8 +244,8 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   init.recv_cq = parts.recv_cq->cq();
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;  // selective signaling
-  init.cap.max_send_wr = options.max_send_wr;
-  init.cap.max_recv_wr = options.max_recv_wr;
+  init.cap.max_send_wr = options.max_send_wr + 1;  // + the handshake slot
+  init.cap.max_recv_wr = options.max_recv_wr + 1;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   // Verbs does not publish the inline limit: ask for what the caller wants
@@ -267,6 +273,15 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   parts.core = std::make_unique<QpCore>(parts.qp->qp_num, options.max_send_wr,
                                         options.max_recv_wr);
   return parts;
+}
+
+// Registers parts.handshake_buf (already sized) for the overflow transfer.
+void register_handshake(Device& device, VerbsQp::Parts& parts, const std::string& peer) {
+  parts.handshake_mr.reset(ibv_reg_mr(device.pd.get(), parts.handshake_buf.data(),
+                                      parts.handshake_buf.size(), IBV_ACCESS_LOCAL_WRITE));
+  if (!parts.handshake_mr) {
+    throw Error("ibv_reg_mr", kProvider, peer, errno, "private data overflow buffer");
+  }
 }
 
 void modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* state,
@@ -421,7 +436,7 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   const auto deadline = Clock::now() + timeout;
   const std::string self = address();
   if (reply.size() > Context::kMaxPrivateData) {
-    throw Error("accept", kProvider, self, EMSGSIZE,
+    throw Error("accept", kProvider, self, EINVAL,
                 fmt::format("reply private data is {} bytes; at most {}", reply.size(),
                             Context::kMaxPrivateData));
   }
@@ -437,7 +452,7 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     rdma_reject(id.get(), nullptr, 0);
     return Error("accept", kProvider, peer, err, why);
   };
-  const auto hello = parse_handshake(request.private_data);
+  auto hello = parse_handshake(request.private_data);
   if (!hello) throw refuse(EPROTO, "the connection request carries no rdmakit handshake");
   if (id->verbs != device_->context) {
     throw refuse(ENODEV, fmt::format("request arrived on {}, this context uses {}",
@@ -458,9 +473,28 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   try {
     parts = create_qp(*device_, options, peer);
     to_init(id.get(), parts.qp.get(), peer);
+    if (hello->total > hello->user.size()) {
+      // The rest of the client's private data comes as a SEND once connected.
+      parts.handshake_buf.resize(hello->total - hello->user.size());
+      register_handshake(*device_, parts, peer);
+      ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
+                  static_cast<uint32_t>(parts.handshake_buf.size()),
+                  parts.handshake_mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = QpCore::kRecvBit;  // sequence 0
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      if (int rc = ibv_post_recv(parts.qp.get(), &wr, &bad); rc != 0) {
+        throw Error("ibv_post_recv", kProvider, peer, rc, "private data overflow");
+      }
+      parts.core->recv_ring[0] = UINT64_MAX;
+      parts.core->recv_posted = 1;
+      parts.core->recv_published.store(1, std::memory_order_release);
+    }
     const ibv_mtu mtu = std::min(device_->port_attr.active_mtu, hello->mtu);
     negotiated = bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, peer);
-    answer = make_handshake(mtu, reply);
+    answer = make_handshake(mtu, reply, reply.size());
   } catch (const Error&) {
     rdma_reject(id.get(), nullptr, 0);
     throw;
@@ -475,6 +509,16 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   }
   expect_event(channel.get(), deadline, RDMA_CM_EVENT_ESTABLISHED, "accept", "rdma_accept",
                peer);
+  if (hello->total > hello->user.size()) {
+    const ibv_wc wc = parts.recv_cq->wait_handshake(parts.core.get(), deadline);
+    if (wc.status != IBV_WC_SUCCESS || wc.byte_len != parts.handshake_buf.size()) {
+      throw Error("accept", kProvider, peer, EPROTO,
+                  fmt::format("the rest of the connect private data failed: {} ({} bytes)",
+                              status_name(map_wc_status(wc.status)), wc.byte_len));
+    }
+    hello->user.insert(hello->user.end(), parts.handshake_buf.begin(),
+                       parts.handshake_buf.end());
+  }
   log_connected(*device_, "accepted", peer, parts, negotiated, hello->mtu);
   auto conn = std::make_shared<ConnState>();
   ibv_qp* qp = parts.qp.get();
@@ -598,11 +642,10 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
                                                  std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   const core::HostPort hp = core::parse_host_port(address, "connect", kProvider);
-  if (private_data.size() > kMaxConnectPrivateData) {
-    throw Error("connect", kProvider, address, EMSGSIZE,
-                fmt::format("private data is {} bytes; rdma_cm carries at most {} in an IB/RoCE "
-                            "connection request (56 minus rdmakit's {}-byte handshake)",
-                            private_data.size(), kMaxConnectPrivateData, kHandshakeSize));
+  if (private_data.size() > Context::kMaxPrivateData) {
+    throw Error("connect", kProvider, address, EINVAL,
+                fmt::format("private data is {} bytes; at most {}", private_data.size(),
+                            Context::kMaxPrivateData));
   }
   SockAddr dst = resolve(hp, false, "connect", address);
   // Source: the chosen GID's IPv4 address, so the connection leaves from the
@@ -637,7 +680,9 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
                "rdma_resolve_route", address);
   VerbsQp::Parts parts = create_qp(*device_, options, address);
   to_init(id.get(), parts.qp.get(), address);
-  const auto hello = make_handshake(device_->port_attr.active_mtu, private_data);
+  const size_t in_req = std::min(private_data.size(), kReqUserData);
+  const auto hello = make_handshake(device_->port_attr.active_mtu,
+                                    private_data.first(in_req), private_data.size());
   rdma_conn_param param = conn_param(*device_, hello, parts.qp->qp_num);
   if (rdma_connect(id.get(), &param) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_connect");
@@ -661,6 +706,28 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   }
   if (rdma_establish(id.get()) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_establish");
+  }
+  if (private_data.size() > in_req) {
+    // The acceptor posted a RECV for the rest before accepting. Unsignaled:
+    // only a failure would complete (then reported with wr_id UINT64_MAX).
+    parts.handshake_buf.assign(private_data.begin() + in_req, private_data.end());
+    register_handshake(*device_, parts, address);
+    ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
+                static_cast<uint32_t>(parts.handshake_buf.size()), parts.handshake_mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 0;  // sequence 0
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(parts.qp.get(), &wr, &bad); rc != 0) {
+      throw Error("ibv_post_send", kProvider, address, rc, "private data overflow");
+    }
+    // Its slot is the extra one the QP was created with.
+    parts.core->send_ring[0] = {UINT64_MAX, Opcode::kSend};
+    parts.core->send_posted = 1;
+    parts.core->send_published.store(1, std::memory_order_release);
+    parts.core->send_retired.store(1, std::memory_order_release);
   }
   log_connected(*device_, "connected to", address, parts, negotiated, answer->mtu);
   auto conn = std::make_shared<ConnState>();

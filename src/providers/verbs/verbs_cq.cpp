@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -123,16 +124,50 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
                       ? Opcode::kRecvWriteWithImm
                       : Opcode::kRecv;
     // Receives always complete one by one, in order.
-    core->recv_retired.store(seq + 1, std::memory_order_release);
+    if (seq + 1 > core->recv_retired.load(std::memory_order_relaxed)) {
+      core->recv_retired.store(seq + 1, std::memory_order_release);
+    }
   } else {
     core->send_published.load(std::memory_order_acquire);
     const QpCore::SendSlot& slot = core->send_ring[seq & core->send_mask];
     out->wr_id = slot.wr_id;
     out->opcode = slot.opcode;
-    // This completion retires itself and every unsignaled send before it.
-    core->send_retired.store(seq + 1, std::memory_order_release);
+    // This completion retires itself and every unsignaled send before it
+    // (never backwards: a late error of the handshake SEND is sequence 0).
+    if (seq + 1 > core->send_retired.load(std::memory_order_relaxed)) {
+      core->send_retired.store(seq + 1, std::memory_order_release);
+    }
   }
   return true;
+}
+
+ibv_wc VerbsCq::wait_handshake(QpCore* core, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    ibv_wc wc{};
+    bool got = false;
+    if (has_stash_) {
+      wc = stash_;
+      has_stash_ = false;
+      got = true;
+    } else {
+      got = ibv_poll_cq(cq_.get(), 1, &wc) == 1;
+    }
+    if (got) {
+      if (wc.qp_num == core->qp_num && wc.wr_id == QpCore::kRecvBit) {
+        core->recv_retired.store(1, std::memory_order_release);
+        return wc;
+      }
+      std::lock_guard lock(qps_mutex_);
+      Completion c;
+      if (translate(wc, &c)) pending_.push_back(c);
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw Error("accept", kProvider, "", ETIMEDOUT,
+                  "the rest of the connect private data did not arrive");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 int VerbsCq::poll(std::span<Completion> out) noexcept {
@@ -144,6 +179,14 @@ int VerbsCq::poll(std::span<Completion> out) noexcept {
     lock.lock();
     has_stash_ = false;
     if (translate(stash_, &out[count])) ++count;
+  }
+  // Completions set aside while an accept waited for its handshake (rare).
+  while (pending_head_ < pending_.size() && count < out.size()) {
+    out[count++] = pending_[pending_head_++];
+  }
+  if (pending_head_ != 0 && pending_head_ == pending_.size()) {
+    pending_.clear();  // keeps capacity: no allocation on the next round
+    pending_head_ = 0;
   }
   constexpr int kBatch = 32;
   ibv_wc wcs[kBatch];
@@ -162,7 +205,7 @@ int VerbsCq::poll(std::span<Completion> out) noexcept {
 
 bool VerbsCq::arm() noexcept {
   consume_event();  // clears the fd's readiness
-  if (has_stash_) return false;
+  if (has_stash_ || pending_head_ < pending_.size()) return false;
   if (!armed_) {
     if (ibv_req_notify_cq(cq_.get(), 0) != 0) return false;  // poll instead of sleeping
     armed_ = true;

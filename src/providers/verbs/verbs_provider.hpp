@@ -32,10 +32,13 @@ inline constexpr uint8_t kHandshakeMagic = 0xa7;
 inline constexpr uint8_t kHandshakeVersion = 1;
 inline constexpr size_t kHandshakeSize = 4;
 // IB/RoCE CM: REQ carries 92 bytes of private data, of which rdma_cm's own
-// header takes 36; REP carries 196.
+// header takes 36; REP carries 196. Connect private data beyond what fits in
+// the REQ follows as one internal SEND right after establishment, into a
+// RECV the acceptor posted before accepting (sequence 0 of each queue; the
+// QP gets one extra slot per queue for it).
 inline constexpr size_t kCmReqPrivateData = 56;
 inline constexpr size_t kCmRepPrivateData = 196;
-inline constexpr size_t kMaxConnectPrivateData = kCmReqPrivateData - kHandshakeSize;
+inline constexpr size_t kReqUserData = kCmReqPrivateData - kHandshakeSize;
 inline constexpr size_t kMaxAcceptPrivateData = kCmRepPrivateData - kHandshakeSize;
 static_assert(kMaxAcceptPrivateData >= Context::kMaxPrivateData,
               "accept must carry the core's full private data");
@@ -112,6 +115,10 @@ class VerbsCq final : public CompletionQueue {
   void attach(QpCore* core, uint32_t depth, const std::string& peer);
   void detach(QpCore* core, uint32_t depth) noexcept;
 
+  // Waits for the handshake RECV (sequence 0) of `core`; completions of other
+  // QPs met meanwhile are kept for poll(). Returns the work completion.
+  ibv_wc wait_handshake(QpCore* core, std::chrono::steady_clock::time_point deadline);
+
  private:
   bool translate(const ibv_wc& wc, Completion* out) noexcept;
   void consume_event() noexcept;
@@ -122,6 +129,8 @@ class VerbsCq final : public CompletionQueue {
   bool armed_ = false;      // ibv_req_notify_cq issued, event not consumed yet
   bool has_stash_ = false;  // a completion arm() found while re-polling
   ibv_wc stash_{};
+  std::vector<Completion> pending_;  // set aside by wait_handshake
+  size_t pending_head_ = 0;
   std::mutex qps_mutex_;    // attach/detach vs poll
   std::vector<QpCore*> qps_;
   QpCore* last_ = nullptr;
@@ -164,6 +173,11 @@ class VerbsQp final : public QueuePair {
     VerbsCq* send_cq = nullptr;
     VerbsCq* recv_cq = nullptr;
     QpOptions options;  // with max_inline as granted
+    // Buffer of the private-data overflow (SEND on the client, RECV on the
+    // server); lives as long as the QP since an unsignaled SEND never says
+    // when it is done with it.
+    std::vector<std::byte> handshake_buf;
+    MrHandle handshake_mr;
   };
 
   VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std::string peer,
@@ -171,6 +185,7 @@ class VerbsQp final : public QueuePair {
   ~VerbsQp() override;
 
   QpState state() const noexcept override;
+  QpCore* core() const noexcept { return core_.get(); }
 
  protected:
   PostResult do_post_send(std::span<const SendWr> wrs) noexcept override;
@@ -187,6 +202,8 @@ class VerbsQp final : public QueuePair {
   VerbsCq* send_cq_;
   VerbsCq* recv_cq_;
   std::shared_ptr<ConnState> conn_;
+  std::vector<std::byte> handshake_buf_;
+  MrHandle handshake_mr_;
   std::mutex post_mutex_;  // only when options().thread_safe
   // Preallocated postlists: one ibv_post_send per post_send, no allocation.
   std::vector<ibv_send_wr> send_wrs_;

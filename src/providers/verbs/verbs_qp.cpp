@@ -56,6 +56,8 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std
       send_cq_(parts.send_cq),
       recv_cq_(parts.recv_cq),
       conn_(std::move(conn)),
+      handshake_buf_(std::move(parts.handshake_buf)),
+      handshake_mr_(std::move(parts.handshake_mr)),
       send_wrs_(core_->send_depth),
       send_sges_(core_->send_depth),
       recv_wrs_(core_->recv_depth),
@@ -80,7 +82,9 @@ VerbsQp::~VerbsQp() {
 }
 
 QpState VerbsQp::state() const noexcept {
-  if (conn_->disconnected.load(std::memory_order_acquire)) return QpState::kClosed;
+  // A peer that disconnected or died leaves this QP unusable: an error, as
+  // after any failed work request.
+  if (conn_->disconnected.load(std::memory_order_acquire)) return QpState::kError;
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   if (ibv_query_qp(qp_.get(), &attr, IBV_QP_STATE, &init) != 0) return QpState::kError;
