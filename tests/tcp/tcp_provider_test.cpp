@@ -41,9 +41,9 @@ QpOptions opts(CompletionQueue* cq) {
 // Both ends in one process; `b` is the acceptor.
 struct Pair {
   Side a, b;
-  explicit Pair(QpOptions oa_in = {}, QpOptions ob_in = {}) {
-    a.ctx = std::make_unique<TcpContext>(true);
-    b.ctx = std::make_unique<TcpContext>(true);
+  explicit Pair(QpOptions oa_in = {}, QpOptions ob_in = {}, bool threads = true) {
+    a.ctx = std::make_unique<TcpContext>(threads);
+    b.ctx = std::make_unique<TcpContext>(threads);
     a.cq = a.ctx->create_cq();
     b.cq = b.ctx->create_cq();
     QpOptions oa = opts(a.cq.get()), ob = opts(b.cq.get());
@@ -263,6 +263,35 @@ TEST(TcpProvider, PeerDestroyedCompletesOutstanding) {
   ASSERT_TRUE(wait_one(*p.a.cq, &c, 3s));
   EXPECT_EQ(c.status, Status::kWrFlushError);
   EXPECT_EQ(p.a.qp->state(), QpState::kError);
+}
+
+// Without progress threads the pollers alone move everything: the busy-poll
+// path needs no thread hop.
+TEST(TcpProvider, PollPathAloneMakesProgress) {
+  Pair p({}, {}, /*threads=*/false);
+  auto amr = p.a.ctx->allocate(1 << 20, kAccessAll);
+  auto bmr = p.b.ctx->allocate(1 << 20, kAccessAll);
+  const RemoteRegion br = bmr->remote();
+  std::memset(amr->data(), 0x77, 1 << 20);
+  std::atomic<bool> stop{false};
+  std::thread target([&] {
+    Completion c;
+    while (!stop.load()) p.b.cq->poll({&c, 1});
+  });
+  Completion c;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(p.a.qp->post_send(wr(Opcode::kWrite, i, *amr, 1 << 20, &br)).ok());
+    ASSERT_TRUE(wait_one(*p.a.cq, &c));
+    EXPECT_TRUE(c.ok()) << status_name(c.status);
+  }
+  SendWr rd = wr(Opcode::kRead, 9, *amr, 4096, &br);
+  rd.local_addr = amr->data() + 8192;
+  ASSERT_TRUE(p.a.qp->post_send(rd).ok());
+  ASSERT_TRUE(wait_one(*p.a.cq, &c));
+  EXPECT_TRUE(c.ok());
+  stop = true;
+  target.join();
+  EXPECT_EQ(bmr->data()[(1 << 20) - 1], std::byte{0x77});
 }
 
 // A killed peer process: outstanding requests and RECVs complete with errors
