@@ -93,8 +93,9 @@ void Monitor::run() noexcept {
             ibv_modify_qp(entry.qp, &attr, IBV_QP_STATE);
             rdma_disconnect(event->id);
             try {
-              core::log().info("verbs: peer {} disconnected ({}); qp {} moved to the error state",
-                               entry.peer, rdma_event_str(event->event), entry.qp->qp_num);
+              core::log().info(
+                  "verbs: peer {} disconnected ({}, status {}); qp {} moved to the error state",
+                  entry.peer, rdma_event_str(event->event), event->status, entry.qp->qp_num);
             } catch (...) {
             }
             break;
