@@ -358,6 +358,7 @@ TEST(TcpProvider, SilentPeerDetected) {
   ASSERT_TRUE(wait_one(*cq, &c, 3s));
   const auto took = Clock::now() - start;
   EXPECT_EQ(c.status, Status::kRetryExceeded);
+  EXPECT_EQ(c.vendor_err, uint32_t{ETIMEDOUT});
   EXPECT_LT(took, 600ms);
   EXPECT_GE(took, 250ms);
   ::close(sv[1]);

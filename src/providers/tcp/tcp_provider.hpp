@@ -222,7 +222,7 @@ class TcpQp final : public QueuePair {
                      uint64_t arg0 = 0) noexcept;
   void queue_nak(uint64_t seq, Status status) noexcept;
 
-  void complete_send(uint64_t seq, Status status) noexcept;
+  void complete_send(uint64_t seq, Status status, uint32_t vendor_err = 0) noexcept;
   void complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
                      uint32_t imm, Status status) noexcept;
   void advance_local_errors() noexcept;

@@ -405,7 +405,7 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
 
 // ------------------------------------------------------------ completions
 
-void TcpQp::complete_send(uint64_t seq, Status status) noexcept {
+void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noexcept {
   const SendSlot& slot = sq_[seq % sq_.size()];
   sq_completed_ = seq + 1;
   // The QP is in error before anyone can poll the error completion.
@@ -418,6 +418,7 @@ void TcpQp::complete_send(uint64_t seq, Status status) noexcept {
     e.c.qp_num = qp_num();
     e.c.opcode = slot.wr.opcode;
     e.c.status = status;
+    e.c.vendor_err = vendor_err;
     e.retire_qp = this;
     e.retire_seq = seq;
     send_cq_->push(e);
@@ -479,9 +480,10 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
   if (dead_) return;
   dead_ = true;
   // An orderly close by the peer is routine; timeouts and bad frames are not.
-  core::log().log(err == 0 || err == ETIMEDOUT ? spdlog::level::warn : spdlog::level::info,
+  const bool routine = err == EPIPE || err == ECONNRESET;
+  core::log().log(routine ? spdlog::level::info : spdlog::level::warn,
                   "tcp: qp {} peer {}: connection lost: {} ({})", qp_num(), peer(), why,
-                  err != 0 ? std::strerror(err) : "protocol violation");
+                  std::strerror(err));
   ::shutdown(fd_, SHUT_RDWR);
   abort_payload_sink();
   for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
@@ -492,14 +494,17 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
   stall_since_ = 0;
   if (!flushed_) {
     // The request at the head is the one that "timed out"; the rest flush.
-    if (sq_completed_ < sq_sent_) complete_send(sq_completed_, head_status);
+    // vendor_err: the errno behind it (ETIMEDOUT, EPIPE, EPROTO, ...).
+    if (sq_completed_ < sq_sent_) {
+      complete_send(sq_completed_, head_status, static_cast<uint32_t>(err));
+    }
     enter_error();
   }
 }
 
 void TcpQp::protocol_error(const char* why) noexcept {
   // Hostile or corrupt input ends this connection only.
-  die(Status::kBadResponseError, 0, why);
+  die(Status::kBadResponseError, EPROTO, why);
 }
 
 // ------------------------------------------------------------ receive
