@@ -19,6 +19,21 @@ export RDMAKIT_LOG=${RDMAKIT_LOG:-warn}
 # A few 2 MiB pages so allocate() takes its huge-page path.
 echo 8 > /proc/sys/vm/nr_hugepages 2>/dev/null || true
 conformance=$build/tests/rdmakit_conformance
+# Conformance cases whose expected status rxe does not produce (a hardware NIC
+# does): said here and printed on every run rather than skipped silently.
+# RDMAKIT_SOFTROCE_STRICT=1 runs them anyway.
+rxe_departures=(
+  "ErrorTest.RecvTooSmallIsALengthErrorOnBothSides: rxe reports REMOTE_OPERATION_ERROR / LOCAL_QP_OPERATION_ERROR, hardware REMOTE_INVALID_REQUEST_ERROR / LOCAL_LENGTH_ERROR"
+  "ErrorTest.WrongLkeyIsLocalProtectionError: rxe reports LOCAL_QP_OPERATION_ERROR, hardware LOCAL_PROTECTION_ERROR"
+)
+filter=
+if [ "${RDMAKIT_SOFTROCE_STRICT:-0}" != 1 ]; then
+  for d in "${rxe_departures[@]}"; do
+    echo "Soft-RoCE departure, not run: $d"
+    filter+=":*${d%%:*}*"
+  done
+  filter="--gtest_filter=-${filter#:}"
+fi
 verbs_test=$build/tests/verbs/rdmakit_verbs_test
 
 case $mode in
@@ -27,7 +42,7 @@ case $mode in
     step verbs-tests 180 env RDMAKIT_TEST_HOST="$SOFTROCE_IP" "$verbs_test"
     if [ -x "$conformance" ]; then
       step conformance 420 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
-        "$conformance"
+        "$conformance" $filter
     else
       echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
     fi
@@ -52,7 +67,7 @@ case $mode in
     if [ -x "$conformance" ]; then
       sync_nodes conformance || fails=$((fails + 1))
       step "conformance ($role)" 480 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_ROLE=$role \
-        RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7800 "$conformance"
+        RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7800 "$conformance" $filter
     else
       echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
     fi
