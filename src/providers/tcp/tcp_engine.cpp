@@ -269,16 +269,21 @@ bool TcpCq::arm() noexcept {
   ring_lock_.lock();
   const bool pending = head_ != tail_;
   ring_lock_.unlock();
-  bool work = false;
-  if (!pending && attach_mu_.try_lock()) {
-    for (TcpQp* qp : qps_) work |= qp->wants_service();
-    attach_mu_.unlock();
-  }
-  if (pending || work) {
+  if (pending) {
     armed_.store(false, std::memory_order_seq_cst);
     return false;
   }
-  // From now on the progress thread serves our QPs (driving() is false).
+  // From now on the progress thread serves our QPs (driving() is false). If
+  // it stood back from one while we were polling, its epoll registration is
+  // spent: wake it now rather than at its next tick.
+  bool deferred = false;
+  if (attach_mu_.try_lock()) {
+    for (TcpQp* qp : qps_) deferred |= qp->wants_service();
+    attach_mu_.unlock();
+  } else {
+    deferred = true;
+  }
+  if (deferred) engine_->kick();
   return true;
 }
 

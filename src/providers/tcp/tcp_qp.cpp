@@ -101,7 +101,7 @@ TcpQp::~TcpQp() {
 
 bool TcpQp::try_progress(int64_t now) noexcept {
   if (!mu_.try_lock()) return false;
-  skipped_.store(false, std::memory_order_relaxed);
+  // skipped_ stays set: only the thread clears it, once it has re-armed.
   progress(now, /*from_poll=*/true);
   mu_.unlock();
   return true;
@@ -149,7 +149,21 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
 }
 
 void TcpQp::queue_pending_ack() noexcept {
-  if (pending_ack_ && !tx_full(1)) {
+  if (!pending_ack_) return;
+  // An ACK still waiting for the socket is cumulative: move it forward
+  // instead of queueing another (a blocked socket must not fill the ring).
+  if (tx_tail_ != tx_head_) {
+    TxItem& last = tx_[(tx_tail_ - 1) % tx_.size()];
+    if (last.sent == 0 && last.hdr[0] == static_cast<std::byte>(WireOp::kAck)) {
+      Header h;
+      h.op = WireOp::kAck;
+      h.seq = ack_seq_;
+      encode_header(h, last.hdr.data());
+      pending_ack_ = false;
+      return;
+    }
+  }
+  if (!tx_full(1)) {
     pending_ack_ = false;
     queue_control(WireOp::kAck, ack_seq_);
   }
