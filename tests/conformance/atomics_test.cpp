@@ -48,7 +48,7 @@ TEST_P(AtomicTest, TwoProcessesContendOnOneCounter) {
     }
     for (int i = 0; i < kClients; ++i) {
       Completion c;
-      ASSERT_TRUE(wait_one(*eps[i].recv_cq, &c, milliseconds(60000)))
+      ASSERT_TRUE(wait_one(*eps[i].recv_cq, &c, scaled(milliseconds(60000))))
           << "client " << i << " did not finish";
       ASSERT_EQ(c.status, Status::kSuccess);
     }
@@ -78,7 +78,7 @@ TEST_P(AtomicTest, TwoProcessesContendOnOneCounter) {
     }
     std::vector<Completion> batch(kInFlight);
     while (completed < kFetchAdds) {
-      const int n = ep.send_cq->wait(batch, kWaitTimeout);
+      const int n = ep.send_cq->wait(batch, wait_timeout());
       ASSERT_GT(n, 0) << "FETCH_ADD stalled after " << completed;
       for (int i = 0; i < n; ++i) {
         const Completion& c = batch[static_cast<size_t>(i)];

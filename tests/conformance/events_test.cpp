@@ -215,7 +215,7 @@ TEST_P(EventTest, OneCqSharedBySixtyFourQps) {
                            kAccessLocalWrite);
     for (int i = 0; i < kSharedQps; ++i) {
       side.qps.push_back(listener->accept(shared_options(side.cq.get()),
-                                          milliseconds(30000)));
+                                          control_timeout()));
       ASSERT_TRUE(post(*side.qps.back(), recv_wr(i, *side.buf.mr, i * kMsgLen, kMsgLen)));
     }
     exchange_on_shared_cq(side, 7000, 6000);

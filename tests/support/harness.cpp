@@ -147,9 +147,21 @@ const HarnessConfig& HarnessConfig::get() {
       c.base_port = static_cast<uint16_t>(30000 + (::getuid() % 200) * 128);
     }
     c.server_netns = env_or("RDMAKIT_TEST_SERVER_NETNS", "");
+    const std::string scale = env_or("RDMAKIT_TEST_TIMEOUT_SCALE", "1");
+    char* scale_end = nullptr;
+    c.timeout_scale = std::strtod(scale.c_str(), &scale_end);
+    if (*scale_end != '\0' || !(c.timeout_scale >= 1.0 && c.timeout_scale <= 100.0)) {
+      config_error("RDMAKIT_TEST_TIMEOUT_SCALE must be a number in 1..100, not '" +
+                   scale + "'");
+    }
     return c;
   }();
   return config;
+}
+
+milliseconds scaled(milliseconds guard) {
+  return milliseconds(static_cast<int64_t>(
+      static_cast<double>(guard.count()) * HarnessConfig::get().timeout_scale));
 }
 
 std::vector<std::string> providers_from_env() {
@@ -229,7 +241,7 @@ std::string RoleEnv::server_address() {
   if (port_read_fd_ >= 0) {
     uint8_t record[2];
     if (!read_exact(port_read_fd_, record, sizeof record,
-                    std::chrono::seconds(30))) {
+                    scaled(std::chrono::seconds(30)))) {
       throw std::runtime_error(
           "the server role did not announce its port (it failed or hung)");
     }
@@ -246,7 +258,7 @@ std::unique_ptr<QueuePair> RoleEnv::connect(
     std::span<const std::byte> private_data, milliseconds timeout) {
   const std::string address = server_address();
   const bool split = HarnessConfig::get().mode != RoleMode::kFork;
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  const auto deadline = Clock::now() + scaled(std::chrono::seconds(60));
   for (;;) {
     try {
       return ctx.connect(address, options, private_data, timeout);
@@ -328,7 +340,8 @@ void run_roles(const std::string& provider, const RoleFn& server,
 
   // Bounded reaping: after the first failure the others get a short grace
   // period (they usually notice the dead peer), then everyone is killed.
-  auto deadline = Clock::now() + options.timeout;
+  const milliseconds case_limit = scaled(options.timeout);
+  auto deadline = Clock::now() + case_limit;
   for (;;) {
     bool alive = false;
     for (Child& child : children) {
@@ -340,7 +353,9 @@ void run_roles(const std::string& provider, const RoleFn& server,
             (WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0) ||
             (child.may_be_killed && WIFSIGNALED(child.status) &&
              WTERMSIG(child.status) == SIGKILL);
-        if (!ok) deadline = std::min(deadline, Clock::now() + std::chrono::seconds(10));
+        if (!ok) {
+          deadline = std::min(deadline, Clock::now() + scaled(std::chrono::seconds(10)));
+        }
       } else {
         alive = true;
       }
@@ -362,7 +377,7 @@ void run_roles(const std::string& provider, const RoleFn& server,
   for (const Child& child : children) {
     if (child.timed_out) {
       ADD_FAILURE() << child.role << " role hung: killed after the case's "
-                    << options.timeout.count() << " s limit";
+                    << case_limit.count() << " ms limit";
     } else if (WIFEXITED(child.status)) {
       if (WEXITSTATUS(child.status) != 0) {
         ADD_FAILURE() << child.role << " role failed with exit status "

@@ -14,6 +14,10 @@
 //                             30000 + (uid % 200) * 128 in split mode
 //   RDMAKIT_TEST_SERVER_NETNS fork mode: the server enters /var/run/netns/NAME
 //                             before opening its context
+//   RDMAKIT_TEST_TIMEOUT_SCALE multiplies the hang guards (per-completion
+//                             waits, accept/connect, per-case limit) for slow
+//                             emulated hosts; default 1. Timing semantics
+//                             under test (RNR, peer_timeout) are not scaled.
 //
 // In split mode both invocations must run the same binary with the same
 // RDMAKIT_TEST_PROVIDERS and base port: the case index is the test's position
@@ -44,10 +48,14 @@ struct HarnessConfig {
   std::string host;
   uint16_t base_port = 0;  // 0: ephemeral ports (fork mode only)
   std::string server_netns;
+  double timeout_scale = 1.0;
 
   // Parsed once from the environment; exits with a message on bad values.
   static const HarnessConfig& get();
 };
+
+// A hang guard multiplied by RDMAKIT_TEST_TIMEOUT_SCALE.
+std::chrono::milliseconds scaled(std::chrono::milliseconds guard);
 
 // RDMAKIT_TEST_PROVIDERS as a list, for INSTANTIATE_TEST_SUITE_P.
 std::vector<std::string> providers_from_env();
@@ -88,7 +96,7 @@ class RoleEnv {
   std::unique_ptr<QueuePair> connect(
       Context& ctx, const QpOptions& options,
       std::span<const std::byte> private_data = {},
-      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+      std::chrono::milliseconds timeout = scaled(std::chrono::seconds(10)));
 
  private:
   std::string provider_;
@@ -103,7 +111,8 @@ class RoleEnv {
 
 struct RunOptions {
   int clients = 1;
-  std::chrono::seconds timeout{30};  // per case; children are killed after it
+  // Per case (times RDMAKIT_TEST_TIMEOUT_SCALE); children are killed after it.
+  std::chrono::seconds timeout{30};
   // The role may SIGKILL itself (peer-death tests); that is not a failure.
   bool server_may_be_killed = false;
   bool client_may_be_killed = false;

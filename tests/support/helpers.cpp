@@ -38,6 +38,9 @@ std::string describe(const Completion& c) {
 
 }  // namespace
 
+milliseconds wait_timeout() { return scaled(milliseconds(10000)); }
+milliseconds control_timeout() { return scaled(milliseconds(30000)); }
+
 QpOptions test_qp_options() {
   QpOptions options;
   options.max_send_wr = 64;
@@ -55,7 +58,7 @@ Endpoint accept_endpoint(Context& ctx, Listener& listener, QpOptions options,
   ep.recv_cq = ctx.create_cq(cq_options);
   options.send_cq = ep.send_cq.get();
   options.recv_cq = ep.recv_cq.get();
-  ep.qp = listener.accept(options, milliseconds(30000), reply);
+  ep.qp = listener.accept(options, control_timeout(), reply);
   return ep;
 }
 
@@ -94,7 +97,7 @@ Control::~Control() = default;
 
 std::unique_ptr<Control> Control::accept(Context& ctx, Listener& listener) {
   std::unique_ptr<Control> c(new Control(ctx));
-  c->qp_ = listener.accept(control_qp_options(c->cq_.get()), milliseconds(30000));
+  c->qp_ = listener.accept(control_qp_options(c->cq_.get()), control_timeout());
   c->start();
   return c;
 }
@@ -179,7 +182,7 @@ void Control::start() {
            << "control post_send: " << post_status_name(r.status);
   }
   send_done_ = false;
-  return pump(kWaitTimeout, true);
+  return pump(wait_timeout(), true);
 }
 
 ::testing::AssertionResult Control::recv(std::string* msg, milliseconds timeout) {

@@ -32,8 +32,11 @@ namespace rdmakit::test {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Generous: a completion that takes longer than this is a hang.
-inline constexpr milliseconds kWaitTimeout{10000};
+// Generous: a completion that takes longer than this is a hang (10 s, times
+// RDMAKIT_TEST_TIMEOUT_SCALE).
+milliseconds wait_timeout();
+// Same for a control message, which may wait for a whole phase of the peer.
+milliseconds control_timeout();
 
 // A QP with its own send and receive CQs.
 struct Endpoint {
@@ -66,9 +69,9 @@ class Control {
   // Sends msg (<= kSlotSize bytes) and waits for its send completion.
   ::testing::AssertionResult send(std::string_view msg);
   ::testing::AssertionResult recv(std::string* msg,
-                                  milliseconds timeout = milliseconds(30000));
+                                  milliseconds timeout = control_timeout());
   ::testing::AssertionResult expect(std::string_view msg,
-                                    milliseconds timeout = milliseconds(30000));
+                                    milliseconds timeout = control_timeout());
   // Non-blocking: true and *msg set if a message is waiting.
   bool try_recv(std::string* msg);
   // True once a control completion failed (e.g. the peer is gone).
@@ -93,11 +96,11 @@ class Control {
 
 // Waits for one completion.
 ::testing::AssertionResult wait_one(CompletionQueue& cq, Completion* out,
-                                    milliseconds timeout = kWaitTimeout);
+                                    milliseconds timeout = wait_timeout());
 // Waits until n completions arrived (out gets all of them, even on failure).
 ::testing::AssertionResult wait_n(CompletionQueue& cq, size_t n,
                                   std::vector<Completion>* out,
-                                  milliseconds timeout = kWaitTimeout);
+                                  milliseconds timeout = wait_timeout());
 // No completion shows up within window.
 ::testing::AssertionResult expect_quiet(CompletionQueue& cq, milliseconds window);
 
