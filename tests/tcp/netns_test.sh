@@ -15,6 +15,14 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   exit 77
 fi
 
+# Namespaces left by a run that was SIGKILLed (no trap runs then): their
+# owner pid is in the name; remove those whose owner is gone.
+for stale in $(ip netns list 2>/dev/null | grep -oE '^rktcp[0-9]+[ab]'); do
+  owner=${stale#rktcp}
+  owner=${owner%?}
+  if ! kill -0 "$owner" 2>/dev/null; then ip netns del "$stale" 2>/dev/null; fi
+done
+
 tag="rktcp$$"
 ns_a="${tag}a"
 ns_b="${tag}b"
