@@ -532,11 +532,16 @@ bool TcpQp::fill(int64_t now) noexcept {
     sb_ = 0;
   }
   if (se_ == kStageSize) return false;  // cannot happen: a header is < stage
+  if (rx_drained_) return false;
   for (;;) {
-    const ssize_t r = ::recv(fd_, stage_.get() + se_, kStageSize - se_, MSG_DONTWAIT);
+    const size_t want = kStageSize - se_;
+    const ssize_t r = ::recv(fd_, stage_.get() + se_, want, MSG_DONTWAIT);
     if (r > 0) {
       se_ += static_cast<uint32_t>(r);
       last_rx_ns_ = now;
+      // A short read emptied the socket: asking again now would only return
+      // EAGAIN, one syscall more before the caller sees its completion.
+      rx_drained_ = static_cast<size_t>(r) < want;
       return true;
     }
     if (r == 0) {
@@ -568,6 +573,7 @@ void TcpQp::abort_payload_sink() noexcept {
 }
 
 void TcpQp::rx(int64_t now) noexcept {
+  rx_drained_ = false;
   for (int budget = kRxBudget; budget > 0 && !dead_; --budget) {
     if (rx_state_ == RxState::kPayload) {
       if (premain_ == 0) {
@@ -587,12 +593,14 @@ void TcpQp::rx(int64_t now) noexcept {
       }
       if (pdst_ != nullptr && premain_ >= kDirectMin) {
         // Large payload: straight from the socket into the region/buffer.
+        if (rx_drained_) return;
         const size_t want = static_cast<size_t>(std::min<uint64_t>(premain_, 1u << 30));
         const ssize_t r = ::recv(fd_, pdst_, want, MSG_DONTWAIT);
         if (r > 0) {
           pdst_ += r;
           premain_ -= static_cast<uint64_t>(r);
           last_rx_ns_ = now;
+          rx_drained_ = static_cast<size_t>(r) < want;
           continue;
         }
         if (r == 0) {
