@@ -10,35 +10,12 @@
 #include <bit>
 #include <cstring>
 
+#include "core/little_endian.hpp"
 #include "rdmakit/memory.hpp"
 
 namespace rdmakit {
-namespace {
-
-// Byte order is fixed little-endian; GCC 12 lacks std::byteswap.
-template <typename T>
-T to_little(T value) noexcept {
-  if constexpr (std::endian::native == std::endian::big) {
-    if constexpr (sizeof(T) == 8) return __builtin_bswap64(value);
-    if constexpr (sizeof(T) == 4) return __builtin_bswap32(value);
-  }
-  return value;
-}
-
-template <typename T>
-void put_le(std::byte* at, T value) noexcept {
-  value = to_little(value);
-  std::memcpy(at, &value, sizeof value);
-}
-
-template <typename T>
-T get_le(const std::byte* at) noexcept {
-  T value;
-  std::memcpy(&value, at, sizeof value);
-  return to_little(value);
-}
-
-}  // namespace
+using core::get_le;
+using core::put_le;
 
 void RemoteRegion::serialize(std::span<std::byte, kSerializedSize> out) const noexcept {
   std::byte* p = out.data();

@@ -134,7 +134,7 @@ int read_hello(int fd, Clock::time_point deadline, Hello* out,
   }
   uint32_t len;
   std::memcpy(&len, hdr + 4, sizeof len);
-  len = detail::le(len);
+  len = core::to_little(len);
   if (hdr[0] != static_cast<std::byte>(WireOp::kHello) ||
       len < kHelloBodySize || len > kHelloBodySize + Context::kMaxPrivateData) {
     *why = "peer is not an rdmakit tcp endpoint (bad handshake)";

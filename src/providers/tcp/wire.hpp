@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 
+#include "core/little_endian.hpp"
 #include "rdmakit/status.hpp"
 
 namespace rdmakit::tcp {
@@ -69,40 +70,18 @@ inline bool is_response(WireOp op) noexcept {
   return static_cast<uint8_t>(op) >= 0x20 && static_cast<uint8_t>(op) <= 0x23;
 }
 
-namespace detail {
-template <typename T>
-T le(T value) noexcept {
-  if constexpr (std::endian::native == std::endian::big) {
-    if constexpr (sizeof(T) == 8) return __builtin_bswap64(value);
-    if constexpr (sizeof(T) == 4) return __builtin_bswap32(value);
-    if constexpr (sizeof(T) == 2) return __builtin_bswap16(value);
-  }
-  return value;
-}
-template <typename T>
-void put(std::byte* at, T value) noexcept {
-  value = le(value);
-  std::memcpy(at, &value, sizeof value);
-}
-template <typename T>
-T get(const std::byte* at) noexcept {
-  T value;
-  std::memcpy(&value, at, sizeof value);
-  return le(value);
-}
-}  // namespace detail
 
 inline void encode_header(const Header& h, std::byte* out) noexcept {
   out[0] = static_cast<std::byte>(h.op);
   out[1] = static_cast<std::byte>(h.status);
-  detail::put<uint16_t>(out + 2, 0);
-  detail::put<uint32_t>(out + 4, h.length);
-  detail::put<uint64_t>(out + 8, h.seq);
-  detail::put<uint64_t>(out + 16, h.addr);
-  detail::put<uint32_t>(out + 24, h.rkey);
-  detail::put<uint32_t>(out + 28, h.imm);
-  detail::put<uint64_t>(out + 32, h.arg0);
-  detail::put<uint64_t>(out + 40, h.arg1);
+  core::put_le<uint16_t>(out + 2, 0);
+  core::put_le<uint32_t>(out + 4, h.length);
+  core::put_le<uint64_t>(out + 8, h.seq);
+  core::put_le<uint64_t>(out + 16, h.addr);
+  core::put_le<uint32_t>(out + 24, h.rkey);
+  core::put_le<uint32_t>(out + 28, h.imm);
+  core::put_le<uint64_t>(out + 32, h.arg0);
+  core::put_le<uint64_t>(out + 40, h.arg1);
 }
 
 // Statuses a peer may legitimately report in a NAK.
@@ -126,14 +105,14 @@ inline std::optional<Header> decode_header(
   Header h;
   const auto op = static_cast<uint8_t>(p[0]);
   const auto status = static_cast<uint8_t>(p[1]);
-  if (detail::get<uint16_t>(p + 2) != 0) return std::nullopt;
-  h.length = detail::get<uint32_t>(p + 4);
-  h.seq = detail::get<uint64_t>(p + 8);
-  h.addr = detail::get<uint64_t>(p + 16);
-  h.rkey = detail::get<uint32_t>(p + 24);
-  h.imm = detail::get<uint32_t>(p + 28);
-  h.arg0 = detail::get<uint64_t>(p + 32);
-  h.arg1 = detail::get<uint64_t>(p + 40);
+  if (core::get_le<uint16_t>(p + 2) != 0) return std::nullopt;
+  h.length = core::get_le<uint32_t>(p + 4);
+  h.seq = core::get_le<uint64_t>(p + 8);
+  h.addr = core::get_le<uint64_t>(p + 16);
+  h.rkey = core::get_le<uint32_t>(p + 24);
+  h.imm = core::get_le<uint32_t>(p + 28);
+  h.arg0 = core::get_le<uint64_t>(p + 32);
+  h.arg1 = core::get_le<uint64_t>(p + 40);
   if (h.length > kMaxPayload) return std::nullopt;
   const bool has_payload = h.length != 0;
   switch (static_cast<WireOp>(op)) {
@@ -180,14 +159,14 @@ inline constexpr size_t kHelloBodySize = 28;
 inline constexpr uint32_t kMaxWr = 1u << 16;
 
 inline void encode_hello(const Hello& h, std::byte* out) noexcept {
-  detail::put<uint32_t>(out + 0, kHelloMagic);
-  detail::put<uint16_t>(out + 4, kWireVersion);
-  detail::put<uint16_t>(out + 6, 0);
-  detail::put<uint32_t>(out + 8, h.max_send_wr);
-  detail::put<uint32_t>(out + 12, h.max_recv_wr);
-  detail::put<uint32_t>(out + 16, h.rnr_timeout_ms);
-  detail::put<uint32_t>(out + 20, h.peer_timeout_ms);
-  detail::put<uint32_t>(out + 24, h.private_len);
+  core::put_le<uint32_t>(out + 0, kHelloMagic);
+  core::put_le<uint16_t>(out + 4, kWireVersion);
+  core::put_le<uint16_t>(out + 6, 0);
+  core::put_le<uint32_t>(out + 8, h.max_send_wr);
+  core::put_le<uint32_t>(out + 12, h.max_recv_wr);
+  core::put_le<uint32_t>(out + 16, h.rnr_timeout_ms);
+  core::put_le<uint32_t>(out + 20, h.peer_timeout_ms);
+  core::put_le<uint32_t>(out + 24, h.private_len);
 }
 
 // max_private bounds the private data so a peer cannot make us allocate.
@@ -195,14 +174,14 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> in,
                                          size_t max_private) noexcept {
   if (in.size() < kHelloBodySize) return std::nullopt;
   const std::byte* p = in.data();
-  if (detail::get<uint32_t>(p) != kHelloMagic) return std::nullopt;
-  if (detail::get<uint16_t>(p + 4) != kWireVersion) return std::nullopt;
+  if (core::get_le<uint32_t>(p) != kHelloMagic) return std::nullopt;
+  if (core::get_le<uint16_t>(p + 4) != kWireVersion) return std::nullopt;
   Hello h;
-  h.max_send_wr = detail::get<uint32_t>(p + 8);
-  h.max_recv_wr = detail::get<uint32_t>(p + 12);
-  h.rnr_timeout_ms = detail::get<uint32_t>(p + 16);
-  h.peer_timeout_ms = detail::get<uint32_t>(p + 20);
-  h.private_len = detail::get<uint32_t>(p + 24);
+  h.max_send_wr = core::get_le<uint32_t>(p + 8);
+  h.max_recv_wr = core::get_le<uint32_t>(p + 12);
+  h.rnr_timeout_ms = core::get_le<uint32_t>(p + 16);
+  h.peer_timeout_ms = core::get_le<uint32_t>(p + 20);
+  h.private_len = core::get_le<uint32_t>(p + 24);
   if (h.max_send_wr == 0 || h.max_send_wr > kMaxWr) return std::nullopt;
   if (h.max_recv_wr == 0 || h.max_recv_wr > kMaxWr) return std::nullopt;
   if (h.peer_timeout_ms == 0) return std::nullopt;
