@@ -14,12 +14,16 @@
 namespace rdmakit {
 
 class CompletionQueue;
+class SharedReceiveQueue;
 
 struct QpOptions {
   CompletionQueue* send_cq = nullptr;  // required
   CompletionQueue* recv_cq = nullptr;  // required; may equal send_cq
   uint32_t max_send_wr = 256;
-  uint32_t max_recv_wr = 256;
+  uint32_t max_recv_wr = 256;  // ignored with an srq
+  // Take RECVs from this shared receive queue (same context) instead of a
+  // queue of the QP's own; post_recv on the QP is then kInvalidArgument.
+  SharedReceiveQueue* srq = nullptr;
   uint32_t max_inline = 64;  // providers may round up (verbs: device limit)
   // SEND with no RECV posted is retried for this long, then RNR_RETRY_EXCEEDED.
   std::chrono::milliseconds rnr_timeout{1000};

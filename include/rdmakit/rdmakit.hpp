@@ -5,5 +5,6 @@
 #include "rdmakit/error.hpp"
 #include "rdmakit/memory.hpp"
 #include "rdmakit/queue_pair.hpp"
+#include "rdmakit/shared_receive_queue.hpp"
 #include "rdmakit/status.hpp"
 #include "rdmakit/types.hpp"

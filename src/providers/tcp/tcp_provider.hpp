@@ -17,6 +17,7 @@
 
 #include "providers/tcp/wire.hpp"
 #include "rdmakit/context.hpp"
+#include "rdmakit/error.hpp"
 
 namespace rdmakit::tcp {
 
@@ -290,6 +291,10 @@ class TcpContext final : public Context {
                                                 uint32_t access) override;
   std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) override;
+  // Not yet implemented for this provider: an explicit error, never a silent fallback.
+  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions&) override {
+    throw Error("create_srq", "tcp", "", ENOTSUP, "shared receive queues are not implemented yet");
+  }
   std::unique_ptr<Listener> listen(const std::string& address) override;
   std::unique_ptr<QueuePair> connect(const std::string& address,
                                      const QpOptions& options,

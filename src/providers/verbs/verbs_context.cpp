@@ -543,6 +543,10 @@ class VerbsContext final : public Context {
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override {
     return std::make_unique<VerbsCq>(device_, options);
   }
+  // Not yet implemented for this provider: an explicit error, never a silent fallback.
+  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions&) override {
+    throw Error("create_srq", "verbs", "", ENOTSUP, "shared receive queues are not implemented yet");
+  }
   std::unique_ptr<Listener> listen(const std::string& address) override;
   std::unique_ptr<QueuePair> connect(const std::string& address, const QpOptions& options,
                                      std::span<const std::byte> private_data,
