@@ -19,6 +19,7 @@
 #include "providers/shm/shm_listener.hpp"
 #include "providers/shm/shm_memory_region.hpp"
 #include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
@@ -155,6 +156,10 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
 
 std::unique_ptr<CompletionQueue> ShmContext::create_cq(const CqOptions& options) {
   return std::make_unique<ShmCompletionQueue>(options);
+}
+
+std::unique_ptr<SharedReceiveQueue> ShmContext::create_srq(const SrqOptions& options) {
+  return std::make_unique<ShmSrq>(*this, options);
 }
 
 std::unique_ptr<Listener> ShmContext::listen(const std::string& address) {

@@ -32,10 +32,7 @@ class ShmContext final : public Context {
                                                 uint32_t access) override;
   std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override;
-  // Not yet implemented for this provider: an explicit error, never a silent fallback.
-  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions&) override {
-    throw Error("create_srq", "shm", "", ENOTSUP, "shared receive queues are not implemented yet");
-  }
+  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options) override;
   std::unique_ptr<Listener> listen(const std::string& address) override;
   std::unique_ptr<QueuePair> connect(const std::string& address, const QpOptions& options,
                                      std::span<const std::byte> private_data,

@@ -12,7 +12,7 @@ inline constexpr uint32_t kRegionIndexBits = 12;
 inline constexpr uint32_t kRegionTableSize = 1u << kRegionIndexBits;
 inline constexpr uint32_t kRegionIndexMask = kRegionTableSize - 1;
 inline constexpr uint32_t kLayoutMagic = 0x52444b53;  // "RDKS"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "cross-process atomics must not fall back to locks");
@@ -50,12 +50,19 @@ struct RegionTable {
 // RECV; the sender fills the result (and, for payloads of at most
 // kSlotInline bytes, the data itself) and publishes done_seq = n+1. The
 // receiver copies inline data into its buffer when it polls the completion.
+//
+// A QP on a shared receive queue keeps this ring for its completions only:
+// post_seq is a credit the receiver renews as it polls, the buffer comes from
+// the SRQ, and the sender records the SRQ entry it claimed in srq_seq.
 inline constexpr uint32_t kSlotInline = 20;
 
 struct alignas(64) RecvSlot {
   std::atomic<uint64_t> post_seq{0};  // receiver writes
   std::atomic<uint64_t> done_seq{0};  // sender writes
-  uint64_t addr = 0;
+  union {
+    uint64_t addr = 0;  // own receive queue: buffer address
+    uint64_t srq_seq;   // SRQ: claimed entry + 1, 0 = none (atomic_ref access)
+  };
   uint32_t length = 0;
   uint32_t lkey = 0;
   uint32_t byte_len = 0;
@@ -67,6 +74,32 @@ struct alignas(64) RecvSlot {
   std::byte data[kSlotInline] = {};
 };
 static_assert(sizeof(RecvSlot) == 64, "one receive slot per cache line");
+
+// A shared receive queue, created by its owner and mapped by the senders of
+// every QP attached to it. The owner posts entry n into slots[n % ring_size]
+// and publishes post_seq = n+1; a sender consumes the oldest posted entry by
+// advancing `claimed` with a compare-and-swap, so entries are taken in the
+// order posted whichever QP's message comes first.
+struct SrqSlot {
+  std::atomic<uint64_t> post_seq{0};  // owner writes
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(SrqSlot) == 32);
+
+struct alignas(64) SrqBlock {
+  uint32_t magic = kLayoutMagic;
+  uint32_t ring_size = 0;                    // power of two
+  alignas(64) std::atomic<uint64_t> claimed{0};  // senders advance (CAS)
+
+  SrqSlot* slots() noexcept { return reinterpret_cast<SrqSlot*>(this + 1); }
+  static size_t bytes_for(uint32_t ring_size) noexcept {
+    return sizeof(SrqBlock) + sizeof(SrqSlot) * ring_size;
+  }
+};
+static_assert(sizeof(SrqBlock) % 64 == 0);
 
 enum QpSideState : uint32_t { kSideOpen = 0, kSideError = 1, kSideClosed = 2 };
 
@@ -104,7 +137,8 @@ struct Reply {
 };
 
 // Connection handshake: each side sends one Hello plus four descriptors:
-// region table, inbound block, recv CQ eventfd, request socket for the peer.
+// region table, inbound block, recv CQ eventfd, request socket for the peer;
+// a fifth, the SRQ block, when srq_ring_size != 0.
 struct Hello {
   uint32_t magic = kLayoutMagic;
   uint16_t version = kProtocolVersion;
@@ -113,8 +147,10 @@ struct Hello {
   uint32_t ring_size = 0;
   uint32_t qp_num = 0;
   uint32_t accepted = 1;  // reply only: 0 = rejected
+  uint32_t srq_ring_size = 0;  // receives through a shared receive queue
   uint8_t private_data[192] = {};
 };
 inline constexpr size_t kHelloFds = 4;
+inline constexpr size_t kHelloFdsWithSrq = 5;
 
 }  // namespace rdmakit::shm

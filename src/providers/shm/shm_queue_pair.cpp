@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "providers/shm/shm_completion_queue.hpp"
 #include "providers/shm/shm_context.hpp"
+#include "providers/shm/shm_srq.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
 
@@ -72,6 +73,13 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
     throw setup_error("create_qp", "", EINVAL, "max_send_wr and max_recv_wr must be > 0");
   }
   LocalEnd local;
+  if (options.srq != nullptr) {
+    local.srq = dynamic_cast<ShmSrq*>(options.srq);
+    if (local.srq == nullptr || &local.srq->context() != &context) {
+      throw setup_error("create_qp", "", EINVAL,
+                        "the shared receive queue belongs to another context or provider");
+    }
+  }
   local.qp_num = context.next_qp_num();
   const uint32_t ring = std::bit_ceil(options.max_recv_wr);
   local.block_bytes = InboundBlock::bytes_for(ring);
@@ -84,7 +92,12 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   if (mem == nullptr) throw setup_error("mmap(qp)", "", errno);
   local.block = new (mem) InboundBlock();
   local.block->ring_size = ring;
-  for (uint32_t i = 0; i < ring; ++i) new (&local.block->slots()[i]) RecvSlot();
+  for (uint32_t i = 0; i < ring; ++i) {
+    RecvSlot* slot = new (&local.block->slots()[i]) RecvSlot();
+    // With an SRQ the ring only carries completions: every slot starts as a
+    // credit, renewed as the completion in it is polled.
+    if (local.srq != nullptr) slot->post_seq.store(i + 1, std::memory_order_relaxed);
+  }
 
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -105,26 +118,31 @@ int send_hello(int sock, ShmContext& context, const LocalEnd& local,
   hello.qp_num = local.qp_num;
   hello.accepted = accepted ? 1 : 0;
   hello.private_len = static_cast<uint16_t>(private_data.size());
+  hello.srq_ring_size = local.srq != nullptr ? local.srq->ring_size() : 0;
   if (!private_data.empty()) {
     std::memcpy(hello.private_data, private_data.data(), private_data.size());
   }
   auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
-  const int fds[kHelloFds] = {context.table_fd(), local.block_fd.get(),
-                              recv_cq->wake_fd(), local.peer_request_end.get()};
-  return send_with_fds(sock, &hello, sizeof hello, fds);
+  const int fds[kHelloFdsWithSrq] = {context.table_fd(), local.block_fd.get(),
+                                     recv_cq->wake_fd(), local.peer_request_end.get(),
+                                     local.srq != nullptr ? local.srq->block_fd() : -1};
+  return send_with_fds(sock, &hello, sizeof hello,
+                       {fds, local.srq != nullptr ? kHelloFdsWithSrq : kHelloFds});
 }
 
 PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
                       std::chrono::milliseconds timeout) {
   Hello hello;
-  Fd fds[kHelloFds];
+  Fd fds[kHelloFdsWithSrq];
   size_t nfds = 0;
   const ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
   if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
   if (got == 0)
     throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
   if (got != sizeof hello || hello.magic != kLayoutMagic ||
-      hello.version != kProtocolVersion || nfds != kHelloFds ||
+      hello.version != kProtocolVersion ||
+      nfds != (hello.srq_ring_size != 0 ? kHelloFdsWithSrq : kHelloFds) ||
+      (hello.srq_ring_size != 0 && !std::has_single_bit(hello.srq_ring_size)) ||
       hello.private_len > Context::kMaxPrivateData || hello.ring_size == 0 ||
       !std::has_single_bit(hello.ring_size)) {
     throw setup_error(operation, peer, EPROTO, "malformed handshake");
@@ -137,6 +155,10 @@ PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
   end.request_socket = std::move(fds[3]);
   end.pid = static_cast<pid_t>(hello.pid);
   end.ring_size = hello.ring_size;
+  if (hello.srq_ring_size != 0) {
+    end.srq_fd = std::move(fds[4]);
+    end.srq_ring_size = hello.srq_ring_size;
+  }
   end.address = peer;
   end.private_data.assign(
       reinterpret_cast<const std::byte*>(hello.private_data),
@@ -187,6 +209,7 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
       peer_(std::move(peer)),
       send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
       recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
+  srq_ = local_.srq;
   auto fail = [&](const char* what, int err) {
     return setup_error(what, peer_.address, err);
   };
@@ -200,6 +223,15 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   if (peer_table_->magic != kLayoutMagic || peer_block_->magic != kLayoutMagic ||
       peer_block_->ring_size != peer_.ring_size) {
     throw fail("handshake", EPROTO);
+  }
+  if (peer_.srq_ring_size != 0) {
+    peer_srq_bytes_ = SrqBlock::bytes_for(peer_.srq_ring_size);
+    void* srq = map_fd(peer_.srq_fd.get(), peer_srq_bytes_, true);
+    if (srq == nullptr) throw fail("mmap(peer shared receive queue)", errno);
+    peer_srq_ = static_cast<SrqBlock*>(srq);
+    if (peer_srq_->magic != kLayoutMagic || peer_srq_->ring_size != peer_.srq_ring_size) {
+      throw fail("handshake", EPROTO);
+    }
   }
 
   const uint64_t sq_size = std::bit_ceil(options_.max_send_wr);
@@ -238,6 +270,7 @@ ShmQueuePair::~ShmQueuePair() {
   }
   ::munmap(const_cast<RegionTable*>(peer_table_), sizeof(RegionTable));
   ::munmap(peer_block_, peer_block_bytes_);
+  if (peer_srq_ != nullptr) ::munmap(peer_srq_, peer_srq_bytes_);
   ::munmap(local_.block, local_.block_bytes);
 }
 
@@ -285,6 +318,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
 }
 
 PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};  // post to the SRQ
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
   PostResult result;
@@ -398,27 +432,53 @@ bool ShmQueuePair::recv_ready() const noexcept {
        local_.block->sender_state.load(std::memory_order_seq_cst) != kSideOpen)) {
     return true;
   }
-  return state_ != QpState::kConnected && rq_polled_ != rq_posted_;
+  if (state_ == QpState::kConnected) return false;
+  if (srq_ != nullptr) return peer_gone() && claimed_srq_seq() != 0;
+  return rq_polled_ != rq_posted_;
+}
+
+void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
+  RecvSlot& slot = local_.block->slots()[index];
+  uint64_t srq_seq = 0;
+  uint64_t wr_id;
+  void* buffer;
+  if (srq_ != nullptr) {
+    srq_seq = std::atomic_ref<uint64_t>(slot.srq_seq).load(std::memory_order_relaxed) - 1;
+    buffer = reinterpret_cast<void*>(srq_->slot(srq_seq).addr);
+    wr_id = srq_->wr_id(srq_seq);
+  } else {
+    buffer = reinterpret_cast<void*>(slot.addr);
+    wr_id = rq_wr_id_[index];
+  }
+  if (slot.data_inline != 0 && slot.status == static_cast<uint8_t>(Status::kSuccess)) {
+    std::memcpy(buffer, slot.data, slot.byte_len);
+  }
+  *c = Completion{};
+  c->wr_id = wr_id;
+  c->byte_len = slot.byte_len;
+  c->imm = slot.imm;
+  c->flags = slot.flags;
+  c->opcode = static_cast<Opcode>(slot.opcode);
+  c->status = static_cast<Status>(slot.status);
+  c->qp_num = qp_num();
+  if (srq_ != nullptr) {
+    srq_->release(srq_seq);
+    std::atomic_ref<uint64_t>(slot.srq_seq).store(0, std::memory_order_relaxed);
+    // Renew the credit: this slot carries completion rq_polled_ + ring next.
+    slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
+  }
+}
+
+uint64_t ShmQueuePair::claimed_srq_seq() const noexcept {
+  RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
+  return std::atomic_ref<uint64_t>(slot.srq_seq).load(std::memory_order_acquire);
 }
 
 int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   size_t n = 0;
-  RecvSlot* slots = local_.block->slots();
   while (n < out.size() && recv_done(std::memory_order_acquire)) {
-    const uint64_t index = rq_polled_ & rq_mask_;
-    const RecvSlot& slot = slots[index];
-    if (slot.data_inline != 0 && slot.status == static_cast<uint8_t>(Status::kSuccess)) {
-      std::memcpy(reinterpret_cast<void*>(slot.addr), slot.data, slot.byte_len);
-    }
     Completion& c = out[n++];
-    c = Completion{};
-    c.wr_id = rq_wr_id_[index];
-    c.byte_len = slot.byte_len;
-    c.imm = slot.imm;
-    c.flags = slot.flags;
-    c.opcode = static_cast<Opcode>(slot.opcode);
-    c.status = static_cast<Status>(slot.status);
-    c.qp_num = qp_num();
+    take_recv(rq_polled_ & rq_mask_, &c);
     ++rq_polled_;
     if (c.status != Status::kSuccess) enter_error();
   }
@@ -427,17 +487,35 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
        local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
     enter_error();
   }
-  // In error the peer no longer consumes our ring: flush what is left.
-  if (state_ != QpState::kConnected && !recv_done(std::memory_order_acquire)) {
-    while (n < out.size() && rq_polled_ < rq_posted_) {
+  if (state_ == QpState::kConnected || recv_done(std::memory_order_acquire)) {
+    return static_cast<int>(n);
+  }
+  if (srq_ != nullptr) {
+    // The SRQ itself is never flushed. Only an entry a dead sender claimed
+    // but never completed comes back, flushed on this QP.
+    const uint64_t claimed = peer_gone() ? claimed_srq_seq() : 0;
+    if (claimed != 0 && n < out.size()) {
       Completion& c = out[n++];
       c = Completion{};
-      c.wr_id = rq_wr_id_[rq_polled_ & rq_mask_];
+      c.wr_id = srq_->wr_id(claimed - 1);
       c.status = Status::kWrFlushError;
       c.opcode = Opcode::kRecv;
       c.qp_num = qp_num();
-      ++rq_polled_;
+      srq_->release(claimed - 1);
+      std::atomic_ref<uint64_t>(local_.block->slots()[rq_polled_ & rq_mask_].srq_seq)
+          .store(0, std::memory_order_relaxed);
     }
+    return static_cast<int>(n);
+  }
+  // In error the peer no longer consumes our ring: flush what is left.
+  while (n < out.size() && rq_polled_ < rq_posted_) {
+    Completion& c = out[n++];
+    c = Completion{};
+    c.wr_id = rq_wr_id_[rq_polled_ & rq_mask_];
+    c.status = Status::kWrFlushError;
+    c.opcode = Opcode::kRecv;
+    c.qp_num = qp_num();
+    ++rq_polled_;
   }
   return static_cast<int>(n);
 }
@@ -571,25 +649,69 @@ Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexce
   return static_cast<Status>(reply.status);
 }
 
-ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
-                                         bool carry_payload, Status* status) noexcept {
+bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
   RecvSlot& slot = peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)];
   // We read the slot and then write it: fetch the line for writing once
   // instead of a shared read followed by an invalidation.
   __builtin_prefetch(&slot, 1);
-  if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) {
-    return Exec::kBlocked;
+  if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) return false;
+  claim->slot = &slot;
+  if (peer_srq_ == nullptr) {
+    claim->addr = slot.addr;
+    claim->length = slot.length;
+    claim->lkey = slot.lkey;
+    return true;
   }
+  // Take the oldest posted SRQ entry; other senders race for it.
+  const uint64_t srq_mask = peer_.srq_ring_size - 1;
+  uint64_t n = peer_srq_->claimed.load(std::memory_order_acquire);
+  for (;;) {
+    const SrqSlot& entry = peer_srq_->slots()[n & srq_mask];
+    if (entry.post_seq.load(std::memory_order_acquire) != n + 1) return false;
+    if (peer_srq_->claimed.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire)) {
+      // Recorded before anything else, so the owner can flush the entry
+      // should we die before publishing the completion.
+      std::atomic_ref<uint64_t>(slot.srq_seq).store(n + 1, std::memory_order_release);
+      claim->addr = entry.addr;
+      claim->length = entry.length;
+      claim->lkey = entry.lkey;
+      return true;
+    }
+  }
+}
+
+void ShmQueuePair::publish_recv(const RecvClaim& claim, const SendWr& wr,
+                                Opcode recv_opcode, Status recv_status) noexcept {
+  RecvSlot& slot = *claim.slot;
+  slot.byte_len = wr.length;
+  slot.imm = wr.imm;
+  slot.flags = (wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm)
+                   ? kCompletionHasImm
+                   : 0;
+  slot.opcode = static_cast<uint8_t>(recv_opcode);
+  slot.status = static_cast<uint8_t>(recv_status);
+  ++peer_consumed_;
+  // seq_cst pairs with the receiver's arm(): store armed, then load done_seq.
+  slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
+  wake_peer();
+}
+
+ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
+                                         bool carry_payload, Status* status) noexcept {
+  RecvClaim claim;
+  if (!claim_recv(&claim)) return Exec::kBlocked;
+  RecvSlot& slot = *claim.slot;
   Status recv_status = Status::kSuccess;
   slot.data_inline = 0;
   if (carry_payload) {
-    if (wr.length > slot.length) {
+    if (wr.length > claim.length) {
       recv_status = Status::kLocalLengthError;
       *status = Status::kRemoteInvalidRequestError;
     } else if (wr.length != 0) {
       EntryView view;
-      if (!read_entry(*peer_table_, slot.lkey, &view) ||
-          !in_range(view, slot.addr, wr.length) ||
+      if (!read_entry(*peer_table_, claim.lkey, &view) ||
+          !in_range(view, claim.addr, wr.length) ||
           (view.access & kAccessLocalWrite) == 0) {
         recv_status = Status::kLocalProtectionError;
         *status = Status::kRemoteOperationError;
@@ -599,7 +721,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
         std::memcpy(slot.data, wr.local_addr, wr.length);
         slot.data_inline = 1;
       } else {
-        Target target = resolve(slot.lkey, slot.addr, wr.length, kAccessLocalWrite, true);
+        Target target = resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);
         if (target.status == Status::kSuccess) {
           target.status = copy_to_peer(target, wr.local_addr, wr.length);
         }
@@ -612,17 +734,32 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
       }
     }
   }
-  slot.byte_len = wr.length;
-  slot.imm = wr.imm;
-  slot.flags = (wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm)
-                   ? kCompletionHasImm
-                   : 0;
-  slot.opcode = static_cast<uint8_t>(recv_opcode);
-  slot.status = static_cast<uint8_t>(recv_status);
-  ++peer_consumed_;
-  // seq_cst pairs with the receiver's arm(): store armed, then load done_seq.
-  slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
-  wake_peer();
+  publish_recv(claim, wr, recv_opcode, recv_status);
+  return Exec::kDone;
+}
+
+ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr, Status* status) noexcept {
+  // Check the target and claim the RECV before moving data, so an RNR retry
+  // does not depend on the write being idempotent.
+  Target target;
+  if (wr.length != 0) {
+    target = resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteWrite, true);
+    if (target.status != Status::kSuccess) {
+      *status = target.status;
+      return Exec::kDone;
+    }
+  }
+  RecvClaim claim;
+  if (!claim_recv(&claim)) return Exec::kBlocked;
+  claim.slot->data_inline = 0;
+  if (wr.length != 0) *status = copy_to_peer(target, wr.local_addr, wr.length);
+  if (*status == Status::kSuccess) {
+    publish_recv(claim, wr, Opcode::kRecvWriteWithImm, Status::kSuccess);
+  } else if (peer_srq_ != nullptr) {
+    // An SRQ entry cannot be handed back (others may have claimed later
+    // ones): it completes, flushed, on this QP, which is going to error.
+    publish_recv(claim, wr, Opcode::kRecvWriteWithImm, Status::kWrFlushError);
+  }
   return Exec::kDone;
 }
 
@@ -632,15 +769,8 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
   switch (wr.opcode) {
     case Opcode::kSend:
     case Opcode::kSendWithImm: return deliver(wr, Opcode::kRecv, true, status);
-    case Opcode::kWrite:
-    case Opcode::kWriteWithImm: {
-      // WRITE_WITH_IMM needs a RECV: check before moving data so an RNR
-      // retry does not depend on the write being idempotent.
-      if (wr.opcode == Opcode::kWriteWithImm &&
-          peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)].post_seq.load(
-              std::memory_order_acquire) != peer_consumed_ + 1) {
-        return Exec::kBlocked;
-      }
+    case Opcode::kWriteWithImm: return write_with_imm(wr, status);
+    case Opcode::kWrite: {
       if (wr.length != 0) {
         Target target =
             resolve(wr.rkey, wr.remote_addr, wr.length, kAccessRemoteWrite, true);
@@ -648,10 +778,6 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
           target.status = copy_to_peer(target, wr.local_addr, wr.length);
         }
         *status = target.status;
-        if (*status != Status::kSuccess) return Exec::kDone;
-      }
-      if (wr.opcode == Opcode::kWriteWithImm) {
-        return deliver(wr, Opcode::kRecvWriteWithImm, false, status);
       }
       return Exec::kDone;
     }

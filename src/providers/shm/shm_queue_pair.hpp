@@ -15,6 +15,7 @@ namespace rdmakit::shm {
 
 class ShmCompletionQueue;
 class ShmContext;
+class ShmSrq;
 
 // What one side prepares before the handshake.
 struct LocalEnd {
@@ -24,6 +25,7 @@ struct LocalEnd {
   Fd peer_request_end;  // handed to the peer
   std::shared_ptr<Link> link;
   uint32_t qp_num = 0;
+  ShmSrq* srq = nullptr;  // our receives come from this SRQ
 };
 
 // What the handshake delivered from the peer.
@@ -34,6 +36,8 @@ struct PeerEnd {
   Fd request_socket;  // our requests -> the peer's service thread
   pid_t pid = 0;
   uint32_t ring_size = 0;
+  Fd srq_fd;  // the peer receives through this SRQ (else empty)
+  uint32_t srq_ring_size = 0;
   std::string address;
   std::vector<std::byte> private_data;
 };
@@ -91,6 +95,15 @@ class ShmQueuePair final : public QueuePair {
   // kBlocked: no RECV posted at the peer yet (RNR).
   enum class Exec : uint8_t { kDone, kBlocked };
 
+  // A receive the peer posted (its own queue or its SRQ) that the current
+  // request will complete.
+  struct RecvClaim {
+    RecvSlot* slot = nullptr;  // where the result goes (the peer's ring)
+    uint64_t addr = 0;
+    uint32_t length = 0;
+    uint32_t lkey = 0;
+  };
+
   struct Target {
     Status status = Status::kSuccess;
     std::byte* mapped = nullptr;  // direct pointer, or null for process_vm
@@ -105,8 +118,17 @@ class ShmQueuePair final : public QueuePair {
   Status copy_to_peer(const Target& target, const void* src, size_t length) noexcept;
   Status copy_from_peer(const Target& target, void* dst, size_t length) noexcept;
   Status remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept;
+  // False: no receive posted (RNR). With an SRQ the entry is consumed here.
+  bool claim_recv(RecvClaim* claim) noexcept;
+  void publish_recv(const RecvClaim& claim, const SendWr& wr, Opcode recv_opcode,
+                    Status recv_status) noexcept;
   Exec deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payload,
                Status* status) noexcept;
+  Exec write_with_imm(const SendWr& wr, Status* status) noexcept;
+  // Our receive ring slot index i was consumed: the completion it describes.
+  void take_recv(uint64_t index, Completion* c) noexcept;
+  // SRQ: entry + 1 a sender claimed for our next completion, 0 if none.
+  uint64_t claimed_srq_seq() const noexcept;
   void complete_send(const SendWr& wr, Status status) noexcept;
   void enter_error() noexcept;
   bool peer_gone() const noexcept {
@@ -120,6 +142,9 @@ class ShmQueuePair final : public QueuePair {
   const RegionTable* peer_table_ = nullptr;
   InboundBlock* peer_block_ = nullptr;
   size_t peer_block_bytes_ = 0;
+  SrqBlock* peer_srq_ = nullptr;  // the peer receives through an SRQ
+  size_t peer_srq_bytes_ = 0;
+  ShmSrq* srq_ = nullptr;  // we receive through an SRQ
   ShmCompletionQueue* send_cq_;
   ShmCompletionQueue* recv_cq_;
 

@@ -1,0 +1,62 @@
+#include "providers/shm/shm_srq.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::shm {
+
+ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
+    : SharedReceiveQueue(options), context_(context) {
+  if (options.max_wr == 0 || options.max_wr > (1u << 20)) {
+    throw Error("create_srq", "shm", "", EINVAL, "max_wr must be in 1..1048576");
+  }
+  const uint32_t ring = std::bit_ceil(2 * options.max_wr);
+  mask_ = ring - 1;
+  block_bytes_ = SrqBlock::bytes_for(ring);
+  fd_.reset(::memfd_create("rdmakit-shm-srq", MFD_CLOEXEC));
+  if (!fd_) throw Error("create_srq", "shm", "", errno, "memfd_create");
+  if (::ftruncate(fd_.get(), static_cast<off_t>(block_bytes_)) != 0) {
+    throw Error("create_srq", "shm", "", errno, "ftruncate");
+  }
+  void* mem = map_fd(fd_.get(), block_bytes_, true);
+  if (mem == nullptr) throw Error("create_srq", "shm", "", errno, "mmap");
+  block_ = new (mem) SrqBlock();
+  block_->ring_size = ring;
+  for (uint32_t i = 0; i < ring; ++i) new (&block_->slots()[i]) SrqSlot();
+  wr_ids_ = std::make_unique<uint64_t[]>(ring);
+  busy_ = std::make_unique<std::atomic<uint8_t>[]>(ring);
+  for (uint32_t i = 0; i < ring; ++i) busy_[i].store(0, std::memory_order_relaxed);
+}
+
+ShmSrq::~ShmSrq() { ::munmap(block_, block_bytes_); }
+
+PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
+  PostResult result;
+  for (const RecvWr& wr : wrs) {
+    const uint64_t index = posted_ & mask_;
+    if (posted_ - released_.load(std::memory_order_acquire) >= options_.max_wr ||
+        busy_[index].load(std::memory_order_acquire) != 0) {
+      result.status = PostStatus::kQueueFull;
+      break;
+    }
+    SrqSlot& slot = block_->slots()[index];
+    slot.addr = reinterpret_cast<uint64_t>(wr.addr);
+    slot.length = wr.length;
+    slot.lkey = wr.lkey;
+    wr_ids_[index] = wr.wr_id;
+    busy_[index].store(1, std::memory_order_relaxed);
+    ++posted_;
+    slot.post_seq.store(posted_, std::memory_order_release);
+    ++result.posted;
+  }
+  return result;
+}
+
+}  // namespace rdmakit::shm

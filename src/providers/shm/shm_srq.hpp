@@ -1,0 +1,53 @@
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "providers/shm/shm_layout.hpp"
+#include "providers/shm/unix_socket.hpp"
+#include "rdmakit/shared_receive_queue.hpp"
+
+namespace rdmakit::shm {
+
+class ShmContext;
+
+// The owner's side of a shared receive queue: an SrqBlock in a memfd that
+// the senders of attached QPs map (see shm_layout.hpp). Entries are posted
+// in order but complete in any order (several QPs consume them), so the ring
+// has room for twice max_wr and a slot is reused only once the completion of
+// its previous entry has been polled.
+class ShmSrq final : public SharedReceiveQueue {
+ public:
+  ShmSrq(ShmContext& context, const SrqOptions& options);
+  ~ShmSrq() override;
+
+  ShmContext& context() const noexcept { return context_; }
+  int block_fd() const noexcept { return fd_.get(); }
+  uint32_t ring_size() const noexcept { return block_->ring_size; }
+
+  // Completion side (the thread polling the attached QPs' recv CQs).
+  const SrqSlot& slot(uint64_t seq) const noexcept { return block_->slots()[seq & mask_]; }
+  uint64_t wr_id(uint64_t seq) const noexcept { return wr_ids_[seq & mask_]; }
+  // The completion of entry seq was delivered: its slot may be posted again.
+  void release(uint64_t seq) noexcept {
+    busy_[seq & mask_].store(0, std::memory_order_release);
+    released_.fetch_add(1, std::memory_order_release);
+  }
+
+ protected:
+  PostResult do_post_recv(std::span<const RecvWr> wrs) noexcept override;
+
+ private:
+  ShmContext& context_;
+  Fd fd_;
+  SrqBlock* block_ = nullptr;
+  size_t block_bytes_ = 0;
+  uint64_t mask_ = 0;
+  std::unique_ptr<uint64_t[]> wr_ids_;
+  std::unique_ptr<std::atomic<uint8_t>[]> busy_;
+  uint64_t posted_ = 0;
+  std::atomic<uint64_t> released_{0};
+  std::mutex post_mutex_;  // only when options.thread_safe
+};
+
+}  // namespace rdmakit::shm
