@@ -285,13 +285,14 @@ void basic_client(const std::string& address) {
 }
 
 // Waits for the peer to go away (its QP destroyed or its process gone).
-void wait_closed(Peer& p, std::chrono::milliseconds timeout) {
+void wait_closed(QueuePair& qp, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  while (p.qp->state() == QpState::kConnected) {
-    CHECK(Clock::now() < deadline, "peer " + p.qp->peer() + " still connected");
+  while (qp.state() == QpState::kConnected) {
+    CHECK(Clock::now() < deadline, "peer " + qp.peer() + " still connected");
     std::this_thread::sleep_for(20ms);
   }
 }
+void wait_closed(Peer& p, std::chrono::milliseconds timeout) { wait_closed(*p.qp, timeout); }
 
 void serve_until_done(const std::string& address) {
   Peer p = open_peer();
@@ -583,6 +584,122 @@ void huge_pages_client(const std::string&) {
   CHECK(mr->data()[0] == std::byte{0} && mr->data()[(4 << 20) - 1] == std::byte{0}, "zeroed");
 }
 
+// Shared receive queue: two QPs take RECVs from one SRQ in posting order;
+// completions carry the consuming QP's qp_num; post_recv on such a QP is
+// refused; a QP in error leaves the SRQ's buffers to the others.
+void srq_server(const std::string& address) {
+  Peer p = open_peer();
+  SrqOptions so;
+  so.max_wr = 16;
+  auto srq = p.ctx->create_srq(so);
+  CHECK(srq->max_wr() >= 16, "SRQ capacity " + std::to_string(srq->max_wr()));
+  auto listener = p.ctx->listen(address);
+  QpOptions o = qp_options(p);
+  o.srq = srq.get();
+  auto a = listener->accept(o, 60s, {});
+  auto b = listener->accept(o, 60s, {});
+  CHECK(a->peer_private_data().size() == 1 && b->peer_private_data().size() == 1,
+        "private data");
+  // Which accept got which connection depends on arrival; the client names them.
+  if (a->peer_private_data()[0] != std::byte{'A'}) std::swap(a, b);
+  RecvWr one{1, p.mr->data(), 64, p.mr->lkey()};
+  CHECK(a->post_recv(one).status == PostStatus::kInvalidArgument,
+        "post_recv on a QP attached to an SRQ");
+  std::vector<RecvWr> recvs;
+  for (uint64_t i = 0; i < 6; ++i) {
+    recvs.push_back({100 + i, p.mr->data() + 4096 + i * 256, 256, p.mr->lkey()});
+  }
+  auto r = srq->post_recv(recvs);
+  CHECK(r.ok() && r.posted == 6, post_status_name(r.status));
+  bool wrong_thread = false;
+  std::thread([&] { wrong_thread = srq->post_recv(one).status == PostStatus::kWrongThread; })
+      .join();
+  CHECK(wrong_thread, "single-owner SRQ refuses another thread");
+  // The client sends A, B, A, each after the previous one completed.
+  const std::pair<QueuePair*, const char*> expect[] = {
+      {a.get(), "a0"}, {b.get(), "b0"}, {a.get(), "a1"}};
+  for (uint64_t i = 0; i < 3; ++i) {
+    Completion c = expect_ok(*p.cq, *expect[i].first, Opcode::kRecv);
+    CHECK(c.wr_id == 100 + i, "SRQ RECVs are consumed in posting order, got wr_id " +
+                                  std::to_string(c.wr_id));
+    CHECK(c.qp_num == expect[i].first->qp_num(),
+          "completion carries the consuming QP's qp_num: " + std::to_string(c.qp_num));
+    CHECK(c.byte_len == 2 &&
+              std::memcmp(p.mr->data() + 4096 + i * 256, expect[i].second, 2) == 0,
+          "payload");
+  }
+  // The client closes A: A goes to error; the SRQ must keep its 3 buffers.
+  wait_closed(*a, 20s);
+  Completion c;
+  CHECK(p.cq->poll({&c, 1}) == 0,
+        "a QP in error flushed SRQ buffers: " + std::string(status_name(c.status)) +
+            " wr_id " + std::to_string(c.wr_id));
+  std::memcpy(p.mr->data(), "go", 2);
+  SendWr go{7, Opcode::kSend, kSignaled, 2, p.mr->data(), p.mr->lkey()};
+  CHECK(b->post_send(go).ok(), "post go");
+  expect_ok(*p.cq, *b, Opcode::kSend);
+  c = expect_ok(*p.cq, *b, Opcode::kRecv);
+  CHECK(c.wr_id == 103 && c.qp_num == b->qp_num(),
+        "after A failed, B takes the next SRQ buffer; got wr_id " + std::to_string(c.wr_id));
+  b.reset();
+  a.reset();
+}
+
+void srq_client(const std::string& address) {
+  Peer p = open_peer();
+  // An SRQ of another context (protection domain) is refused, before any traffic.
+  {
+    ContextOptions other_options;
+    other_options.provider = ProviderKind::kVerbs;
+    auto other = Context::open(other_options);
+    auto foreign = other->create_srq();
+    QpOptions o = qp_options(p);
+    o.srq = foreign.get();
+    try {
+      p.ctx->connect(address, o, {}, 5s);
+      CHECK(false, "connect with another context's SRQ succeeded");
+    } catch (const Error& e) {
+      std::printf("  %s\n", e.what());
+      CHECK(e.sys_errno() == EINVAL && std::string(e.what()).find("srq") != std::string::npos,
+            e.what());
+    }
+  }
+  const std::byte tag_a[] = {std::byte{'A'}};
+  const std::byte tag_b[] = {std::byte{'B'}};
+  Peer a = std::move(p);
+  dial(a, address, nullptr, tag_a);
+  Peer b;
+  b.ctx = nullptr;
+  b.cq = a.ctx->create_cq();
+  QpOptions ob = qp_options(a);
+  ob.send_cq = ob.recv_cq = b.cq.get();
+  for (auto deadline = Clock::now() + 60s;;) {
+    try {
+      b.qp = a.ctx->connect(address, ob, tag_b, 5s);
+      break;
+    } catch (const Error& e) {
+      if (e.sys_errno() != ECONNREFUSED || Clock::now() > deadline) throw;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  auto send_on = [&](QueuePair& qp, CompletionQueue& cq, const char* text, uint64_t id) {
+    std::memcpy(a.mr->data() + id * 64, text, 2);
+    SendWr wr{id, Opcode::kSend, kSignaled, 2, a.mr->data() + id * 64, a.mr->lkey()};
+    CHECK(qp.post_send(wr).ok(), "post");
+    expect_ok(cq, qp, Opcode::kSend);
+  };
+  // RNR covers the moment before the server has posted its SRQ buffers.
+  send_on(*a.qp, *a.cq, "a0", 1);
+  send_on(*b.qp, *b.cq, "b0", 2);
+  send_on(*a.qp, *a.cq, "a1", 3);
+  RecvWr go{9, a.mr->data() + 8192, 64, a.mr->lkey()};
+  CHECK(b.qp->post_recv(go).ok(), "post RECV for go");
+  a.qp.reset();  // DREQ: the server's QP A moves to error
+  expect_ok(*b.cq, *b.qp, Opcode::kRecv);
+  send_on(*b.qp, *b.cq, "b1", 4);
+  wait_closed(b, 20s);
+}
+
 struct Case {
   const char* name;
   void (*server)(const std::string&);  // null: client-only
@@ -601,6 +718,7 @@ const Case kCases[] = {
     {"private_data_limit", nullptr, private_data_limit_client},
     {"memlock", nullptr, memlock_client},
     {"huge_pages", nullptr, huge_pages_client},
+    {"srq", srq_server, srq_client},
 };
 
 bool run_case(const Case& c, const std::string& role, const std::string& address) {

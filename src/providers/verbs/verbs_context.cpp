@@ -3,6 +3,7 @@
 // addressing) so the path MTU, retry and RNR settings are ours to choose.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -13,12 +14,11 @@
 #include <cstring>
 #include <filesystem>
 
-#include <fmt/format.h>
-
 #include "core/address.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
 #include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
@@ -226,12 +226,31 @@ VerbsCq* as_verbs_cq(CompletionQueue* cq, const Device& device, const char* whic
   return verbs_cq;
 }
 
+VerbsSrq* as_verbs_srq(SharedReceiveQueue* srq, const Device& device,
+                       const std::string& peer) {
+  auto* verbs_srq = dynamic_cast<VerbsSrq*>(srq);
+  if (verbs_srq == nullptr || &verbs_srq->device() != &device) {
+    throw Error(
+        "create_qp", kProvider, peer, EINVAL,
+        fmt::format("QpOptions::srq must be a shared receive queue of this verbs "
+                    "context (its create_srq), not one of {}",
+                    verbs_srq == nullptr ? "another provider"
+                                         : "another context (protection domain)"));
+  }
+  return verbs_srq;
+}
+
 VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::string& peer) {
   VerbsQp::Parts parts;
   parts.send_cq = as_verbs_cq(options.send_cq, device, "send_cq", peer);
   parts.recv_cq = as_verbs_cq(options.recv_cq, device, "recv_cq", peer);
+  VerbsSrq* srq =
+      options.srq != nullptr ? as_verbs_srq(options.srq, device, peer) : nullptr;
+  // On an SRQ the QP has no receive queue of its own (max_recv_wr is ignored).
+  const uint32_t recv_depth = srq != nullptr ? 0 : options.max_recv_wr;
   const auto max_wr = static_cast<uint32_t>(device.info.attr.max_qp_wr);
-  for (uint32_t depth : {options.max_send_wr, options.max_recv_wr}) {
+  for (uint32_t depth : {options.max_send_wr, recv_depth}) {
+    if (depth == 0 && srq != nullptr) continue;
     if (depth == 0 || depth >= max_wr) {
       throw Error("create_qp", kProvider, peer, EINVAL,
                   fmt::format("queue depth {} is outside 1..{} (max_qp_wr of {}, less one "
@@ -245,9 +264,13 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;  // selective signaling
   init.cap.max_send_wr = options.max_send_wr + 1;  // + the handshake slot
-  init.cap.max_recv_wr = options.max_recv_wr + 1;
+  init.cap.max_recv_wr = srq != nullptr ? 0 : recv_depth + 1;
   init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
+  init.cap.max_recv_sge = srq != nullptr ? 0 : 1;
+  if (srq != nullptr) {
+    init.srq = srq->srq();
+    parts.srq = srq->core();
+  }
   // Verbs does not publish the inline limit: ask for what the caller wants
   // and halve until the device agrees; it reports what it granted (often more).
   uint32_t want_inline = options.max_inline;
@@ -263,15 +286,16 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
     err = errno;
     if (want_inline == 0) {
       throw Error("ibv_create_qp", kProvider, peer, err,
-                  fmt::format("RC QP with {} send / {} recv work requests on {}",
-                              options.max_send_wr, options.max_recv_wr, device.name()));
+                  fmt::format("RC QP with {} send / {} recv work requests{} on {}",
+                              options.max_send_wr, recv_depth,
+                              srq != nullptr ? " (SRQ)" : "", device.name()));
     }
     want_inline /= 2;
   }
   parts.options = options;
   parts.options.max_inline = init.cap.max_inline_data;
-  parts.core = std::make_unique<QpCore>(parts.qp->qp_num, options.max_send_wr,
-                                        options.max_recv_wr);
+  parts.core =
+      std::make_unique<QpCore>(parts.qp->qp_num, options.max_send_wr, recv_depth);
   return parts;
 }
 
@@ -306,6 +330,8 @@ struct Negotiated {
   ibv_mtu mtu;
   uint8_t sgid_index;
   uint32_t dest_qp_num;
+  uint8_t max_dest_rd_atomic = 0;  // READs/atomics the peer may have in flight to us
+  uint8_t max_rd_atomic = 0;       // ours in flight to the peer
 };
 
 // INIT -> RTR -> RTS with rdma_cm's addressing and our own MTU / retry choices.
@@ -318,8 +344,10 @@ Negotiated bring_up(Device& device, rdma_cm_id* id, ibv_qp* qp, ibv_mtu mtu,
   attr.min_rnr_timer = retry.min_rnr_timer;
   if (device.gid_overridden) attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(device.gid.index);
   Negotiated out{mtu, attr.ah_attr.grh.sgid_index, attr.dest_qp_num};
+  out.max_dest_rd_atomic = attr.max_dest_rd_atomic;
   modify(qp, attr, mask | IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER, "RTR", peer);
   attr = cm_attr(id, IBV_QPS_RTS, &mask, "RTS", peer);
+  out.max_rd_atomic = attr.max_rd_atomic;
   attr.timeout = retry.timeout;
   attr.retry_cnt = retry.retry_cnt;
   attr.rnr_retry = retry.rnr_retry;
@@ -355,13 +383,15 @@ void log_connected(const Device& device, const char* role, const std::string& pe
   }
   const RetrySettings r = retry_settings(parts.options);
   core::log().info(
-      "verbs: {} {}: qp {} -> {}, {} port {}, sgid_index {} ({}{}), path MTU {} (local port "
+      "verbs: {} {}: qp {} -> {}, {} port {}, sgid_index {} ({}{}), path MTU {} (local "
+      "port "
       "{}, peer port {}), max_inline {}, ack timeout 2^{}x4.096us x{} retries, RNR timer "
-      "code {} x{}",
-      role, peer, parts.qp->qp_num, n.dest_qp_num, device.name(), device.port, n.sgid_index,
-      gid_text, device.gid_overridden ? ", override" : "", mtu_bytes(n.mtu),
-      mtu_bytes(device.port_attr.active_mtu), mtu_bytes(peer_mtu), parts.options.max_inline,
-      r.timeout, r.retry_cnt, r.min_rnr_timer, r.rnr_retry);
+      "code {} x{}, READ/atomic depth {} out / {} in{}",
+      role, peer, parts.qp->qp_num, n.dest_qp_num, device.name(), device.port,
+      n.sgid_index, gid_text, device.gid_overridden ? ", override" : "", mtu_bytes(n.mtu),
+      mtu_bytes(device.port_attr.active_mtu), mtu_bytes(peer_mtu),
+      parts.options.max_inline, r.timeout, r.retry_cnt, r.min_rnr_timer, r.rnr_retry,
+      n.max_rd_atomic, n.max_dest_rd_atomic, parts.srq ? ", receives from an SRQ" : "");
 }
 
 rdma_conn_param conn_param(const Device& device, const std::vector<std::byte>& data,
@@ -473,6 +503,16 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   try {
     parts = create_qp(*device_, options, peer);
     to_init(id.get(), parts.qp.get(), peer);
+    if (hello->total > hello->user.size() && options.srq != nullptr) {
+      // The overflow SEND would take whichever SRQ buffer is next, racing the
+      // SRQ's other QPs, and a QP on an SRQ has no receive queue of its own.
+      throw Error(
+          "accept", kProvider, peer, EINVAL,
+          fmt::format("the client sent {} bytes of private data; a QP on a shared "
+                      "receive queue takes at most {} on verbs (what fits in the "
+                      "RDMA CM request)",
+                      hello->total, kReqUserData));
+    }
     if (hello->total > hello->user.size()) {
       // The rest of the client's private data comes as a SEND once connected.
       parts.handshake_buf.resize(hello->total - hello->user.size());
@@ -543,9 +583,8 @@ class VerbsContext final : public Context {
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override {
     return std::make_unique<VerbsCq>(device_, options);
   }
-  // Not yet implemented for this provider: an explicit error, never a silent fallback.
-  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions&) override {
-    throw Error("create_srq", "verbs", "", ENOTSUP, "shared receive queues are not implemented yet");
+  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options) override {
+    return std::make_unique<VerbsSrq>(device_, options);
   }
   std::unique_ptr<Listener> listen(const std::string& address) override;
   std::unique_ptr<QueuePair> connect(const std::string& address, const QpOptions& options,

@@ -3,15 +3,15 @@
 // find, if any, is stashed and returned by the next poll().
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
@@ -81,6 +81,43 @@ void VerbsCq::detach(QpCore* core, uint32_t depth) noexcept {
   committed_ -= depth;
 }
 
+void VerbsCq::attach_srq(QpCore* core, const std::shared_ptr<SrqCore>& srq,
+                         const std::string& peer) {
+  std::lock_guard lock(qps_mutex_);
+  auto use = std::find_if(srqs_.begin(), srqs_.end(),
+                          [&](const SrqUse& u) { return u.srq == srq; });
+  if (use == srqs_.end() || use->qps == 0) {
+    if (committed_ + srq->capacity > options().capacity) {
+      throw Error(
+          "create_qp", kProvider, peer, EINVAL,
+          fmt::format("completion queue capacity {} is smaller than the work "
+                      "requests its queue pairs and shared receive queues may have "
+                      "outstanding ({} + SRQ {}); raise CqOptions::capacity",
+                      options().capacity, committed_, srq->capacity));
+    }
+    committed_ += srq->capacity;
+  }
+  if (use == srqs_.end()) {
+    srqs_.push_back({srq, 1});
+  } else {
+    ++use->qps;
+  }
+  qps_.push_back(core);
+}
+
+void VerbsCq::detach_srq(QpCore* core, const SrqCore* srq) noexcept {
+  std::lock_guard lock(qps_mutex_);
+  if (auto it = std::find(qps_.begin(), qps_.end(), core); it != qps_.end())
+    qps_.erase(it);
+  if (std::find(qps_.begin(), qps_.end(), core) == qps_.end() && last_ == core)
+    last_ = nullptr;
+  for (SrqUse& use : srqs_) {
+    // The entry (and the core) stays for completions still queued here.
+    if (use.srq.get() == srq && use.qps > 0 && --use.qps == 0)
+      committed_ -= srq->capacity;
+  }
+}
+
 void VerbsCq::consume_event() noexcept {
   if (!armed_) return;
   ibv_cq* cq = nullptr;
@@ -93,6 +130,9 @@ void VerbsCq::consume_event() noexcept {
 }
 
 bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
+  // An SRQ slot is freed whether or not its QP still exists.
+  const bool srq_recv = SrqCore::is_srq_recv(wc.wr_id);
+  const uint64_t srq_wr_id = srq_recv ? SrqCore::complete(wc.wr_id) : 0;
   QpCore* core = last_;
   if (core == nullptr || core->qp_num != wc.qp_num) {
     core = nullptr;
@@ -117,7 +157,12 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
     out->flags |= kCompletionHasImm;
   }
   const uint64_t seq = wc.wr_id & ~QpCore::kRecvBit;
-  if (wc.wr_id & QpCore::kRecvBit) {
+  if (srq_recv) {
+    out->wr_id = srq_wr_id;
+    out->opcode = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM
+                      ? Opcode::kRecvWriteWithImm
+                      : Opcode::kRecv;
+  } else if (wc.wr_id & QpCore::kRecvBit) {
     core->recv_published.load(std::memory_order_acquire);
     out->wr_id = core->recv_ring[seq & core->recv_mask];
     out->opcode = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM

@@ -25,6 +25,7 @@ inline constexpr const char* kDeregMr = "ibv_dereg_mr";
 inline constexpr const char* kDestroyCompChannel = "ibv_destroy_comp_channel";
 inline constexpr const char* kDestroyCq = "ibv_destroy_cq";
 inline constexpr const char* kDestroyQp = "ibv_destroy_qp";
+inline constexpr const char* kDestroySrq = "ibv_destroy_srq";
 inline constexpr const char* kDestroyId = "rdma_destroy_id";
 
 inline int destroy_event_channel(rdma_event_channel* channel) {
@@ -40,6 +41,8 @@ using CompChannelHandle =
                     Releaser<ibv_comp_channel, ibv_destroy_comp_channel, &kDestroyCompChannel>>;
 using CqHandle = std::unique_ptr<ibv_cq, Releaser<ibv_cq, ibv_destroy_cq, &kDestroyCq>>;
 using QpHandle = std::unique_ptr<ibv_qp, Releaser<ibv_qp, ibv_destroy_qp, &kDestroyQp>>;
+using SrqHandle =
+    std::unique_ptr<ibv_srq, Releaser<ibv_srq, ibv_destroy_srq, &kDestroySrq>>;
 using CmIdHandle = std::unique_ptr<rdma_cm_id, Releaser<rdma_cm_id, rdma_destroy_id, &kDestroyId>>;
 using EventChannelHandle =
     std::unique_ptr<rdma_event_channel,

@@ -44,6 +44,7 @@ static_assert(kMaxAcceptPrivateData >= Context::kMaxPrivateData,
               "accept must carry the core's full private data");
 
 class Monitor;
+struct SrqCore;
 
 // One opened device + port + protection domain.
 struct Device {
@@ -114,6 +115,12 @@ class VerbsCq final : public CompletionQueue {
   // that overflows is a fatal asynchronous error, not back-pressure).
   void attach(QpCore* core, uint32_t depth, const std::string& peer);
   void detach(QpCore* core, uint32_t depth) noexcept;
+  // The receive side of a QP on an SRQ: the SRQ's depth is committed once
+  // per CQ however many of its QPs complete here, and the CQ keeps the
+  // SRQ's bookkeeping alive for completions still queued after a QP is gone.
+  void attach_srq(QpCore* core, const std::shared_ptr<SrqCore>& srq,
+                  const std::string& peer);
+  void detach_srq(QpCore* core, const SrqCore* srq) noexcept;
 
   // Waits for the handshake RECV (sequence 0) of `core`; completions of other
   // QPs met meanwhile are kept for poll(). Returns the work completion.
@@ -133,6 +140,11 @@ class VerbsCq final : public CompletionQueue {
   size_t pending_head_ = 0;
   std::mutex qps_mutex_;    // attach/detach vs poll
   std::vector<QpCore*> qps_;
+  struct SrqUse {
+    std::shared_ptr<SrqCore> srq;
+    uint32_t qps = 0;  // attached QPs; the SRQ's depth is committed while > 0
+  };
+  std::vector<SrqUse> srqs_;
   QpCore* last_ = nullptr;
   uint64_t committed_ = 0;  // sum of attached depths
 };
@@ -172,6 +184,7 @@ class VerbsQp final : public QueuePair {
     std::unique_ptr<QpCore> core;
     VerbsCq* send_cq = nullptr;
     VerbsCq* recv_cq = nullptr;
+    std::shared_ptr<SrqCore> srq;  // set when QpOptions::srq names one
     QpOptions options;  // with max_inline as granted
     // Buffer of the private-data overflow (SEND on the client, RECV on the
     // server); lives as long as the QP since an unsignaled SEND never says
@@ -201,6 +214,7 @@ class VerbsQp final : public QueuePair {
   std::unique_ptr<QpCore> core_;
   VerbsCq* send_cq_;
   VerbsCq* recv_cq_;
+  std::shared_ptr<SrqCore> srq_;  // receives come from this SRQ, not our own queue
   std::shared_ptr<ConnState> conn_;
   std::vector<std::byte> handshake_buf_;
   MrHandle handshake_mr_;

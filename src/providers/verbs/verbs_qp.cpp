@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_srq.hpp"
 
 namespace rdmakit::verbs {
 namespace {
@@ -45,8 +46,9 @@ RetrySettings retry_settings(const QpOptions& options) noexcept {
   return s;
 }
 
-VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std::string peer,
-                 std::vector<std::byte> peer_private_data, std::shared_ptr<ConnState> conn)
+VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts,
+                 std::string peer, std::vector<std::byte> peer_private_data,
+                 std::shared_ptr<ConnState> conn)
     : QueuePair(parts.qp->qp_num, parts.options, std::move(peer),
                 std::move(peer_private_data)),
       device_(std::move(device)),
@@ -55,6 +57,7 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std
       core_(std::move(parts.core)),
       send_cq_(parts.send_cq),
       recv_cq_(parts.recv_cq),
+      srq_(std::move(parts.srq)),
       conn_(std::move(conn)),
       handshake_buf_(std::move(parts.handshake_buf)),
       handshake_mr_(std::move(parts.handshake_mr)),
@@ -64,7 +67,11 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts, std
       recv_sges_(core_->recv_depth) {
   send_cq_->attach(core_.get(), core_->send_depth, this->peer());
   try {
-    recv_cq_->attach(core_.get(), core_->recv_depth, this->peer());
+    if (srq_) {
+      recv_cq_->attach_srq(core_.get(), srq_, this->peer());
+    } else {
+      recv_cq_->attach(core_.get(), core_->recv_depth, this->peer());
+    }
   } catch (...) {
     send_cq_->detach(core_.get(), core_->send_depth);
     throw;
@@ -77,7 +84,11 @@ VerbsQp::~VerbsQp() {
   rdma_disconnect(id_.get());
   qp_.reset();
   send_cq_->detach(core_.get(), core_->send_depth);
-  recv_cq_->detach(core_.get(), core_->recv_depth);
+  if (srq_) {
+    recv_cq_->detach_srq(core_.get(), srq_.get());
+  } else {
+    recv_cq_->detach(core_.get(), core_->recv_depth);
+  }
   id_.reset();  // after the QP: rdma_cm does not own a QP it did not create
 }
 
@@ -106,6 +117,8 @@ PostResult VerbsQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 }
 
 PostResult VerbsQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  // Its receives come from the SRQ (SharedReceiveQueue::post_recv).
+  if (srq_) return {PostStatus::kInvalidArgument, 0};
   if (options().thread_safe) {
     std::lock_guard lock(post_mutex_);
     return post_recv_locked(wrs);
