@@ -598,10 +598,19 @@ void srq_server(const std::string& address) {
   o.srq = srq.get();
   auto a = listener->accept(o, 60s, {});
   auto b = listener->accept(o, 60s, {});
-  CHECK(a->peer_private_data().size() == 1 && b->peer_private_data().size() == 1,
-        "private data");
   // Which accept got which connection depends on arrival; the client names them.
-  if (a->peer_private_data()[0] != std::byte{'A'}) std::swap(a, b);
+  if (a->peer_private_data().empty() || a->peer_private_data()[0] != std::byte{'A'}) {
+    std::swap(a, b);
+  }
+  // A's 192 bytes exceed the CM request: the rest is READ during accept,
+  // which must work on a QP without a receive queue of its own.
+  auto want = pattern(Context::kMaxPrivateData, 21);
+  want[0] = std::byte{'A'};
+  auto got = a->peer_private_data();
+  CHECK(std::equal(got.begin(), got.end(), want.begin(), want.end()),
+        "192 bytes of private data to a QP on an SRQ");
+  CHECK(b->peer_private_data().size() == 1 && b->peer_private_data()[0] == std::byte{'B'},
+        "private data of B");
   RecvWr one{1, p.mr->data(), 64, p.mr->lkey()};
   CHECK(a->post_recv(one).status == PostStatus::kInvalidArgument,
         "post_recv on a QP attached to an SRQ");
@@ -664,7 +673,8 @@ void srq_client(const std::string& address) {
             e.what());
     }
   }
-  const std::byte tag_a[] = {std::byte{'A'}};
+  auto tag_a = pattern(Context::kMaxPrivateData, 21);
+  tag_a[0] = std::byte{'A'};
   const std::byte tag_b[] = {std::byte{'B'}};
   Peer a = std::move(p);
   dial(a, address, nullptr, tag_a);

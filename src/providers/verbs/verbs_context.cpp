@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "core/address.hpp"
+#include "core/little_endian.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
 #include "providers/verbs/verbs_provider.hpp"
@@ -296,13 +297,17 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   parts.options.max_inline = init.cap.max_inline_data;
   parts.core =
       std::make_unique<QpCore>(parts.qp->qp_num, options.max_send_wr, recv_depth);
+  parts.attachment = std::make_unique<CqAttachment>(parts.send_cq, parts.recv_cq,
+                                                    parts.core.get(), parts.srq, peer);
   return parts;
 }
 
-// Registers parts.handshake_buf (already sized) for the overflow transfer.
-void register_handshake(Device& device, VerbsQp::Parts& parts, const std::string& peer) {
+// Registers parts.handshake_buf (already sized) for the overflow transfer:
+// the client's for the peer to READ, the server's as the READ's sink.
+void register_handshake(Device& device, VerbsQp::Parts& parts, int access,
+                        const std::string& peer) {
   parts.handshake_mr.reset(ibv_reg_mr(device.pd.get(), parts.handshake_buf.data(),
-                                      parts.handshake_buf.size(), IBV_ACCESS_LOCAL_WRITE));
+                                      parts.handshake_buf.size(), access));
   if (!parts.handshake_mr) {
     throw Error("ibv_reg_mr", kProvider, peer, errno, "private data overflow buffer");
   }
@@ -484,6 +489,20 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   };
   auto hello = parse_handshake(request.private_data);
   if (!hello) throw refuse(EPROTO, "the connection request carries no rdmakit handshake");
+  // Private data beyond the REQ: its first bytes, then where to READ the rest.
+  const bool overflow = hello->total > kReqUserData;
+  uint64_t overflow_addr = 0;
+  uint32_t overflow_rkey = 0;
+  if (overflow) {
+    if (hello->user.size() < kReqUserData) {
+      throw refuse(EPROTO,
+                   "the connection request's private data overflow is incomplete");
+    }
+    const std::byte* desc = hello->user.data() + kReqOverflowUserData;
+    overflow_addr = core::get_le<uint64_t>(desc);
+    overflow_rkey = core::get_le<uint32_t>(desc + 8);
+    hello->user.resize(kReqOverflowUserData);
+  }
   if (id->verbs != device_->context) {
     throw refuse(ENODEV, fmt::format("request arrived on {}, this context uses {}",
                                      ibv_get_device_name(id->verbs->device), device_->name()));
@@ -503,34 +522,10 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   try {
     parts = create_qp(*device_, options, peer);
     to_init(id.get(), parts.qp.get(), peer);
-    if (hello->total > hello->user.size() && options.srq != nullptr) {
-      // The overflow SEND would take whichever SRQ buffer is next, racing the
-      // SRQ's other QPs, and a QP on an SRQ has no receive queue of its own.
-      throw Error(
-          "accept", kProvider, peer, EINVAL,
-          fmt::format("the client sent {} bytes of private data; a QP on a shared "
-                      "receive queue takes at most {} on verbs (what fits in the "
-                      "RDMA CM request)",
-                      hello->total, kReqUserData));
-    }
-    if (hello->total > hello->user.size()) {
-      // The rest of the client's private data comes as a SEND once connected.
-      parts.handshake_buf.resize(hello->total - hello->user.size());
-      register_handshake(*device_, parts, peer);
-      ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
-                  static_cast<uint32_t>(parts.handshake_buf.size()),
-                  parts.handshake_mr->lkey};
-      ibv_recv_wr wr{};
-      wr.wr_id = QpCore::kRecvBit;  // sequence 0
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      if (int rc = ibv_post_recv(parts.qp.get(), &wr, &bad); rc != 0) {
-        throw Error("ibv_post_recv", kProvider, peer, rc, "private data overflow");
-      }
-      parts.core->recv_ring[0] = UINT64_MAX;
-      parts.core->recv_posted = 1;
-      parts.core->recv_published.store(1, std::memory_order_release);
+    if (overflow) {
+      // The rest of the client's private data is READ once connected.
+      parts.handshake_buf.resize(hello->total - kReqOverflowUserData);
+      register_handshake(*device_, parts, IBV_ACCESS_LOCAL_WRITE, peer);
     }
     const ibv_mtu mtu = std::min(device_->port_attr.active_mtu, hello->mtu);
     negotiated = bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, peer);
@@ -549,12 +544,33 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   }
   expect_event(channel.get(), deadline, RDMA_CM_EVENT_ESTABLISHED, "accept", "rdma_accept",
                peer);
-  if (hello->total > hello->user.size()) {
-    const ibv_wc wc = parts.recv_cq->wait_handshake(parts.core.get(), deadline);
-    if (wc.status != IBV_WC_SUCCESS || wc.byte_len != parts.handshake_buf.size()) {
-      throw Error("accept", kProvider, peer, EPROTO,
-                  fmt::format("the rest of the connect private data failed: {} ({} bytes)",
-                              status_name(map_wc_status(wc.status)), wc.byte_len));
+  if (overflow) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
+                static_cast<uint32_t>(parts.handshake_buf.size()),
+                parts.handshake_mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 0;  // sequence 0: the extra send slot the QP was created with
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = overflow_addr;
+    wr.wr.rdma.rkey = overflow_rkey;
+    parts.core->send_ring[0] = {UINT64_MAX, Opcode::kRead};
+    parts.core->send_published.store(1, std::memory_order_release);
+    parts.core->send_posted = 1;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(parts.qp.get(), &wr, &bad); rc != 0) {
+      throw Error("ibv_post_send", kProvider, peer, rc,
+                  "READ of the private data overflow");
+    }
+    const ibv_wc wc = parts.send_cq->wait_handshake(parts.core.get(), 0, deadline);
+    if (wc.status != IBV_WC_SUCCESS) {
+      throw Error(
+          "accept", kProvider, peer, EPROTO,
+          fmt::format("READ of the rest of the connect private data ({} bytes) "
+                      "failed: {}",
+                      parts.handshake_buf.size(), status_name(map_wc_status(wc.status))));
     }
     hello->user.insert(hello->user.end(), parts.handshake_buf.begin(),
                        parts.handshake_buf.end());
@@ -723,9 +739,22 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
                "rdma_resolve_route", address);
   VerbsQp::Parts parts = create_qp(*device_, options, address);
   to_init(id.get(), parts.qp.get(), address);
-  const size_t in_req = std::min(private_data.size(), kReqUserData);
-  const auto hello = make_handshake(device_->port_attr.active_mtu,
-                                    private_data.first(in_req), private_data.size());
+  // More than the REQ holds: its first bytes, then where the acceptor READs the rest.
+  std::vector<std::byte> in_req(
+      private_data.begin(),
+      private_data.begin() + std::min(private_data.size(), kReqUserData));
+  if (private_data.size() > kReqUserData) {
+    in_req.resize(kReqUserData);
+    parts.handshake_buf.assign(private_data.begin() + kReqOverflowUserData,
+                               private_data.end());
+    register_handshake(*device_, parts, IBV_ACCESS_REMOTE_READ, address);
+    core::put_le<uint64_t>(in_req.data() + kReqOverflowUserData,
+                           reinterpret_cast<uint64_t>(parts.handshake_buf.data()));
+    core::put_le<uint32_t>(in_req.data() + kReqOverflowUserData + 8,
+                           parts.handshake_mr->rkey);
+  }
+  const auto hello =
+      make_handshake(device_->port_attr.active_mtu, in_req, private_data.size());
   rdma_conn_param param = conn_param(*device_, hello, parts.qp->qp_num);
   if (rdma_connect(id.get(), &param) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_connect");
@@ -749,28 +778,6 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   }
   if (rdma_establish(id.get()) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_establish");
-  }
-  if (private_data.size() > in_req) {
-    // The acceptor posted a RECV for the rest before accepting. Unsignaled:
-    // only a failure would complete (then reported with wr_id UINT64_MAX).
-    parts.handshake_buf.assign(private_data.begin() + in_req, private_data.end());
-    register_handshake(*device_, parts, address);
-    ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
-                static_cast<uint32_t>(parts.handshake_buf.size()), parts.handshake_mr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 0;  // sequence 0
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(parts.qp.get(), &wr, &bad); rc != 0) {
-      throw Error("ibv_post_send", kProvider, address, rc, "private data overflow");
-    }
-    // Its slot is the extra one the QP was created with.
-    parts.core->send_ring[0] = {UINT64_MAX, Opcode::kSend};
-    parts.core->send_posted = 1;
-    parts.core->send_published.store(1, std::memory_order_release);
-    parts.core->send_retired.store(1, std::memory_order_release);
   }
   log_connected(*device_, "connected to", address, parts, negotiated, answer->mtu);
   auto conn = std::make_shared<ConnState>();

@@ -186,7 +186,8 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
   return true;
 }
 
-ibv_wc VerbsCq::wait_handshake(QpCore* core, std::chrono::steady_clock::time_point deadline) {
+ibv_wc VerbsCq::wait_handshake(QpCore* core, uint64_t wr_id,
+                               std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     ibv_wc wc{};
     bool got = false;
@@ -198,8 +199,10 @@ ibv_wc VerbsCq::wait_handshake(QpCore* core, std::chrono::steady_clock::time_poi
       got = ibv_poll_cq(cq_.get(), 1, &wc) == 1;
     }
     if (got) {
-      if (wc.qp_num == core->qp_num && wc.wr_id == QpCore::kRecvBit) {
-        core->recv_retired.store(1, std::memory_order_release);
+      if (wc.qp_num == core->qp_num && wc.wr_id == wr_id) {
+        auto& retired =
+            wr_id & QpCore::kRecvBit ? core->recv_retired : core->send_retired;
+        retired.store((wr_id & ~QpCore::kRecvBit) + 1, std::memory_order_release);
         return wc;
       }
       std::lock_guard lock(qps_mutex_);

@@ -29,16 +29,20 @@ inline constexpr const char* kProvider = "verbs";
 //   negotiated path MTU)  3 length of the caller's private data.
 // IB CM delivers private data zero-padded to its fixed size, hence the length.
 inline constexpr uint8_t kHandshakeMagic = 0xa7;
-inline constexpr uint8_t kHandshakeVersion = 1;
+inline constexpr uint8_t kHandshakeVersion = 2;
 inline constexpr size_t kHandshakeSize = 4;
 // IB/RoCE CM: REQ carries 92 bytes of private data, of which rdma_cm's own
-// header takes 36; REP carries 196. Connect private data beyond what fits in
-// the REQ follows as one internal SEND right after establishment, into a
-// RECV the acceptor posted before accepting (sequence 0 of each queue; the
-// QP gets one extra slot per queue for it).
+// header takes 36; REP carries 196. When the connect private data does not
+// fit in the REQ, the REQ carries its first kReqOverflowUserData bytes and
+// the address and rkey (8 + 4 bytes, little-endian) of a remotely readable
+// buffer with the rest, which the acceptor READs once established (sequence
+// 0 of its send queue; each QP gets one extra send slot for it). A READ, not a
+// SEND: a QP on a shared receive queue has no receive queue of its own.
 inline constexpr size_t kCmReqPrivateData = 56;
 inline constexpr size_t kCmRepPrivateData = 196;
 inline constexpr size_t kReqUserData = kCmReqPrivateData - kHandshakeSize;
+inline constexpr size_t kOverflowDescriptorSize = 12;
+inline constexpr size_t kReqOverflowUserData = kReqUserData - kOverflowDescriptorSize;
 inline constexpr size_t kMaxAcceptPrivateData = kCmRepPrivateData - kHandshakeSize;
 static_assert(kMaxAcceptPrivateData >= Context::kMaxPrivateData,
               "accept must carry the core's full private data");
@@ -122,9 +126,11 @@ class VerbsCq final : public CompletionQueue {
                   const std::string& peer);
   void detach_srq(QpCore* core, const SrqCore* srq) noexcept;
 
-  // Waits for the handshake RECV (sequence 0) of `core`; completions of other
-  // QPs met meanwhile are kept for poll(). Returns the work completion.
-  ibv_wc wait_handshake(QpCore* core, std::chrono::steady_clock::time_point deadline);
+  // Waits for the completion with device wr_id `wr_id` of `core` (the
+  // handshake READ, sequence 0 of its send queue); completions of other QPs
+  // met meanwhile are kept for poll(). Returns the work completion.
+  ibv_wc wait_handshake(QpCore* core, uint64_t wr_id,
+                        std::chrono::steady_clock::time_point deadline);
 
  private:
   bool translate(const ibv_wc& wc, Completion* out) noexcept;
@@ -177,6 +183,24 @@ struct RetrySettings {
 };
 RetrySettings retry_settings(const QpOptions& options) noexcept;
 
+// A QP's place on its CQs, taken right after ibv_create_qp: completions
+// that arrive before connect()/accept() return (a QP on an SRQ receives as
+// soon as it is RTR) are then translated, not dropped as a stranger's.
+class CqAttachment {
+ public:
+  CqAttachment(VerbsCq* send_cq, VerbsCq* recv_cq, QpCore* core,
+               std::shared_ptr<SrqCore> srq, const std::string& peer);
+  ~CqAttachment();
+  CqAttachment(const CqAttachment&) = delete;
+  CqAttachment& operator=(const CqAttachment&) = delete;
+
+ private:
+  VerbsCq* send_cq_;
+  VerbsCq* recv_cq_;
+  QpCore* core_;
+  std::shared_ptr<SrqCore> srq_;
+};
+
 class VerbsQp final : public QueuePair {
  public:
   struct Parts {
@@ -185,10 +209,11 @@ class VerbsQp final : public QueuePair {
     VerbsCq* send_cq = nullptr;
     VerbsCq* recv_cq = nullptr;
     std::shared_ptr<SrqCore> srq;  // set when QpOptions::srq names one
+    std::unique_ptr<CqAttachment> attachment;  // after core: detaches first
     QpOptions options;  // with max_inline as granted
-    // Buffer of the private-data overflow (SEND on the client, RECV on the
-    // server); lives as long as the QP since an unsignaled SEND never says
-    // when it is done with it.
+    // Buffer of the private-data overflow (READ by the server from the
+    // client's); the client's lives as long as the QP, since it cannot tell
+    // when the peer's READ is done.
     std::vector<std::byte> handshake_buf;
     MrHandle handshake_mr;
   };
@@ -215,6 +240,7 @@ class VerbsQp final : public QueuePair {
   VerbsCq* send_cq_;
   VerbsCq* recv_cq_;
   std::shared_ptr<SrqCore> srq_;  // receives come from this SRQ, not our own queue
+  std::unique_ptr<CqAttachment> attachment_;
   std::shared_ptr<ConnState> conn_;
   std::vector<std::byte> handshake_buf_;
   MrHandle handshake_mr_;

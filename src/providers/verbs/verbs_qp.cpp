@@ -46,6 +46,31 @@ RetrySettings retry_settings(const QpOptions& options) noexcept {
   return s;
 }
 
+CqAttachment::CqAttachment(VerbsCq* send_cq, VerbsCq* recv_cq, QpCore* core,
+                           std::shared_ptr<SrqCore> srq, const std::string& peer)
+    : send_cq_(send_cq), recv_cq_(recv_cq), core_(core), srq_(std::move(srq)) {
+  send_cq_->attach(core_, core_->send_depth, peer);
+  try {
+    if (srq_) {
+      recv_cq_->attach_srq(core_, srq_, peer);
+    } else {
+      recv_cq_->attach(core_, core_->recv_depth, peer);
+    }
+  } catch (...) {
+    send_cq_->detach(core_, core_->send_depth);
+    throw;
+  }
+}
+
+CqAttachment::~CqAttachment() {
+  send_cq_->detach(core_, core_->send_depth);
+  if (srq_) {
+    recv_cq_->detach_srq(core_, srq_.get());
+  } else {
+    recv_cq_->detach(core_, core_->recv_depth);
+  }
+}
+
 VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts,
                  std::string peer, std::vector<std::byte> peer_private_data,
                  std::shared_ptr<ConnState> conn)
@@ -58,37 +83,21 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts,
       send_cq_(parts.send_cq),
       recv_cq_(parts.recv_cq),
       srq_(std::move(parts.srq)),
+      attachment_(std::move(parts.attachment)),
       conn_(std::move(conn)),
       handshake_buf_(std::move(parts.handshake_buf)),
       handshake_mr_(std::move(parts.handshake_mr)),
       send_wrs_(core_->send_depth),
       send_sges_(core_->send_depth),
       recv_wrs_(core_->recv_depth),
-      recv_sges_(core_->recv_depth) {
-  send_cq_->attach(core_.get(), core_->send_depth, this->peer());
-  try {
-    if (srq_) {
-      recv_cq_->attach_srq(core_.get(), srq_, this->peer());
-    } else {
-      recv_cq_->attach(core_.get(), core_->recv_depth, this->peer());
-    }
-  } catch (...) {
-    send_cq_->detach(core_.get(), core_->send_depth);
-    throw;
-  }
-}
+      recv_sges_(core_->recv_depth) {}
 
 VerbsQp::~VerbsQp() {
   if (device_->monitor) device_->monitor->release(id_.get());
   // DREQ to the peer: its QP flushes promptly instead of timing out.
   rdma_disconnect(id_.get());
   qp_.reset();
-  send_cq_->detach(core_.get(), core_->send_depth);
-  if (srq_) {
-    recv_cq_->detach_srq(core_.get(), srq_.get());
-  } else {
-    recv_cq_->detach(core_.get(), core_->recv_depth);
-  }
+  attachment_.reset();
   id_.reset();  // after the QP: rdma_cm does not own a QP it did not create
 }
 
