@@ -210,7 +210,8 @@ std::optional<Handshake> parse_handshake(const std::vector<std::byte>& in) {
   out.mtu = static_cast<ibv_mtu>(mtu);
   out.total = total;
   const size_t present = std::min(total, in.size() - kHandshakeSize);
-  out.user.assign(in.begin() + kHandshakeSize, in.begin() + kHandshakeSize + present);
+  const auto user = std::span(in).subspan(kHandshakeSize, present);
+  out.user.assign(user.begin(), user.end());
   return out;
 }
 
@@ -740,13 +741,12 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   VerbsQp::Parts parts = create_qp(*device_, options, address);
   to_init(id.get(), parts.qp.get(), address);
   // More than the REQ holds: its first bytes, then where the acceptor READs the rest.
-  std::vector<std::byte> in_req(
-      private_data.begin(),
-      private_data.begin() + std::min(private_data.size(), kReqUserData));
+  const auto in_req_span =
+      private_data.first(std::min(private_data.size(), kReqUserData));
+  std::vector<std::byte> in_req(in_req_span.begin(), in_req_span.end());
   if (private_data.size() > kReqUserData) {
-    in_req.resize(kReqUserData);
-    parts.handshake_buf.assign(private_data.begin() + kReqOverflowUserData,
-                               private_data.end());
+    const auto rest = private_data.subspan(kReqOverflowUserData);
+    parts.handshake_buf.assign(rest.begin(), rest.end());
     register_handshake(*device_, parts, IBV_ACCESS_REMOTE_READ, address);
     core::put_le<uint64_t>(in_req.data() + kReqOverflowUserData,
                            reinterpret_cast<uint64_t>(parts.handshake_buf.data()));

@@ -237,8 +237,6 @@ class VerbsQp final : public QueuePair {
   CmIdHandle id_;
   QpHandle qp_;
   std::unique_ptr<QpCore> core_;
-  VerbsCq* send_cq_;
-  VerbsCq* recv_cq_;
   std::shared_ptr<SrqCore> srq_;  // receives come from this SRQ, not our own queue
   std::unique_ptr<CqAttachment> attachment_;
   std::shared_ptr<ConnState> conn_;
