@@ -19,8 +19,11 @@
 #   IPv4 10.77.0.1. Clients and servers talk over rxe loopback; no packet
 #   leaves the guest (the VM has no NIC at all).
 # --nodes 2: two VMs, each with rxe0 on its own virtio NIC; the two NICs are
-#   joined by a UDP socket pair on the host's 127.0.0.1 (qemu -netdev socket),
-#   nothing else is reachable. CMD runs on both; node 0 is 10.77.0.1, node 1
+#   joined by a Unix stream socket on the host (qemu -netdev stream), nothing
+#   else is reachable. (rdmakit: a stream, not the original UDP socket pair,
+#   which dropped ~0.1% of the frames when a busy emulated guest fell behind;
+#   every drop cost rxe an ACK timeout and made two-VM runs slow and erratic.
+#   SOFTROCE_LINK=udp restores it.) CMD runs on both; node 0 is 10.77.0.1, node 1
 #   10.77.0.2. Output lines are prefixed [node0]/[node1]; the exit status is
 #   the first non-zero one. /run/softroce-pair ($SOFTROCE_PAIR_DIR) is a
 #   directory both guests see, for handshakes ("server ready" files).
@@ -320,7 +323,8 @@ if [ "$NODES" = 2 ]; then
   mkdir "$JOB/pair"      # seen by both guests, uncached, at /run/softroce-pair
   RWARGS+=(-virtfs "local,path=$JOB/pair,mount_tag=pair,security_model=none")
   RWMOUNTS+="pair /run/softroce-pair none"$'\n'
-  PBASE=$((20000 + RANDOM % 30000))   # UDP ports on 127.0.0.1 joining the two NICs
+  PBASE=$((20000 + RANDOM % 30000))   # UDP ports on 127.0.0.1 (SOFTROCE_LINK=udp)
+  LINK=${SOFTROCE_LINK:-stream}
 fi
 
 launch_node() { # $1 = node index
@@ -333,8 +337,12 @@ launch_node() { # $1 = node index
   else
     printf 'SOFTROCE_NODE=%d\nSOFTROCE_NODES=2\nSOFTROCE_IP=10.77.0.%d\nSOFTROCE_PEER_IP=10.77.0.%d\n' \
       "$k" $((k + 1)) $((peer + 1)) > "$d/share/config"
-    netargs=(-netdev "socket,id=n0,udp=127.0.0.1:$((PBASE + peer)),localaddr=127.0.0.1:$((PBASE + k))"
-             -device "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$k")
+    if [ "$LINK" = udp ]; then
+      netargs=(-netdev "socket,id=n0,udp=127.0.0.1:$((PBASE + peer)),localaddr=127.0.0.1:$((PBASE + k))")
+    else  # node0 listens on the socket, node1 connects (started once it exists)
+      netargs=(-netdev "stream,id=n0,server=$([ "$k" = 0 ] && echo on || echo off),addr.type=unix,addr.path=$JOB/link.sock")
+    fi
+    netargs+=(-device "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$k")
   fi
   # stdout/stderr leave the guest through virtio serial ports; qemu writes them into
   # FIFOs relayed by tee to our own fds (works for files, pipes and ttys alike)
@@ -358,7 +366,13 @@ launch_node() { # $1 = node index
     </dev/null >"$d/qemu.err" 2>&1 &
   QPIDS+=" $!"
 }
-for ((k = 0; k < NODES; k++)); do launch_node $k; done
+for ((k = 0; k < NODES; k++)); do
+  if [ "$k" = 1 ] && [ "${LINK:-}" = stream ]; then
+    for _ in $(seq 100); do [ -S "$JOB/link.sock" ] && break; sleep 0.1; done
+    [ -S "$JOB/link.sock" ] || die "node0's qemu did not create $JOB/link.sock: $(cat "$JOB/n0/qemu.err")"
+  fi
+  launch_node $k
+done
 
 set +e
 tmo=0
