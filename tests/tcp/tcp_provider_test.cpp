@@ -419,5 +419,209 @@ TEST(TcpProvider, AtomicsFromManyPeersAreAtomic) {
   EXPECT_EQ(v, uint64_t{kPeers} * kOps);
 }
 
+// Keys are a secret permutation of (random tag, slot): every one of the 32
+// bits varies across regions (the slot is not visible in the low half), and
+// no key with a bit flipped names a live region.
+TEST(TcpProvider, RkeysUseAllThirtyTwoBits) {
+  TcpContext ctx(false);
+  std::vector<std::byte> mem(4096);
+  std::vector<std::unique_ptr<MemoryRegion>> mrs;
+  uint32_t any = 0, all = ~0u;
+  for (int i = 0; i < 256; ++i) {
+    mrs.push_back(ctx.register_memory(mem.data(), mem.size(), kAccessAll));
+    for (uint32_t k : {mrs.back()->rkey(), mrs.back()->lkey()}) {
+      any |= k;
+      all &= k;
+    }
+  }
+  // For 512 random keys a bit stuck at 0 or 1 has probability 2^-511.
+  EXPECT_EQ(any, ~0u) << std::hex << any;
+  EXPECT_EQ(all, 0u) << std::hex << all;
+  MrTable& t = ctx.engine()->mrs();
+  for (const auto& mr : mrs) {
+    const auto addr = reinterpret_cast<uint64_t>(mem.data());
+    MrEntry* e = t.acquire(mr->rkey(), addr, 8, kAccessRemoteWrite);
+    ASSERT_NE(e, nullptr);
+    MrTable::release(e);
+    for (int bit = 0; bit < 32; ++bit) {
+      EXPECT_EQ(t.acquire(mr->rkey() ^ (1u << bit), addr, 8, kAccessRemoteWrite), nullptr)
+          << "bit " << bit;
+    }
+  }
+  // A reused slot gets a new key: the old one stays dead.
+  const uint32_t old = mrs.front()->rkey();
+  mrs.front() = ctx.register_memory(mem.data(), mem.size(), kAccessAll);
+  mrs.erase(mrs.begin() + 1);
+  auto again = ctx.register_memory(mem.data(), mem.size(), kAccessAll);
+  EXPECT_NE(again->rkey(), old);
+  EXPECT_EQ(t.acquire(old, reinterpret_cast<uint64_t>(mem.data()), 8, kAccessRemoteWrite),
+            nullptr);
+}
+
+// A CQ must cover the depths of the QPs attached to it: checked when the QP
+// is created (before connecting), never discovered later as lost completions.
+TEST(TcpProvider, CqCapacityIsCheckedAgainstQueueDepths) {
+  TcpContext ctx(true);
+  auto small = ctx.create_cq({.capacity = 100});
+  auto l = ctx.listen("127.0.0.1:0");
+  QpOptions o = opts(small.get());
+  o.max_send_wr = 64;
+  o.max_recv_wr = 64;
+  try {
+    ctx.connect("127.0.0.1:" + std::to_string(l->port()), o, {}, 2s);
+    FAIL() << "a CQ of 100 accepted a QP of 64 + 64";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), EINVAL);
+    EXPECT_NE(std::string(e.what()).find("capacity"), std::string::npos) << e.what();
+  }
+}
+
+// Every completion holds its queue slot until it is polled, so a CQ sized
+// to the depths can never overrun: with the CQ full of unpolled RECV
+// completions, posting more RECVs is refused (kQueueFull) instead of a
+// later completion being dropped. Nothing is lost once the app polls.
+TEST(TcpProvider, FullCqHoldsRecvSlotsUntilPolled) {
+  TcpContext ca(true), cb(true);
+  auto cqa = ca.create_cq();
+  auto cqb = cb.create_cq({.capacity = 8});
+  QpOptions oa = opts(cqa.get());
+  QpOptions ob = opts(cqb.get());
+  ob.max_send_wr = 4;
+  ob.max_recv_wr = 4;
+  auto listener = cb.listen("127.0.0.1:0");
+  std::unique_ptr<QueuePair> qb;
+  std::thread t([&] { qb = listener->accept(ob, 5s); });
+  auto qa = ca.connect("127.0.0.1:" + std::to_string(listener->port()), oa);
+  t.join();
+  auto ma = ca.allocate(4096, kAccessAll);
+  auto mb = cb.allocate(4096, kAccessAll);
+  uint64_t next_recv = 0;
+  auto post_recvs = [&](int n) {
+    int ok = 0;
+    for (int i = 0; i < n; ++i) {
+      const RecvWr r{next_recv, mb->data() + (next_recv % 8) * 64, 64, mb->lkey()};
+      if (!qb->post_recv(r).ok()) break;
+      ++next_recv;
+      ++ok;
+    }
+    return ok;
+  };
+  ASSERT_EQ(post_recvs(4), 4);
+  for (int i = 0; i < 4; ++i) {
+    SendWr w = wr(Opcode::kSend, i, *ma, 16);
+    w.flags = 0;
+    ASSERT_TRUE(qa->post_send(w).ok());
+  }
+  // Let all four arrive (the progress thread serves b while nobody polls).
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(20ms);
+    EXPECT_EQ(post_recvs(1), 0)
+        << "a RECV slot was reused before its completion was polled";
+  }
+  Completion c[16];
+  int got = 0;
+  const auto end2 = Clock::now() + 3s;
+  while (got < 4 && Clock::now() < end2) got += cqb->poll({c + got, size_t(16 - got)});
+  ASSERT_EQ(got, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c[i].status, Status::kSuccess);
+    EXPECT_EQ(c[i].wr_id, uint64_t(i));
+  }
+  EXPECT_EQ(post_recvs(4), 4) << "polled slots are free again";
+  EXPECT_EQ(static_cast<TcpCq*>(cqb.get())->overflows(), 0u);
+}
+
+// A peer whose process is starved (here: no progress thread, nobody polls)
+// for five peer_timeouts is slow, not dead: its kernel keeps acknowledging
+// our heartbeats, so the connection survives and works afterwards.
+TEST(TcpProvider, StarvedPeerIsNotDeclaredDead) {
+  TcpContext fast(true), slow(false);
+  auto fcq = fast.create_cq();
+  auto scq = slow.create_cq();
+  QpOptions fo = opts(fcq.get()), so = opts(scq.get());
+  fo.peer_timeout = so.peer_timeout = 200ms;
+  auto listener = slow.listen("127.0.0.1:0");
+  std::unique_ptr<QueuePair> sq;
+  std::thread t([&] { sq = listener->accept(so, 5s); });
+  auto fq = fast.connect("127.0.0.1:" + std::to_string(listener->port()), fo);
+  t.join();
+  auto fm = fast.allocate(4096, kAccessAll);
+  auto sm = slow.allocate(4096, kAccessAll);
+  ASSERT_TRUE(sq->post_recv(RecvWr{7, sm->data(), 64, sm->lkey()}).ok());
+  std::this_thread::sleep_for(1000ms);  // the slow side runs nothing at all
+  EXPECT_EQ(fq->state(), QpState::kConnected)
+      << "a live but starved peer was declared dead";
+  std::memcpy(fm->data(), "still here", 10);
+  ASSERT_TRUE(fq->post_send(wr(Opcode::kSend, 1, *fm, 10)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*scq, &c, 3s));
+  EXPECT_EQ(c.status, Status::kSuccess);
+  EXPECT_EQ(c.wr_id, 7u);
+  EXPECT_EQ(std::memcmp(sm->data(), "still here", 10), 0);
+  // The slow side has no progress thread: its ACK leaves while it polls.
+  const auto end = Clock::now() + 3s;
+  bool sent = false;
+  while (!sent && Clock::now() < end) {
+    Completion x;
+    EXPECT_EQ(scq->poll({&x, 1}), 0);
+    sent = fcq->poll({&c, 1}) == 1;
+  }
+  ASSERT_TRUE(sent);
+  EXPECT_EQ(c.status, Status::kSuccess) << status_name(c.status);
+  EXPECT_EQ(sq->state(), QpState::kConnected);
+}
+
+// SRQ specifics of this provider: QPs of another context are refused, an
+// empty SRQ gives RNR_RETRY_EXCEEDED after rnr_timeout, and a RECV posted to
+// the SRQ while a SEND is RNR-stalled is filled at once.
+TEST(TcpProvider, SharedReceiveQueueRulesAndRnr) {
+  TcpContext ca(true), cb(true), other(false);
+  auto foreign = other.create_srq({.max_wr = 4});
+  auto cqa = ca.create_cq();
+  auto cqb = cb.create_cq();
+  auto srq = cb.create_srq({.max_wr = 4});
+  auto listener = cb.listen("127.0.0.1:0");
+  QpOptions bad = opts(cqb.get());
+  bad.srq = foreign.get();
+  try {
+    listener->accept(bad, 100ms);
+    FAIL() << "an SRQ of another context was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), EINVAL);
+    EXPECT_NE(std::string(e.what()).find("srq"), std::string::npos) << e.what();
+  }
+  QpOptions ob = opts(cqb.get());
+  ob.srq = srq.get();
+  std::unique_ptr<QueuePair> qb;
+  std::thread t([&] { qb = listener->accept(ob, 5s); });
+  auto qa = ca.connect("127.0.0.1:" + std::to_string(listener->port()), opts(cqa.get()));
+  t.join();
+  auto ma = ca.allocate(4096, kAccessAll);
+  auto mb = cb.allocate(4096, kAccessAll);
+  EXPECT_EQ(qb->post_recv(RecvWr{1, mb->data(), 64, mb->lkey()}).status,
+            PostStatus::kInvalidArgument);
+  // RNR stall, then a RECV posted to the SRQ releases it.
+  ASSERT_TRUE(qa->post_send(wr(Opcode::kSend, 10, *ma, 32)).ok());
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(srq->post_recv(RecvWr{20, mb->data(), 64, mb->lkey()}).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*cqb, &c, 3s));
+  EXPECT_EQ(c.status, Status::kSuccess);
+  EXPECT_EQ(c.wr_id, 20u);
+  EXPECT_EQ(c.qp_num, qb->qp_num());
+  ASSERT_TRUE(wait_one(*cqa, &c, 3s));
+  EXPECT_EQ(c.status, Status::kSuccess);
+  // Nothing posted: RNR_RETRY_EXCEEDED after the initiator's rnr_timeout.
+  const auto start = Clock::now();
+  ASSERT_TRUE(qa->post_send(wr(Opcode::kSend, 11, *ma, 32)).ok());
+  ASSERT_TRUE(wait_one(*cqa, &c, 3s));
+  EXPECT_EQ(c.status, Status::kRnrRetryExceeded);
+  EXPECT_GE(Clock::now() - start, 250ms);
+  // The SRQ itself was not flushed by the failure: a RECV posted now stays
+  // posted (the failed SEND consumed none).
+  Completion none;
+  EXPECT_EQ(cqb->poll({&none, 1}), 0);
+}
+
 }  // namespace
 }  // namespace rdmakit::tcp

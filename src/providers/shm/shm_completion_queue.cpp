@@ -74,7 +74,9 @@ void ShmCompletionQueue::disarm() noexcept {
 
 int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   if (armed_) disarm();
-  for (ShmQueuePair* qp : send_qps_) qp->progress();
+  for (ShmQueuePair* qp : send_qps_) {
+    if (qp->needs_progress()) qp->progress();
+  }
   size_t n = 0;
   while (n < out.size() && head_ != tail_) {
     const Entry& e = ring_[head_ & mask_];

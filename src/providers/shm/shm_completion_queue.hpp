@@ -31,12 +31,14 @@ class ShmCompletionQueue final : public CompletionQueue {
 
   // Data path: a send completion; polling it retires the QP's send slots
   // up to retire_to (selective signaling).
-  void push(const Completion& completion, ShmQueuePair* qp, uint64_t retire_to) noexcept {
+  // Filled in place: a Completion built on the stack and copied costs a
+  // store-forwarding stall on this path.
+  Completion& push(ShmQueuePair* qp, uint64_t retire_to) noexcept {
     Entry& e = ring_[tail_ & mask_];
-    e.completion = completion;
     e.qp = qp;
     e.retire_to = retire_to;
     ++tail_;
+    return e.completion;
   }
 
  private:

@@ -81,6 +81,12 @@ class ShmQueuePair final : public QueuePair {
   }
   bool recv_ready() const noexcept;
   bool send_ready() const noexcept;
+  // Requests queued behind an RNR wait, or a dead peer to notice: only then
+  // does polling have send-side work (everything else executes at post).
+  bool needs_progress() const noexcept {
+    return options_.thread_safe || sq_executed_ != sq_posted_ ||
+           (state_ == QpState::kConnected && peer_gone());
+  }
   bool rnr_waiting() const noexcept { return rnr_deadline_set_; }
   bool recv_done(std::memory_order order) const noexcept;
 

@@ -155,13 +155,38 @@ int read_hello(int fd, Clock::time_point deadline, Hello* out,
   return 0;
 }
 
-void check_qp_options(const QpOptions& o, const char* op, const std::string& peer) {
+// Checked before any connection is made, so a bad option costs no peer a
+// half-open QP. TcpQp's constructor reserves the CQ depths for real.
+void check_qp_options(const Engine& engine, const QpOptions& requested, const char* op,
+                      const std::string& peer) {
+  const QpOptions o = adjust_options(requested);
   if (o.send_cq == nullptr || o.recv_cq == nullptr) {
     throw Error(op, "tcp", peer, EINVAL, "QpOptions needs send_cq and recv_cq");
   }
-  if (dynamic_cast<TcpCq*>(o.send_cq) == nullptr ||
-      dynamic_cast<TcpCq*>(o.recv_cq) == nullptr) {
+  auto* send_cq = dynamic_cast<TcpCq*>(o.send_cq);
+  auto* recv_cq = dynamic_cast<TcpCq*>(o.recv_cq);
+  if (send_cq == nullptr || recv_cq == nullptr) {
     throw Error(op, "tcp", peer, EINVAL, "completion queues are not from a tcp context");
+  }
+  TcpSrq* srq = nullptr;
+  if (o.srq != nullptr) {
+    srq = dynamic_cast<TcpSrq*>(o.srq);
+    if (srq == nullptr || srq->engine() != &engine) {
+      throw Error(op, "tcp", peer, EINVAL,
+                  "QpOptions::srq is not a shared receive queue of this tcp context");
+    }
+  }
+  const uint32_t recv_depth = srq != nullptr ? srq->max_wr() : o.max_recv_wr;
+  const bool fits = send_cq == recv_cq ? send_cq->has_room(o.max_send_wr, recv_depth, srq)
+                                       : send_cq->has_room(o.max_send_wr, 0, nullptr) &&
+                                             recv_cq->has_room(0, recv_depth, srq);
+  if (!fits) {
+    throw Error(
+        op, "tcp", peer, EINVAL,
+        "completion queue capacity is smaller than the queue depths attached to it "
+        "(max_send_wr " +
+            std::to_string(o.max_send_wr) + " + receive depth " +
+            std::to_string(recv_depth) + " on top of the QPs already attached)");
   }
 }
 
@@ -174,7 +199,7 @@ class TcpListener final : public Listener {
   std::unique_ptr<QueuePair> accept(const QpOptions& requested,
                                     std::chrono::milliseconds timeout,
                                     std::span<const std::byte> reply) override {
-    check_qp_options(requested, "accept", address_);
+    check_qp_options(*engine_, requested, "accept", address_);
     if (reply.size() > Context::kMaxPrivateData) {
       throw Error("accept", "tcp", address_, EINVAL, "reply private data > 192 bytes");
     }
@@ -291,6 +316,14 @@ std::unique_ptr<CompletionQueue> TcpContext::create_cq(const CqOptions& options)
   return std::make_unique<TcpCq>(engine_, options);
 }
 
+std::unique_ptr<SharedReceiveQueue> TcpContext::create_srq(const SrqOptions& options) {
+  if (options.max_wr == 0 || options.max_wr > kMaxWr) {
+    throw Error("create_srq", "tcp", "", EINVAL,
+                "max_wr must be 1.." + std::to_string(kMaxWr));
+  }
+  return std::make_unique<TcpSrq>(engine_, options);
+}
+
 std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
   const core::HostPort hp = core::parse_host_port(address, "listen", "tcp");
   addrinfo* res = resolve(hp, true, "listen", address);
@@ -327,7 +360,7 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
                                                const QpOptions& requested,
                                                std::span<const std::byte> private_data,
                                                std::chrono::milliseconds timeout) {
-  check_qp_options(requested, "connect", address);
+  check_qp_options(*engine_, requested, "connect", address);
   if (private_data.size() > kMaxPrivateData) {
     throw Error("connect", "tcp", address, EINVAL, "private data > 192 bytes");
   }
@@ -388,7 +421,7 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
 
 std::unique_ptr<QueuePair> TcpContext::adopt(int fd, const QpOptions& options,
                                              const Hello& peer_hello, std::string peer) {
-  check_qp_options(options, "adopt", peer);
+  check_qp_options(*engine_, options, "adopt", peer);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   return std::make_unique<TcpQp>(engine_, fd, adjust_options(options), peer_hello,
                                  std::move(peer), std::vector<std::byte>{});

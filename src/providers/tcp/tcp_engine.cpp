@@ -28,7 +28,53 @@ void SpinLock::lock() noexcept {
 
 // ---------------------------------------------------------------- MrTable
 
-MrTable::MrTable() : slots_(new MrEntry[kSlots]), rng_(std::random_device{}()) {}
+MrTable::MrTable() : slots_(new MrEntry[kSlots]) { new_secret(); }
+
+uint64_t MrTable::random64() {
+  if (deterministic_) return test_rng_();
+  return (uint64_t{random_()} << 32) | random_();
+}
+
+void MrTable::new_secret() {
+  for (uint64_t& k : secret_) k = random64();
+}
+
+// Feistel round function: a keyed splitmix64 finalizer, 16 bits out. Four
+// rounds over the two 16-bit halves give a keyed permutation of 32 bits.
+uint32_t MrTable::round_fn(int round, uint32_t half) const noexcept {
+  uint64_t z = secret_[round] + half * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 48);
+}
+
+uint32_t MrTable::mix(uint32_t plain) const noexcept {
+  uint32_t l = plain >> 16, r = plain & 0xffff;
+  for (int i = 0; i < kRounds; ++i) {
+    const uint32_t next = l ^ round_fn(i, r);
+    l = r;
+    r = next;
+  }
+  return (l << 16) | r;
+}
+
+uint32_t MrTable::unmix(uint32_t key) const noexcept {
+  uint32_t l = key >> 16, r = key & 0xffff;
+  for (int i = kRounds - 1; i >= 0; --i) {
+    const uint32_t prev = r ^ round_fn(i, l);
+    r = l;
+    l = prev;
+  }
+  return (l << 16) | r;
+}
+
+uint32_t MrTable::make_key(uint32_t slot) {
+  // A fresh random tag per registration: a stale key of a reused slot fails.
+  for (;;) {
+    const uint32_t key = mix((static_cast<uint32_t>(random64()) & 0xffff0000u) | slot);
+    if (key != 0) return key;  // 0 marks a free slot
+  }
+}
 
 MrEntry* MrTable::add(uint64_t addr, uint64_t length, uint32_t access) {
   std::lock_guard lock(mu_);
@@ -45,14 +91,8 @@ MrEntry* MrTable::add(uint64_t addr, uint64_t length, uint32_t access) {
   e.addr = addr;
   e.length = length;
   e.access = access;
-  // Random upper bits: a stale or guessed key almost never names a live region.
-  auto key = [&] {
-    uint32_t k = 0;
-    while (k == 0) k = rng_() & 0xffff0000u;
-    return k | slot;
-  };
-  e.lkey.store(key(), std::memory_order_relaxed);
-  e.rkey.store(key(), std::memory_order_release);
+  e.lkey.store(make_key(slot), std::memory_order_relaxed);
+  e.rkey.store(make_key(slot), std::memory_order_release);
   return &e;
 }
 
@@ -80,7 +120,7 @@ bool range_ok(uint64_t base, uint64_t size, uint64_t addr, uint64_t len) noexcep
 MrEntry* MrTable::acquire(uint32_t rkey, uint64_t addr, uint64_t len,
                           uint32_t need) noexcept {
   if (rkey == 0) return nullptr;
-  MrEntry& e = slots_[rkey & (kSlots - 1)];
+  MrEntry& e = slots_[slot_of(rkey)];
   e.users.fetch_add(1, std::memory_order_seq_cst);
   if (e.rkey.load(std::memory_order_seq_cst) != rkey ||
       (e.access & need) != need || !range_ok(e.addr, e.length, addr, len)) {
@@ -93,7 +133,7 @@ MrEntry* MrTable::acquire(uint32_t rkey, uint64_t addr, uint64_t len,
 bool MrTable::check_local(uint32_t lkey, const void* addr, uint64_t len,
                           uint32_t need) const noexcept {
   if (lkey == 0) return false;
-  const MrEntry& e = slots_[lkey & (kSlots - 1)];
+  const MrEntry& e = slots_[slot_of(lkey)];
   return e.lkey.load(std::memory_order_acquire) == lkey &&
          (e.access & need) == need &&
          range_ok(e.addr, e.length, reinterpret_cast<uint64_t>(addr), len);
@@ -203,6 +243,47 @@ TcpCq::~TcpCq() {
   ::close(event_fd_);
 }
 
+bool TcpCq::has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept {
+  std::lock_guard lock(attach_mu_);
+  uint64_t need = uint64_t{depth} + srq_depth;
+  for (const auto& entry : srqs_) {
+    if (srq != nullptr && entry.first == srq) need -= srq_depth;  // counted once per SRQ
+  }
+  return committed_ + need <= ring_.size();
+}
+
+void TcpCq::reserve(uint32_t depth, TcpSrq* srq, const char* op,
+                    const std::string& peer) {
+  std::lock_guard lock(attach_mu_);
+  if (srq != nullptr) {
+    for (auto& [s, n] : srqs_) {
+      if (s == srq) {
+        ++n;
+        return;
+      }
+    }
+  }
+  if (committed_ + depth > ring_.size()) {
+    throw Error(op, "tcp", peer, EINVAL,
+                "completion queue capacity " + std::to_string(ring_.size()) +
+                    " is smaller than the queue depths attached to it (" +
+                    std::to_string(committed_ + depth) + ")");
+  }
+  committed_ += depth;
+  if (srq != nullptr) srqs_.emplace_back(srq, 1);
+}
+
+void TcpCq::unreserve(uint32_t depth, TcpSrq* srq) noexcept {
+  std::lock_guard lock(attach_mu_);
+  if (srq != nullptr) {
+    auto it = std::find_if(srqs_.begin(), srqs_.end(),
+                           [&](const auto& e) { return e.first == srq; });
+    if (it == srqs_.end() || --it->second != 0) return;
+    srqs_.erase(it);
+  }
+  committed_ -= std::min<uint64_t>(committed_, depth);
+}
+
 void TcpCq::attach(TcpQp* qp) {
   std::lock_guard lock(attach_mu_);
   qps_.push_back(qp);
@@ -213,11 +294,14 @@ void TcpCq::detach(TcpQp* qp) noexcept {
     std::lock_guard lock(attach_mu_);
     std::erase(qps_, qp);
   }
-  // Completions of a destroyed QP stay pollable, minus slot accounting.
+  // Completions of a destroyed QP stay pollable, minus slot accounting; an
+  // SRQ outlives its QPs, so its slots are returned now.
   ring_lock_.lock();
   for (uint64_t i = head_; i != tail_; ++i) {
     CqEntry& e = ring_[i % ring_.size()];
-    if (e.retire_qp == qp) e.retire_qp = nullptr;
+    if (e.retire_qp != qp) continue;
+    if (e.retire == Retire::kSrq && qp->srq() != nullptr) qp->srq()->retire_one();
+    e.retire_qp = nullptr;
   }
   ring_lock_.unlock();
 }
@@ -225,10 +309,12 @@ void TcpCq::detach(TcpQp* qp) noexcept {
 void TcpCq::push(const CqEntry& entry) noexcept {
   ring_lock_.lock();
   if (tail_ - head_ >= ring_.size()) {
-    // As a NIC's CQ overrun: the completion is lost and we say so (once per
-    // burst); capacity must cover the attached QPs' depths.
+    // Unreachable: reserve() keeps the attached depths within capacity and
+    // every completion holds a queue slot until it is polled. Kept as a loud
+    // check rather than a silent overwrite.
     if (overflows_++ == 0) {
-      core::log().error("tcp: completion queue overrun (capacity {})", ring_.size());
+      core::log().critical("tcp: completion queue overrun (capacity {}): internal error",
+                           ring_.size());
     }
     ring_lock_.unlock();
     return;
@@ -255,8 +341,15 @@ int TcpCq::poll(std::span<Completion> out) noexcept {
   while (n < static_cast<int>(out.size()) && head_ != tail_) {
     CqEntry& e = ring_[head_++ % ring_.size()];
     out[n++] = e.c;
-    // verbs slot rule: send slots retire when a completion is polled.
-    if (e.retire_qp != nullptr) e.retire_qp->retire_to(e.retire_seq + 1);
+    // verbs slot rule: a queue slot is free once its completion is polled.
+    if (e.retire_qp != nullptr) {
+      switch (e.retire) {
+        case Retire::kSend: e.retire_qp->retire_to(e.retire_seq + 1); break;
+        case Retire::kRecv: e.retire_qp->retire_recv(); break;
+        case Retire::kSrq: e.retire_qp->srq()->retire_one(); break;
+        case Retire::kNone: break;
+      }
+    }
   }
   ring_lock_.unlock();
   return n;
@@ -285,6 +378,67 @@ bool TcpCq::arm() noexcept {
   }
   if (deferred) engine_->kick();
   return true;
+}
+
+// ---------------------------------------------------------------- SRQ
+
+TcpSrq::TcpSrq(std::shared_ptr<Engine> engine, const SrqOptions& options)
+    : SharedReceiveQueue(options), engine_(std::move(engine)), ring_(options.max_wr) {}
+
+TcpSrq::~TcpSrq() {
+  std::lock_guard lock(attach_mu_);
+  if (!qps_.empty()) {
+    core::log().error("tcp: shared receive queue destroyed before {} queue pair(s)",
+                      qps_.size());
+  }
+}
+
+void TcpSrq::attach(TcpQp* qp) {
+  std::lock_guard lock(attach_mu_);
+  qps_.push_back(qp);
+}
+
+void TcpSrq::detach(TcpQp* qp) noexcept {
+  std::lock_guard lock(attach_mu_);
+  std::erase(qps_, qp);
+}
+
+bool TcpSrq::claim(RecvWr* out) noexcept {
+  lock_.lock();
+  const bool any = head_ != tail_;
+  if (any) *out = ring_[head_++ % ring_.size()];
+  lock_.unlock();
+  return any;
+}
+
+PostResult TcpSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  PostResult result;
+  lock_.lock();
+  for (const RecvWr& wr : wrs) {
+    // A slot is free once the completion of the RECV it held was polled.
+    if (tail_ - retired_.load(std::memory_order_acquire) >= ring_.size()) {
+      result.status = PostStatus::kQueueFull;
+      break;
+    }
+    ring_[tail_++ % ring_.size()] = wr;
+    ++result.posted;
+  }
+  lock_.unlock();
+  if (result.posted == 0) return result;
+  // A SEND may be RNR-stalled on some QP waiting for exactly this buffer:
+  // drive it now if nobody else is, and wake the progress thread in case.
+  bool kick = false;
+  if (attach_mu_.try_lock()) {
+    const int64_t now = now_ns();
+    for (TcpQp* qp : qps_) {
+      if (qp->rnr_stalled() && !qp->try_progress(now)) kick = true;
+    }
+    attach_mu_.unlock();
+  } else {
+    kick = true;
+  }
+  if (kick) engine_->kick();
+  return result;
 }
 
 }  // namespace rdmakit::tcp

@@ -51,7 +51,11 @@ struct MrEntry {
   std::atomic<uint32_t> users{0};
 };
 
-// Lock-free lookup of rkeys/lkeys: key = (random << 16) | slot.
+// Lock-free lookup of rkeys/lkeys. A key is a secret, per-context
+// permutation of (random tag << 16 | slot): all 32 bits look random to a
+// peer, so a blind guess names a live region with probability
+// live/2^32 and a known key says nothing about the keys of other slots,
+// yet the slot comes back with one inverse permutation (no search).
 class MrTable {
  public:
   static constexpr uint32_t kSlots = 1u << 16;
@@ -71,14 +75,30 @@ class MrTable {
   bool check_local(uint32_t lkey, const void* addr, uint64_t len,
                    uint32_t need) const noexcept;
   // Deterministic keys for the fuzzer's seed corpus; never used otherwise.
-  void reseed_for_testing(uint32_t seed) { rng_.seed(seed); }
+  void reseed_for_testing(uint32_t seed) {
+    test_rng_.seed(seed);
+    deterministic_ = true;
+    new_secret();
+  }
+  // The slot a key names (inverse permutation); tests use it.
+  uint32_t slot_of(uint32_t key) const noexcept { return unmix(key) & (kSlots - 1); }
 
  private:
+  static constexpr int kRounds = 4;
+  void new_secret();
+  uint64_t random64();
+  uint32_t make_key(uint32_t slot);
+  uint32_t mix(uint32_t plain) const noexcept;
+  uint32_t unmix(uint32_t key) const noexcept;
+  uint32_t round_fn(int round, uint32_t half) const noexcept;
+  uint64_t secret_[kRounds] = {};
   std::unique_ptr<MrEntry[]> slots_;
   std::mutex mu_;  // control path only: add/remove
   std::vector<uint32_t> free_;
-  uint32_t next_ = 1;  // slot 0 is never used, so no valid key is 0
-  std::mt19937 rng_;
+  uint32_t next_ = 1;          // slot 0 is never used
+  std::random_device random_;  // getrandom(): keys must not be predictable
+  std::mt19937_64 test_rng_;
+  bool deterministic_ = false;
 };
 
 class TcpQp;
@@ -107,11 +127,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread thread_;
 };
 
+// What polling a completion frees: the verbs slot rule for send queues,
+// and likewise for receive queues and SRQs, so a CQ sized to the depths
+// attached to it can never overrun (see TcpCq::reserve).
+enum class Retire : uint8_t { kNone, kSend, kRecv, kSrq };
+
 struct CqEntry {
   Completion c;
-  TcpQp* retire_qp = nullptr;  // send completions: slot accounting on poll
-  uint64_t retire_seq = 0;
+  TcpQp* retire_qp = nullptr;  // null once the QP is gone
+  uint64_t retire_seq = 0;     // kSend: the slot's sequence number
+  Retire retire = Retire::kNone;
 };
+
+class TcpSrq;
 
 class TcpCq final : public CompletionQueue {
  public:
@@ -123,6 +151,14 @@ class TcpCq final : public CompletionQueue {
 
   // Producer side (any thread, under the producing QP's lock).
   void push(const CqEntry& entry) noexcept;
+  // Control path: commits `depth` completions (an SRQ's max_wr once per
+  // SRQ). Throws Error(EINVAL) when capacity would be exceeded, so the
+  // ring can never overrun and no completion is ever dropped.
+  void reserve(uint32_t depth, TcpSrq* srq, const char* op, const std::string& peer);
+  void unreserve(uint32_t depth, TcpSrq* srq) noexcept;
+  // True if `depth` plus an SRQ's `srq_depth` (unless already counted here)
+  // still fits; checked before connecting.
+  bool has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept;
   void attach(TcpQp* qp);
   void detach(TcpQp* qp) noexcept;
   // True while an application thread is busy-polling this CQ, so the
@@ -133,6 +169,7 @@ class TcpCq final : public CompletionQueue {
   }
   bool armed() const noexcept { return armed_.load(std::memory_order_seq_cst); }
   uint64_t overflows() const noexcept { return overflows_; }
+  uint32_t capacity() const noexcept { return static_cast<uint32_t>(ring_.size()); }
 
   static constexpr int64_t kDriveWindowNs = 200'000;
 
@@ -146,6 +183,37 @@ class TcpCq final : public CompletionQueue {
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> last_poll_ns_{0};
   std::mutex attach_mu_;  // QP create/destroy vs poll (poll only try_locks)
+  std::vector<TcpQp*> qps_;
+  uint64_t committed_ = 0;                          // reserved depths (under attach_mu_)
+  std::vector<std::pair<TcpSrq*, uint32_t>> srqs_;  // SRQ -> QPs counted once
+};
+
+// Shared receive queue: a FIFO ring of RECVs claimed by whichever attached
+// QP's SEND/WRITE_WITH_IMM arrives first. Posters and the QPs' drivers
+// (pollers, the progress thread) meet under a spin lock held for a copy.
+class TcpSrq final : public SharedReceiveQueue {
+ public:
+  TcpSrq(std::shared_ptr<Engine> engine, const SrqOptions& options);
+  ~TcpSrq() override;
+  const Engine* engine() const noexcept { return engine_.get(); }
+  // Takes the oldest posted RECV; false when none is posted.
+  bool claim(RecvWr* out) noexcept;
+  // A completion of a claimed RECV was polled (or its QP is gone): the
+  // slot may be posted again.
+  void retire_one() noexcept { retired_.fetch_add(1, std::memory_order_release); }
+  void attach(TcpQp* qp);
+  void detach(TcpQp* qp) noexcept;
+
+ protected:
+  PostResult do_post_recv(std::span<const RecvWr> wrs) noexcept override;
+
+ private:
+  std::shared_ptr<Engine> engine_;
+  SpinLock lock_;
+  std::vector<RecvWr> ring_;
+  uint64_t head_ = 0, tail_ = 0;  // claimed, posted (under lock_)
+  std::atomic<uint64_t> retired_{0};
+  std::mutex attach_mu_;  // control path; post only try_locks
   std::vector<TcpQp*> qps_;
 };
 
@@ -166,6 +234,15 @@ class TcpQp final : public QueuePair {
   bool thread_service(int64_t now, int epoll_fd) noexcept;
   void retire_to(uint64_t seq) noexcept {
     sq_retired_.store(seq, std::memory_order_release);
+  }
+  void retire_recv() noexcept { rq_retired_.fetch_add(1, std::memory_order_release); }
+  TcpSrq* srq() const noexcept { return srq_; }
+  uint32_t recv_depth() const noexcept {
+    return srq_ != nullptr ? srq_->max_wr() : options_.max_recv_wr;
+  }
+  // Called by the SRQ after a post: a SEND may be stalled waiting for it.
+  bool rnr_stalled() const noexcept {
+    return hint_stalled_.load(std::memory_order_relaxed);
   }
   int socket_fd() const noexcept { return fd_; }
   bool wants_service() const noexcept {
@@ -226,6 +303,8 @@ class TcpQp final : public QueuePair {
   void complete_send(uint64_t seq, Status status, uint32_t vendor_err = 0) noexcept;
   void complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
                      uint32_t imm, Status status) noexcept;
+  bool claim_recv() noexcept;  // takes the next RECV (own queue or SRQ) into cur_recv_
+  bool peer_host_alive() const noexcept;
   void advance_local_errors() noexcept;
   void enter_error() noexcept;
   void die(Status head_status, int err, const char* why) noexcept;
@@ -235,6 +314,7 @@ class TcpQp final : public QueuePair {
   MrTable& mrs_;
   TcpCq* send_cq_;
   TcpCq* recv_cq_;
+  TcpSrq* srq_;
   int fd_;
   Hello peer_hello_;
   SpinLock mu_;
@@ -243,6 +323,7 @@ class TcpQp final : public QueuePair {
   // Copies of lock-protected state for the progress thread's quick look.
   std::atomic<bool> hint_busy_{false};
   std::atomic<bool> hint_dead_{false};
+  std::atomic<bool> hint_stalled_{false};
   std::atomic<int64_t> hint_timer_ns_{0};
   bool dead_ = false;
   bool destroyed_ = false;
@@ -254,8 +335,13 @@ class TcpQp final : public QueuePair {
   uint64_t sq_posted_ = 0, sq_sent_ = 0, sq_completed_ = 0;
   std::atomic<uint64_t> sq_retired_{0};
 
+  // Own receive queue (unused with an SRQ): head = claimed, tail = posted;
+  // a slot is free again once its completion has been polled.
   std::vector<RecvWr> rq_;
   uint64_t rq_head_ = 0, rq_tail_ = 0;
+  std::atomic<uint64_t> rq_retired_{0};
+  RecvWr cur_recv_{};  // the RECV the message being received fills
+  bool has_cur_recv_ = false;
 
   std::vector<TxItem> tx_;
   uint64_t tx_head_ = 0, tx_tail_ = 0;
@@ -291,10 +377,7 @@ class TcpContext final : public Context {
                                                 uint32_t access) override;
   std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) override;
-  // Not yet implemented for this provider: an explicit error, never a silent fallback.
-  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions&) override {
-    throw Error("create_srq", "tcp", "", ENOTSUP, "shared receive queues are not implemented yet");
-  }
+  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options = {}) override;
   std::unique_ptr<Listener> listen(const std::string& address) override;
   std::unique_ptr<QueuePair> connect(const std::string& address,
                                      const QpOptions& options,

@@ -1,5 +1,7 @@
 // The tcp queue pair: initiator (send queue, responses) and target (requests
 // served against the region table) over one non-blocking TCP socket.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +19,9 @@ namespace {
 
 constexpr int kMaxIov = 64;
 constexpr int kRxBudget = 256;  // frames/reads per progress call: bounded work
+// A peer whose kernel still acknowledges our heartbeats is slow (starved by
+// load), not gone: it is declared dead only after this many peer_timeouts.
+constexpr int64_t kSlowPeerFactor = 10;
 
 bool is_send_op(Opcode op) noexcept {
   return op == Opcode::kSend || op == Opcode::kSendWithImm ||
@@ -47,11 +52,13 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
       mrs_(engine_->mrs()),
       send_cq_(static_cast<TcpCq*>(options_.send_cq)),
       recv_cq_(static_cast<TcpCq*>(options_.recv_cq)),
+      srq_(static_cast<TcpSrq*>(options_.srq)),
       fd_(fd),
       peer_hello_(peer_hello),
       sq_(options_.max_send_wr),
-      inline_buf_(new std::byte[size_t{options_.max_send_wr} * std::max<uint32_t>(options_.max_inline, 1)]),
-      rq_(options_.max_recv_wr),
+      inline_buf_(new std::byte[size_t{options_.max_send_wr} *
+                                std::max<uint32_t>(options_.max_inline, 1)]),
+      rq_(srq_ != nullptr ? 1 : options_.max_recv_wr),
       // Requests in flight plus the responses the peer's depth can demand
       // plus an ACK and a heartbeat: an honest peer never exhausts it.
       tx_(size_t{options_.max_send_wr} + std::min(peer_hello.max_send_wr, kMaxWr) + 4),
@@ -68,15 +75,28 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
   // retry on a NIC (its rnr_timeout, from the handshake).
   rnr_ns_ = int64_t{peer_hello.rnr_timeout_ms} * 1'000'000;
   next_timer_ns_ = now + heartbeat_ns_ / 2;
+  // Every completion holds a queue slot until polled, so CQs that cover the
+  // depths attached to them can never overrun (nothing is ever dropped).
+  send_cq_->reserve(options_.max_send_wr, nullptr, "create_qp", this->peer());
+  try {
+    recv_cq_->reserve(recv_depth(), srq_, "create_qp", this->peer());
+  } catch (...) {
+    send_cq_->unreserve(options_.max_send_wr, nullptr);
+    throw;
+  }
   send_cq_->attach(this);
   if (recv_cq_ != send_cq_) recv_cq_->attach(this);
+  if (srq_ != nullptr) srq_->attach(this);
   engine_->add_qp(this);
 }
 
 TcpQp::~TcpQp() {
   engine_->remove_qp(this);
+  if (srq_ != nullptr) srq_->detach(this);
   send_cq_->detach(this);
   if (recv_cq_ != send_cq_) recv_cq_->detach(this);
+  send_cq_->unreserve(options_.max_send_wr, nullptr);
+  recv_cq_->unreserve(recv_depth(), srq_);
   mu_.lock();
   if (!dead_) {
     // Acknowledge what we executed (a NIC would have): best effort, never
@@ -85,6 +105,10 @@ TcpQp::~TcpQp() {
     if (tx_head_ != tx_tail_) flush_tx(now_ns());
   }
   destroyed_ = true;
+  // A shared RECV claimed by a message that never finished goes back to the
+  // SRQ's accounting (its buffer is the application's again).
+  if (has_cur_recv_ && srq_ != nullptr) srq_->retire_one();
+  has_cur_recv_ = false;
   // Unpin everything: a deregistration must never wait on a dead QP.
   abort_payload_sink();
   for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
@@ -113,6 +137,7 @@ void TcpQp::publish_hints() noexcept {
                    std::memory_order_relaxed);
   hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
   hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
+  hint_stalled_.store(stall_since_ != 0, std::memory_order_relaxed);
 }
 
 bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
@@ -185,16 +210,37 @@ void TcpQp::progress(int64_t now, bool from_poll) noexcept {
 }
 
 void TcpQp::timers(int64_t now) noexcept {
+  // Running late means we ourselves were off the CPU (machine load): that
+  // stretch is not the peer's silence, and our heartbeats did not go out.
+  const int64_t late = now - next_timer_ns_;
+  if (late > heartbeat_ns_ / 2) last_rx_ns_ = std::min(now, last_rx_ns_ + late);
   next_timer_ns_ = now + heartbeat_ns_ / 2;
   // While RNR-stalled we deliberately stop reading; that is not silence.
-  if (stall_since_ == 0 && now - last_rx_ns_ > peer_timeout_ns_) {
-    die(Status::kRetryExceeded, ETIMEDOUT, "peer silent for longer than peer_timeout");
-    return;
+  const int64_t silent = now - last_rx_ns_;
+  if (stall_since_ == 0 && silent > peer_timeout_ns_) {
+    // Under heavy load the peer's process (and so its heartbeats) may be
+    // held off the CPU while its kernel still acknowledges our segments: a
+    // slow peer, not a vanished one. A cut link or a dead host stops the
+    // acknowledgements too, so it is still caught after peer_timeout.
+    if (silent > kSlowPeerFactor * peer_timeout_ns_ || !peer_host_alive()) {
+      die(Status::kRetryExceeded, ETIMEDOUT, "peer silent for longer than peer_timeout");
+      return;
+    }
   }
   if (now - last_tx_ns_ >= heartbeat_ns_ && tx_head_ == tx_tail_) {
     queue_control(WireOp::kHeartbeat, 0);
     flush_tx(now);
   }
+}
+
+bool TcpQp::peer_host_alive() const noexcept {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  // Not a TCP socket (socketpair in tests and the fuzzer): silence decides.
+  if (::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  // Milliseconds since the peer's kernel last acknowledged or sent anything.
+  const int64_t heard_ms = std::min(info.tcpi_last_ack_recv, info.tcpi_last_data_recv);
+  return heard_ms * 1'000'000 < peer_timeout_ns_;
 }
 
 // ------------------------------------------------------------ transmit
@@ -392,6 +438,8 @@ void TcpQp::pump_sends() noexcept {
 }
 
 PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
+  // RECVs of a QP on a shared receive queue are posted to the SRQ.
+  if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};
   mu_.lock();
   if (destroyed_) {
     mu_.unlock();
@@ -399,17 +447,20 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   }
   PostResult result;
   for (const RecvWr& wr : wrs) {
-    if (flushed_) {
-      complete_recv(wr, Opcode::kRecv, 0, false, 0, Status::kWrFlushError);
-      ++result.posted;
-      continue;
-    }
-    if (rq_tail_ - rq_head_ >= rq_.size()) {
+    // A slot is free once its completion was polled (even a flush), so the
+    // recv CQ's reserved depth bounds what it must hold.
+    if (rq_tail_ - rq_retired_.load(std::memory_order_acquire) >= rq_.size()) {
       result.status = PostStatus::kQueueFull;
       break;
     }
-    rq_[rq_tail_++ % rq_.size()] = wr;
     ++result.posted;
+    if (flushed_) {
+      ++rq_tail_;
+      ++rq_head_;
+      complete_recv(wr, Opcode::kRecv, 0, false, 0, Status::kWrFlushError);
+      continue;
+    }
+    rq_[rq_tail_++ % rq_.size()] = wr;
   }
   // A SEND may be waiting for exactly this buffer (RNR stall).
   if (stall_since_ != 0 && !dead_) progress(now_ns(), /*from_poll=*/false);
@@ -435,6 +486,7 @@ void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noex
     e.c.vendor_err = vendor_err;
     e.retire_qp = this;
     e.retire_seq = seq;
+    e.retire = Retire::kSend;
     send_cq_->push(e);
   }
 }
@@ -450,7 +502,19 @@ void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_im
   e.c.qp_num = qp_num();
   e.c.opcode = op;
   e.c.status = status;
+  e.retire_qp = this;
+  e.retire = srq_ != nullptr ? Retire::kSrq : Retire::kRecv;
   recv_cq_->push(e);
+}
+
+bool TcpQp::claim_recv() noexcept {
+  if (srq_ != nullptr) {
+    has_cur_recv_ = srq_->claim(&cur_recv_);
+  } else if (rq_head_ != rq_tail_) {
+    cur_recv_ = rq_[rq_head_++ % rq_.size()];
+    has_cur_recv_ = true;
+  }
+  return has_cur_recv_;
 }
 
 void TcpQp::advance_local_errors() noexcept {
@@ -472,7 +536,13 @@ void TcpQp::enter_error() noexcept {
   state_.store(QpState::kError, std::memory_order_release);
   while (sq_completed_ < sq_posted_) complete_send(sq_completed_, Status::kWrFlushError);
   sq_sent_ = sq_posted_;
-  while (rq_head_ != rq_tail_) {
+  // The RECV a message was filling completes first (it is the oldest); then
+  // the QP's own queue. An SRQ is not flushed: its RECVs serve other QPs.
+  if (has_cur_recv_) {
+    has_cur_recv_ = false;
+    complete_recv(cur_recv_, Opcode::kRecv, 0, false, 0, Status::kWrFlushError);
+  }
+  while (srq_ == nullptr && rq_head_ != rq_tail_) {
     complete_recv(rq_[rq_head_++ % rq_.size()], Opcode::kRecv, 0, false, 0,
                   Status::kWrFlushError);
   }
@@ -722,7 +792,15 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
     // A NIC would not answer and the initiator would time out; say so at once.
     return reject(Status::kRetryExceeded);
   }
-  if (consumes_recv && rq_head_ == rq_tail_) {
+  // WRITE_WITH_IMM: check (and pin) the target before taking a RECV, since
+  // an SRQ's RECV cannot be put back once taken (others may take later ones).
+  MrEntry* pinned = nullptr;
+  if (h.op == WireOp::kWriteWithImm && h.length != 0) {
+    pinned = mrs_.acquire(h.rkey, h.addr, h.length, kAccessRemoteWrite);
+    if (pinned == nullptr) return reject(Status::kRemoteAccessError);
+  }
+  if (consumes_recv && !claim_recv()) {
+    MrTable::release(pinned);  // the frame is looked at again later
     if (stall_since_ == 0) stall_since_ = now;
     if (now - stall_since_ < rnr_ns_) return FrameResult::kStall;
     stall_since_ = 0;
@@ -737,9 +815,9 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
   switch (h.op) {
     case WireOp::kSend:
     case WireOp::kSendWithImm: {
-      const RecvWr& r = rq_[rq_head_ % rq_.size()];
+      const RecvWr& r = cur_recv_;
       if (h.length > r.length) {
-        ++rq_head_;
+        has_cur_recv_ = false;
         complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalLengthError);
         const FrameResult res = reject(Status::kRemoteInvalidRequestError);
         enter_error();
@@ -747,7 +825,7 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
       }
       if (h.length != 0 &&
           !mrs_.check_local(r.lkey, r.addr, h.length, kAccessLocalWrite)) {
-        ++rq_head_;
+        has_cur_recv_ = false;
         complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalProtectionError);
         const FrameResult res = reject(Status::kRemoteOperationError);
         enter_error();
@@ -759,12 +837,11 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
     }
     case WireOp::kWrite:
     case WireOp::kWriteWithImm: {
-      MrEntry* e = h.length == 0 && h.op == WireOp::kWriteWithImm
-                       ? nullptr
+      MrEntry* e = h.op == WireOp::kWriteWithImm
+                       ? pinned
                        : mrs_.acquire(h.rkey, h.addr, h.length, kAccessRemoteWrite);
-      if (e == nullptr && !(h.length == 0 && h.op == WireOp::kWriteWithImm)) {
+      if (e == nullptr && h.op == WireOp::kWrite)
         return reject(Status::kRemoteAccessError);
-      }
       sb_ += kHeaderSize;
       start_payload(h.length, reinterpret_cast<std::byte*>(h.addr), e,
                     h.op == WireOp::kWrite ? PayloadDone::kWrite : PayloadDone::kWriteImm);
@@ -828,7 +905,8 @@ void TcpQp::finish_payload() noexcept {
       break;
     case PayloadDone::kWriteImm:
     case PayloadDone::kSend: {
-      const RecvWr r = rq_[rq_head_++ % rq_.size()];
+      const RecvWr r = cur_recv_;
+      has_cur_recv_ = false;
       const bool imm = phdr_.op != WireOp::kSend;
       complete_recv(r, done == PayloadDone::kSend ? Opcode::kRecv : Opcode::kRecvWriteWithImm,
                     static_cast<uint32_t>(plen_), imm, phdr_.imm, Status::kSuccess);
