@@ -652,6 +652,15 @@ class Session {
     return s_.event ? cq_->wait(out, 2ms) : cq_->poll(out);
   }
 
+  // The target of one-sided tests stays idle, as perftest's server does:
+  // shm and verbs targets need no CPU. tcp serves requests in whichever
+  // thread polls (its progress thread only when nobody does), so there the
+  // target keeps polling.
+  bool idle_target() const { return ctx_->provider() != ProviderKind::kTcp; }
+  int poll_target(std::span<Completion> out) {
+    return idle_target() ? cq_->wait(out, 1ms) : poll_data(out);
+  }
+
   // --- measurement ----------------------------------------------------------
 
   Result run(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
@@ -879,10 +888,10 @@ class Session {
     CtrlMsg m;
     uint32_t turn = 0;
     for (;;) {
-      // Polling the data CQ drives software providers' target side.
-      const int n = poll_data(c);
+      // Polling the data CQ drives the tcp provider's target side.
+      const int n = poll_target(c);
       for (int i = 0; i < n; ++i) on_completion(c[i]);
-      if ((++turn & 255) == 0) {
+      if ((++turn & 255) == 0 || idle_target()) {
         if (ctrl_try_recv(&m)) break;
         check_peer();
       }
@@ -1123,7 +1132,7 @@ class Session {
           active |= pr.posted > 0;
         }
       }
-      const int n = poll_data(c);
+      const int n = sending || recv_duty ? poll_data(c) : poll_target(c);
       if (n > 0) {
         const uint64_t now = Clock::now();
         bool got_send = false;
