@@ -290,6 +290,10 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
   uint32_t accepted = 0;
+  bool queued = false;
+  // Nothing waiting and a healthy peer: execute straight from the caller's
+  // request, without copying it into the send queue first.
+  bool direct = sq_executed_ == sq_posted_ && path_clear();
   PostResult result;
   for (const SendWr& wr : wrs) {
     if (sq_posted_ - sq_retired_ >= options_.max_send_wr) {
@@ -307,6 +311,21 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
       result.status = PostStatus::kInlineTooLarge;
       break;
     }
+    if (direct) {
+      Status status = Status::kSuccess;
+      if (execute(wr, &status) == Exec::kDone) {
+        ++sq_posted_;
+        complete_send(wr, status);
+        ++sq_executed_;
+        ++accepted;
+        if (status != Status::kSuccess) {
+          enter_error();
+          direct = false;
+        }
+        continue;
+      }
+      direct = false;  // RNR: it and everything after it wait in the queue
+    }
     const uint64_t slot = sq_posted_ & sq_mask_;
     SendWr& stored = sq_[slot].wr;
     stored = wr;
@@ -317,10 +336,11 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
     }
     ++sq_posted_;
     ++accepted;
+    queued = true;
   }
   result.posted = accepted;
   // Ring once: execute everything that was queued.
-  if (accepted != 0) {
+  if (queued || !path_clear()) {
     if (lock.owns_lock()) lock.unlock();
     progress();
   }
@@ -352,6 +372,12 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
 }
 
 // ---------------------------------------------------------------- progress
+
+bool ShmQueuePair::path_clear() const noexcept {
+  return state_ == QpState::kConnected && !peer_gone() &&
+         peer_block_->owner_state.load(std::memory_order_acquire) == kSideOpen &&
+         local_.block->sender_state.load(std::memory_order_acquire) == kSideOpen;
+}
 
 void ShmQueuePair::progress() noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);

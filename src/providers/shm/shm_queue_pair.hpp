@@ -117,6 +117,8 @@ class ShmQueuePair final : public QueuePair {
     uint64_t user_addr = 0;
   };
 
+  // Connected, and neither side has left that state.
+  bool path_clear() const noexcept;
   Exec execute(const SendWr& wr, Status* status) noexcept;
   Status check_local(const SendWr& wr, bool sink) const noexcept;
   Target resolve(uint32_t rkey, uint64_t addr, uint64_t length, uint32_t need,
