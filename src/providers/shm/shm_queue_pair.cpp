@@ -734,9 +734,8 @@ void ShmQueuePair::publish_recv(const RecvClaim& claim, const SendWr& wr,
   // seq_cst pairs with the receiver's arm(): store armed, then load done_seq.
   slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
   wake_peer();
-  // The next message's slot, posted long ago by the receiver: move it here
-  // now, while we wait anyway, instead of on the next message's latency path.
-  prefetch_for_write(&peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)]);
+  // Not prefetching the next slot here: the receiver spins on it, so taking
+  // it early only adds a transfer (measured: +30% half round trip).
 }
 
 ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
