@@ -261,5 +261,29 @@ TEST_P(SrqTest, AnErrorOnOneQpLeavesTheQueueToTheOthers) {
   run(server, client);
 }
 
+// Capacity is max_wr() outstanding RECVs: one more is QUEUE_FULL, and a
+// postlist that crosses the limit reports how many it took.
+TEST_P(SrqTest, PostingBeyondCapacityIsQueueFull) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    auto srq = ctx->create_srq({.max_wr = 16});
+    const uint32_t cap = srq->max_wr();
+    ASSERT_GE(cap, 16u);
+    ASSERT_LE(cap, 4096u) << "unreasonable rounding";
+    Buffer bufs = make_buffer(*ctx, MemKind::kAllocated, 64, kAccessLocalWrite);
+    std::vector<RecvWr> wrs(cap - 2, recv_wr(1, *bufs.mr, 0, 64));
+    PostResult r = srq->post_recv(wrs);
+    ASSERT_TRUE(r.ok()) << post_status_name(r.status);
+    EXPECT_EQ(r.posted, cap - 2);
+    wrs.assign(5, recv_wr(2, *bufs.mr, 0, 64));
+    r = srq->post_recv(wrs);
+    EXPECT_EQ(r.status, PostStatus::kQueueFull);
+    EXPECT_EQ(r.posted, 2u);
+    EXPECT_EQ(srq->post_recv(recv_wr(3, *bufs.mr, 0, 64)).status, PostStatus::kQueueFull);
+  };
+  auto client = [](RoleEnv&) {};
+  run(server, client);
+}
+
 }  // namespace
 }  // namespace rdmakit::test
