@@ -85,11 +85,13 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     ++head_;
   }
   const size_t qps = recv_qps_.size();
+  if (next_recv_ >= qps) next_recv_ = 0;  // a QP detached
+  size_t at = next_recv_;
   for (size_t i = 0; i < qps && n < out.size(); ++i) {
-    ShmQueuePair* qp = recv_qps_[(next_recv_ + i) % qps];
-    n += static_cast<size_t>(qp->poll_recv(out.subspan(n)));
+    n += static_cast<size_t>(recv_qps_[at]->poll_recv(out.subspan(n)));
+    if (++at == qps) at = 0;
   }
-  if (qps != 0) next_recv_ = (next_recv_ + 1) % qps;
+  if (++next_recv_ >= qps) next_recv_ = 0;
   return static_cast<int>(n);
 }
 
