@@ -55,6 +55,14 @@ SEEDS = {
               frame("ACK", 0, 1)),
     "garbage": (1, bytes(range(256)) * 2),
     "hello_body": (0, struct.pack("<IHHIIIII", 0x43544B52, 1, 0, 16, 16, 100, 1000, 4) + b"abcd"),
+    # flags bit 2: the QP receives through a shared receive queue.
+    "srq_sends": (6, frame("SEND", 16, 0, payload=pay(16)) +
+                  frame("SEND_IMM", 40, 1, imm=7, payload=pay(40)) +
+                  frame("WRITE_IMM", 32, 2, addr=512, rkey=0, imm=9, payload=pay(32))),
+    "srq_send_too_long": (6, frame("SEND", 5000, 0, payload=pay(5000)) +
+                          frame("SEND", 8, 1, payload=pay(8))),
+    "srq_write_imm_bad_key": (6, frame("WRITE_IMM", 32, 0, addr=0, rkey=77, payload=pay(32))),
+    "srq_empty": (4, frame("SEND", 8, 0, payload=pay(8))),
 }
 
 

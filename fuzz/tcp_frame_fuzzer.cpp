@@ -3,7 +3,8 @@
 // is the byte stream a hostile peer sends; the harness plays that peer.
 //
 // Input: byte 0 = flags (bit 0: post requests first so responses have
-// something to match; bit 1: post RECVs), then the stream. To let the fuzzer
+// something to match; bit 1: post RECVs; bit 2: the QP takes its RECVs from
+// a shared receive queue, where bit 1 posts them), then the stream. To let the fuzzer
 // reach the success paths, a frame whose rkey is 0..2 gets the real rkey of
 // test region 0..2 and, if its address is below 64 KiB, the region's base
 // added (frames are walked the way the engine walks them).
@@ -97,14 +98,15 @@ void post_requests(QueuePair& qp, const State& st) {
   }
 }
 
-void post_recvs(QueuePair& qp, const State& st) {
+template <typename Queue>  // QueuePair or SharedReceiveQueue
+void post_recvs(Queue& q, const State& st) {
   const MemoryRegion& sink = *st.mr[2];
   const uint32_t lens[] = {8, 64, 4096, 16384};
   for (int i = 0; i < 4; ++i) {
-    (void)qp.post_recv(RecvWr{uint64_t(100 + i), sink.data(), lens[i], sink.lkey()});
+    (void)q.post_recv(RecvWr{uint64_t(100 + i), sink.data(), lens[i], sink.lkey()});
   }
   // A RECV with a key that names nothing: the engine must refuse to use it.
-  (void)qp.post_recv(RecvWr{200, sink.data(), 64, 0xdead0001});
+  (void)q.post_recv(RecvWr{200, sink.data(), 64, 0xdead0001});
 }
 
 void drain(int fd) {
@@ -144,9 +146,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.peer_timeout = std::chrono::milliseconds(1'000'000);  // no time dependence
   // rnr 0: a SEND without a RECV is refused at once instead of stalling.
   const Hello peer{16, 16, 0, 1'000'000, 0};
+  std::unique_ptr<SharedReceiveQueue> srq;
+  if (flags & 4) {
+    srq = st.ctx->create_srq({.max_wr = 16});
+    o.srq = srq.get();
+  }
   auto qp = st.ctx->adopt(sv[0], o, peer, "fuzz-peer");
   if (flags & 1) post_requests(*qp, st);
-  if (flags & 2) post_recvs(*qp, st);
+  if (flags & 2) {
+    if (srq) {
+      post_recvs(*srq, st);
+    } else {
+      post_recvs(*qp, st);
+    }
+  }
 
   Completion out[64];
   size_t off = 0;
@@ -171,6 +184,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (closed && qp->state() != QpState::kConnected && ++after_close > 16) break;
   }
   qp.reset();
+  srq.reset();  // after its QP, as the API requires
   while (cq->poll(out) > 0) {
   }
   cq.reset();
