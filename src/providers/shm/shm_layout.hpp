@@ -53,7 +53,7 @@ struct RegionTable {
 //
 // A QP on a shared receive queue keeps this ring for its completions only:
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
-// the SRQ, and the sender records the SRQ entry it claimed in srq_seq.
+// the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
 inline constexpr uint32_t kSlotInline = 20;
 
 struct alignas(64) RecvSlot {
@@ -61,7 +61,7 @@ struct alignas(64) RecvSlot {
   std::atomic<uint64_t> done_seq{0};  // sender writes
   union {
     uint64_t addr = 0;  // own receive queue: buffer address
-    uint64_t srq_seq;   // SRQ: claimed entry + 1, 0 = none (atomic_ref access)
+    uint64_t srq_entry;  // SRQ: claimed entry + 1, 0 = none (atomic_ref access)
   };
   uint32_t length = 0;
   uint32_t lkey = 0;
@@ -76,27 +76,37 @@ struct alignas(64) RecvSlot {
 static_assert(sizeof(RecvSlot) == 64, "one receive slot per cache line");
 
 // A shared receive queue, created by its owner and mapped by the senders of
-// every QP attached to it. The owner posts entry n into slots[n % ring_size]
-// and publishes post_seq = n+1; a sender consumes the oldest posted entry by
-// advancing `claimed` with a compare-and-swap, so entries are taken in the
-// order posted whichever QP's message comes first.
-struct SrqSlot {
+// every QP attached to it. A posted RECV occupies a buffer entry until its
+// completion is polled; the order of posting is a ring of entry indices. The
+// owner publishes the n-th RECV in ring[n % ring_size] (post_seq = n+1); a
+// sender consumes the oldest one by advancing `claimed` with a
+// compare-and-swap, so RECVs are taken in posted order whichever QP's message
+// comes first. Entries complete in any order (several QPs consume them), so a
+// ring slot is free again once claimed and an entry once its completion was
+// polled; ring and entries have room for twice max_wr.
+struct SrqRingSlot {
   std::atomic<uint64_t> post_seq{0};  // owner writes
+  std::atomic<uint32_t> entry{0};     // buffer entry of this RECV
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(SrqRingSlot) == 16);
+
+struct SrqEntry {
   uint64_t addr = 0;
   uint32_t length = 0;
   uint32_t lkey = 0;
-  uint64_t reserved = 0;
 };
-static_assert(sizeof(SrqSlot) == 32);
+static_assert(sizeof(SrqEntry) == 16);
 
 struct alignas(64) SrqBlock {
   uint32_t magic = kLayoutMagic;
-  uint32_t ring_size = 0;                    // power of two
+  uint32_t ring_size = 0;                        // power of two; also the entry count
   alignas(64) std::atomic<uint64_t> claimed{0};  // senders advance (CAS)
 
-  SrqSlot* slots() noexcept { return reinterpret_cast<SrqSlot*>(this + 1); }
+  SrqRingSlot* ring() noexcept { return reinterpret_cast<SrqRingSlot*>(this + 1); }
+  SrqEntry* entries() noexcept { return reinterpret_cast<SrqEntry*>(ring() + ring_size); }
   static size_t bytes_for(uint32_t ring_size) noexcept {
-    return sizeof(SrqBlock) + sizeof(SrqSlot) * ring_size;
+    return sizeof(SrqBlock) + (sizeof(SrqRingSlot) + sizeof(SrqEntry)) * ring_size;
   }
 };
 static_assert(sizeof(SrqBlock) % 64 == 0);

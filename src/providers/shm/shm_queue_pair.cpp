@@ -472,19 +472,20 @@ bool ShmQueuePair::recv_ready() const noexcept {
     return true;
   }
   if (state_ == QpState::kConnected) return false;
-  if (srq_ != nullptr) return peer_gone() && claimed_srq_seq() != 0;
+  if (srq_ != nullptr) return peer_gone() && claimed_srq_entry() != 0;
   return rq_polled_ != rq_posted_;
 }
 
 void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
   RecvSlot& slot = local_.block->slots()[index];
-  uint64_t srq_seq = 0;
+  uint32_t entry = 0;
   uint64_t wr_id;
   void* buffer;
   if (srq_ != nullptr) {
-    srq_seq = std::atomic_ref<uint64_t>(slot.srq_seq).load(std::memory_order_relaxed) - 1;
-    buffer = reinterpret_cast<void*>(srq_->slot(srq_seq).addr);
-    wr_id = srq_->wr_id(srq_seq);
+    entry = static_cast<uint32_t>(
+        std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed) - 1);
+    buffer = reinterpret_cast<void*>(srq_->buffer(entry));
+    wr_id = srq_->wr_id(entry);
   } else {
     buffer = reinterpret_cast<void*>(slot.addr);
     wr_id = rq_wr_id_[index];
@@ -501,16 +502,16 @@ void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
   c->status = static_cast<Status>(slot.status);
   c->qp_num = qp_num();
   if (srq_ != nullptr) {
-    srq_->release(srq_seq);
-    std::atomic_ref<uint64_t>(slot.srq_seq).store(0, std::memory_order_relaxed);
+    srq_->release(entry);
+    std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
     // Renew the credit: this slot carries completion rq_polled_ + ring next.
     slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
   }
 }
 
-uint64_t ShmQueuePair::claimed_srq_seq() const noexcept {
+uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
   RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
-  return std::atomic_ref<uint64_t>(slot.srq_seq).load(std::memory_order_acquire);
+  return std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_acquire);
 }
 
 int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
@@ -532,16 +533,17 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   if (srq_ != nullptr) {
     // The SRQ itself is never flushed. Only an entry a dead sender claimed
     // but never completed comes back, flushed on this QP.
-    const uint64_t claimed = peer_gone() ? claimed_srq_seq() : 0;
+    const uint64_t claimed = peer_gone() ? claimed_srq_entry() : 0;
     if (claimed != 0 && n < out.size()) {
+      const auto entry = static_cast<uint32_t>(claimed - 1);
       Completion& c = out[n++];
       c = Completion{};
-      c.wr_id = srq_->wr_id(claimed - 1);
+      c.wr_id = srq_->wr_id(entry);
       c.status = Status::kWrFlushError;
       c.opcode = Opcode::kRecv;
       c.qp_num = qp_num();
-      srq_->release(claimed - 1);
-      std::atomic_ref<uint64_t>(local_.block->slots()[rq_polled_ & rq_mask_].srq_seq)
+      srq_->release(entry);
+      std::atomic_ref<uint64_t>(local_.block->slots()[rq_polled_ & rq_mask_].srq_entry)
           .store(0, std::memory_order_relaxed);
     }
     return static_cast<int>(n);
@@ -701,20 +703,25 @@ bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
     claim->lkey = slot.lkey;
     return true;
   }
-  // Take the oldest posted SRQ entry; other senders race for it.
+  // Take the oldest posted SRQ RECV; other senders race for it. The ring
+  // slot can only be reused after `claimed` passed it, so what we read
+  // before a successful compare-and-swap belongs to RECV n.
   const uint64_t srq_mask = peer_.srq_ring_size - 1;
   uint64_t n = peer_srq_->claimed.load(std::memory_order_acquire);
   for (;;) {
-    const SrqSlot& entry = peer_srq_->slots()[n & srq_mask];
-    if (entry.post_seq.load(std::memory_order_acquire) != n + 1) return false;
+    const SrqRingSlot& ring_slot = peer_srq_->ring()[n & srq_mask];
+    if (ring_slot.post_seq.load(std::memory_order_acquire) != n + 1) return false;
+    const uint32_t entry = ring_slot.entry.load(std::memory_order_relaxed);
     if (peer_srq_->claimed.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel,
                                                  std::memory_order_acquire)) {
+      if (entry > srq_mask) return false;  // a corrupt block: never write out of it
       // Recorded before anything else, so the owner can flush the entry
       // should we die before publishing the completion.
-      std::atomic_ref<uint64_t>(slot.srq_seq).store(n + 1, std::memory_order_release);
-      claim->addr = entry.addr;
-      claim->length = entry.length;
-      claim->lkey = entry.lkey;
+      std::atomic_ref<uint64_t>(slot.srq_entry).store(entry + 1, std::memory_order_release);
+      const SrqEntry& e = peer_srq_->entries()[entry];
+      claim->addr = e.addr;
+      claim->length = e.length;
+      claim->lkey = e.lkey;
       return true;
     }
   }

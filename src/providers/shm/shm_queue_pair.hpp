@@ -136,7 +136,7 @@ class ShmQueuePair final : public QueuePair {
   // Our receive ring slot index i was consumed: the completion it describes.
   void take_recv(uint64_t index, Completion* c) noexcept;
   // SRQ: entry + 1 a sender claimed for our next completion, 0 if none.
-  uint64_t claimed_srq_seq() const noexcept;
+  uint64_t claimed_srq_entry() const noexcept;
   void complete_send(const SendWr& wr, Status status) noexcept;
   void enter_error() noexcept;
   bool peer_gone() const noexcept {

@@ -27,7 +27,10 @@ ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
   if (mem == nullptr) throw Error("create_srq", "shm", "", errno, "mmap");
   block_ = new (mem) SrqBlock();
   block_->ring_size = ring;
-  for (uint32_t i = 0; i < ring; ++i) new (&block_->slots()[i]) SrqSlot();
+  for (uint32_t i = 0; i < ring; ++i) {
+    new (&block_->ring()[i]) SrqRingSlot();
+    new (&block_->entries()[i]) SrqEntry();
+  }
   wr_ids_ = std::make_unique<uint64_t[]>(ring);
   busy_ = std::make_unique<std::atomic<uint8_t>[]>(ring);
   for (uint32_t i = 0; i < ring; ++i) busy_[i].store(0, std::memory_order_relaxed);
@@ -40,18 +43,24 @@ PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   if (options_.thread_safe) lock.lock();
   PostResult result;
   for (const RecvWr& wr : wrs) {
-    const uint64_t index = posted_ & mask_;
-    if (posted_ - released_.load(std::memory_order_acquire) >= options_.max_wr ||
-        busy_[index].load(std::memory_order_acquire) != 0) {
+    if (posted_ - released_.load(std::memory_order_acquire) >= options_.max_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
-    SrqSlot& slot = block_->slots()[index];
-    slot.addr = reinterpret_cast<uint64_t>(wr.addr);
-    slot.length = wr.length;
-    slot.lkey = wr.lkey;
-    wr_ids_[index] = wr.wr_id;
-    busy_[index].store(1, std::memory_order_relaxed);
+    // At most max_wr of the 2 * max_wr entries are busy, so this ends within
+    // a few steps. The ring slot is free: fewer than ring_size RECVs are
+    // posted and unclaimed.
+    uint32_t entry = next_entry_;
+    while (busy_[entry].load(std::memory_order_acquire) != 0) entry = (entry + 1) & mask_;
+    next_entry_ = (entry + 1) & mask_;
+    SrqEntry& e = block_->entries()[entry];
+    e.addr = reinterpret_cast<uint64_t>(wr.addr);
+    e.length = wr.length;
+    e.lkey = wr.lkey;
+    wr_ids_[entry] = wr.wr_id;
+    busy_[entry].store(1, std::memory_order_relaxed);
+    SrqRingSlot& slot = block_->ring()[posted_ & mask_];
+    slot.entry.store(entry, std::memory_order_relaxed);
     ++posted_;
     slot.post_seq.store(posted_, std::memory_order_release);
     ++result.posted;

@@ -12,10 +12,7 @@ namespace rdmakit::shm {
 class ShmContext;
 
 // The owner's side of a shared receive queue: an SrqBlock in a memfd that
-// the senders of attached QPs map (see shm_layout.hpp). Entries are posted
-// in order but complete in any order (several QPs consume them), so the ring
-// has room for twice max_wr and a slot is reused only once the completion of
-// its previous entry has been polled.
+// the senders of attached QPs map (see shm_layout.hpp).
 class ShmSrq final : public SharedReceiveQueue {
  public:
   ShmSrq(ShmContext& context, const SrqOptions& options);
@@ -26,11 +23,11 @@ class ShmSrq final : public SharedReceiveQueue {
   uint32_t ring_size() const noexcept { return block_->ring_size; }
 
   // Completion side (the thread polling the attached QPs' recv CQs).
-  const SrqSlot& slot(uint64_t seq) const noexcept { return block_->slots()[seq & mask_]; }
-  uint64_t wr_id(uint64_t seq) const noexcept { return wr_ids_[seq & mask_]; }
-  // The completion of entry seq was delivered: its slot may be posted again.
-  void release(uint64_t seq) noexcept {
-    busy_[seq & mask_].store(0, std::memory_order_release);
+  uint64_t buffer(uint32_t entry) const noexcept { return block_->entries()[entry].addr; }
+  uint64_t wr_id(uint32_t entry) const noexcept { return wr_ids_[entry]; }
+  // The completion of entry was delivered: it may hold a new RECV.
+  void release(uint32_t entry) noexcept {
+    busy_[entry].store(0, std::memory_order_release);
     released_.fetch_add(1, std::memory_order_release);
   }
 
@@ -42,9 +39,10 @@ class ShmSrq final : public SharedReceiveQueue {
   Fd fd_;
   SrqBlock* block_ = nullptr;
   size_t block_bytes_ = 0;
-  uint64_t mask_ = 0;
-  std::unique_ptr<uint64_t[]> wr_ids_;
-  std::unique_ptr<std::atomic<uint8_t>[]> busy_;
+  uint32_t mask_ = 0;
+  std::unique_ptr<uint64_t[]> wr_ids_;              // by entry
+  std::unique_ptr<std::atomic<uint8_t>[]> busy_;  // by entry
+  uint32_t next_entry_ = 0;  // where the search for a free entry starts
   uint64_t posted_ = 0;
   std::atomic<uint64_t> released_{0};
   std::mutex post_mutex_;  // only when options.thread_safe
