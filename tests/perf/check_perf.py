@@ -34,10 +34,13 @@ def run(perf, provider, args, timeout=120, host=None):
     # The client's hello tells the server the settings; the client reports.
     port = Ports.next
     Ports.next += 1
+    # Pinned to different CPUs as --loopback does; unpinned ping-pongs share
+    # one CPU and measure the scheduler's time slice.
+    pins = (["--cpu", "0"], ["--cpu", "1"]) if (os.cpu_count() or 1) >= 2 else ([], [])
     srv = subprocess.Popen([perf, args[0], "--bind", host, "--port", str(port),
-                            "--accept-timeout", "30"] + common,
+                            "--accept-timeout", "30"] + pins[0] + common,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    cmd = [perf, args[0], f"{host}:{port}"] + args[1:] + ["--json"] + common
+    cmd = [perf, args[0], f"{host}:{port}"] + args[1:] + ["--json"] + pins[1] + common
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     finally:

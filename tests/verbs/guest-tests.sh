@@ -87,5 +87,9 @@ case $mode in
     ;;
   *) echo "usage: guest-tests.sh one-vm|two-vm BUILD_DIR" >&2; exit 2 ;;
 esac
+# rxe's counters (retries, duplicates, drops): the first thing to read when a
+# run was slow or a transfer failed with RETRY_EXCEEDED.
+echo "==== rxe counters (non-zero): $(rdma statistic show link rxe0/1 2>/dev/null |
+  tr -s ' \t' '\n' | paste - - | awk '$2 ~ /^[0-9]+$/ && $2 != 0' | tr '\t\n' '= ')"
 echo "==== $mode: $fails step(s) failed"
 exit $((fails > 0))
