@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "rdmakit/memory.hpp"
+#include "rdmakit/owner_thread.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
@@ -80,17 +80,12 @@ class QueuePair {
   QpOptions options_;  // providers may adjust limits at construction
 
  private:
-  bool owner_ok() noexcept {
-    if (options_.thread_safe) return true;
-    const auto self = std::this_thread::get_id();
-    if (owner_ == std::thread::id()) owner_ = self;
-    return owner_ == self;
-  }
+  bool owner_ok() noexcept { return owner_.admits(options_.thread_safe); }
 
   uint32_t qp_num_;
   std::string peer_;
   std::vector<std::byte> peer_private_data_;
-  std::thread::id owner_{};
+  detail::OwnerThread owner_;
 };
 
 }  // namespace rdmakit

@@ -16,8 +16,8 @@
 // - The SRQ must outlive every QP attached to it.
 #include <cstdint>
 #include <span>
-#include <thread>
 
+#include "rdmakit/owner_thread.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
@@ -51,14 +51,9 @@ class SharedReceiveQueue {
   SrqOptions options_;
 
  private:
-  bool owner_ok() noexcept {
-    if (options_.thread_safe) return true;
-    const auto self = std::this_thread::get_id();
-    if (owner_ == std::thread::id()) owner_ = self;
-    return owner_ == self;
-  }
+  bool owner_ok() noexcept { return owner_.admits(options_.thread_safe); }
 
-  std::thread::id owner_{};
+  detail::OwnerThread owner_;
 };
 
 }  // namespace rdmakit
