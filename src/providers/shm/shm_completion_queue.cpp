@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 
+#include "providers/shm/asymmetric_fence.hpp"
 #include "providers/shm/shm_queue_pair.hpp"
 #include "rdmakit/error.hpp"
 
@@ -103,6 +104,8 @@ bool ShmCompletionQueue::arm() noexcept {
   }
   armed_ = true;
   for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(true);
+  // Senders that publish with a release store rely on this barrier.
+  if (!recv_qps_.empty() && asymmetric_fence_available()) heavy_fence();
   // Re-check after arming (the fi_trywait rule): anything that became ready
   // before the peer saw the armed flag is caught here.
   bool pending = head_ != tail_;

@@ -158,6 +158,9 @@ struct Hello {
   uint32_t qp_num = 0;
   uint32_t accepted = 1;  // reply only: 0 = rejected
   uint32_t srq_ring_size = 0;  // receives through a shared receive queue
+  // The sender's CQs issue heavy_fence() when they arm, so our sends may
+  // publish completions with a release store (see asymmetric_fence.hpp).
+  uint32_t fence_on_arm = 0;
   uint8_t private_data[192] = {};
 };
 inline constexpr size_t kHelloFds = 4;

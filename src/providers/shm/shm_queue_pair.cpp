@@ -15,6 +15,7 @@
 
 #include "core/address.hpp"
 #include "core/log.hpp"
+#include "providers/shm/asymmetric_fence.hpp"
 #include "providers/shm/shm_completion_queue.hpp"
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_srq.hpp"
@@ -129,6 +130,7 @@ int send_hello(int sock, ShmContext& context, const LocalEnd& local,
   hello.accepted = accepted ? 1 : 0;
   hello.private_len = static_cast<uint16_t>(private_data.size());
   hello.srq_ring_size = local.srq != nullptr ? local.srq->ring_size() : 0;
+  hello.fence_on_arm = asymmetric_fence_available() ? 1 : 0;
   if (!private_data.empty()) {
     std::memcpy(hello.private_data, private_data.data(), private_data.size());
   }
@@ -165,6 +167,7 @@ PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
   end.request_socket = std::move(fds[3]);
   end.pid = static_cast<pid_t>(hello.pid);
   end.ring_size = hello.ring_size;
+  end.fence_on_arm = hello.fence_on_arm != 0;
   if (hello.srq_ring_size != 0) {
     end.srq_fd = std::move(fds[4]);
     end.srq_ring_size = hello.srq_ring_size;
@@ -220,6 +223,9 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
       send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
       recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
   srq_ = local_.srq;
+  // Our process must be registered too: the peer's barrier reaches only
+  // CPUs running registered processes.
+  light_publish_ = peer_.fence_on_arm && asymmetric_fence_available();
   auto fail = [&](const char* what, int err) {
     return setup_error(what, peer_.address, err);
   };
@@ -738,8 +744,15 @@ void ShmQueuePair::publish_recv(const RecvClaim& claim, const SendWr& wr,
   slot.opcode = static_cast<uint8_t>(recv_opcode);
   slot.status = static_cast<uint8_t>(recv_status);
   ++peer_consumed_;
-  // seq_cst pairs with the receiver's arm(): store armed, then load done_seq.
-  slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
+  // Publish, then check whether the receiver sleeps. That store-load order
+  // needs a full fence on one side: here per message, or (light_publish_)
+  // in the receiver's arm() through heavy_fence().
+  if (light_publish_) {
+    slot.done_seq.store(peer_consumed_, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    slot.done_seq.store(peer_consumed_, std::memory_order_seq_cst);
+  }
   wake_peer();
   // Not prefetching the next slot here: the receiver spins on it, so taking
   // it early only adds a transfer (measured: +30% half round trip).

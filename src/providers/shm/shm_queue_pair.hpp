@@ -38,6 +38,7 @@ struct PeerEnd {
   uint32_t ring_size = 0;
   Fd srq_fd;  // the peer receives through this SRQ (else empty)
   uint32_t srq_ring_size = 0;
+  bool fence_on_arm = false;  // the peer's CQs run heavy_fence() when arming
   std::string address;
   std::vector<std::byte> private_data;
 };
@@ -153,6 +154,7 @@ class ShmQueuePair final : public QueuePair {
   SrqBlock* peer_srq_ = nullptr;  // the peer receives through an SRQ
   size_t peer_srq_bytes_ = 0;
   ShmSrq* srq_ = nullptr;  // we receive through an SRQ
+  bool light_publish_ = false;  // see publish_recv
   ShmCompletionQueue* send_cq_;
   ShmCompletionQueue* recv_cq_;
 
