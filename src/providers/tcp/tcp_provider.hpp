@@ -345,12 +345,16 @@ class TcpQp final : public QueuePair {
 
   std::vector<TxItem> tx_;
   uint64_t tx_head_ = 0, tx_tail_ = 0;
+  // Gathers of at most this many bytes are copied here and sent with one
+  // send() instead of sendmsg() (cheaper syscall path).
+  static constexpr size_t kCoalesceMax = 1024;
 
   // Receive side: a small staging buffer saves a syscall per small frame;
   // large payloads are received straight into their destination.
   static constexpr uint32_t kStageSize = 16384;
   static constexpr uint64_t kDirectMin = 4096;
   std::unique_ptr<std::byte[]> stage_;
+  std::unique_ptr<std::byte[]> tx_stage_;
   uint32_t sb_ = 0, se_ = 0;
   RxState rx_state_ = RxState::kHeader;
   bool rx_drained_ = false;  // this rx() pass saw a short read
