@@ -54,7 +54,7 @@ struct RegionTable {
 // A QP on a shared receive queue keeps this ring for its completions only:
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
 // the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
-inline constexpr uint32_t kSlotInline = 20;
+inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (small_copy.hpp)
 
 struct alignas(64) RecvSlot {
   std::atomic<uint64_t> post_seq{0};  // receiver writes

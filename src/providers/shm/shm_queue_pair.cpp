@@ -19,11 +19,14 @@
 #include "providers/shm/shm_completion_queue.hpp"
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_srq.hpp"
+#include "providers/shm/small_copy.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
 namespace {
+
+static_assert(kSlotInline <= kSmallCopyMax, "inline slot payloads use small_copy");
 
 bool is_sink(Opcode op) {
   return op == Opcode::kRead || op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
@@ -337,7 +340,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
     stored = wr;
     if (inline_payload) {
       std::byte* copy = &inline_data_[slot * options_.max_inline];
-      if (wr.length != 0) std::memcpy(copy, wr.local_addr, wr.length);
+      copy_bytes(copy, wr.local_addr, wr.length);
       stored.local_addr = copy;
     }
     ++sq_posted_;
@@ -497,7 +500,7 @@ void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
     wr_id = rq_wr_id_[index];
   }
   if (slot.data_inline != 0 && slot.status == static_cast<uint8_t>(Status::kSuccess)) {
-    std::memcpy(buffer, slot.data, slot.byte_len);
+    small_copy(buffer, slot.data, slot.byte_len);
   }
   *c = Completion{};
   c->wr_id = wr_id;
@@ -642,7 +645,7 @@ Status ShmQueuePair::copy_to_peer(const Target& target, const void* src,
                                   size_t length) noexcept {
   if (length == 0) return Status::kSuccess;
   if (target.mapped != nullptr) {
-    std::memcpy(target.mapped, src, length);
+    copy_bytes(target.mapped, src, length);
     return Status::kSuccess;
   }
   iovec local{const_cast<void*>(src), length};
@@ -656,7 +659,7 @@ Status ShmQueuePair::copy_from_peer(const Target& target, void* dst,
                                     size_t length) noexcept {
   if (length == 0) return Status::kSuccess;
   if (target.mapped != nullptr) {
-    std::memcpy(dst, target.mapped, length);
+    copy_bytes(dst, target.mapped, length);
     return Status::kSuccess;
   }
   iovec local{dst, length};
@@ -779,7 +782,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
       } else if (wr.length <= kSlotInline) {
         // Small payloads ride in the slot's cache line; the receiver copies
         // them into its buffer when it polls.
-        std::memcpy(slot.data, wr.local_addr, wr.length);
+        small_copy(slot.data, wr.local_addr, wr.length);
         slot.data_inline = 1;
       } else {
         Target target = resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);

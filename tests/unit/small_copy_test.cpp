@@ -1,0 +1,40 @@
+// small_copy must equal memcpy for every length it takes, at any alignment,
+// and write nothing outside the destination.
+#include "providers/shm/small_copy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+
+namespace rdmakit::shm {
+namespace {
+
+TEST(SmallCopyTest, EqualsMemcpyForEveryLengthAndAlignment) {
+  std::array<std::byte, 64> src;
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+  for (size_t n = 0; n <= kSmallCopyMax; ++n) {
+    for (size_t src_off = 0; src_off < 8; ++src_off) {
+      for (size_t dst_off = 0; dst_off < 8; ++dst_off) {
+        std::array<std::byte, 64> got;
+        std::array<std::byte, 64> want;
+        got.fill(std::byte{0xEE});
+        want.fill(std::byte{0xEE});
+        small_copy(got.data() + dst_off, src.data() + src_off, n);
+        std::memcpy(want.data() + dst_off, src.data() + src_off, n);
+        ASSERT_EQ(got, want) << "n=" << n << " src+" << src_off << " dst+" << dst_off;
+      }
+    }
+  }
+}
+
+TEST(SmallCopyTest, CopyBytesHandlesLargeLengths) {
+  std::array<std::byte, 300> src;
+  std::array<std::byte, 300> dst{};
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i);
+  copy_bytes(dst.data(), src.data(), src.size());
+  EXPECT_EQ(dst, src);
+}
+
+}  // namespace
+}  // namespace rdmakit::shm
