@@ -697,7 +697,11 @@ class Session {
       for (int i = 0; i < n; ++i) on_completion(c[i]);
     }
     wr.wr_id = idx;
-    const bool sig = ((idx + 1) % s_.cq_mod) == 0 || last;
+    // Every cq_mod-th WR is signaled; a countdown, not a division, on the
+    // measured path.
+    if (idx == 0) until_signal_ = s_.cq_mod;
+    const bool sig = --until_signal_ == 0 || last;
+    if (until_signal_ == 0) until_signal_ = s_.cq_mod;
     wr.flags = static_cast<uint8_t>(sig ? (wr.flags | kSignaled) : (wr.flags & ~kSignaled));
     if (wr.opcode == Opcode::kCompareSwap) {
       wr.compare_add = idx;
@@ -1259,6 +1263,7 @@ class Session {
   std::vector<std::unique_ptr<QueuePair>> qps_;
   RemoteRegion peer_;
   uint64_t slot_ = 0;
+  uint64_t until_signal_ = 1;  // post_one: WRs left until the next signaled one
   uint32_t inline_ = 0;
   uint64_t cur_size_ = 0;
   bool end_seen_ = false;
