@@ -226,6 +226,7 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
       send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
       recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
   srq_ = local_.srq;
+  peer_gone_ = &local_.link->peer_gone;
   // Our process must be registered too: the peer's barrier reaches only
   // CPUs running registered processes.
   light_publish_ = peer_.fence_on_arm && asymmetric_fence_available();
@@ -349,7 +350,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   }
   result.posted = accepted;
   // Ring once: execute everything that was queued.
-  if (queued || !path_clear()) {
+  if (queued) {
     if (lock.owns_lock()) lock.unlock();
     progress();
   }

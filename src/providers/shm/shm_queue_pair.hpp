@@ -140,9 +140,7 @@ class ShmQueuePair final : public QueuePair {
   uint64_t claimed_srq_entry() const noexcept;
   void complete_send(const SendWr& wr, Status status) noexcept;
   void enter_error() noexcept;
-  bool peer_gone() const noexcept {
-    return local_.link->peer_gone.load(std::memory_order_acquire);
-  }
+  bool peer_gone() const noexcept { return peer_gone_->load(std::memory_order_acquire); }
   void wake_peer() noexcept;
 
   ShmContext& context_;
@@ -155,6 +153,7 @@ class ShmQueuePair final : public QueuePair {
   size_t peer_srq_bytes_ = 0;
   ShmSrq* srq_ = nullptr;  // we receive through an SRQ
   bool light_publish_ = false;  // see publish_recv
+  const std::atomic<bool>* peer_gone_;  // local_.link->peer_gone, one load closer
   ShmCompletionQueue* send_cq_;
   ShmCompletionQueue* recv_cq_;
 
