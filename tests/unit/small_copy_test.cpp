@@ -11,13 +11,13 @@ namespace rdmakit::shm {
 namespace {
 
 TEST(SmallCopyTest, EqualsMemcpyForEveryLengthAndAlignment) {
-  std::array<std::byte, 64> src;
+  std::array<std::byte, 96> src;
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
   for (size_t n = 0; n <= kSmallCopyMax; ++n) {
     for (size_t src_off = 0; src_off < 8; ++src_off) {
       for (size_t dst_off = 0; dst_off < 8; ++dst_off) {
-        std::array<std::byte, 64> got;
-        std::array<std::byte, 64> want;
+        std::array<std::byte, 96> got;
+        std::array<std::byte, 96> want;
         got.fill(std::byte{0xEE});
         want.fill(std::byte{0xEE});
         small_copy(got.data() + dst_off, src.data() + src_off, n);

@@ -8,14 +8,20 @@
 
 namespace rdmakit::shm {
 
-inline constexpr size_t kSmallCopyMax = 32;
+inline constexpr size_t kSmallCopyMax = 64;
 
 // Copies n <= kSmallCopyMax bytes between non-overlapping buffers with at
-// most four loads and four stores (overlapping words for odd lengths).
+// most eight loads and eight stores (overlapping words for odd lengths).
 inline void small_copy(void* dst, const void* src, size_t n) noexcept {
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
-  if (n >= 16) {
+  if (n >= 32) {
+    uint64_t w[8];
+    for (size_t i = 0; i < 4; ++i) std::memcpy(&w[i], s + 8 * i, 8);
+    for (size_t i = 0; i < 4; ++i) std::memcpy(&w[4 + i], s + n - 32 + 8 * i, 8);
+    for (size_t i = 0; i < 4; ++i) std::memcpy(d + 8 * i, &w[i], 8);
+    for (size_t i = 0; i < 4; ++i) std::memcpy(d + n - 32 + 8 * i, &w[4 + i], 8);
+  } else if (n >= 16) {
     uint64_t w[4];
     std::memcpy(&w[0], s, 8);
     std::memcpy(&w[1], s + 8, 8);
