@@ -67,7 +67,10 @@ int loopback(Options o) {
     return 1;
   }
   Options server = o;
-  server.bind = "127.0.0.1";
+  // Loopback by default; --bind names another local address, e.g. the one of
+  // an RDMA device for verbs (127.0.0.1 has none).
+  const std::string host = o.bind == "0.0.0.0" ? "127.0.0.1" : o.bind;
+  server.bind = host;
   server.accept_timeout_s = 30;
   const bool explicit_port = o.port != 18515;
   if (!explicit_port) server.port = 0;
@@ -93,7 +96,7 @@ int loopback(Options o) {
   ::close(fds[0]);
   int rc = 1;
   if (ready) {
-    o.server = fmt::format("127.0.0.1:{}", port);
+    o.server = fmt::format("{}:{}", host, port);
     rc = run_guarded("client", client_main, o, -1);
   } else {
     std::fprintf(stderr, "rdmakit-perf: the server did not start\n");
@@ -227,7 +230,8 @@ int main(int argc, char** argv) {
   app.add_option("--provider", o.provider, "auto, shm, tcp or verbs");
   app.add_option("-d,--device", o.device, "verbs device");
   app.add_option("-p,--port", o.port, "TCP port / shm name (default 18515)");
-  app.add_option("--bind", o.bind, "Server listen address (default 0.0.0.0)");
+  app.add_option("--bind", o.bind,
+                 "Server listen address (default 0.0.0.0; with --loopback 127.0.0.1)");
   app.add_option("--cpu", o.cpu, "Pin this process to a CPU (loopback: the client)");
   app.add_flag("--loopback", o.loopback, "Run server and client here, on two cores");
   app.add_flag("--json", o.json, "One JSON object per line per (test, size)");

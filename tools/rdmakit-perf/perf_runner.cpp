@@ -356,6 +356,7 @@ class Session {
 
   Result client_step(uint64_t size) {
     prepare(size);
+    reserve_samples(o_.iterations);
     CtrlMsg start;
     start.type = Ctrl::kStart;
     start.size = size;
@@ -381,6 +382,9 @@ class Session {
       if (m.type != Ctrl::kStart) fail("protocol: expected Start");
       if (m.size == 0 || m.size > s_.max_size) fail("protocol: size out of range");
       prepare(m.size);
+      // Everything sized before Ready: a peer that starts at once must not
+      // outrun a server still allocating (its RECVs would run out: RNR).
+      reserve_samples(m.iterations);
       CtrlMsg ready;
       ready.type = Ctrl::kReady;
       ctrl_send(ready);
@@ -684,9 +688,25 @@ class Session {
   // Samples come from one timestamp per iteration: delta of consecutive
   // iteration starts, as perftest does; no allocation in the loop.
   uint64_t* lat_buffer(uint64_t iterations) {
-    const size_t need = (iterations ? iterations : kMaxLatSamples) + 1;
-    if (lat_ticks_.size() < need) lat_ticks_.assign(need, 0);
+    reserve_samples(iterations);
     return lat_ticks_.data();
+  }
+
+  // Timestamp arrays for a run of `iterations` (0: duration mode), before
+  // the run starts.
+  void reserve_samples(uint64_t iterations) {
+    if (is_latency(s_.test)) {
+      if (server_) return;  // only the client takes timestamps
+      const size_t need = (iterations ? iterations : kMaxLatSamples) + 1;
+      if (lat_ticks_.size() < need) lat_ticks_.assign(need, 0);
+      return;
+    }
+    const uint64_t stamp_cap =
+        iterations ? s_.num_qps * (iterations / s_.cq_mod + 2) + 2 : kMaxBwStamps;
+    if (stamps_.size() < stamp_cap) {
+      stamps_.assign(stamp_cap, 0);
+      stamp_ops_.assign(stamp_cap, 0);
+    }
   }
 
   // Posts one data WR on QP 0 with selective signaling; makes room first.
@@ -1071,12 +1091,7 @@ class Session {
     // server's.
     const bool want_peer_end = server_ || s_.bidirectional;
     const uint32_t nq = s_.num_qps;
-    const uint64_t stamp_cap =
-        iterations ? nq * (iterations / s_.cq_mod + 2) + 2 : kMaxBwStamps;
-    if (stamps_.size() < stamp_cap) {
-      stamps_.assign(stamp_cap, 0);
-      stamp_ops_.assign(stamp_cap, 0);
-    }
+    reserve_samples(iterations);
     std::vector<SendWr> tmpl(nq);
     for (uint32_t q = 0; q < nq; ++q) {
       tmpl[q] = make_wr(q, size);
