@@ -2,6 +2,10 @@
 // benchmarks so ratios compare like with like.
 //   cache-line ping-pong between two pinned cores (half round trip = the
 //     time one cache line takes to move from one core to the other);
+//   two-line ping-pong: one line per direction, each written by one side
+//     and polled by the other, the least any message queue pair moves (a
+//     SEND completes into a line of the receiver's ring, the reply into one
+//     of the sender's), reported next to the one-line floor;
 //   single-thread memcpy bandwidth per size (hot buffers, MB = 10^6 bytes;
 //     median of 5 runs of 40 ms, and the best run).
 //   rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] [--rounds N]
@@ -62,6 +66,51 @@ double pingpong_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best
       const uint64_t i = k * kBatch + j;
       line.store(2 * i + 1, std::memory_order_release);
       while (line.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+    const auto t1 = Clock::now();
+    per_hop[k] = std::chrono::duration<double, std::nano>(t1 - t0).count() / (2 * kBatch);
+  }
+  b.join();
+  std::sort(per_hop.begin(), per_hop.end());
+  *best = per_hop.front();
+  return per_hop[per_hop.size() / 2];
+}
+
+// The same with one line per direction: A writes a payload word and a
+// sequence number into line_b and polls line_a; B the reverse.
+double two_line_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best) {
+  constexpr uint64_t kBatch = 100;
+  struct alignas(64) Line {
+    std::atomic<uint64_t> seq{0};
+    uint64_t payload = 0;
+  };
+  alignas(128) static Line line_a, line_b;
+  line_a.seq.store(0);
+  line_b.seq.store(0);
+  std::atomic<bool> go{false};
+  const uint64_t rounds = batches * kBatch;
+  std::thread b([&] {
+    pin(cpu_b);
+    while (!go.load(std::memory_order_acquire)) {
+    }
+    for (uint64_t i = 1; i <= rounds; ++i) {
+      while (line_b.seq.load(std::memory_order_acquire) != i) {
+      }
+      line_a.payload = line_b.payload;
+      line_a.seq.store(i, std::memory_order_release);
+    }
+  });
+  pin(cpu_a);
+  std::vector<double> per_hop(batches);
+  go.store(true, std::memory_order_release);
+  for (uint64_t k = 0; k < batches; ++k) {
+    const auto t0 = Clock::now();
+    for (uint64_t j = 0; j < kBatch; ++j) {
+      const uint64_t i = k * kBatch + j + 1;
+      line_b.payload = i;
+      line_b.seq.store(i, std::memory_order_release);
+      while (line_a.seq.load(std::memory_order_acquire) != i) {
       }
     }
     const auto t1 = Clock::now();
@@ -157,14 +206,22 @@ int main(int argc, char** argv) {
   std::sort(hops.begin(), hops.end());
   std::sort(mins.begin(), mins.end());
   const double hop = hops[hops.size() / 2];
+  double two_line_best = 0;
+  const double two_line = two_line_half_rtt_ns(cpu_a, cpu_b, 1000, &two_line_best);
   if (json) {
     std::printf("%s\n", fmt::format("{{\"floor\":\"cacheline_pingpong\",\"cpus\":[{},{}],"
                                     "\"half_rtt_ns\":{:.2f},\"rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
                                     cpu_a, cpu_b, hop, 2 * hop, mins.front())
                             .c_str());
+    std::printf("%s\n", fmt::format("{{\"floor\":\"two_line_pingpong\",\"cpus\":[{},{}],"
+                                    "\"half_rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
+                                    cpu_a, cpu_b, two_line, two_line_best)
+                            .c_str());
   } else {
     std::printf("cache-line ping-pong cpu %d <-> cpu %d: half round trip %.1f ns (min %.1f)\n",
                 cpu_a, cpu_b, hop, mins.front());
+    std::printf("two-line ping-pong (one line per direction): half round trip %.1f ns (min %.1f)\n",
+                two_line, two_line_best);
     std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   }
   pin(cpu_b);
