@@ -36,38 +36,29 @@ void pin(int cpu) {
   sched_setaffinity(0, sizeof set, &set);  // best effort: one core still measures
 }
 
-// One 64-byte line bounced between two threads: A stores odd values, B even
-// ones, each waiting for the other's. Timed in batches of 100 round trips;
-// the median batch gives nanoseconds per one-way hop, so a descheduled
-// thread on a shared machine spoils a few batches, not the figure.
-double pingpong_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best) {
+// Times a ping-pong between two pinned threads: exchange i (1-based) is
+// ask(i) on cpu_a, which returns once answer(i) on cpu_b has replied. Timed
+// in batches of 100 round trips; the median batch gives nanoseconds per
+// one-way hop, so a descheduled thread on a shared machine spoils a few
+// batches, not the figure. *best gets the fastest batch.
+template <typename Ask, typename Answer>
+double time_pingpong(int cpu_a, int cpu_b, uint64_t batches, double* best, Ask ask,
+                     Answer answer) {
   constexpr uint64_t kBatch = 100;
-  alignas(128) static std::atomic<uint64_t> line{0};
-  line.store(0);
   std::atomic<bool> go{false};
   const uint64_t rounds = batches * kBatch;
   std::thread b([&] {
     pin(cpu_b);
     while (!go.load(std::memory_order_acquire)) {
     }
-    for (uint64_t i = 0; i < rounds; ++i) {
-      const uint64_t want = 2 * i + 1;
-      while (line.load(std::memory_order_acquire) != want) {
-      }
-      line.store(want + 1, std::memory_order_release);
-    }
+    for (uint64_t i = 1; i <= rounds; ++i) answer(i);
   });
   pin(cpu_a);
   std::vector<double> per_hop(batches);
   go.store(true, std::memory_order_release);
   for (uint64_t k = 0; k < batches; ++k) {
     const auto t0 = Clock::now();
-    for (uint64_t j = 0; j < kBatch; ++j) {
-      const uint64_t i = k * kBatch + j;
-      line.store(2 * i + 1, std::memory_order_release);
-      while (line.load(std::memory_order_acquire) != 2 * i + 2) {
-      }
-    }
+    for (uint64_t j = 1; j <= kBatch; ++j) ask(k * kBatch + j);
     const auto t1 = Clock::now();
     per_hop[k] = std::chrono::duration<double, std::nano>(t1 - t0).count() / (2 * kBatch);
   }
@@ -77,10 +68,28 @@ double pingpong_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best
   return per_hop[per_hop.size() / 2];
 }
 
+// One 64-byte line bounced between the threads: A stores odd values, B even
+// ones, each waiting for the other's.
+double pingpong_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best) {
+  alignas(128) static std::atomic<uint64_t> line{0};
+  line.store(0);
+  return time_pingpong(
+      cpu_a, cpu_b, batches, best,
+      [](uint64_t i) {
+        line.store(2 * i - 1, std::memory_order_release);
+        while (line.load(std::memory_order_acquire) != 2 * i) {
+        }
+      },
+      [](uint64_t i) {
+        while (line.load(std::memory_order_acquire) != 2 * i - 1) {
+        }
+        line.store(2 * i, std::memory_order_release);
+      });
+}
+
 // The same with one line per direction: A writes a payload word and a
 // sequence number into line_b and polls line_a; B the reverse.
 double two_line_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best) {
-  constexpr uint64_t kBatch = 100;
   struct alignas(64) Line {
     std::atomic<uint64_t> seq{0};
     uint64_t payload = 0;
@@ -88,38 +97,20 @@ double two_line_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best
   alignas(128) static Line line_a, line_b;
   line_a.seq.store(0);
   line_b.seq.store(0);
-  std::atomic<bool> go{false};
-  const uint64_t rounds = batches * kBatch;
-  std::thread b([&] {
-    pin(cpu_b);
-    while (!go.load(std::memory_order_acquire)) {
-    }
-    for (uint64_t i = 1; i <= rounds; ++i) {
-      while (line_b.seq.load(std::memory_order_acquire) != i) {
-      }
-      line_a.payload = line_b.payload;
-      line_a.seq.store(i, std::memory_order_release);
-    }
-  });
-  pin(cpu_a);
-  std::vector<double> per_hop(batches);
-  go.store(true, std::memory_order_release);
-  for (uint64_t k = 0; k < batches; ++k) {
-    const auto t0 = Clock::now();
-    for (uint64_t j = 0; j < kBatch; ++j) {
-      const uint64_t i = k * kBatch + j + 1;
-      line_b.payload = i;
-      line_b.seq.store(i, std::memory_order_release);
-      while (line_a.seq.load(std::memory_order_acquire) != i) {
-      }
-    }
-    const auto t1 = Clock::now();
-    per_hop[k] = std::chrono::duration<double, std::nano>(t1 - t0).count() / (2 * kBatch);
-  }
-  b.join();
-  std::sort(per_hop.begin(), per_hop.end());
-  *best = per_hop.front();
-  return per_hop[per_hop.size() / 2];
+  return time_pingpong(
+      cpu_a, cpu_b, batches, best,
+      [](uint64_t i) {
+        line_b.payload = i;
+        line_b.seq.store(i, std::memory_order_release);
+        while (line_a.seq.load(std::memory_order_acquire) != i) {
+        }
+      },
+      [](uint64_t i) {
+        while (line_b.seq.load(std::memory_order_acquire) != i) {
+        }
+        line_a.payload = line_b.payload;
+        line_a.seq.store(i, std::memory_order_release);
+      });
 }
 
 // memcpy of `size` bytes repeated in `reps` runs of `each`. Returns the

@@ -60,6 +60,7 @@ void ShmCompletionQueue::attach_recv(ShmQueuePair* qp, uint32_t depth) {
 void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   std::erase(send_qps_, qp);
   std::erase(recv_qps_, qp);
+  next_recv_ = 0;  // the round-robin index must stay inside recv_qps_
   // Completions of a destroyed QP must not touch it when polled.
   for (uint64_t i = head_; i != tail_; ++i) {
     if (ring_[i & mask_].qp == qp) ring_[i & mask_].qp = nullptr;
@@ -86,7 +87,6 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     ++head_;
   }
   const size_t qps = recv_qps_.size();
-  if (next_recv_ >= qps) next_recv_ = 0;  // a QP detached
   size_t at = next_recv_;
   for (size_t i = 0; i < qps && n < out.size(); ++i) {
     n += static_cast<size_t>(recv_qps_[at]->poll_recv(out.subspan(n)));

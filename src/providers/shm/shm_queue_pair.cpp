@@ -524,6 +524,15 @@ uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
   return std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_acquire);
 }
 
+Completion ShmQueuePair::flushed_recv(uint64_t wr_id) const noexcept {
+  Completion c;
+  c.wr_id = wr_id;
+  c.status = Status::kWrFlushError;
+  c.opcode = Opcode::kRecv;
+  c.qp_num = qp_num();
+  return c;
+}
+
 int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   size_t n = 0;
   while (n < out.size() && recv_done(std::memory_order_acquire)) {
@@ -546,12 +555,7 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
     const uint64_t claimed = peer_gone() ? claimed_srq_entry() : 0;
     if (claimed != 0 && n < out.size()) {
       const auto entry = static_cast<uint32_t>(claimed - 1);
-      Completion& c = out[n++];
-      c = Completion{};
-      c.wr_id = srq_->wr_id(entry);
-      c.status = Status::kWrFlushError;
-      c.opcode = Opcode::kRecv;
-      c.qp_num = qp_num();
+      out[n++] = flushed_recv(srq_->wr_id(entry));
       srq_->release(entry);
       std::atomic_ref<uint64_t>(local_.block->slots()[rq_polled_ & rq_mask_].srq_entry)
           .store(0, std::memory_order_relaxed);
@@ -560,12 +564,7 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   }
   // In error the peer no longer consumes our ring: flush what is left.
   while (n < out.size() && rq_polled_ < rq_posted_) {
-    Completion& c = out[n++];
-    c = Completion{};
-    c.wr_id = rq_wr_id_[rq_polled_ & rq_mask_];
-    c.status = Status::kWrFlushError;
-    c.opcode = Opcode::kRecv;
-    c.qp_num = qp_num();
+    out[n++] = flushed_recv(rq_wr_id_[rq_polled_ & rq_mask_]);
     ++rq_polled_;
   }
   return static_cast<int>(n);

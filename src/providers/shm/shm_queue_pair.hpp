@@ -136,6 +136,8 @@ class ShmQueuePair final : public QueuePair {
   Exec write_with_imm(const SendWr& wr, Status* status) noexcept;
   // Our receive ring slot index i was consumed: the completion it describes.
   void take_recv(uint64_t index, Completion* c) noexcept;
+  // A RECV completed with WR_FLUSH_ERROR (the QP is in error).
+  Completion flushed_recv(uint64_t wr_id) const noexcept;
   // SRQ: entry + 1 a sender claimed for our next completion, 0 if none.
   uint64_t claimed_srq_entry() const noexcept;
   void complete_send(const SendWr& wr, Status status) noexcept;

@@ -70,7 +70,6 @@ inline bool is_response(WireOp op) noexcept {
   return static_cast<uint8_t>(op) >= 0x20 && static_cast<uint8_t>(op) <= 0x23;
 }
 
-
 inline void encode_header(const Header& h, std::byte* out) noexcept {
   out[0] = static_cast<std::byte>(h.op);
   out[1] = static_cast<std::byte>(h.status);
