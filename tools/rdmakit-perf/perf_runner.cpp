@@ -687,10 +687,8 @@ class Session {
 
   // Samples come from one timestamp per iteration: delta of consecutive
   // iteration starts, as perftest does; no allocation in the loop.
-  uint64_t* lat_buffer(uint64_t iterations) {
-    reserve_samples(iterations);
-    return lat_ticks_.data();
-  }
+  // Sized by reserve_samples before the run.
+  uint64_t* lat_buffer() { return lat_ticks_.data(); }
 
   // Timestamp arrays for a run of `iterations` (0: duration mode), before
   // the run starts.
@@ -843,7 +841,7 @@ class Session {
       return r;
     }
 
-    uint64_t* t = lat_buffer(iterations);
+    uint64_t* t = lat_buffer();
     const uint64_t cap = iterations ? iterations : kMaxLatSamples;
     const uint64_t t0 = Clock::now();
     const uint64_t deadline =
@@ -866,7 +864,7 @@ class Session {
   Result run_rtt(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
     Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size), s_.event);
     SendWr wr = make_wr(0, size);
-    uint64_t* t = lat_buffer(iterations);
+    uint64_t* t = lat_buffer();
     const uint64_t cap = iterations ? iterations : kMaxLatSamples;
     const uint64_t t0 = Clock::now();
     const uint64_t deadline =
@@ -1091,7 +1089,6 @@ class Session {
     // server's.
     const bool want_peer_end = server_ || s_.bidirectional;
     const uint32_t nq = s_.num_qps;
-    reserve_samples(iterations);
     std::vector<SendWr> tmpl(nq);
     for (uint32_t q = 0; q < nq; ++q) {
       tmpl[q] = make_wr(q, size);
