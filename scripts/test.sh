@@ -30,7 +30,7 @@ run_ctest() {  # name build_dir [cmake args...]
 
 for stage in $stages; do
   case $stage in
-    release) run_ctest release build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo ;;
+    release) run_ctest release build-test -DCMAKE_BUILD_TYPE=Release ;;
     asan)    run_ctest asan build-asan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=address,undefined ;;
     tsan)    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
                run_ctest tsan build-tsan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=thread ;;

@@ -259,7 +259,7 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   sq_mask_ = sq_size - 1;
   if (options_.max_inline < 8) options_.max_inline = 8;
   inline_data_.resize(sq_size * options_.max_inline);
-  rq_wr_id_.resize(local_.block->ring_size);
+  rq_.resize(local_.block->ring_size);
   rq_mask_ = local_.block->ring_size - 1;
   mappings_ = std::make_unique<Mapping[]>(kRegionTableSize);
 
@@ -373,7 +373,7 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
     slot.addr = reinterpret_cast<uint64_t>(wr.addr);
     slot.length = wr.length;
     slot.lkey = wr.lkey;
-    rq_wr_id_[index] = wr.wr_id;
+    rq_[index] = {wr.wr_id, static_cast<std::byte*>(wr.addr), wr.length};
     ++rq_posted_;
     slot.post_seq.store(rq_posted_, std::memory_order_release);
     ++result.posted;
@@ -488,31 +488,48 @@ bool ShmQueuePair::recv_ready() const noexcept {
 
 void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
   RecvSlot& slot = local_.block->slots()[index];
-  uint32_t entry = 0;
   uint64_t wr_id;
-  void* buffer;
+  std::byte* buffer;
+  uint32_t length;
+  uint32_t entry = 0;
+  bool entry_valid = true;
   if (srq_ != nullptr) {
-    entry = static_cast<uint32_t>(
-        std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed) - 1);
-    buffer = reinterpret_cast<void*>(srq_->buffer(entry));
+    const uint64_t claimed =
+        std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed);
+    entry_valid = srq_->valid_claim(claimed);
+    entry = entry_valid ? static_cast<uint32_t>(claimed - 1) : 0;
+    buffer = srq_->buffer(entry);
+    length = srq_->length(entry);
     wr_id = srq_->wr_id(entry);
   } else {
-    buffer = reinterpret_cast<void*>(slot.addr);
-    wr_id = rq_wr_id_[index];
+    const PostedRecv& posted = rq_[index];
+    buffer = posted.addr;
+    length = posted.length;
+    wr_id = posted.wr_id;
   }
-  if (slot.data_inline != 0 && slot.status == static_cast<uint8_t>(Status::kSuccess)) {
-    small_copy(buffer, slot.data, slot.byte_len);
+  auto status = static_cast<Status>(slot.status);
+  const uint32_t byte_len = slot.byte_len;
+  if (slot.data_inline != 0 && status == Status::kSuccess) {
+    // The peer wrote this slot: its length is checked against our own
+    // record before anything is copied into our memory.
+    if (entry_valid && byte_len <= kSlotInline && byte_len <= length) {
+      small_copy<kSlotInline>(buffer, slot.data, byte_len);
+    } else {
+      status = Status::kLocalQpOperationError;
+    }
+  } else if (!entry_valid) {
+    status = Status::kLocalQpOperationError;
   }
   *c = Completion{};
   c->wr_id = wr_id;
-  c->byte_len = slot.byte_len;
+  c->byte_len = byte_len;
   c->imm = slot.imm;
   c->flags = slot.flags;
   c->opcode = static_cast<Opcode>(slot.opcode);
-  c->status = static_cast<Status>(slot.status);
+  c->status = status;
   c->qp_num = qp_num();
   if (srq_ != nullptr) {
-    srq_->release(entry);
+    if (entry_valid) srq_->release(entry);
     std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
     // Renew the credit: this slot carries completion rq_polled_ + ring next.
     slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
@@ -553,7 +570,7 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
     // The SRQ itself is never flushed. Only an entry a dead sender claimed
     // but never completed comes back, flushed on this QP.
     const uint64_t claimed = peer_gone() ? claimed_srq_entry() : 0;
-    if (claimed != 0 && n < out.size()) {
+    if (srq_->valid_claim(claimed) && n < out.size()) {
       const auto entry = static_cast<uint32_t>(claimed - 1);
       out[n++] = flushed_recv(srq_->wr_id(entry));
       srq_->release(entry);
@@ -564,7 +581,7 @@ int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
   }
   // In error the peer no longer consumes our ring: flush what is left.
   while (n < out.size() && rq_polled_ < rq_posted_) {
-    out[n++] = flushed_recv(rq_wr_id_[rq_polled_ & rq_mask_]);
+    out[n++] = flushed_recv(rq_[rq_polled_ & rq_mask_].wr_id);
     ++rq_polled_;
   }
   return static_cast<int>(n);
@@ -782,7 +799,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
       } else if (wr.length <= kSlotInline) {
         // Small payloads ride in the slot's cache line; the receiver copies
         // them into its buffer when it polls.
-        small_copy(slot.data, wr.local_addr, wr.length);
+        small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
         slot.data_inline = 1;
       } else {
         Target target = resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);

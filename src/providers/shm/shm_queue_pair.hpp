@@ -170,8 +170,15 @@ class ShmQueuePair final : public QueuePair {
   bool rnr_deadline_set_ = false;
   std::chrono::steady_clock::time_point rnr_deadline_{};
 
-  // Receive queue (our InboundBlock's ring): wr_ids by slot.
-  std::vector<uint64_t> rq_wr_id_;
+  // Receive queue (our InboundBlock's ring), by slot: our own copy of each
+  // posted RECV. The ring is writable by the peer, so where inline data goes
+  // is never taken from it.
+  struct PostedRecv {
+    uint64_t wr_id;
+    std::byte* addr;
+    uint32_t length;
+  };
+  std::vector<PostedRecv> rq_;
   uint64_t rq_mask_ = 0;
   uint64_t rq_posted_ = 0;
   uint64_t rq_polled_ = 0;

@@ -31,7 +31,7 @@ ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
     new (&block_->ring()[i]) SrqRingSlot();
     new (&block_->entries()[i]) SrqEntry();
   }
-  wr_ids_ = std::make_unique<uint64_t[]>(ring);
+  posted_ = std::make_unique<PostedRecv[]>(ring);
   busy_ = std::make_unique<std::atomic<uint8_t>[]>(ring);
   for (uint32_t i = 0; i < ring; ++i) busy_[i].store(0, std::memory_order_relaxed);
 }
@@ -43,7 +43,7 @@ PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   if (options_.thread_safe) lock.lock();
   PostResult result;
   for (const RecvWr& wr : wrs) {
-    if (posted_ - released_.load(std::memory_order_acquire) >= options_.max_wr) {
+    if (posted_count_ - released_.load(std::memory_order_acquire) >= options_.max_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
@@ -57,12 +57,12 @@ PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
     e.addr = reinterpret_cast<uint64_t>(wr.addr);
     e.length = wr.length;
     e.lkey = wr.lkey;
-    wr_ids_[entry] = wr.wr_id;
+    posted_[entry] = {wr.wr_id, static_cast<std::byte*>(wr.addr), wr.length};
     busy_[entry].store(1, std::memory_order_relaxed);
-    SrqRingSlot& slot = block_->ring()[posted_ & mask_];
+    SrqRingSlot& slot = block_->ring()[posted_count_ & mask_];
     slot.entry.store(entry, std::memory_order_relaxed);
-    ++posted_;
-    slot.post_seq.store(posted_, std::memory_order_release);
+    ++posted_count_;
+    slot.post_seq.store(posted_count_, std::memory_order_release);
     ++result.posted;
   }
   return result;

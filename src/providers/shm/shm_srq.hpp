@@ -23,8 +23,15 @@ class ShmSrq final : public SharedReceiveQueue {
   uint32_t ring_size() const noexcept { return block_->ring_size; }
 
   // Completion side (the thread polling the attached QPs' recv CQs).
-  uint64_t buffer(uint32_t entry) const noexcept { return block_->entries()[entry].addr; }
-  uint64_t wr_id(uint32_t entry) const noexcept { return wr_ids_[entry]; }
+  // A claimed-entry value (entry + 1) read from a peer-writable slot.
+  bool valid_claim(uint64_t claimed) const noexcept {
+    return claimed != 0 && claimed - 1 <= mask_;
+  }
+  // Our own record of each posted RECV: the shared entries are writable by
+  // the senders, so where data goes is never read back from them.
+  std::byte* buffer(uint32_t entry) const noexcept { return posted_[entry].addr; }
+  uint32_t length(uint32_t entry) const noexcept { return posted_[entry].length; }
+  uint64_t wr_id(uint32_t entry) const noexcept { return posted_[entry].wr_id; }
   // The completion of entry was delivered: it may hold a new RECV.
   void release(uint32_t entry) noexcept {
     busy_[entry].store(0, std::memory_order_release);
@@ -40,10 +47,15 @@ class ShmSrq final : public SharedReceiveQueue {
   SrqBlock* block_ = nullptr;
   size_t block_bytes_ = 0;
   uint32_t mask_ = 0;
-  std::unique_ptr<uint64_t[]> wr_ids_;              // by entry
+  struct PostedRecv {
+    uint64_t wr_id;
+    std::byte* addr;
+    uint32_t length;
+  };
+  std::unique_ptr<PostedRecv[]> posted_;          // by entry
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;  // by entry
   uint32_t next_entry_ = 0;  // where the search for a free entry starts
-  uint64_t posted_ = 0;
+  uint64_t posted_count_ = 0;
   std::atomic<uint64_t> released_{0};
   std::mutex post_mutex_;  // only when options.thread_safe
 };

@@ -10,14 +10,19 @@ namespace rdmakit::shm {
 
 inline constexpr size_t kSmallCopyMax = 64;
 
-// Copies n <= kSmallCopyMax bytes between non-overlapping buffers: whole
-// words, then the last word again (overlapping) for a ragged end.
+// Copies n <= Max bytes between non-overlapping buffers: whole words, then
+// the last word again (overlapping) for a ragged end. Max bounds the word
+// loop at compile time, so the optimizer can prove a copy into a Max-byte
+// array stays inside it.
+template <size_t Max = kSmallCopyMax>
 inline void small_copy(void* dst, const void* src, size_t n) noexcept {
+  static_assert(Max >= 8 && Max <= kSmallCopyMax);
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
   const auto copy = [&](size_t at, size_t width) { std::memcpy(d + at, s + at, width); };
+  if (n > Max) __builtin_unreachable();
   if (n >= 8) {
-    for (size_t at = 0; at + 8 <= n; at += 8) copy(at, 8);
+    for (size_t at = 0; at + 8 <= n && at + 8 <= Max; at += 8) copy(at, 8);
     copy(n - 8, 8);
   } else if (n >= 4) {
     copy(0, 4);
