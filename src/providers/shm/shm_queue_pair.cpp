@@ -254,6 +254,9 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
     }
   }
 
+  peer_ring_mask_ = peer_.ring_size - 1;
+  small_send_allowed_ = !options_.thread_safe && peer_srq_ == nullptr;
+
   const uint64_t sq_size = std::bit_ceil(options_.max_send_wr);
   sq_.resize(sq_size);
   sq_mask_ = sq_size - 1;
@@ -296,7 +299,45 @@ ShmQueuePair::~ShmQueuePair() {
 
 // ---------------------------------------------------------------- posting
 
+// One small SEND on an idle, healthy QP whose peer has its own receive
+// queue and a RECV posted: the common message of a request/response
+// exchange. It runs the general path's checks in the same order, but
+// without its per-request bookkeeping; anything unusual (RNR, a too-small
+// or unregistered receive buffer, a lkey to check) returns false and takes
+// the general path, which reports it.
+inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
+  if (!small_send_allowed_ || wr.length > kSlotInline ||
+      static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kSendWithImm) ||
+      ((wr.flags & kInline) == 0 && wr.length != 0) || sq_executed_ != sq_posted_ ||
+      sq_posted_ - sq_retired_ >= options_.max_send_wr || !path_clear()) {
+    return false;
+  }
+  RecvSlot& slot = peer_block_->slots()[peer_consumed_ & peer_ring_mask_];
+  prefetch_for_write(&slot);
+  if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) return false;
+  if (wr.length != 0) {
+    EntryView view;
+    if (wr.length > slot.length || !read_entry(*peer_table_, slot.lkey, &view) ||
+        !in_range(view, slot.addr, wr.length) || (view.access & kAccessLocalWrite) == 0) {
+      return false;
+    }
+    small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
+  }
+  slot.data_inline = wr.length != 0 ? 1 : 0;
+  slot.byte_len = wr.length;
+  slot.imm = wr.imm;
+  slot.flags = wr.opcode == Opcode::kSendWithImm ? kCompletionHasImm : 0;
+  slot.opcode = static_cast<uint8_t>(Opcode::kRecv);
+  slot.status = static_cast<uint8_t>(Status::kSuccess);
+  publish(slot);
+  ++sq_posted_;
+  complete_send(wr, Status::kSuccess);
+  ++sq_executed_;
+  return true;
+}
+
 PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
+  if (wrs.size() == 1 && try_small_send(wrs[0])) return {PostStatus::kOk, 1};
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
   uint32_t accepted = 0;
@@ -468,11 +509,6 @@ bool ShmQueuePair::send_ready() const noexcept {
   return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
 }
 
-bool ShmQueuePair::recv_done(std::memory_order order) const noexcept {
-  const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
-  return slot.done_seq.load(order) == rq_polled_ + 1;
-}
-
 bool ShmQueuePair::recv_ready() const noexcept {
   // seq_cst pairs with the sender's done_seq store / cq_armed load.
   if (recv_done(std::memory_order_seq_cst)) return true;
@@ -486,54 +522,23 @@ bool ShmQueuePair::recv_ready() const noexcept {
   return rq_polled_ != rq_posted_;
 }
 
-void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
+void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
   RecvSlot& slot = local_.block->slots()[index];
-  uint64_t wr_id;
-  std::byte* buffer;
-  uint32_t length;
-  uint32_t entry = 0;
-  bool entry_valid = true;
-  if (srq_ != nullptr) {
-    const uint64_t claimed =
-        std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed);
-    entry_valid = srq_->valid_claim(claimed);
-    entry = entry_valid ? static_cast<uint32_t>(claimed - 1) : 0;
-    buffer = srq_->buffer(entry);
-    length = srq_->length(entry);
-    wr_id = srq_->wr_id(entry);
+  const uint64_t claimed =
+      std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed);
+  if (srq_->valid_claim(claimed)) {
+    const auto entry = static_cast<uint32_t>(claimed - 1);
+    fill_recv_completion(
+        slot, {srq_->wr_id(entry), srq_->buffer(entry), srq_->length(entry)}, c);
+    srq_->release(entry);
   } else {
-    const PostedRecv& posted = rq_[index];
-    buffer = posted.addr;
-    length = posted.length;
-    wr_id = posted.wr_id;
+    // A corrupt claim names no RECV of ours: nothing is copied anywhere.
+    fill_recv_completion(slot, {0, nullptr, 0}, c);
+    c->status = Status::kLocalQpOperationError;
   }
-  auto status = static_cast<Status>(slot.status);
-  const uint32_t byte_len = slot.byte_len;
-  if (slot.data_inline != 0 && status == Status::kSuccess) {
-    // The peer wrote this slot: its length is checked against our own
-    // record before anything is copied into our memory.
-    if (entry_valid && byte_len <= kSlotInline && byte_len <= length) {
-      small_copy<kSlotInline>(buffer, slot.data, byte_len);
-    } else {
-      status = Status::kLocalQpOperationError;
-    }
-  } else if (!entry_valid) {
-    status = Status::kLocalQpOperationError;
-  }
-  *c = Completion{};
-  c->wr_id = wr_id;
-  c->byte_len = byte_len;
-  c->imm = slot.imm;
-  c->flags = slot.flags;
-  c->opcode = static_cast<Opcode>(slot.opcode);
-  c->status = status;
-  c->qp_num = qp_num();
-  if (srq_ != nullptr) {
-    if (entry_valid) srq_->release(entry);
-    std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
-    // Renew the credit: this slot carries completion rq_polled_ + ring next.
-    slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
-  }
+  std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
+  // Renew the credit: this slot carries completion rq_polled_ + ring next.
+  slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
 }
 
 uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
@@ -550,14 +555,7 @@ Completion ShmQueuePair::flushed_recv(uint64_t wr_id) const noexcept {
   return c;
 }
 
-int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
-  size_t n = 0;
-  while (n < out.size() && recv_done(std::memory_order_acquire)) {
-    Completion& c = out[n++];
-    take_recv(rq_polled_ & rq_mask_, &c);
-    ++rq_polled_;
-    if (c.status != Status::kSuccess) enter_error();
-  }
+int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
   if (state_ == QpState::kConnected &&
       (peer_gone() ||
        local_.block->sender_state.load(std::memory_order_acquire) != kSideOpen)) {
@@ -717,7 +715,7 @@ Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexce
 }
 
 bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
-  RecvSlot& slot = peer_block_->slots()[peer_consumed_ & (peer_.ring_size - 1)];
+  RecvSlot& slot = peer_block_->slots()[peer_consumed_ & peer_ring_mask_];
   // We read the slot and then write it: fetch the line for writing once
   // instead of a shared read followed by an invalidation.
   prefetch_for_write(&slot);
@@ -763,6 +761,10 @@ void ShmQueuePair::publish_recv(const RecvClaim& claim, const SendWr& wr,
                    : 0;
   slot.opcode = static_cast<uint8_t>(recv_opcode);
   slot.status = static_cast<uint8_t>(recv_status);
+  publish(slot);
+}
+
+inline void ShmQueuePair::publish(RecvSlot& slot) noexcept {
   ++peer_consumed_;
   // Publish, then check whether the receiver sleeps. That store-load order
   // needs a full fence on one side: here per message, or (light_publish_)

@@ -8,6 +8,7 @@
 
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
+#include "providers/shm/small_copy.hpp"
 #include "providers/shm/unix_socket.hpp"
 #include "rdmakit/queue_pair.hpp"
 
@@ -73,6 +74,7 @@ class ShmQueuePair final : public QueuePair {
 
   // Completion-queue side.
   void progress() noexcept;
+  // Inline (see the end of this file): the receive half of every poll.
   int poll_recv(std::span<Completion> out) noexcept;
   void retire(uint64_t upto) noexcept {
     if (upto > sq_retired_) sq_retired_ = upto;
@@ -89,7 +91,10 @@ class ShmQueuePair final : public QueuePair {
            (state_ == QpState::kConnected && peer_gone());
   }
   bool rnr_waiting() const noexcept { return rnr_deadline_set_; }
-  bool recv_done(std::memory_order order) const noexcept;
+  bool recv_done(std::memory_order order) const noexcept {
+    const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
+    return slot.done_seq.load(order) == rq_polled_ + 1;
+  }
 
  protected:
   PostResult do_post_send(std::span<const SendWr> wrs) noexcept override;
@@ -131,11 +136,25 @@ class ShmQueuePair final : public QueuePair {
   bool claim_recv(RecvClaim* claim) noexcept;
   void publish_recv(const RecvClaim& claim, const SendWr& wr, Opcode recv_opcode,
                     Status recv_status) noexcept;
+  bool try_small_send(const SendWr& wr) noexcept;
+  // Completes the peer's RECV in slot (its fields are filled).
+  void publish(RecvSlot& slot) noexcept;
   Exec deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payload,
                Status* status) noexcept;
   Exec write_with_imm(const SendWr& wr, Status* status) noexcept;
+  struct PostedRecv {
+    uint64_t wr_id;
+    std::byte* addr;
+    uint32_t length;
+  };
   // Our receive ring slot index i was consumed: the completion it describes.
   void take_recv(uint64_t index, Completion* c) noexcept;
+  void take_srq_recv(uint64_t index, Completion* c) noexcept;
+  void fill_recv_completion(const RecvSlot& slot, const PostedRecv& posted,
+                            Completion* c) const noexcept;
+  // poll_recv once nothing (more) arrived: notices a dead or failed peer and
+  // flushes; n completions are already in out.
+  int poll_recv_idle(std::span<Completion> out, size_t n) noexcept;
   // A RECV completed with WR_FLUSH_ERROR (the QP is in error).
   Completion flushed_recv(uint64_t wr_id) const noexcept;
   // SRQ: entry + 1 a sender claimed for our next completion, 0 if none.
@@ -154,7 +173,9 @@ class ShmQueuePair final : public QueuePair {
   SrqBlock* peer_srq_ = nullptr;  // the peer receives through an SRQ
   size_t peer_srq_bytes_ = 0;
   ShmSrq* srq_ = nullptr;  // we receive through an SRQ
-  bool light_publish_ = false;  // see publish_recv
+  bool light_publish_ = false;  // see publish()
+  bool small_send_allowed_ = false;  // see try_small_send()
+  uint64_t peer_ring_mask_ = 0;
   const std::atomic<bool>* peer_gone_;  // local_.link->peer_gone, one load closer
   ShmCompletionQueue* send_cq_;
   ShmCompletionQueue* recv_cq_;
@@ -173,11 +194,6 @@ class ShmQueuePair final : public QueuePair {
   // Receive queue (our InboundBlock's ring), by slot: our own copy of each
   // posted RECV. The ring is writable by the peer, so where inline data goes
   // is never taken from it.
-  struct PostedRecv {
-    uint64_t wr_id;
-    std::byte* addr;
-    uint32_t length;
-  };
   std::vector<PostedRecv> rq_;
   uint64_t rq_mask_ = 0;
   uint64_t rq_posted_ = 0;
@@ -197,5 +213,57 @@ class ShmQueuePair final : public QueuePair {
   QpState state_ = QpState::kConnected;
   std::mutex post_mutex_;  // only when options.thread_safe
 };
+
+inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
+                                               const PostedRecv& posted,
+                                               Completion* c) const noexcept {
+  auto status = static_cast<Status>(slot.status);
+  const uint32_t byte_len = slot.byte_len;
+  if (slot.data_inline != 0 && status == Status::kSuccess) {
+    // The peer wrote this slot: its length is checked against our own
+    // record before anything is copied into our memory.
+    if (byte_len <= kSlotInline && byte_len <= posted.length) {
+      small_copy<kSlotInline>(posted.addr, slot.data, byte_len);
+    } else {
+      status = Status::kLocalQpOperationError;
+    }
+  }
+  c->wr_id = posted.wr_id;
+  c->byte_len = byte_len;
+  c->imm = slot.imm;
+  c->qp_num = qp_num();
+  c->opcode = static_cast<Opcode>(slot.opcode);
+  c->status = status;
+  c->flags = slot.flags;
+  c->reserved = 0;
+  c->vendor_err = 0;
+}
+
+inline void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
+  if (srq_ != nullptr) {
+    take_srq_recv(index, c);
+    return;
+  }
+  fill_recv_completion(local_.block->slots()[index], rq_[index], c);
+}
+
+inline int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
+  size_t n = 0;
+  while (n < out.size() && recv_done(std::memory_order_acquire)) {
+    Completion& c = out[n++];
+    take_recv(rq_polled_ & rq_mask_, &c);
+    ++rq_polled_;
+    if (c.status != Status::kSuccess) enter_error();
+  }
+  if (state_ == QpState::kConnected) {
+    // A poll that found completions leaves the liveness checks to the next.
+    if (n != 0) return static_cast<int>(n);
+    if (!peer_gone() &&
+        local_.block->sender_state.load(std::memory_order_acquire) == kSideOpen) {
+      return 0;
+    }
+  }
+  return poll_recv_idle(out, n);
+}
 
 }  // namespace rdmakit::shm
