@@ -338,6 +338,12 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
 
 PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   if (wrs.size() == 1 && try_small_send(wrs[0])) return {PostStatus::kOk, 1};
+  return post_send_general(wrs);
+}
+
+// Out of line, so the fast path above does not pay this one's stack frame.
+[[gnu::noinline]] PostResult ShmQueuePair::post_send_general(
+    std::span<const SendWr> wrs) noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
   uint32_t accepted = 0;
@@ -424,12 +430,6 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
 
 // ---------------------------------------------------------------- progress
 
-bool ShmQueuePair::path_clear() const noexcept {
-  return state_ == QpState::kConnected && !peer_gone() &&
-         peer_block_->owner_state.load(std::memory_order_acquire) == kSideOpen &&
-         local_.block->sender_state.load(std::memory_order_acquire) == kSideOpen;
-}
-
 void ShmQueuePair::progress() noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
   if (options_.thread_safe) lock.lock();
@@ -470,9 +470,7 @@ void ShmQueuePair::progress() noexcept {
   }
 }
 
-void ShmQueuePair::complete_send(const SendWr& wr, Status status) noexcept {
-  // Errors and flushes always complete, as on a NIC; success only if signaled.
-  if (status == Status::kSuccess && (wr.flags & kSignaled) == 0) return;
+void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcept {
   Completion& c = send_cq_->push(this, sq_executed_ + 1);
   c.wr_id = wr.wr_id;
   c.byte_len = wr.length;
@@ -497,11 +495,9 @@ void ShmQueuePair::enter_error() noexcept {
   n = ::write(recv_cq_->wake_fd(), &one, sizeof one);
 }
 
-void ShmQueuePair::wake_peer() noexcept {
-  if (peer_block_->cq_armed.load(std::memory_order_seq_cst) != 0) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
-  }
+void ShmQueuePair::signal_peer() noexcept {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
 }
 
 bool ShmQueuePair::send_ready() const noexcept {

@@ -124,7 +124,11 @@ class ShmQueuePair final : public QueuePair {
   };
 
   // Connected, and neither side has left that state.
-  bool path_clear() const noexcept;
+  bool path_clear() const noexcept {
+    return state_ == QpState::kConnected && !peer_gone() &&
+           peer_block_->owner_state.load(std::memory_order_acquire) == kSideOpen &&
+           local_.block->sender_state.load(std::memory_order_acquire) == kSideOpen;
+  }
   Exec execute(const SendWr& wr, Status* status) noexcept;
   Status check_local(const SendWr& wr, bool sink) const noexcept;
   Target resolve(uint32_t rkey, uint64_t addr, uint64_t length, uint32_t need,
@@ -159,10 +163,20 @@ class ShmQueuePair final : public QueuePair {
   Completion flushed_recv(uint64_t wr_id) const noexcept;
   // SRQ: entry + 1 a sender claimed for our next completion, 0 if none.
   uint64_t claimed_srq_entry() const noexcept;
-  void complete_send(const SendWr& wr, Status status) noexcept;
+  void complete_send(const SendWr& wr, Status status) noexcept {
+    // Errors and flushes always complete, as on a NIC; success only if signaled.
+    if (status == Status::kSuccess && (wr.flags & kSignaled) == 0) return;
+    push_send_completion(wr, status);
+  }
+  void push_send_completion(const SendWr& wr, Status status) noexcept;
+  // The general path: several requests, queued ones, errors.
+  PostResult post_send_general(std::span<const SendWr> wrs) noexcept;
   void enter_error() noexcept;
   bool peer_gone() const noexcept { return peer_gone_->load(std::memory_order_acquire); }
-  void wake_peer() noexcept;
+  void wake_peer() noexcept {
+    if (peer_block_->cq_armed.load(std::memory_order_seq_cst) != 0) signal_peer();
+  }
+  void signal_peer() noexcept;
 
   ShmContext& context_;
   LocalEnd local_;
