@@ -613,7 +613,12 @@ class Session {
       if (!c.has_imm() || c.imm != static_cast<uint32_t>(imm_expected_[q])) ++counters_.errors;
       ++imm_expected_[q];
     }
-    if (--recv_outstanding_[q] + kRecvBatch <= s_.rx_depth) post_recvs(q, kRecvBatch);
+    --recv_outstanding_[q];
+    if (!defer_recv_refill_) refill_recvs(q);
+  }
+
+  void refill_recvs(uint32_t q) {
+    if (recv_outstanding_[q] + kRecvBatch <= s_.rx_depth) post_recvs(q, kRecvBatch);
   }
 
   // --- work requests --------------------------------------------------------
@@ -825,6 +830,18 @@ class Session {
       post_one(wr, i, last);
     };
 
+    // RECVs are replaced after the reply is posted, not before: a batch of
+    // postings must not sit between a message and its answer.
+    defer_recv_refill_ = send;
+    struct Undefer {
+      bool& flag;
+      ~Undefer() { flag = false; }
+    } undefer{defer_recv_refill_};
+    auto post_reply = [&](uint64_t i, bool last) {
+      post_out(i, last);
+      if (send) refill_recvs(0);
+    };
+
     Result r;
     if (server_) {
       uint64_t end_count = UINT64_MAX;
@@ -835,7 +852,7 @@ class Session {
         wd.progress();
         // In duration mode the server cannot know which reply is last; it
         // signals every cq_mod and drains below.
-        post_out(i, iterations && i + 1 == iterations);
+        post_reply(i, iterations && i + 1 == iterations);
       }
       finish_server(wd);
       return r;
@@ -851,7 +868,7 @@ class Session {
       const uint64_t now = Clock::now();
       t[i] = now;
       if (now >= deadline) break;
-      post_out(i, i + 1 == cap);
+      post_reply(i, i + 1 == cap);
       wait_incoming(i, nullptr);
       wd.progress();
     }
@@ -1276,6 +1293,7 @@ class Session {
   RemoteRegion peer_;
   uint64_t slot_ = 0;
   uint64_t until_signal_ = 1;  // post_one: WRs left until the next signaled one
+  bool defer_recv_refill_ = false;  // run_pingpong refills RECVs after each reply
   uint32_t inline_ = 0;
   uint64_t cur_size_ = 0;
   bool end_seen_ = false;
