@@ -160,6 +160,7 @@ std::string resolve(const Raw& raw, Test test, Options& o) {
     o.iterations = 0;
   } else {
     o.iterations = raw.iterations ? raw.iterations : (lat ? 1000 : 5000);
+    if (s.warmup >= o.iterations) return "--warmup must be smaller than -n";
   }
   // perftest-like defaults: deep queues for bandwidth, shallow for latency.
   s.tx_depth = static_cast<uint32_t>(raw.tx_depth > 0 ? raw.tx_depth : (lat ? 16 : 128));
@@ -215,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", raw.iterations,
                  "Iterations per QP (default 1000 latency, 5000 bandwidth)");
   app.add_option("-D,--duration", o.duration_s, "Run each size for this many seconds");
+  app.add_option("-w,--warmup", s.warmup,
+                 "Bandwidth tests: operations per QP completed before the clock starts "
+                 "(included in -n; default 0)");
   app.add_option("-q,--qps", s.num_qps, "Number of data QPs (bandwidth tests)")
       ->check(CLI::Range(1, 1024));
   app.add_option("-t,--tx-depth", raw.tx_depth, "Send queue depth (default 128, latency 16)");
@@ -227,6 +231,9 @@ int main(int argc, char** argv) {
   app.add_option("-A,--atomic", raw.atomic, "Atomic: fadd (FETCH_ADD) or cas (CMP_AND_SWAP)")
       ->check(CLI::IsMember({"fadd", "cas", "FETCH_AND_ADD", "CMP_AND_SWAP"}));
   app.add_flag("-e,--event", s.event, "Sleep on completion events instead of busy polling");
+  app.add_flag("--busy-target", s.busy_target,
+               "The target of WRITE/READ/atomic tests busy-polls instead of sleeping "
+               "(as ucx_perftest's server does)");
   app.add_option("--provider", o.provider, "auto, shm, tcp or verbs");
   app.add_option("-d,--device", o.device, "verbs device");
   app.add_option("-p,--port", o.port, "TCP port / shm name (default 18515)");

@@ -43,12 +43,18 @@ struct Settings {
   AtomicOp atomic_op = AtomicOp::kFetchAdd;
   bool bidirectional = false;
   bool event = false;  // CompletionQueue::wait instead of busy poll
+  // The target of one-sided tests busy-polls instead of sleeping, as
+  // ucx_perftest's server does (tcp targets always poll).
+  bool busy_target = false;
   uint32_t num_qps = 1;
   uint32_t tx_depth = 128;
   uint32_t rx_depth = 512;
   uint32_t inline_size = 0;
   uint32_t post_list = 16;  // WRs per post_send call (doorbell batching)
   uint32_t cq_mod = 64;     // one signaled WR every cq_mod
+  // Bandwidth tests: operations per QP that complete before the clock starts
+  // (still posted and counted; ucx_perftest's -w).
+  uint64_t warmup = 0;
   uint64_t max_size = 65536;
 };
 

@@ -125,11 +125,16 @@ void Reporter::header(const RunInfo& info) {
   std::printf(" Number of qps  : %-12u Connection     : RC\n", s.num_qps);
   std::printf(" TX depth       : %-12u RX depth       : %u\n", s.tx_depth, s.rx_depth);
   std::printf(" CQ moderation  : %-12u Post list      : %u\n", s.cq_mod, s.post_list);
+  if (s.warmup > 0) {
+    std::printf(" Warm-up        : %-12s (bandwidth tests: not timed)\n",
+                fmt::format("{} ops/QP", s.warmup).c_str());
+  }
   std::printf(" Inline size    : %-12u Bidirectional  : %s\n", info.effective_inline,
               s.bidirectional ? "on" : "off");
   std::printf(" Completion     : %-12s Clock          : %s\n",
               s.event ? "event" : "busy-poll", Clock::source());
   std::printf(" Run            : %-12s Pinning        : %s\n", run.c_str(), pin.c_str());
+  if (s.busy_target) std::printf(" Target         : busy-polls (--busy-target)\n");
   std::printf(" Measures       : %s\n", measure.c_str());
   std::printf("%s\n", kLine);
   if (lat) {
@@ -170,10 +175,12 @@ void Reporter::row(const RunInfo& info, const Result& r) {
     j["qps"] = s.num_qps;
     j["tx_depth"] = s.tx_depth;
     j["cq_mod"] = s.cq_mod;
+    j["warmup"] = s.warmup;
     j["post_list"] = s.post_list;
     j["inline"] = info.effective_inline;
     j["bidirectional"] = s.bidirectional;
     j["event"] = s.event;
+    j["busy_target"] = s.busy_target;
     j["posted"] = r.posted;
     j["completions"] = r.completions;
     j["recv_completions"] = r.recv_completions;

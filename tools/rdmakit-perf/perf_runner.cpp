@@ -71,7 +71,7 @@ void store_stamp(uint8_t* p, uint8_t v) noexcept {
 }
 
 constexpr uint32_t kMagic = 0x46524b52;  // "RKRF"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;
 constexpr size_t kCtrlArea = 4096;
 constexpr size_t kCtrlSlot = 256;
 constexpr uint32_t kCtrlRecvs = 8;
@@ -93,7 +93,8 @@ struct WireSettings {
   uint8_t atomic_op;
   uint8_t bidirectional;
   uint8_t event;
-  uint16_t reserved;
+  uint8_t busy_target;
+  uint8_t reserved;
   uint32_t num_qps;
   uint32_t tx_depth;
   uint32_t rx_depth;
@@ -101,6 +102,7 @@ struct WireSettings {
   uint32_t post_list;
   uint32_t cq_mod;
   uint64_t max_size;
+  uint64_t warmup;
 };
 static_assert(sizeof(WireSettings) + RemoteRegion::kSerializedSize <=
               Context::kMaxPrivateData);
@@ -257,6 +259,7 @@ class Session {
     w.atomic_op = static_cast<uint8_t>(s_.atomic_op);
     w.bidirectional = s_.bidirectional;
     w.event = s_.event;
+    w.busy_target = s_.busy_target;
     w.num_qps = s_.num_qps;
     w.tx_depth = s_.tx_depth;
     w.rx_depth = s_.rx_depth;
@@ -264,6 +267,7 @@ class Session {
     w.post_list = s_.post_list;
     w.cq_mod = s_.cq_mod;
     w.max_size = s_.max_size;
+    w.warmup = s_.warmup;
     std::byte pd[sizeof(WireSettings) + RemoteRegion::kSerializedSize];
     std::memcpy(pd, &w, sizeof w);
     mem_->remote().serialize(
@@ -310,6 +314,7 @@ class Session {
     s_.atomic_op = static_cast<AtomicOp>(w.atomic_op);
     s_.bidirectional = w.bidirectional != 0;
     s_.event = w.event != 0;
+    s_.busy_target = w.busy_target != 0;
     s_.num_qps = w.num_qps;
     s_.tx_depth = w.tx_depth;
     s_.rx_depth = w.rx_depth;
@@ -317,6 +322,7 @@ class Session {
     s_.post_list = w.post_list;
     s_.cq_mod = w.cq_mod;
     s_.max_size = w.max_size;
+    s_.warmup = w.warmup;
     if (s_.num_qps == 0 || s_.num_qps > 1024 || s_.max_size > (uint64_t{1} << 32)) {
       fail("client hello: settings out of range");
     }
@@ -445,6 +451,32 @@ class Session {
     imm_expected_.assign(s_.num_qps, 0);
     wrs_.assign(std::max<uint32_t>(s_.post_list, 1), SendWr{});
     recv_wrs_.assign(kRecvBatch, RecvWr{});
+    reach_peer_region();
+  }
+
+  // One WRITE per QP into the peer's scratch before anything is measured:
+  // shm maps a peer region on its first access (as a NIC may fetch a
+  // translation), which must not count against the first measured run.
+  void reach_peer_region() {
+    for (uint32_t q = 0; q < s_.num_qps; ++q) {
+      const SendWr wr{.wr_id = kFlushBit,
+                      .opcode = Opcode::kWrite,
+                      .flags = kSignaled,
+                      .length = 8,
+                      .local_addr = mem_->data() + kScratchLocal,
+                      .lkey = mem_->lkey(),
+                      .remote_addr = peer_.addr + kScratchRemote,
+                      .rkey = peer_.rkey};
+      check_post(qps_[q]->post_send(wr), "first WRITE to the peer's region");
+      Completion c;
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (cq_->poll({&c, 1}) == 0) {
+        if (std::chrono::steady_clock::now() > give_up) {
+          fail("first WRITE to the peer's region: no completion within 10 s");
+        }
+      }
+      check_completion(c);
+    }
   }
 
   std::byte* local(uint32_t q) const { return mem_->data() + kCtrlArea + q * slot_; }
@@ -665,7 +697,9 @@ class Session {
   // shm and verbs targets need no CPU. tcp serves requests in whichever
   // thread polls (its progress thread only when nobody does), so there the
   // target keeps polling.
-  bool idle_target() const { return ctx_->provider() != ProviderKind::kTcp; }
+  bool idle_target() const {
+    return !s_.busy_target && ctx_->provider() != ProviderKind::kTcp;
+  }
   int poll_target(std::span<Completion> out) {
     return idle_target() ? cq_->wait(out, 1ms) : poll_data(out);
   }
@@ -1233,9 +1267,23 @@ class Session {
     // Figures of this side's own direction.
     double bw_avg = 0, bw_peak = 0, msg_rate = 0, seconds = 0;
     if (sending && t_end > t0) {
-      seconds = Clock::ns(t_end - t0) / 1e9;
-      bw_avg = counters_.bytes / seconds / 1e6;
-      msg_rate = counters_.posted / seconds / 1e6;
+      // The clock starts at the first completion past the warm-up, when
+      // there is one before the end.
+      uint64_t t_start = t0;
+      uint64_t ops_before = 0;
+      if (s_.warmup > 0) {
+        for (size_t k = 1; k + 1 < nstamps; ++k) {
+          if (stamp_ops_[k] >= s_.warmup * nq) {
+            t_start = stamps_[k];
+            ops_before = stamp_ops_[k];
+            break;
+          }
+        }
+      }
+      seconds = Clock::ns(t_end - t_start) / 1e9;
+      const uint64_t ops = counters_.posted - ops_before;
+      bw_avg = static_cast<double>(ops * wr_len) / seconds / 1e6;
+      msg_rate = ops / seconds / 1e6;
       bw_peak = peak(nstamps, wr_len);
       if (bw_peak < bw_avg) bw_peak = bw_avg;
     }

@@ -144,7 +144,7 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
     throw context_error("ftruncate(region)", errno,
                         "allocating " + std::to_string(length) + " bytes");
   }
-  void* mem = map_fd(memfd.get(), mapped, true);
+  void* mem = map_fd(memfd.get(), mapped, true, true);
   if (mem == nullptr) throw context_error("mmap(region)", errno);
   const uint32_t key = reserve_key();
   auto region = std::make_unique<ShmMemoryRegion>(*this, mem, length, key, access,

@@ -631,7 +631,7 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
       return target;
     }
     const size_t bytes = view.length == 0 ? 1 : view.length;
-    void* base = map_fd(fd[0].get(), bytes, reply.writable != 0);
+    void* base = map_fd(fd[0].get(), bytes, reply.writable != 0, true);
     if (base == nullptr) {
       target.status = Status::kRemoteOperationError;
       return target;

@@ -86,9 +86,9 @@ int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fd
   return sent == static_cast<ssize_t>(len) ? 0 : -EMSGSIZE;
 }
 
-void* map_fd(int fd, size_t length, bool writable) {
-  void* p =
-      ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+void* map_fd(int fd, size_t length, bool writable, bool populate) {
+  void* p = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 

@@ -40,7 +40,9 @@ ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t
 // Returns 0 or -errno.
 int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds);
 
-// mmap of a whole descriptor; nullptr on failure (errno set).
-void* map_fd(int fd, size_t length, bool writable);
+// mmap of a whole descriptor; nullptr on failure (errno set). populate:
+// fault every page in now (MAP_POPULATE), as registering memory with a NIC
+// pins it, so the data path never takes a page fault on it.
+void* map_fd(int fd, size_t length, bool writable, bool populate = false);
 
 }  // namespace rdmakit::shm
