@@ -28,6 +28,24 @@ TEST(SmallCopyTest, EqualsMemcpyForEveryLengthAndAlignment) {
   }
 }
 
+// The bounded form copies into a receive slot's 20 inline bytes.
+TEST(SmallCopyTest, BoundedFormEqualsMemcpyUpToItsBound) {
+  constexpr size_t kMax = 20;
+  std::array<std::byte, 64> src;
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 5 + 3);
+  for (size_t n = 0; n <= kMax; ++n) {
+    for (size_t off = 0; off < 8; ++off) {
+      std::array<std::byte, 64> got;
+      std::array<std::byte, 64> want;
+      got.fill(std::byte{0xEE});
+      want.fill(std::byte{0xEE});
+      small_copy<kMax>(got.data() + off, src.data(), n);
+      std::memcpy(want.data() + off, src.data(), n);
+      ASSERT_EQ(got, want) << "n=" << n << " dst+" << off;
+    }
+  }
+}
+
 TEST(SmallCopyTest, CopyBytesHandlesLargeLengths) {
   std::array<std::byte, 300> src;
   std::array<std::byte, 300> dst{};

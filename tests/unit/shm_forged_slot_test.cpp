@@ -1,0 +1,138 @@
+// A receive ring lives in shared memory the peer can write. Whatever the
+// peer forges there, the receiver copies inline data only into the RECV it
+// posted, never past that RECV's length, and reports a forged slot as an
+// error completion.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <string>
+
+#include "providers/shm/shm_layout.hpp"
+#include "rdmakit/rdmakit.hpp"
+
+namespace rdmakit::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Connected {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<MemoryRegion> mem;
+  std::unique_ptr<QueuePair> a, b;
+};
+
+Connected connect_in_process() {
+  Connected c;
+  ContextOptions options;
+  options.provider = ProviderKind::kShm;
+  c.ctx = Context::open(options);
+  c.cq = c.ctx->create_cq();
+  c.mem = c.ctx->allocate(1 << 16, kAccessAll);
+  auto listener = c.ctx->listen("127.0.0.1:0");
+  auto accepted = std::async(std::launch::async, [&] {
+    return listener->accept({.send_cq = c.cq.get(), .recv_cq = c.cq.get()}, 10s);
+  });
+  c.a = c.ctx->connect("127.0.0.1:" + std::to_string(listener->port()),
+                       {.send_cq = c.cq.get(), .recv_cq = c.cq.get()});
+  c.b = accepted.get();
+  return c;
+}
+
+// Maps every receive-ring block this process created and returns the one
+// whose first slot holds a RECV for `buffer` (what a peer sees of it).
+InboundBlock* find_block_with_recv(const void* buffer) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || target.find("memfd:rdmakit-shm-qp") == std::string::npos) continue;
+    const int fd = std::stoi(entry.path().filename().string());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) continue;
+    void* mem = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE,
+                       MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) continue;
+    auto* block = static_cast<InboundBlock*>(mem);
+    if (block->slots()[0].addr == reinterpret_cast<uint64_t>(buffer)) return block;
+    ::munmap(mem, static_cast<size_t>(st.st_size));
+  }
+  return nullptr;
+}
+
+// Completes slot 0 as a sender would, with the given inline length.
+void forge_inline_send(RecvSlot& slot, uint32_t byte_len) {
+  slot.byte_len = byte_len;
+  slot.opcode = static_cast<uint8_t>(Opcode::kRecv);
+  slot.status = static_cast<uint8_t>(Status::kSuccess);
+  slot.data_inline = 1;
+  std::memset(slot.data, 0xAB, sizeof slot.data);
+  slot.done_seq.store(1, std::memory_order_release);
+}
+
+Completion poll_one(CompletionQueue& cq) {
+  Completion c;
+  EXPECT_EQ(cq.wait({&c, 1}, 2s), 1);
+  return c;
+}
+
+TEST(ShmForgedSlotTest, InlineLengthPastThePostedRecvIsAnErrorAndCopiesNothing) {
+  Connected c = connect_in_process();
+  std::byte* buffer = c.mem->data() + 4096;
+  std::memset(buffer, 0x11, 64);
+  ASSERT_TRUE(c.b->post_recv({.wr_id = 5, .addr = buffer, .length = 8, .lkey = c.mem->lkey()})
+                  .ok());
+  InboundBlock* block = find_block_with_recv(buffer);
+  ASSERT_NE(block, nullptr);
+  forge_inline_send(block->slots()[0], 16);  // fits the slot, not the 8-byte RECV
+  const Completion got = poll_one(*c.cq);
+  EXPECT_EQ(got.wr_id, 5u);
+  EXPECT_EQ(got.status, Status::kLocalQpOperationError) << status_name(got.status);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(buffer[i], std::byte{0x11}) << "byte " << i;
+  EXPECT_EQ(c.b->state(), QpState::kError);
+}
+
+TEST(ShmForgedSlotTest, InlineLengthPastTheSlotIsAnError) {
+  Connected c = connect_in_process();
+  std::byte* buffer = c.mem->data() + 4096;
+  std::memset(buffer, 0x11, 256);
+  ASSERT_TRUE(
+      c.b->post_recv({.wr_id = 6, .addr = buffer, .length = 256, .lkey = c.mem->lkey()})
+          .ok());
+  InboundBlock* block = find_block_with_recv(buffer);
+  ASSERT_NE(block, nullptr);
+  forge_inline_send(block->slots()[0], kSlotInline + 100);
+  const Completion got = poll_one(*c.cq);
+  EXPECT_EQ(got.status, Status::kLocalQpOperationError) << status_name(got.status);
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(buffer[i], std::byte{0x11}) << "byte " << i;
+}
+
+TEST(ShmForgedSlotTest, ARedirectedBufferAddressIsIgnored) {
+  Connected c = connect_in_process();
+  std::byte* buffer = c.mem->data() + 4096;
+  std::byte* elsewhere = c.mem->data() + 8192;
+  std::memset(buffer, 0x11, 64);
+  std::memset(elsewhere, 0x22, 64);
+  ASSERT_TRUE(
+      c.b->post_recv({.wr_id = 7, .addr = buffer, .length = 64, .lkey = c.mem->lkey()})
+          .ok());
+  InboundBlock* block = find_block_with_recv(buffer);
+  ASSERT_NE(block, nullptr);
+  block->slots()[0].addr = reinterpret_cast<uint64_t>(elsewhere);
+  forge_inline_send(block->slots()[0], 8);
+  const Completion got = poll_one(*c.cq);
+  EXPECT_EQ(got.status, Status::kSuccess) << status_name(got.status);
+  EXPECT_EQ(got.byte_len, 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(buffer[i], std::byte{0xAB});
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(elsewhere[i], std::byte{0x22}) << "byte " << i;
+}
+
+}  // namespace
+}  // namespace rdmakit::shm
