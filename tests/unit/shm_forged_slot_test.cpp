@@ -77,6 +77,24 @@ void forge_inline_send(RecvSlot& slot, uint32_t byte_len) {
   slot.done_seq.store(1, std::memory_order_release);
 }
 
+// Marks 256 bytes at offset 4096 with 0x11, posts a RECV of `length` bytes
+// there on b and returns the slot a peer would complete it through.
+RecvSlot* post_marked_recv(Connected& c, uint64_t wr_id, uint32_t length) {
+  std::byte* buffer = c.mem->data() + 4096;
+  std::memset(buffer, 0x11, 256);
+  if (!c.b->post_recv({.wr_id = wr_id, .addr = buffer, .length = length,
+                       .lkey = c.mem->lkey()})
+           .ok()) {
+    return nullptr;
+  }
+  InboundBlock* block = find_block_with_recv(buffer);
+  return block != nullptr ? &block->slots()[0] : nullptr;
+}
+
+void expect_untouched(const std::byte* buffer, int length) {
+  for (int i = 0; i < length; ++i) ASSERT_EQ(buffer[i], std::byte{0x11}) << "byte " << i;
+}
+
 Completion poll_one(CompletionQueue& cq) {
   Completion c;
   EXPECT_EQ(cq.wait({&c, 1}, 2s), 1);
@@ -85,53 +103,39 @@ Completion poll_one(CompletionQueue& cq) {
 
 TEST(ShmForgedSlotTest, InlineLengthPastThePostedRecvIsAnErrorAndCopiesNothing) {
   Connected c = connect_in_process();
-  std::byte* buffer = c.mem->data() + 4096;
-  std::memset(buffer, 0x11, 64);
-  ASSERT_TRUE(c.b->post_recv({.wr_id = 5, .addr = buffer, .length = 8, .lkey = c.mem->lkey()})
-                  .ok());
-  InboundBlock* block = find_block_with_recv(buffer);
-  ASSERT_NE(block, nullptr);
-  forge_inline_send(block->slots()[0], 16);  // fits the slot, not the 8-byte RECV
+  RecvSlot* slot = post_marked_recv(c, 5, 8);
+  ASSERT_NE(slot, nullptr);
+  forge_inline_send(*slot, 16);  // fits the slot, not the 8-byte RECV
   const Completion got = poll_one(*c.cq);
   EXPECT_EQ(got.wr_id, 5u);
   EXPECT_EQ(got.status, Status::kLocalQpOperationError) << status_name(got.status);
-  for (int i = 0; i < 64; ++i) ASSERT_EQ(buffer[i], std::byte{0x11}) << "byte " << i;
+  expect_untouched(c.mem->data() + 4096, 256);
   EXPECT_EQ(c.b->state(), QpState::kError);
 }
 
 TEST(ShmForgedSlotTest, InlineLengthPastTheSlotIsAnError) {
   Connected c = connect_in_process();
-  std::byte* buffer = c.mem->data() + 4096;
-  std::memset(buffer, 0x11, 256);
-  ASSERT_TRUE(
-      c.b->post_recv({.wr_id = 6, .addr = buffer, .length = 256, .lkey = c.mem->lkey()})
-          .ok());
-  InboundBlock* block = find_block_with_recv(buffer);
-  ASSERT_NE(block, nullptr);
-  forge_inline_send(block->slots()[0], kSlotInline + 100);
+  RecvSlot* slot = post_marked_recv(c, 6, 256);
+  ASSERT_NE(slot, nullptr);
+  forge_inline_send(*slot, kSlotInline + 100);
   const Completion got = poll_one(*c.cq);
   EXPECT_EQ(got.status, Status::kLocalQpOperationError) << status_name(got.status);
-  for (int i = 0; i < 256; ++i) ASSERT_EQ(buffer[i], std::byte{0x11}) << "byte " << i;
+  expect_untouched(c.mem->data() + 4096, 256);
 }
 
 TEST(ShmForgedSlotTest, ARedirectedBufferAddressIsIgnored) {
   Connected c = connect_in_process();
-  std::byte* buffer = c.mem->data() + 4096;
   std::byte* elsewhere = c.mem->data() + 8192;
-  std::memset(buffer, 0x11, 64);
-  std::memset(elsewhere, 0x22, 64);
-  ASSERT_TRUE(
-      c.b->post_recv({.wr_id = 7, .addr = buffer, .length = 64, .lkey = c.mem->lkey()})
-          .ok());
-  InboundBlock* block = find_block_with_recv(buffer);
-  ASSERT_NE(block, nullptr);
-  block->slots()[0].addr = reinterpret_cast<uint64_t>(elsewhere);
-  forge_inline_send(block->slots()[0], 8);
+  std::memset(elsewhere, 0x11, 64);
+  RecvSlot* slot = post_marked_recv(c, 7, 64);
+  ASSERT_NE(slot, nullptr);
+  slot->addr = reinterpret_cast<uint64_t>(elsewhere);
+  forge_inline_send(*slot, 8);
   const Completion got = poll_one(*c.cq);
   EXPECT_EQ(got.status, Status::kSuccess) << status_name(got.status);
   EXPECT_EQ(got.byte_len, 8u);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(buffer[i], std::byte{0xAB});
-  for (int i = 0; i < 64; ++i) ASSERT_EQ(elsewhere[i], std::byte{0x22}) << "byte " << i;
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(c.mem->data()[4096 + i], std::byte{0xAB});
+  expect_untouched(elsewhere, 64);
 }
 
 }  // namespace

@@ -454,20 +454,25 @@ class Session {
     reach_peer_region();
   }
 
+  // A signaled 8-byte WRITE into the peer's scratch, outside any test's data.
+  SendWr scratch_write(uint64_t wr_id) const {
+    return SendWr{.wr_id = wr_id,
+                  .opcode = Opcode::kWrite,
+                  .flags = kSignaled,
+                  .length = 8,
+                  .local_addr = mem_->data() + kScratchLocal,
+                  .lkey = mem_->lkey(),
+                  .remote_addr = peer_.addr + kScratchRemote,
+                  .rkey = peer_.rkey};
+  }
+
   // One WRITE per QP into the peer's scratch before anything is measured:
   // shm maps a peer region on its first access (as a NIC may fetch a
   // translation), which must not count against the first measured run.
   void reach_peer_region() {
     for (uint32_t q = 0; q < s_.num_qps; ++q) {
-      const SendWr wr{.wr_id = kFlushBit,
-                      .opcode = Opcode::kWrite,
-                      .flags = kSignaled,
-                      .length = 8,
-                      .local_addr = mem_->data() + kScratchLocal,
-                      .lkey = mem_->lkey(),
-                      .remote_addr = peer_.addr + kScratchRemote,
-                      .rkey = peer_.rkey};
-      check_post(qps_[q]->post_send(wr), "first WRITE to the peer's region");
+      check_post(qps_[q]->post_send(scratch_write(kFlushBit)),
+                 "first WRITE to the peer's region");
       Completion c;
       const auto give_up = std::chrono::steady_clock::now() + 10s;
       while (cq_->poll({&c, 1}) == 0) {
@@ -788,14 +793,7 @@ class Session {
   // WRITE to the peer's scratch so the send queue drains completely.
   void flush_sq(uint32_t q) {
     if (posted_[q] == 0 || posted_[q] % s_.cq_mod == 0) return;
-    const SendWr wr{.wr_id = (uint64_t{q} << kQpShift) | kFlushBit,
-                    .opcode = Opcode::kWrite,
-                    .flags = kSignaled,
-                    .length = 8,
-                    .local_addr = mem_->data() + kScratchLocal,
-                    .lkey = mem_->lkey(),
-                    .remote_addr = peer_.addr + kScratchRemote,
-                    .rkey = peer_.rkey};
+    const SendWr wr = scratch_write((uint64_t{q} << kQpShift) | kFlushBit);
     Completion c[8];
     while (posted_[q] - completed_[q] >= s_.tx_depth) {
       const int n = cq_->poll(c);
