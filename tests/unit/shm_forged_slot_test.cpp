@@ -12,40 +12,16 @@
 #include <array>
 #include <cstring>
 #include <filesystem>
-#include <future>
 #include <string>
 
 #include "providers/shm/shm_layout.hpp"
 #include "rdmakit/rdmakit.hpp"
+#include "shm_in_process.hpp"
 
 namespace rdmakit::shm {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct Connected {
-  std::unique_ptr<Context> ctx;
-  std::unique_ptr<CompletionQueue> cq;
-  std::unique_ptr<MemoryRegion> mem;
-  std::unique_ptr<QueuePair> a, b;
-};
-
-Connected connect_in_process() {
-  Connected c;
-  ContextOptions options;
-  options.provider = ProviderKind::kShm;
-  c.ctx = Context::open(options);
-  c.cq = c.ctx->create_cq();
-  c.mem = c.ctx->allocate(1 << 16, kAccessAll);
-  auto listener = c.ctx->listen("127.0.0.1:0");
-  auto accepted = std::async(std::launch::async, [&] {
-    return listener->accept({.send_cq = c.cq.get(), .recv_cq = c.cq.get()}, 10s);
-  });
-  c.a = c.ctx->connect("127.0.0.1:" + std::to_string(listener->port()),
-                       {.send_cq = c.cq.get(), .recv_cq = c.cq.get()});
-  c.b = accepted.get();
-  return c;
-}
 
 // Maps every receive-ring block this process created and returns the one
 // whose first slot holds a RECV for `buffer` (what a peer sees of it).

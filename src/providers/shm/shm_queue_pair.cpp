@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -261,6 +262,8 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   sq_.resize(sq_size);
   sq_mask_ = sq_size - 1;
   if (options_.max_inline < 8) options_.max_inline = 8;
+  // An inline SEND past max_inline is the general path's kInlineTooLarge.
+  small_send_max_ = std::min<uint32_t>(kSlotInline, options_.max_inline);
   inline_data_.resize(sq_size * options_.max_inline);
   rq_.resize(local_.block->ring_size);
   rq_mask_ = local_.block->ring_size - 1;
@@ -306,7 +309,7 @@ ShmQueuePair::~ShmQueuePair() {
 // or unregistered receive buffer, a lkey to check) returns false and takes
 // the general path, which reports it.
 inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
-  if (!small_send_allowed_ || wr.length > kSlotInline ||
+  if (!small_send_allowed_ || wr.length > small_send_max_ ||
       static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kSendWithImm) ||
       ((wr.flags & kInline) == 0 && wr.length != 0) || sq_executed_ != sq_posted_ ||
       sq_posted_ - sq_retired_ >= options_.max_send_wr || !path_clear()) {

@@ -189,6 +189,7 @@ class ShmQueuePair final : public QueuePair {
   ShmSrq* srq_ = nullptr;  // we receive through an SRQ
   bool light_publish_ = false;  // see publish()
   bool small_send_allowed_ = false;  // see try_small_send()
+  uint32_t small_send_max_ = 0;      // bytes
   uint64_t peer_ring_mask_ = 0;
   const std::atomic<bool>* peer_gone_;  // local_.link->peer_gone, one load closer
   ShmCompletionQueue* send_cq_;
