@@ -7,6 +7,12 @@
 //        n = cq.poll(out);                // always poll after waking
 //    arm() re-checks for completions after arming, so a completion that
 //    arrives between the last poll and the sleep is never missed.
+//
+// A CQ is single-owner: one thread at a time polls, waits and arms it, and
+// (shm) the QPs whose send completions it holds post from that thread too,
+// since completions are produced where requests execute. QPs attached to it
+// may be created and destroyed from other threads, but not while its owner
+// polls it.
 #include <chrono>
 #include <cstdint>
 #include <span>

@@ -48,16 +48,19 @@ void ShmCompletionQueue::reserve(uint32_t depth) {
 }
 
 void ShmCompletionQueue::attach_send(ShmQueuePair* qp, uint32_t depth) {
+  std::lock_guard lock(attach_mu_);
   reserve(depth);
   send_qps_.push_back(qp);
 }
 
 void ShmCompletionQueue::attach_recv(ShmQueuePair* qp, uint32_t depth) {
+  std::lock_guard lock(attach_mu_);
   reserve(depth);
   recv_qps_.push_back(qp);
 }
 
 void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
+  std::lock_guard lock(attach_mu_);
   std::erase(send_qps_, qp);
   std::erase(recv_qps_, qp);
   next_recv_ = 0;  // the round-robin index must stay inside recv_qps_

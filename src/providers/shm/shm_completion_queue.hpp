@@ -1,4 +1,5 @@
 #pragma once
+#include <mutex>
 #include <vector>
 
 #include "providers/shm/unix_socket.hpp"
@@ -24,7 +25,9 @@ class ShmCompletionQueue final : public CompletionQueue {
   int wake_fd() const noexcept { return event_.get(); }
 
   // Control path. Throws Error(EINVAL) if the QP depths exceed capacity, so
-  // the private ring can never overflow.
+  // the private ring can never overflow. QPs may be created and destroyed
+  // from several threads at once; not while another thread polls this CQ
+  // (it is single-owner, see completion_queue.hpp).
   void attach_send(ShmQueuePair* qp, uint32_t depth);
   void attach_recv(ShmQueuePair* qp, uint32_t depth);
   void detach(ShmQueuePair* qp) noexcept;
@@ -59,6 +62,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   std::vector<ShmQueuePair*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs
   bool armed_ = false;
+  std::mutex attach_mu_;  // control path only: attach/detach among themselves
   Fd epoll_;
   Fd event_;
   Fd timer_;
