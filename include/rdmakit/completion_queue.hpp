@@ -8,11 +8,10 @@
 //    arm() re-checks for completions after arming, so a completion that
 //    arrives between the last poll and the sleep is never missed.
 //
-// A CQ is single-owner: one thread at a time polls, waits and arms it, and
-// (shm) the QPs whose send completions it holds post from that thread too,
-// since completions are produced where requests execute. QPs attached to it
-// may be created and destroyed from other threads, but not while its owner
-// polls it.
+// A CQ is single-owner: one thread at a time polls, waits and arms it. QPs
+// attached to it post from that thread unless they are thread-safe
+// (QpOptions::thread_safe), which may post from any thread. QPs may be
+// created and destroyed from other threads, but not while the owner polls.
 #include <chrono>
 #include <cstdint>
 #include <span>

@@ -50,6 +50,7 @@ void ShmCompletionQueue::reserve(uint32_t depth) {
 void ShmCompletionQueue::attach_send(ShmQueuePair* qp, uint32_t depth) {
   std::lock_guard lock(attach_mu_);
   reserve(depth);
+  if (qp->options().thread_safe) multi_producer_ = true;
   send_qps_.push_back(qp);
 }
 
@@ -65,11 +66,22 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   std::erase(recv_qps_, qp);
   next_recv_ = 0;  // the round-robin index must stay inside recv_qps_
   // Completions of a destroyed QP must not touch it when polled.
+  const ProducerGuard guard(*this);
   for (uint64_t i = head_; i != tail_; ++i) {
     if (ring_[i & mask_].qp == qp) ring_[i & mask_].qp = nullptr;
   }
   committed_ -= std::min<uint64_t>(committed_, qp->options().max_send_wr);
   committed_ -= std::min<uint64_t>(committed_, qp->options().max_recv_wr);
+}
+
+void ShmCompletionQueue::lock_ring() noexcept {
+  while (ring_lock_.exchange(true, std::memory_order_acquire)) {
+    while (ring_lock_.load(std::memory_order_relaxed)) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
 }
 
 void ShmCompletionQueue::disarm() noexcept {
@@ -83,11 +95,14 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     if (qp->needs_progress()) qp->progress();
   }
   size_t n = 0;
-  while (n < out.size() && head_ != tail_) {
-    const Entry& e = ring_[head_ & mask_];
-    out[n++] = e.completion;
-    if (e.qp != nullptr && e.retire_to != 0) e.qp->retire(e.retire_to);
-    ++head_;
+  {
+    const ProducerGuard guard(*this);
+    while (n < out.size() && head_ != tail_) {
+      const Entry& e = ring_[head_ & mask_];
+      out[n++] = e.completion;
+      if (e.qp != nullptr && e.retire_to != 0) e.qp->retire(e.retire_to);
+      ++head_;
+    }
   }
   const size_t qps = recv_qps_.size();
   size_t at = next_recv_;
@@ -111,7 +126,11 @@ bool ShmCompletionQueue::arm() noexcept {
   if (!recv_qps_.empty() && asymmetric_fence_available()) heavy_fence();
   // Re-check after arming (the fi_trywait rule): anything that became ready
   // before the peer saw the armed flag is caught here.
-  bool pending = head_ != tail_;
+  bool pending;
+  {
+    const ProducerGuard guard(*this);
+    pending = head_ != tail_;
+  }
   bool paced = false;
   for (ShmQueuePair* qp : recv_qps_) pending = pending || qp->recv_ready();
   for (ShmQueuePair* qp : send_qps_) {

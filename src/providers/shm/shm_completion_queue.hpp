@@ -1,4 +1,5 @@
 #pragma once
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -27,10 +28,30 @@ class ShmCompletionQueue final : public CompletionQueue {
   // Control path. Throws Error(EINVAL) if the QP depths exceed capacity, so
   // the private ring can never overflow. QPs may be created and destroyed
   // from several threads at once; not while another thread polls this CQ
-  // (it is single-owner, see completion_queue.hpp).
+  // (it is single-owner, see completion_queue.hpp). Attaching a thread-safe
+  // QP makes the private ring multi-producer (locked).
   void attach_send(ShmQueuePair* qp, uint32_t depth);
   void attach_recv(ShmQueuePair* qp, uint32_t depth);
   void detach(ShmQueuePair* qp) noexcept;
+
+  // Held around push() and filling the entry: a CQ whose QPs are thread-safe
+  // has several producing threads, and then the ring is locked.
+  class ProducerGuard {
+   public:
+    explicit ProducerGuard(ShmCompletionQueue& cq) noexcept
+        : cq_(cq.multi_producer_ ? &cq : nullptr) {
+      if (cq_ != nullptr) cq_->lock_ring();
+    }
+    ~ProducerGuard() {
+      if (cq_ != nullptr) cq_->ring_lock_.store(false, std::memory_order_release);
+    }
+    ProducerGuard(const ProducerGuard&) = delete;
+    ProducerGuard& operator=(const ProducerGuard&) = delete;
+
+   private:
+    ShmCompletionQueue* cq_;
+  };
+  ProducerGuard producer_guard() noexcept { return ProducerGuard(*this); }
 
   // Data path: a send completion; polling it retires the QP's send slots
   // up to retire_to (selective signaling).
@@ -51,6 +72,7 @@ class ShmCompletionQueue final : public CompletionQueue {
     uint64_t retire_to;
   };
   void disarm() noexcept;
+  void lock_ring() noexcept;
   void reserve(uint32_t depth);
 
   std::vector<Entry> ring_;
@@ -62,6 +84,8 @@ class ShmCompletionQueue final : public CompletionQueue {
   std::vector<ShmQueuePair*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs
   bool armed_ = false;
+  bool multi_producer_ = false;  // a thread-safe QP is attached
+  std::atomic<bool> ring_lock_{false};
   std::mutex attach_mu_;  // control path only: attach/detach among themselves
   Fd epoll_;
   Fd event_;

@@ -312,7 +312,8 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
   if (!small_send_allowed_ || wr.length > small_send_max_ ||
       static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kSendWithImm) ||
       ((wr.flags & kInline) == 0 && wr.length != 0) || sq_executed_ != sq_posted_ ||
-      sq_posted_ - sq_retired_ >= options_.max_send_wr || !path_clear()) {
+      sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= options_.max_send_wr ||
+      !path_clear()) {
     return false;
   }
   RecvSlot& slot = peer_block_->slots()[peer_consumed_ & peer_ring_mask_];
@@ -356,7 +357,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   bool direct = sq_executed_ == sq_posted_ && path_clear();
   PostResult result;
   for (const SendWr& wr : wrs) {
-    if (sq_posted_ - sq_retired_ >= options_.max_send_wr) {
+    if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= options_.max_send_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
@@ -414,18 +415,19 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   PostResult result;
   RecvSlot* slots = local_.block->slots();
   for (const RecvWr& wr : wrs) {
-    if (rq_posted_ - rq_polled_ >= options_.max_recv_wr) {
+    const uint64_t posted = rq_posted_.load(std::memory_order_relaxed);
+    if (posted - rq_polled_shared_.load(std::memory_order_acquire) >= options_.max_recv_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
-    const uint64_t index = rq_posted_ & rq_mask_;
+    const uint64_t index = posted & rq_mask_;
     RecvSlot& slot = slots[index];
     slot.addr = reinterpret_cast<uint64_t>(wr.addr);
     slot.length = wr.length;
     slot.lkey = wr.lkey;
     rq_[index] = {wr.wr_id, static_cast<std::byte*>(wr.addr), wr.length};
-    ++rq_posted_;
-    slot.post_seq.store(rq_posted_, std::memory_order_release);
+    rq_posted_.store(posted + 1, std::memory_order_release);
+    slot.post_seq.store(posted + 1, std::memory_order_release);
     ++result.posted;
   }
   return result;
@@ -474,6 +476,7 @@ void ShmQueuePair::progress() noexcept {
 }
 
 void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcept {
+  const auto guard = send_cq_->producer_guard();
   Completion& c = send_cq_->push(this, sq_executed_ + 1);
   c.wr_id = wr.wr_id;
   c.byte_len = wr.length;
@@ -487,8 +490,8 @@ void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcep
 }
 
 void ShmQueuePair::enter_error() noexcept {
-  if (state_ != QpState::kConnected) return;
-  state_ = QpState::kError;
+  QpState expected = QpState::kConnected;
+  if (!state_.compare_exchange_strong(expected, QpState::kError)) return;
   local_.block->owner_state.store(kSideError, std::memory_order_seq_cst);
   peer_block_->sender_state.store(kSideError, std::memory_order_seq_cst);
   wake_peer();
@@ -503,7 +506,15 @@ void ShmQueuePair::signal_peer() noexcept {
   [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
 }
 
+bool ShmQueuePair::rnr_waiting() const noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
+  return rnr_deadline_set_;
+}
+
 bool ShmQueuePair::send_ready() const noexcept {
+  std::unique_lock lock(post_mutex_, std::defer_lock);
+  if (options_.thread_safe) lock.lock();
   if (state_ == QpState::kConnected && peer_gone()) return true;
   return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
 }
@@ -518,7 +529,7 @@ bool ShmQueuePair::recv_ready() const noexcept {
   }
   if (state_ == QpState::kConnected) return false;
   if (srq_ != nullptr) return peer_gone() && claimed_srq_entry() != 0;
-  return rq_polled_ != rq_posted_;
+  return rq_polled_ != rq_posted_.load(std::memory_order_acquire);
 }
 
 void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
@@ -577,10 +588,11 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
     return static_cast<int>(n);
   }
   // In error the peer no longer consumes our ring: flush what is left.
-  while (n < out.size() && rq_polled_ < rq_posted_) {
+  while (n < out.size() && rq_polled_ < rq_posted_.load(std::memory_order_acquire)) {
     out[n++] = flushed_recv(rq_[rq_polled_ & rq_mask_].wr_id);
     ++rq_polled_;
   }
+  rq_polled_shared_.store(rq_polled_, std::memory_order_release);
   return static_cast<int>(n);
 }
 
