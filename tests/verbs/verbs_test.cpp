@@ -386,12 +386,18 @@ void event_client(const std::string& address) {
 
 // Wrong rkey: REMOTE_ACCESS_ERROR at the initiator, its QP in error, later
 // work flushed; the target's memory untouched.
+// Where the server says its RECV is posted (outside the 4 KiB it checks).
+constexpr size_t kRecvPostedFlag = 8192;
+
 void wrong_rkey_server(const std::string& address) {
   Peer p = open_peer();
   std::memset(p.mr->data(), 0x5a, 4096);
+  std::memset(p.mr->data() + kRecvPostedFlag, 0, 8);
   auto blob = p.mr->remote().serialize();
   serve(p, address, nullptr, blob);
   post_recv(p, 1, kDone, 64);
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p.mr->data() + kRecvPostedFlag))
+      .store(1, std::memory_order_release);
   Completion c = wait_one(*p.cq, 15s);
   CHECK(c.status == Status::kWrFlushError,
         "the server's RECV should flush once the connection dies: " + describe(c, *p.qp));
@@ -404,6 +410,20 @@ void wrong_rkey_client(const std::string& address) {
   dial(p, address, nullptr);
   auto remote = RemoteRegion::deserialize(p.qp->peer_private_data());
   CHECK(remote.has_value(), "RemoteRegion");
+  // The bad WRITE puts the server's QP in error. A RECV posted after that
+  // is never flushed by rxe (6.1), though a NIC flushes it, so we wait until
+  // the server says (in its memory, read with READ) that its RECV is posted.
+  auto* flag = reinterpret_cast<uint64_t*>(p.mr->data() + 1024);
+  *flag = 0;
+  const auto give_up = Clock::now() + 10s;
+  for (uint64_t n = 0; *flag != 1; ++n) {
+    CHECK(Clock::now() < give_up, "the server never posted its RECV");
+    SendWr read{100 + n, Opcode::kRead, kSignaled, 8, flag, p.mr->lkey(), 0,
+                remote->addr_at(kRecvPostedFlag), remote->rkey};
+    CHECK(p.qp->post_send(read).ok(), "post READ");
+    Completion r = wait_one(*p.cq);
+    CHECK(r.ok(), describe(r, *p.qp));
+  }
   SendWr wr{1, Opcode::kWrite, kSignaled, 64, p.mr->data(), p.mr->lkey(), 0,
             remote->addr_at(0), remote->rkey ^ 0x00ff0000};
   CHECK(p.qp->post_send(wr).ok(), "post");

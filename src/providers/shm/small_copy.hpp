@@ -17,8 +17,10 @@ inline constexpr size_t kSmallCopyMax = 64;
 // GCC's -Wstringop-overflow reports the word loop as overflowing a Max-byte
 // destination once inlined after a run-time bound check it does not track;
 // every caller checks n <= Max (asserted by the unreachable below).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
 template <size_t Max = kSmallCopyMax>
 [[gnu::always_inline]] inline void small_copy(void* dst, const void* src, size_t n) noexcept {
   static_assert(Max >= 8 && Max <= kSmallCopyMax);
@@ -39,7 +41,9 @@ template <size_t Max = kSmallCopyMax>
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // std::memcpy for large copies, small_copy for the rest.
 inline void copy_bytes(void* dst, const void* src, size_t n) noexcept {
