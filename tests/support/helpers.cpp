@@ -46,7 +46,11 @@ QpOptions test_qp_options() {
   options.max_send_wr = 64;
   options.max_recv_wr = 64;
   options.rnr_timeout = milliseconds(3000);
-  options.peer_timeout = milliseconds(3000);
+  // Here peer_timeout only bounds transport retries of cases that do not
+  // test it (those set their own), so it is a hang guard and scales: under
+  // emulation two busy VMs can go unanswered for more than 3 s (AtomicTest
+  // across two VMs ended in RETRY_EXCEEDED at 30k FETCH_ADDs).
+  options.peer_timeout = scaled(milliseconds(3000));
   return options;
 }
 
