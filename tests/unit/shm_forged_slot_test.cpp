@@ -3,11 +3,10 @@
 // posted, never past that RECV's length, and reports a forged slot as an
 // error completion.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <array>
 #include <cstring>
@@ -58,8 +57,8 @@ void forge_inline_send(RecvSlot& slot, uint32_t byte_len) {
 RecvSlot* post_marked_recv(Connected& c, uint64_t wr_id, uint32_t length) {
   std::byte* buffer = c.mem->data() + 4096;
   std::memset(buffer, 0x11, 256);
-  if (!c.b->post_recv({.wr_id = wr_id, .addr = buffer, .length = length,
-                       .lkey = c.mem->lkey()})
+  if (!c.b->post_recv(
+              {.wr_id = wr_id, .addr = buffer, .length = length, .lkey = c.mem->lkey()})
            .ok()) {
     return nullptr;
   }

@@ -29,8 +29,9 @@ inline Connected connect_in_process(uint32_t max_inline = 64) {
     return listener->accept(
         {.send_cq = c.cq.get(), .recv_cq = c.cq.get(), .max_inline = max_inline}, 10s);
   });
-  c.a = c.ctx->connect("127.0.0.1:" + std::to_string(listener->port()),
-                       {.send_cq = c.cq.get(), .recv_cq = c.cq.get(), .max_inline = max_inline});
+  c.a = c.ctx->connect(
+      "127.0.0.1:" + std::to_string(listener->port()),
+      {.send_cq = c.cq.get(), .recv_cq = c.cq.get(), .max_inline = max_inline});
   c.b = accepted.get();
   return c;
 }

@@ -23,8 +23,8 @@ SendWr small_send(Connected& c, uint32_t length, uint8_t flags) {
 }
 
 RecvWr recv_at(Connected& c, uint32_t length) {
-  return RecvWr{.wr_id = 7, .addr = c.mem->data() + 4096, .length = length,
-                .lkey = c.mem->lkey()};
+  return RecvWr{
+      .wr_id = 7, .addr = c.mem->data() + 4096, .length = length, .lkey = c.mem->lkey()};
 }
 
 // Polls until `want` completions arrived (or 2 s passed).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <thread>
 #include <vector>
@@ -21,11 +22,13 @@ struct Link {
 
 Link connect(Context& ctx, CompletionQueue& a_cq, CompletionQueue& b_cq) {
   auto listener = ctx.listen("127.0.0.1:0");
-  QpOptions b_opts{.send_cq = &b_cq, .recv_cq = &b_cq, .max_send_wr = 64,
-                   .max_recv_wr = 64};
+  QpOptions b_opts{
+      .send_cq = &b_cq, .recv_cq = &b_cq, .max_send_wr = 64, .max_recv_wr = 64};
   b_opts.thread_safe = true;
-  auto accepted = std::async(std::launch::async, [&] { return listener->accept(b_opts, 10s); });
-  QpOptions a_opts{.send_cq = &a_cq, .recv_cq = &a_cq, .max_send_wr = 64, .max_recv_wr = 64};
+  auto accepted =
+      std::async(std::launch::async, [&] { return listener->accept(b_opts, 10s); });
+  QpOptions a_opts{
+      .send_cq = &a_cq, .recv_cq = &a_cq, .max_send_wr = 64, .max_recv_wr = 64};
   a_opts.thread_safe = true;
   Link link;
   link.a = ctx.connect("127.0.0.1:" + std::to_string(listener->port()), a_opts);
@@ -39,10 +42,10 @@ std::unique_ptr<Context> open_shm() {
   return Context::open(options);
 }
 
-// Posts `count` signaled requests made by `make`, retrying while the queue is full.
-void post_all(QueuePair& qp, uint64_t count, const std::function<SendWr(uint64_t)>& make) {
+// Calls post(i) for i in [0, count), retrying each while the queue is full.
+void post_all(uint64_t count, const std::function<PostResult(uint64_t)>& post) {
   for (uint64_t i = 0; i < count;) {
-    const PostResult r = qp.post_send(make(i));
+    const PostResult r = post(i);
     if (r.ok()) {
       ++i;
     } else if (r.status == PostStatus::kQueueFull) {
@@ -64,15 +67,16 @@ TEST(ShmThreadSafeTest, TwoPostingThreadsOneCqOwner) {
   Link l1 = connect(*ctx, *shared_cq, *cq1);
   Link l2 = connect(*ctx, *shared_cq, *cq2);
   auto writer = [&](QueuePair& qp, uint64_t tag, size_t offset) {
-    post_all(qp, kPerThread, [&](uint64_t i) {
-      return SendWr{.wr_id = (tag << 32) | i,
-                    .opcode = Opcode::kWrite,
-                    .flags = kSignaled,
-                    .length = 8,
-                    .local_addr = mem->data() + offset,
-                    .lkey = mem->lkey(),
-                    .remote_addr = reinterpret_cast<uint64_t>(mem->data() + 8192 + offset),
-                    .rkey = mem->rkey()};
+    post_all(kPerThread, [&](uint64_t i) {
+      return qp.post_send(
+          SendWr{.wr_id = (tag << 32) | i,
+                 .opcode = Opcode::kWrite,
+                 .flags = kSignaled,
+                 .length = 8,
+                 .local_addr = mem->data() + offset,
+                 .lkey = mem->lkey(),
+                 .remote_addr = reinterpret_cast<uint64_t>(mem->data() + 8192 + offset),
+                 .rkey = mem->rkey()});
     });
   };
   std::thread t1(writer, std::ref(*l1.a), 1, 0);
@@ -108,19 +112,10 @@ TEST(ShmThreadSafeTest, RecvsPostedByOneThreadPolledByAnother) {
   std::atomic<uint64_t> received{0};
   // Keeps b's receive queue stocked from a thread that never polls.
   std::thread poster([&] {
-    for (uint64_t posted = 0; posted < kMessages;) {
-      const PostResult r = l.b->post_recv(
-          RecvWr{.wr_id = posted, .addr = mem->data() + 4096, .length = 64,
-                 .lkey = mem->lkey()});
-      if (r.ok()) {
-        ++posted;
-      } else if (r.status == PostStatus::kQueueFull) {
-        std::this_thread::yield();
-      } else {
-        ADD_FAILURE() << post_status_name(r.status);
-        return;
-      }
-    }
+    post_all(kMessages, [&](uint64_t i) {
+      return l.b->post_recv(RecvWr{
+          .wr_id = i, .addr = mem->data() + 4096, .length = 64, .lkey = mem->lkey()});
+    });
   });
   // The sender owns a's CQ: it polls it to reap (and to drive RNR retries).
   std::thread sender([&] {
