@@ -651,7 +651,9 @@ class Session {
       ++imm_expected_[q];
     }
     --recv_outstanding_[q];
-    if (!defer_recv_refill_) refill_recvs(q);
+    // send_lat replaces RECVs after posting each reply (run_pingpong), not
+    // between a message and its answer.
+    if (s_.test != Test::kSendLat) refill_recvs(q);
   }
 
   void refill_recvs(uint32_t q) {
@@ -862,13 +864,8 @@ class Session {
       post_one(wr, i, last);
     };
 
-    // RECVs are replaced after the reply is posted, not before: a batch of
-    // postings must not sit between a message and its answer.
-    defer_recv_refill_ = send;
-    struct Undefer {
-      bool& flag;
-      ~Undefer() { flag = false; }
-    } undefer{defer_recv_refill_};
+    // RECVs are replaced after the reply is posted (on_recv leaves them):
+    // a batch of postings must not sit between a message and its answer.
     auto post_reply = [&](uint64_t i, bool last) {
       post_out(i, last);
       if (send) refill_recvs(0);
@@ -1339,7 +1336,6 @@ class Session {
   RemoteRegion peer_;
   uint64_t slot_ = 0;
   uint64_t until_signal_ = 1;  // post_one: WRs left until the next signaled one
-  bool defer_recv_refill_ = false;  // run_pingpong refills RECVs after each reply
   uint32_t inline_ = 0;
   uint64_t cur_size_ = 0;
   bool end_seen_ = false;

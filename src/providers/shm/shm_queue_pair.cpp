@@ -320,20 +320,13 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
   prefetch_for_write(&slot);
   if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) return false;
   if (wr.length != 0) {
-    EntryView view;
-    if (wr.length > slot.length || !read_entry(*peer_table_, slot.lkey, &view) ||
-        !in_range(view, slot.addr, wr.length) || (view.access & kAccessLocalWrite) == 0) {
+    if (wr.length > slot.length || !recv_buffer_writable(slot.lkey, slot.addr, wr.length)) {
       return false;
     }
     small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
   }
   slot.data_inline = wr.length != 0 ? 1 : 0;
-  slot.byte_len = wr.length;
-  slot.imm = wr.imm;
-  slot.flags = wr.opcode == Opcode::kSendWithImm ? kCompletionHasImm : 0;
-  slot.opcode = static_cast<uint8_t>(Opcode::kRecv);
-  slot.status = static_cast<uint8_t>(Status::kSuccess);
-  publish(slot);
+  publish_recv(slot, wr, Opcode::kRecv, Status::kSuccess);
   ++sq_posted_;
   complete_send(wr, Status::kSuccess);
   ++sq_executed_;
@@ -538,8 +531,7 @@ void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
       std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed);
   if (srq_->valid_claim(claimed)) {
     const auto entry = static_cast<uint32_t>(claimed - 1);
-    fill_recv_completion(
-        slot, {srq_->wr_id(entry), srq_->buffer(entry), srq_->length(entry)}, c);
+    fill_recv_completion(slot, srq_->posted(entry), c);
     srq_->release(entry);
   } else {
     // A corrupt claim names no RECV of ours: nothing is copied anywhere.
@@ -580,7 +572,7 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
     const uint64_t claimed = peer_gone() ? claimed_srq_entry() : 0;
     if (srq_->valid_claim(claimed) && n < out.size()) {
       const auto entry = static_cast<uint32_t>(claimed - 1);
-      out[n++] = flushed_recv(srq_->wr_id(entry));
+      out[n++] = flushed_recv(srq_->posted(entry).wr_id);
       srq_->release(entry);
       std::atomic_ref<uint64_t>(local_.block->slots()[rq_polled_ & rq_mask_].srq_entry)
           .store(0, std::memory_order_relaxed);
@@ -762,9 +754,18 @@ bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
   }
 }
 
-void ShmQueuePair::publish_recv(const RecvClaim& claim, const SendWr& wr,
-                                Opcode recv_opcode, Status recv_status) noexcept {
-  RecvSlot& slot = *claim.slot;
+inline bool ShmQueuePair::recv_buffer_writable(uint32_t lkey, uint64_t addr,
+                                        uint32_t length) const noexcept {
+  EntryView view;
+  return read_entry(*peer_table_, lkey, &view) && in_range(view, addr, length) &&
+         (view.access & kAccessLocalWrite) != 0;
+}
+
+// Always inlined: the small-SEND path measured 22 -> 36 ns per message
+// (rdmakit-path-cost) when this and recv_buffer_writable were calls.
+[[gnu::always_inline]] inline void ShmQueuePair::publish_recv(RecvSlot& slot, const SendWr& wr,
+                                                              Opcode recv_opcode,
+                                                              Status recv_status) noexcept {
   slot.byte_len = wr.length;
   slot.imm = wr.imm;
   slot.flags = (wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm)
@@ -803,10 +804,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
       recv_status = Status::kLocalLengthError;
       *status = Status::kRemoteInvalidRequestError;
     } else if (wr.length != 0) {
-      EntryView view;
-      if (!read_entry(*peer_table_, claim.lkey, &view) ||
-          !in_range(view, claim.addr, wr.length) ||
-          (view.access & kAccessLocalWrite) == 0) {
+      if (!recv_buffer_writable(claim.lkey, claim.addr, wr.length)) {
         recv_status = Status::kLocalProtectionError;
         *status = Status::kRemoteOperationError;
       } else if (wr.length <= kSlotInline) {
@@ -828,7 +826,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
       }
     }
   }
-  publish_recv(claim, wr, recv_opcode, recv_status);
+  publish_recv(slot, wr, recv_opcode, recv_status);
   return Exec::kDone;
 }
 
@@ -848,11 +846,11 @@ ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr, Status* status
   claim.slot->data_inline = 0;
   if (wr.length != 0) *status = copy_to_peer(target, wr.local_addr, wr.length);
   if (*status == Status::kSuccess) {
-    publish_recv(claim, wr, Opcode::kRecvWriteWithImm, Status::kSuccess);
+    publish_recv(*claim.slot, wr, Opcode::kRecvWriteWithImm, Status::kSuccess);
   } else if (peer_srq_ != nullptr) {
     // An SRQ entry cannot be handed back (others may have claimed later
     // ones): it completes, flushed, on this QP, which is going to error.
-    publish_recv(claim, wr, Opcode::kRecvWriteWithImm, Status::kWrFlushError);
+    publish_recv(*claim.slot, wr, Opcode::kRecvWriteWithImm, Status::kWrFlushError);
   }
   return Exec::kDone;
 }

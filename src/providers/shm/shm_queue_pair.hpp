@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "providers/shm/shm_layout.hpp"
+#include "providers/shm/posted_recv.hpp"
 #include "providers/shm/shm_link.hpp"
 #include "providers/shm/small_copy.hpp"
 #include "providers/shm/unix_socket.hpp"
@@ -140,7 +141,11 @@ class ShmQueuePair final : public QueuePair {
   Status remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept;
   // False: no receive posted (RNR). With an SRQ the entry is consumed here.
   bool claim_recv(RecvClaim* claim) noexcept;
-  void publish_recv(const RecvClaim& claim, const SendWr& wr, Opcode recv_opcode,
+  // The peer's RECV buffer [addr, addr + length) is registered under lkey
+  // with LOCAL_WRITE.
+  bool recv_buffer_writable(uint32_t lkey, uint64_t addr, uint32_t length) const noexcept;
+  // Fills the result of the peer's RECV in slot and publishes it.
+  void publish_recv(RecvSlot& slot, const SendWr& wr, Opcode recv_opcode,
                     Status recv_status) noexcept;
   bool try_small_send(const SendWr& wr) noexcept;
   // Completes the peer's RECV in slot (its fields are filled).
@@ -148,11 +153,6 @@ class ShmQueuePair final : public QueuePair {
   Exec deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payload,
                Status* status) noexcept;
   Exec write_with_imm(const SendWr& wr, Status* status) noexcept;
-  struct PostedRecv {
-    uint64_t wr_id;
-    std::byte* addr;
-    uint32_t length;
-  };
   // Our receive ring slot index i was consumed: the completion it describes.
   void take_recv(uint64_t index, Completion* c) noexcept;
   void take_srq_recv(uint64_t index, Completion* c) noexcept;

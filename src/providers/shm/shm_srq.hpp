@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 
+#include "providers/shm/posted_recv.hpp"
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/unix_socket.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
@@ -29,9 +30,7 @@ class ShmSrq final : public SharedReceiveQueue {
   }
   // Our own record of each posted RECV: the shared entries are writable by
   // the senders, so where data goes is never read back from them.
-  std::byte* buffer(uint32_t entry) const noexcept { return posted_[entry].addr; }
-  uint32_t length(uint32_t entry) const noexcept { return posted_[entry].length; }
-  uint64_t wr_id(uint32_t entry) const noexcept { return posted_[entry].wr_id; }
+  const PostedRecv& posted(uint32_t entry) const noexcept { return posted_[entry]; }
   // The completion of entry was delivered: it may hold a new RECV.
   void release(uint32_t entry) noexcept {
     busy_[entry].store(0, std::memory_order_release);
@@ -47,11 +46,6 @@ class ShmSrq final : public SharedReceiveQueue {
   SrqBlock* block_ = nullptr;
   size_t block_bytes_ = 0;
   uint32_t mask_ = 0;
-  struct PostedRecv {
-    uint64_t wr_id;
-    std::byte* addr;
-    uint32_t length;
-  };
   std::unique_ptr<PostedRecv[]> posted_;          // by entry
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;  // by entry
   uint32_t next_entry_ = 0;  // where the search for a free entry starts
