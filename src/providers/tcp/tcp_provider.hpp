@@ -358,6 +358,7 @@ class TcpQp final : public QueuePair {
   uint32_t sb_ = 0, se_ = 0;
   RxState rx_state_ = RxState::kHeader;
   bool rx_drained_ = false;  // this rx() pass saw a short read
+  bool tx_full_ = false;     // the socket took less than offered
   std::byte* pdst_ = nullptr;
   uint64_t premain_ = 0;
   uint64_t plen_ = 0;

@@ -2,6 +2,7 @@
 // served against the region table) over one non-blocking TCP socket.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -274,6 +275,17 @@ void TcpQp::queue_nak(uint64_t seq, Status status) noexcept {
 }
 
 void TcpQp::flush_tx(int64_t now) noexcept {
+  if (tx_full_) {
+    // The socket was full. Ask whether it has room (poll() does not take the
+    // socket lock) instead of retrying sendmsg(), which does: while we hold
+    // it, the peer's ACKs queue on the socket and this core runs their
+    // processing and the transmits they release; otherwise the receiving
+    // core does, as it does for a sender asleep in a blocking send().
+    // Measured +4-7% for 1 MiB WRITEs on loopback (docs/tcp-provider.md).
+    pollfd pfd{fd_, POLLOUT, 0};
+    if (::poll(&pfd, 1, 0) != 1) return;
+    tx_full_ = false;
+  }
   for (int round = 0; round < 64 && tx_head_ != tx_tail_; ++round) {
     iovec iov[kMaxIov];
     int n = 0;
@@ -316,12 +328,16 @@ void TcpQp::flush_tx(int64_t now) noexcept {
       }
       if (w < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          tx_full_ = true;
+          return;
+        }
         die(Status::kRetryExceeded, errno, "send failed");
         return;
       }
       left = static_cast<size_t>(w);
       last_tx_ns_ = now;
+      tx_full_ = left < total;
     }
     while (tx_head_ != tx_tail_) {
       TxItem& it = tx_[tx_head_ % tx_.size()];
@@ -337,6 +353,7 @@ void TcpQp::flush_tx(int64_t now) noexcept {
       it.ref = nullptr;
       ++tx_head_;
     }
+    if (tx_full_) return;  // a retry now would only say EAGAIN
   }
 }
 
