@@ -11,7 +11,7 @@
 // A CQ is single-owner: one thread at a time polls, waits and arms it. QPs
 // attached to it post from that thread unless they are thread-safe
 // (QpOptions::thread_safe), which may post from any thread. QPs may be
-// created and destroyed from other threads, but not while the owner polls.
+// created and destroyed from any thread, also while the owner polls.
 #include <chrono>
 #include <cstdint>
 #include <span>

@@ -8,6 +8,21 @@
 // CPU that executes a registered process.
 namespace rdmakit::shm {
 
+// ThreadSanitizer cannot see the barrier membarrier() runs on other CPUs:
+// code that pairs heavy_fence() with a compiler barrier uses sequentially
+// consistent operations instead when it is built with TSan.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
 // Registers this process on first use. True if the kernel offers the global
 // expedited barrier and registration succeeded; the fallback is logged.
 bool asymmetric_fence_available() noexcept;

@@ -16,7 +16,8 @@
 namespace rdmakit::shm {
 
 ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
-    : CompletionQueue(options) {
+    : CompletionQueue(options),
+      strong_gate_(kThreadSanitizer || !asymmetric_fence_available()) {
   if (options.capacity == 0) throw Error("create_cq", "shm", "", EINVAL, "capacity 0");
   const uint64_t size = std::bit_ceil(static_cast<uint64_t>(options.capacity));
   ring_.resize(size);
@@ -47,31 +48,97 @@ void ShmCompletionQueue::reserve(uint32_t depth) {
   committed_ += depth;
 }
 
-void ShmCompletionQueue::attach_send(ShmQueuePair* qp, uint32_t depth) {
+// ---------------------------------------------------------------- owner gate
+
+void ShmCompletionQueue::wait_gate_open() const noexcept {
+  while (gate_closed_.load(std::memory_order_acquire)) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+void ShmCompletionQueue::close_gate() noexcept {
+  if (strong_gate_) {
+    gate_closed_.store(true, std::memory_order_seq_cst);
+  } else {
+    gate_closed_.store(true, std::memory_order_relaxed);
+    heavy_fence();
+  }
+  const uint64_t seen =
+      owner_epoch_.load(strong_gate_ ? std::memory_order_seq_cst : std::memory_order_acquire);
+  if ((seen & 1) == 0) return;
+  // The owner is inside poll() or arm(); neither blocks.
+  while (owner_epoch_.load(std::memory_order_acquire) == seen) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+void ShmCompletionQueue::forget_detached() noexcept {
+  const ProducerGuard guard(*this);
+  for (uint64_t i = head_; i != tail_; ++i) {
+    Entry& e = ring_[i & mask_];
+    if (e.qp != nullptr && std::find(detached_.begin(), detached_.end(),
+                                     e.completion.qp_num) != detached_.end()) {
+      e.qp = nullptr;
+    }
+  }
+  detached_.clear();  // keeps its capacity: poll() never allocates
+}
+
+// ------------------------------------------------------------ attach/detach
+
+void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
   std::lock_guard lock(attach_mu_);
   reserve(depth);
-  if (qp->options().thread_safe) multi_producer_ = true;
-  send_qps_.push_back(qp);
+  close_gate();
+  try {
+    (send ? send_qps_ : recv_qps_).push_back(qp);
+    // Room for every QP that may be detached before the owner's next poll,
+    // so detach() does not allocate.
+    detached_.reserve(detached_.size() + send_qps_.size() + recv_qps_.size());
+  } catch (...) {
+    std::erase(send ? send_qps_ : recv_qps_, qp);
+    committed_ -= depth;
+    open_gate();
+    throw;
+  }
+  if (send && qp->options().thread_safe) multi_producer_.store(true, std::memory_order_relaxed);
+  if (!send && armed_) {
+    // The owner sleeps armed, but not on this QP: wake it to re-arm.
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+  }
+  open_gate();
+}
+
+void ShmCompletionQueue::attach_send(ShmQueuePair* qp, uint32_t depth) {
+  attach(qp, depth, true);
 }
 
 void ShmCompletionQueue::attach_recv(ShmQueuePair* qp, uint32_t depth) {
-  std::lock_guard lock(attach_mu_);
-  reserve(depth);
-  recv_qps_.push_back(qp);
+  attach(qp, depth, false);
 }
 
 void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   std::lock_guard lock(attach_mu_);
+  const bool sends = std::find(send_qps_.begin(), send_qps_.end(), qp) != send_qps_.end();
+  const bool recvs = std::find(recv_qps_.begin(), recv_qps_.end(), qp) != recv_qps_.end();
+  if (!sends && !recvs) return;  // a QP whose send and recv CQ are this one: done
+  close_gate();
   std::erase(send_qps_, qp);
   std::erase(recv_qps_, qp);
   next_recv_ = 0;  // the round-robin index must stay inside recv_qps_
-  // Completions of a destroyed QP must not touch it when polled.
-  const ProducerGuard guard(*this);
-  for (uint64_t i = head_; i != tail_; ++i) {
-    if (ring_[i & mask_].qp == qp) ring_[i & mask_].qp = nullptr;
-  }
-  committed_ -= std::min<uint64_t>(committed_, qp->options().max_send_wr);
-  committed_ -= std::min<uint64_t>(committed_, qp->options().max_recv_wr);
+  // Its completions still in the ring must not touch it when polled. The
+  // owner (the ring's producer unless it is multi-producer) forgets them at
+  // its next poll; reserved in attach().
+  detached_.push_back(qp->qp_num());
+  open_gate();
+  // What this CQ reserved for the QP (each side once).
+  if (sends) committed_ -= std::min<uint64_t>(committed_, qp->options().max_send_wr);
+  if (recvs) committed_ -= std::min<uint64_t>(committed_, qp->options().max_recv_wr);
 }
 
 void ShmCompletionQueue::lock_ring() noexcept {
@@ -90,6 +157,9 @@ void ShmCompletionQueue::disarm() noexcept {
 }
 
 int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
+  const OwnerSection section(*this);
+  if (!section.entered()) return 0;  // a QP is being attached or detached
+  if (!detached_.empty()) forget_detached();
   if (armed_) disarm();
   for (ShmQueuePair* qp : send_qps_) {
     if (qp->needs_progress()) qp->progress();
@@ -115,6 +185,8 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
 }
 
 bool ShmCompletionQueue::arm() noexcept {
+  const OwnerSection section(*this);
+  if (!section.entered()) return false;  // poll again: the QP lists are changing
   uint64_t drained;
   while (::read(event_.get(), &drained, sizeof drained) > 0) {
   }

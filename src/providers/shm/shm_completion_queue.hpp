@@ -27,29 +27,49 @@ class ShmCompletionQueue final : public CompletionQueue {
 
   // Control path. Throws Error(EINVAL) if the QP depths exceed capacity, so
   // the private ring can never overflow. QPs may be created and destroyed
-  // from several threads at once; not while another thread polls this CQ
-  // (it is single-owner, see completion_queue.hpp). Attaching a thread-safe
-  // QP makes the private ring multi-producer (locked).
+  // from any thread, also while the owner polls: attach and detach close the
+  // owner gate (below) around their changes. Attaching a thread-safe QP
+  // makes the private ring multi-producer (locked).
   void attach_send(ShmQueuePair* qp, uint32_t depth);
   void attach_recv(ShmQueuePair* qp, uint32_t depth);
   void detach(ShmQueuePair* qp) noexcept;
 
-  // Held around push() and filling the entry: a CQ whose QPs are thread-safe
-  // has several producing threads, and then the ring is locked.
+  // Held around push() and filling the entry. A CQ whose QPs are thread-safe
+  // has several producing threads, and then the ring is locked. Otherwise the
+  // owner is the only producer and pushes inside an owner section, so that
+  // attaching the first thread-safe QP (which makes the ring locked) cannot
+  // overlap an unlocked push.
   class ProducerGuard {
    public:
-    explicit ProducerGuard(ShmCompletionQueue& cq) noexcept
-        : cq_(cq.multi_producer_ ? &cq : nullptr) {
-      if (cq_ != nullptr) cq_->lock_ring();
+    explicit ProducerGuard(ShmCompletionQueue& cq) noexcept : cq_(cq) {
+      for (;;) {
+        if (cq.multi_producer_.load(std::memory_order_acquire)) {
+          cq.lock_ring();
+          locked_ = true;
+          return;
+        }
+        if (cq.enter_owner()) {
+          // Inside, the flag cannot change: attach() closes the gate first.
+          if (!cq.multi_producer_.load(std::memory_order_relaxed)) return;
+          cq.leave_owner();
+          continue;
+        }
+        cq.wait_gate_open();
+      }
     }
     ~ProducerGuard() {
-      if (cq_ != nullptr) cq_->ring_lock_.store(false, std::memory_order_release);
+      if (locked_) {
+        cq_.ring_lock_.store(false, std::memory_order_release);
+      } else {
+        cq_.leave_owner();
+      }
     }
     ProducerGuard(const ProducerGuard&) = delete;
     ProducerGuard& operator=(const ProducerGuard&) = delete;
 
    private:
-    ShmCompletionQueue* cq_;
+    ShmCompletionQueue& cq_;
+    bool locked_ = false;
   };
   ProducerGuard producer_guard() noexcept { return ProducerGuard(*this); }
 
@@ -71,9 +91,69 @@ class ShmCompletionQueue final : public CompletionQueue {
     ShmQueuePair* qp;
     uint64_t retire_to;
   };
+  void attach(ShmQueuePair* qp, uint32_t depth, bool send);
   void disarm() noexcept;
   void lock_ring() noexcept;
   void reserve(uint32_t depth);
+
+  // The owner gate. poll(), arm() and the owner's unlocked pushes run inside
+  // an owner section; attach and detach (any thread) close the gate, wait
+  // until the owner is outside, change the QP lists and open it again. A
+  // poll() or arm() that finds the gate closed does nothing (0, false); a
+  // push waits for it to open. The owner pays two plain stores and a load per
+  // outermost section: the store-load order both sides need (Dekker) is a
+  // membarrier() on the rare, control-path side (asymmetric_fence.hpp), or
+  // sequentially consistent operations on both where that is unavailable or
+  // invisible (TSan). Sections nest; only the outermost pays.
+  bool enter_owner() noexcept {
+    if (owner_depth_ != 0) {
+      ++owner_depth_;
+      return true;
+    }
+    const uint64_t epoch = owner_epoch_.load(std::memory_order_relaxed) + 1;
+    bool closed;
+    if (strong_gate_) {
+      owner_epoch_.store(epoch, std::memory_order_seq_cst);
+      closed = gate_closed_.load(std::memory_order_seq_cst);
+    } else {
+      // close_gate()'s heavy_fence() orders this store before the load.
+      owner_epoch_.store(epoch, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      closed = gate_closed_.load(std::memory_order_acquire);
+    }
+    if (closed) {
+      owner_epoch_.store(epoch + 1, std::memory_order_release);
+      return false;
+    }
+    owner_depth_ = 1;
+    return true;
+  }
+  void leave_owner() noexcept {
+    if (--owner_depth_ == 0) {
+      owner_epoch_.store(owner_epoch_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_release);
+    }
+  }
+  void wait_gate_open() const noexcept;
+  class OwnerSection {
+   public:
+    explicit OwnerSection(ShmCompletionQueue& cq) noexcept
+        : cq_(cq), entered_(cq.enter_owner()) {}
+    ~OwnerSection() {
+      if (entered_) cq_.leave_owner();
+    }
+    OwnerSection(const OwnerSection&) = delete;
+    OwnerSection& operator=(const OwnerSection&) = delete;
+    bool entered() const noexcept { return entered_; }
+
+   private:
+    ShmCompletionQueue& cq_;
+    bool entered_;
+  };
+  void close_gate() noexcept;
+  void open_gate() noexcept { gate_closed_.store(false, std::memory_order_release); }
+  // Entries of QPs detached since the last poll lose their QP pointer.
+  void forget_detached() noexcept;
 
   std::vector<Entry> ring_;
   uint64_t mask_ = 0;
@@ -83,10 +163,16 @@ class ShmCompletionQueue final : public CompletionQueue {
   std::vector<ShmQueuePair*> send_qps_;
   std::vector<ShmQueuePair*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs
+  // qp_num of QPs detached while their completions may still be in ring_.
+  std::vector<uint32_t> detached_;
   bool armed_ = false;
-  bool multi_producer_ = false;  // a thread-safe QP is attached
+  std::atomic<bool> multi_producer_{false};  // a thread-safe QP is attached
   std::atomic<bool> ring_lock_{false};
   std::mutex attach_mu_;  // control path only: attach/detach among themselves
+  std::atomic<uint64_t> owner_epoch_{0};  // odd while the owner is in a section
+  int owner_depth_ = 0;                   // the owner's section nesting
+  std::atomic<bool> gate_closed_{false};
+  const bool strong_gate_;  // no asymmetric fence: seq_cst on both sides
   Fd epoll_;
   Fd event_;
   Fd timer_;
