@@ -200,19 +200,25 @@ int main(int argc, char** argv) {
   double two_line_best = 0;
   const double two_line = two_line_half_rtt_ns(cpu_a, cpu_b, 1000, &two_line_best);
   if (json) {
-    std::printf("%s\n", fmt::format("{{\"floor\":\"cacheline_pingpong\",\"cpus\":[{},{}],"
-                                    "\"half_rtt_ns\":{:.2f},\"rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
-                                    cpu_a, cpu_b, hop, 2 * hop, mins.front())
-                            .c_str());
+    std::printf(
+        "%s\n",
+        fmt::format(
+            "{{\"floor\":\"cacheline_pingpong\",\"cpus\":[{},{}],"
+            "\"half_rtt_ns\":{:.2f},\"rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
+            cpu_a, cpu_b, hop, 2 * hop, mins.front())
+            .c_str());
     std::printf("%s\n", fmt::format("{{\"floor\":\"two_line_pingpong\",\"cpus\":[{},{}],"
                                     "\"half_rtt_ns\":{:.2f},\"min_half_rtt_ns\":{:.2f}}}",
                                     cpu_a, cpu_b, two_line, two_line_best)
                             .c_str());
   } else {
-    std::printf("cache-line ping-pong cpu %d <-> cpu %d: half round trip %.1f ns (min %.1f)\n",
-                cpu_a, cpu_b, hop, mins.front());
-    std::printf("two-line ping-pong (one line per direction): half round trip %.1f ns (min %.1f)\n",
-                two_line, two_line_best);
+    std::printf(
+        "cache-line ping-pong cpu %d <-> cpu %d: half round trip %.1f ns (min %.1f)\n",
+        cpu_a, cpu_b, hop, mins.front());
+    std::printf(
+        "two-line ping-pong (one line per direction): half round trip %.1f ns (min "
+        "%.1f)\n",
+        two_line, two_line_best);
     std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   }
   pin(cpu_b);
@@ -220,10 +226,12 @@ int main(int argc, char** argv) {
     double best = 0;
     const double bw = memcpy_MBps(size, 5, std::chrono::milliseconds(40), &best);
     if (json) {
-      std::printf("{\"floor\":\"memcpy\",\"size\":%llu,\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
-                  static_cast<unsigned long long>(size), bw, best);
+      std::printf(
+          "{\"floor\":\"memcpy\",\"size\":%llu,\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
+          static_cast<unsigned long long>(size), bw, best);
     } else {
-      std::printf("%-10llu %-16.1f %.1f\n", static_cast<unsigned long long>(size), bw, best);
+      std::printf("%-10llu %-16.1f %.1f\n", static_cast<unsigned long long>(size), bw,
+                  best);
     }
     std::fflush(stdout);
   }

@@ -50,7 +50,8 @@ State& state() {
     st->mr[0] = st->ctx->register_memory(mid, 32768, kAccessAll);
     st->mr[1] = st->ctx->register_memory(mid + 32768, 16384, kAccessRemoteRead);
     st->mr[2] = st->ctx->register_memory(mid + 49152, 16384, kAccessLocalWrite);
-    for (int i = 0; i < 3; ++i) st->base[i] = reinterpret_cast<uint64_t>(st->mr[i]->addr());
+    for (int i = 0; i < 3; ++i)
+      st->base[i] = reinterpret_cast<uint64_t>(st->mr[i]->addr());
     return st;
   }();
   return *s;
@@ -88,7 +89,7 @@ void post_requests(QueuePair& qp, const State& st) {
   w.rkey = 12345;
   w.remote_addr = 0x1000;
   const Opcode ops[] = {Opcode::kRead, Opcode::kWrite, Opcode::kFetchAdd,
-                        Opcode::kSend, Opcode::kRead, Opcode::kCompareSwap};
+                        Opcode::kSend, Opcode::kRead,  Opcode::kCompareSwap};
   const uint32_t lens[] = {64, 16, 8, 32, 8192, 8};
   for (int i = 0; i < 6; ++i) {
     w.wr_id = i;

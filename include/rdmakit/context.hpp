@@ -62,7 +62,8 @@ class Context {
   virtual std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) = 0;
 
   // A receive queue shared by the QPs that name it in QpOptions::srq.
-  virtual std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options = {}) = 0;
+  virtual std::unique_ptr<SharedReceiveQueue> create_srq(
+      const SrqOptions& options = {}) = 0;
 
   // "host:port"; port 0 picks a free one.
   virtual std::unique_ptr<Listener> listen(const std::string& address) = 0;

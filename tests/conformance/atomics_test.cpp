@@ -16,8 +16,8 @@ constexpr int kClients = 2;
 constexpr uint64_t kFetchAdds = 100000;  // per client
 constexpr uint32_t kInFlight = 16;
 constexpr uint64_t kCasIncrements = 2000;  // per client; one in flight
-constexpr uint64_t kAddCounter = 0;       // offsets in the server region
-constexpr uint64_t kCasCounter = 64;      // separate cache line
+constexpr uint64_t kAddCounter = 0;        // offsets in the server region
+constexpr uint64_t kCasCounter = 64;       // separate cache line
 
 uint64_t load(const std::byte* p) {
   uint64_t v;
@@ -104,9 +104,8 @@ TEST_P(AtomicTest, TwoProcessesContendOnOneCounter) {
     constexpr size_t kOld = 512;
     while (done < kCasIncrements) {
       ASSERT_LT(attempts++, 100 * kCasIncrements) << "CAS loop not converging";
-      ASSERT_TRUE(post(*ep.qp, atomic_wr(Opcode::kCompareSwap, attempts, *local.mr,
-                                         kOld, rr, kCasCounter, expected,
-                                         expected + 1)));
+      ASSERT_TRUE(post(*ep.qp, atomic_wr(Opcode::kCompareSwap, attempts, *local.mr, kOld,
+                                         rr, kCasCounter, expected, expected + 1)));
       Completion c;
       ASSERT_TRUE(wait_one(*ep.send_cq, &c));
       ASSERT_EQ(c.status, Status::kSuccess);

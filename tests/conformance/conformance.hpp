@@ -12,8 +12,7 @@ namespace rdmakit::test {
 
 class ProviderTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void run(const RoleFn& server, const RoleFn& client,
-           const RunOptions& options = {}) {
+  void run(const RoleFn& server, const RoleFn& client, const RunOptions& options = {}) {
     run_roles(GetParam(), server, client, options);
   }
 };
@@ -21,10 +20,7 @@ class ProviderTest : public ::testing::TestWithParam<std::string> {
 }  // namespace rdmakit::test
 
 // Instantiates a ProviderTest-derived suite once per provider under test.
-#define RDMAKIT_INSTANTIATE_PROVIDERS(suite)                                 \
-  INSTANTIATE_TEST_SUITE_P(                                                  \
-      Providers, suite,                                                      \
-      ::testing::ValuesIn(::rdmakit::test::providers_from_env()),            \
-      [](const ::testing::TestParamInfo<std::string>& info) {                \
-        return info.param;                                                   \
-      })
+#define RDMAKIT_INSTANTIATE_PROVIDERS(suite)                                        \
+  INSTANTIATE_TEST_SUITE_P(                                                         \
+      Providers, suite, ::testing::ValuesIn(::rdmakit::test::providers_from_env()), \
+      [](const ::testing::TestParamInfo<std::string>& info) { return info.param; })

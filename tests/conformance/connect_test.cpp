@@ -65,7 +65,8 @@ TEST_P(ConnectTest, PrivateDataTravelsBothWays) {
     Endpoint full = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
     const auto got = full.qp->peer_private_data();
     EXPECT_EQ(got.size(), Context::kMaxPrivateData);
-    EXPECT_TRUE(check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 12));
+    EXPECT_TRUE(
+        check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 12));
     Endpoint empty = accept_endpoint(*ctx, *listener);
     EXPECT_EQ(empty.qp->peer_private_data().size(), 0u);
     Buffer recv = make_buffer(*ctx, MemKind::kAllocated, 64, kAccessLocalWrite);
@@ -92,7 +93,8 @@ TEST_P(ConnectTest, PrivateDataTravelsBothWays) {
     Endpoint full = connect_endpoint(env, *ctx, test_qp_options(), data);
     const auto got = full.qp->peer_private_data();
     EXPECT_EQ(got.size(), Context::kMaxPrivateData);
-    EXPECT_TRUE(check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 11));
+    EXPECT_TRUE(
+        check_pattern(got.data(), std::min(got.size(), Context::kMaxPrivateData), 11));
     Endpoint empty = connect_endpoint(env, *ctx);
     EXPECT_EQ(empty.qp->peer_private_data().size(), 0u);
     Buffer local = make_buffer(*ctx, MemKind::kAllocated, 64, kAccessLocalWrite);

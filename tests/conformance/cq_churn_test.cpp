@@ -42,7 +42,8 @@ TEST_P(CqChurnTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
     auto cq = ctx->create_cq();
     std::vector<std::unique_ptr<QueuePair>> churn;
     for (int i = 0; i < kChurnQps; ++i) {
-      churn.push_back(listener->accept(churn_options(cq.get(), false), control_timeout()));
+      churn.push_back(
+          listener->accept(churn_options(cq.get(), false), control_timeout()));
     }
     ASSERT_TRUE(ctl->expect("done"));
   };
@@ -131,12 +132,14 @@ TEST_P(CqChurnTest, DestroyedQpGivesBackItsCqCapacity) {
     while (!ctl->try_recv(&msg)) {
       ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "client never finished";
       try {
-        qps.push_back(listener->accept(churn_options(cq.get(), false), milliseconds(100)));
+        qps.push_back(
+            listener->accept(churn_options(cq.get(), false), milliseconds(100)));
       } catch (const Error&) {
         // accept timed out, or the client's QP was refused after the handshake
       }
-      qps.erase(std::remove_if(qps.begin(), qps.end(),
-                               [](const auto& qp) { return qp->state() != QpState::kConnected; }),
+      qps.erase(std::remove_if(
+                    qps.begin(), qps.end(),
+                    [](const auto& qp) { return qp->state() != QpState::kConnected; }),
                 qps.end());
     }
     EXPECT_EQ(msg, "done");

@@ -154,9 +154,10 @@ void run_violation(const std::string& provider, Violation violation) {
     std::vector<Buffer> regions;
     std::vector<RemoteRegion> remotes;
     for (size_t i = 0; i < kRegions; ++i) {
-      const MemKind kind = (i == kDoomed && violation != Violation::kDeregisteredAllocated)
-                               ? MemKind::kHeap
-                               : MemKind::kAllocated;
+      const MemKind kind =
+          (i == kDoomed && violation != Violation::kDeregisteredAllocated)
+              ? MemKind::kHeap
+              : MemKind::kAllocated;
       regions.push_back(make_buffer(*ctx, kind, kRegionLen, kAccessOf[i]));
       fill_pattern(regions[i].data(), kRegionLen, 900 + i);
       remotes.push_back(regions[i].mr->remote());
@@ -171,8 +172,7 @@ void run_violation(const std::string& provider, Violation violation) {
     ASSERT_TRUE(ctl->expect("done"));
     for (size_t i = 0; i < kRegions; ++i) {
       if (i == kDoomed && violation == Violation::kDeregisteredAllocated) continue;
-      const std::byte* bytes =
-          i == kDoomed ? regions[i].heap->data() : regions[i].data();
+      const std::byte* bytes = i == kDoomed ? regions[i].heap->data() : regions[i].data();
       EXPECT_TRUE(check_pattern(bytes, kRegionLen, 900 + i))
           << "target memory of region " << i << " was modified";
     }
@@ -200,8 +200,8 @@ void run_violation(const std::string& provider, Violation violation) {
       }
       case Violation::kOutOfRange:
         // Starts inside, ends 32 bytes past the end.
-        wr = rdma_wr(Opcode::kWrite, 1, *local.mr, 0, 64, remotes[kFull],
-                     kRegionLen - 32);
+        wr =
+            rdma_wr(Opcode::kWrite, 1, *local.mr, 0, 64, remotes[kFull], kRegionLen - 32);
         break;
       case Violation::kWriteWithoutRemoteWrite:
         wr = rdma_wr(Opcode::kWrite, 1, *local.mr, 0, 64, remotes[kNoWrite], 0);
@@ -213,8 +213,8 @@ void run_violation(const std::string& provider, Violation violation) {
         wr = atomic_wr(Opcode::kFetchAdd, 1, *local.mr, 0, remotes[kNoAtomic], 0, 1);
         break;
       case Violation::kCompareSwapWithoutRemoteAtomic:
-        wr = atomic_wr(Opcode::kCompareSwap, 1, *local.mr, 0, remotes[kNoAtomic], 0,
-                       0, 1);
+        wr =
+            atomic_wr(Opcode::kCompareSwap, 1, *local.mr, 0, remotes[kNoAtomic], 0, 0, 1);
         break;
       case Violation::kDeregisteredHeap:
       case Violation::kDeregisteredAllocated:
@@ -296,9 +296,7 @@ void run_local_fault(const std::string& provider, LocalFault fault) {
         wr = rdma_wr(Opcode::kWrite, 1, *mr, 0, 64, rr, 0);
         wr.lkey = mr->lkey() + 1000003;
         break;
-      case LocalFault::kSendPastRegionEnd:
-        wr = send_wr(1, *mr, 4096 - 32, 64);
-        break;
+      case LocalFault::kSendPastRegionEnd: wr = send_wr(1, *mr, 4096 - 32, 64); break;
       case LocalFault::kReadPastRegionEnd:
         wr = rdma_wr(Opcode::kRead, 1, *mr, 4096 - 32, 64, rr, 0);
         break;

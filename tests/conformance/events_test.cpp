@@ -192,8 +192,8 @@ void exchange_on_shared_cq(SharedSide& side, uint64_t send_seed, uint64_t recv_s
     if (c.opcode == Opcode::kRecv) {
       EXPECT_TRUE(recv_qps.insert(c.qp_num).second) << "two RECVs on one QP";
       EXPECT_EQ(c.wr_id, index) << "RECV completion on the wrong QP";
-      EXPECT_TRUE(check_pattern(side.buf.data() + index * kMsgLen, kMsgLen,
-                                recv_seed + index))
+      EXPECT_TRUE(
+          check_pattern(side.buf.data() + index * kMsgLen, kMsgLen, recv_seed + index))
           << "message of QP " << index;
     } else {
       EXPECT_EQ(c.opcode, Opcode::kSend);
@@ -214,8 +214,8 @@ TEST_P(EventTest, OneCqSharedBySixtyFourQps) {
     side.buf = make_buffer(*ctx, MemKind::kAllocated, 2 * kSharedQps * kMsgLen,
                            kAccessLocalWrite);
     for (int i = 0; i < kSharedQps; ++i) {
-      side.qps.push_back(listener->accept(shared_options(side.cq.get()),
-                                          control_timeout()));
+      side.qps.push_back(
+          listener->accept(shared_options(side.cq.get()), control_timeout()));
       ASSERT_TRUE(post(*side.qps.back(), recv_wr(i, *side.buf.mr, i * kMsgLen, kMsgLen)));
     }
     exchange_on_shared_cq(side, 7000, 6000);

@@ -15,12 +15,12 @@ class OpcodeTest : public ProviderTest {};
 RDMAKIT_INSTANTIATE_PROVIDERS(OpcodeTest);
 
 // Target region layout (one per memory kind).
-constexpr size_t kWriteArea = 0;           // WRITE lands at +kWriteOffset
-constexpr size_t kWriteOffset = 100;       // deliberately unaligned
+constexpr size_t kWriteArea = 0;      // WRITE lands at +kWriteOffset
+constexpr size_t kWriteOffset = 100;  // deliberately unaligned
 constexpr size_t kWriteLen = 5000;
-constexpr size_t kReadArea = 16 * 1024;    // READ source, pattern
+constexpr size_t kReadArea = 16 * 1024;  // READ source, pattern
 constexpr size_t kReadLen = 6000;
-constexpr size_t kCounter = 32 * 1024;     // 8-byte atomic target
+constexpr size_t kCounter = 32 * 1024;       // 8-byte atomic target
 constexpr size_t kImmArea = 32 * 1024 + 64;  // WRITE_WITH_IMM target
 constexpr size_t kImmLen = 3000;
 constexpr size_t kRegionLen = 48 * 1024;
@@ -59,8 +59,7 @@ void expect_send_done(Endpoint& ep, const SendWr& wr) {
       EXPECT_TRUE(c.opcode == Opcode::kWrite || c.opcode == Opcode::kWriteWithImm)
           << opcode_name(c.opcode);
       break;
-    default:
-      EXPECT_EQ(c.opcode, wr.opcode);
+    default: EXPECT_EQ(c.opcode, wr.opcode);
   }
 }
 
@@ -80,8 +79,8 @@ TEST_P(OpcodeTest, EveryOpcodeMovesTheRightBytes) {
     auto listener = env.listen(*ctx);
     Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
     auto ctl = Control::accept(*ctx, *listener);
-    Buffer recv = make_buffer(*ctx, MemKind::kAllocated, 6 * kRecvSlot,
-                              kAccessLocalWrite);
+    Buffer recv =
+        make_buffer(*ctx, MemKind::kAllocated, 6 * kRecvSlot, kAccessLocalWrite);
     for (uint64_t i = 0; i < 6; ++i) {
       ASSERT_TRUE(post(*ep.qp, recv_wr(i, *recv.mr, i * kRecvSlot, kRecvSlot)));
     }
@@ -174,8 +173,8 @@ TEST_P(OpcodeTest, EveryOpcodeMovesTheRightBytes) {
       // Successful CAS returns the old value and swaps.
       constexpr size_t kOld = 16 * 1024;  // 8-aligned spot in the local buffer
       std::memset(local.data() + kOld, 0xEE, 8);
-      wr = atomic_wr(Opcode::kCompareSwap, ++id, mr, kOld, rr, kCounter,
-                     1000 + k, 5000 + k);
+      wr = atomic_wr(Opcode::kCompareSwap, ++id, mr, kOld, rr, kCounter, 1000 + k,
+                     5000 + k);
       ASSERT_TRUE(post(*ep.qp, wr));
       expect_send_done(ep, wr);
       EXPECT_EQ(read_u64(local.data() + kOld), 1000u + k);
@@ -294,8 +293,7 @@ TEST_P(OpcodeTest, InlinePayloadIsCopiedAtPost) {
   run(server, client);
 }
 
-constexpr uint32_t kImms[] = {0u,          1u,          0x7FFFFFFFu,
-                              0x80000000u, 0xDEADBEEFu, 0xFFFFFFFFu};
+constexpr uint32_t kImms[] = {0u, 1u, 0x7FFFFFFFu, 0x80000000u, 0xDEADBEEFu, 0xFFFFFFFFu};
 constexpr size_t kCount = std::size(kImms);
 constexpr uint32_t kImmMsgLen = 48;
 
@@ -353,8 +351,8 @@ TEST_P(OpcodeTest, ImmediateValuesArriveUnchanged) {
       fill_pattern(local.data() + i * 128, kImmMsgLen, 50 + i);
       fill_pattern(local.data() + i * 128 + 64, kImmMsgLen, 60 + i);
       wrs.push_back(send_imm_wr(2 * i, *local.mr, i * 128, kImmMsgLen, kImms[i]));
-      SendWr w = rdma_wr(Opcode::kWriteWithImm, 2 * i + 1, *local.mr,
-                         i * 128 + 64, kImmMsgLen, rr, i * 64);
+      SendWr w = rdma_wr(Opcode::kWriteWithImm, 2 * i + 1, *local.mr, i * 128 + 64,
+                         kImmMsgLen, rr, i * 64);
       w.imm = kImms[i];
       wrs.push_back(w);
     }
@@ -387,7 +385,8 @@ TEST_P(OpcodeTest, FenceOrdersASendAfterARead) {
     const auto reply = pack_regions({source.mr->remote()});
     auto listener = env.listen(*ctx);
     Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
-    Buffer recv = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen, kAccessLocalWrite);
+    Buffer recv = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen,
+                              kAccessLocalWrite);
     for (uint64_t i = 0; i < kFenceRounds; ++i) {
       ASSERT_TRUE(post(*ep.qp, recv_wr(i, *recv.mr, i * kFenceLen, kFenceLen)));
     }
@@ -404,7 +403,8 @@ TEST_P(OpcodeTest, FenceOrdersASendAfterARead) {
     auto ctx = env.open_context();
     Endpoint ep = connect_endpoint(env, *ctx);
     const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
-    Buffer local = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen, kAccessLocalWrite);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, kFenceRounds * kFenceLen,
+                               kAccessLocalWrite);
     for (uint64_t i = 0; i < kFenceRounds; ++i) {
       // The SEND's source is the READ's sink: FENCE makes it wait for the
       // READ's data instead of sending the zeros that are there now.
@@ -483,7 +483,8 @@ TEST_P(OpcodeTest, PostValidationAndQueueLimits) {
     PostResult from_other_send;
     PostResult from_other_recv;
     std::thread other([&] {
-      from_other_send = ep.qp->post_send(rdma_wr(Opcode::kWrite, 7, *local.mr, 0, 8, rr, 0));
+      from_other_send =
+          ep.qp->post_send(rdma_wr(Opcode::kWrite, 7, *local.mr, 0, 8, rr, 0));
       from_other_recv = ep.qp->post_recv(recv_wr(8, *local.mr, 0, 64));
     });
     other.join();

@@ -38,8 +38,8 @@ void serve_writes_then_send(RoleEnv& env, uint64_t seed_base) {
   std::memcpy(&writes, recv.data(), 4);
   ASSERT_LE(writes, kMaxWrites);
   for (uint32_t i = 0; i < writes; ++i) {
-    EXPECT_TRUE(check_pattern(target.data() + size_t{i} * kWriteLen, kWriteLen,
-                              seed_base + i))
+    EXPECT_TRUE(
+        check_pattern(target.data() + size_t{i} * kWriteLen, kWriteLen, seed_base + i))
         << "WRITE " << i << " of " << writes
         << " not visible when the SEND behind it arrived";
   }
@@ -62,9 +62,8 @@ TEST_P(OrderingTest, FullSendQueueCompletesInOrder) {
     std::vector<SendWr> wrs;
     for (uint32_t i = 0; i < writes; ++i) {
       fill_pattern(local.data() + size_t{i} * kWriteLen, kWriteLen, 700 + i);
-      wrs.push_back(rdma_wr(Opcode::kWrite, 1000 + i, *local.mr,
-                            size_t{i} * kWriteLen, kWriteLen, rr,
-                            size_t{i} * kWriteLen));
+      wrs.push_back(rdma_wr(Opcode::kWrite, 1000 + i, *local.mr, size_t{i} * kWriteLen,
+                            kWriteLen, rr, size_t{i} * kWriteLen));
     }
     const size_t count_at = size_t{writes} * kWriteLen;
     std::memcpy(local.data() + count_at, &writes, 4);
@@ -106,9 +105,9 @@ TEST_P(OrderingTest, SelectiveSignalingAndQueueFull) {
     // N-1 unsignaled WRITEs and one signaled SEND: exactly one completion.
     for (uint32_t i = 0; i < writes; ++i) {
       fill_pattern(local.data() + size_t{i} * kWriteLen, kWriteLen, 800 + i);
-      ASSERT_TRUE(post(*ep.qp, rdma_wr(Opcode::kWrite, 2000 + i, *local.mr,
-                                       size_t{i} * kWriteLen, kWriteLen, rr,
-                                       size_t{i} * kWriteLen, 0)));
+      ASSERT_TRUE(
+          post(*ep.qp, rdma_wr(Opcode::kWrite, 2000 + i, *local.mr, size_t{i} * kWriteLen,
+                               kWriteLen, rr, size_t{i} * kWriteLen, 0)));
     }
     const size_t count_at = size_t{writes} * kWriteLen;
     std::memcpy(local.data() + count_at, &writes, 4);

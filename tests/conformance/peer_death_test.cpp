@@ -34,8 +34,8 @@ QpOptions death_qp_options() {
 
 // The victim consumes SENDs, then announces its death and SIGKILLs itself.
 void victim(Endpoint& ep, Control& ctl, Context& ctx) {
-  Buffer recv = make_buffer(ctx, MemKind::kAllocated, kVictimRecvs * kSendLen,
-                            kAccessLocalWrite);
+  Buffer recv =
+      make_buffer(ctx, MemKind::kAllocated, kVictimRecvs * kSendLen, kAccessLocalWrite);
   for (uint32_t i = 0; i < kVictimRecvs; ++i) {
     ASSERT_TRUE(post(*ep.qp, recv_wr(i, *recv.mr, i * kSendLen, kSendLen)));
   }
@@ -54,8 +54,7 @@ void victim(Endpoint& ep, Control& ctl, Context& ctx) {
 // The survivor streams WRITEs and SENDs until the peer's death shows, then
 // drains: every outstanding request must fail, and in bounded time.
 void survivor(Endpoint& ep, Control& ctl, Context& ctx, const RemoteRegion& rr) {
-  Buffer local = make_buffer(ctx, MemKind::kAllocated, kWindow + 4096,
-                             kAccessLocalWrite);
+  Buffer local = make_buffer(ctx, MemKind::kAllocated, kWindow + 4096, kAccessLocalWrite);
   fill_pattern(local.data(), kWindow, 5);
   for (uint32_t i = 0; i < kSurvivorRecvs; ++i) {
     ASSERT_TRUE(post(*ep.qp, recv_wr(900000 + i, *local.mr, kWindow, 512)));
@@ -76,11 +75,9 @@ void survivor(Endpoint& ep, Control& ctl, Context& ctx, const RemoteRegion& rr) 
       death_seen = Clock::now();
     }
     while (outstanding < depth) {
-      const SendWr wr =
-          next % 4 == 3
-              ? send_wr(next, *local.mr, 0, kSendLen)
-              : rdma_wr(Opcode::kWrite, next, *local.mr, 0, kWriteLen, rr,
-                        (next % 4) * kWriteLen);
+      const SendWr wr = next % 4 == 3 ? send_wr(next, *local.mr, 0, kSendLen)
+                                      : rdma_wr(Opcode::kWrite, next, *local.mr, 0,
+                                                kWriteLen, rr, (next % 4) * kWriteLen);
       const PostResult r = ep.qp->post_send(wr);
       ASSERT_TRUE(r.ok()) << post_status_name(r.status);
       ++next;

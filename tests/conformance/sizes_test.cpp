@@ -13,8 +13,7 @@ namespace {
 class SizeTest : public ProviderTest {};
 RDMAKIT_INSTANTIATE_PROVIDERS(SizeTest);
 
-constexpr std::array<uint32_t, 8> kSizes = {0, 1, 63, 64, 4095, 4096, 65536,
-                                            8u << 20};
+constexpr std::array<uint32_t, 8> kSizes = {0, 1, 63, 64, 4095, 4096, 65536, 8u << 20};
 constexpr size_t kGuard = 64;  // untouched bytes after every slot
 constexpr MemKind kKinds[] = {MemKind::kAllocated, MemKind::kHeap};
 
@@ -53,8 +52,8 @@ TEST_P(SizeTest, SendWriteReadAtBoundarySizes) {
     // RECVs sized exactly like the SENDs: an exact fit is not an overflow.
     for (size_t k = 0; k < 2; ++k) {
       for (size_t i = 0; i < kSizes.size(); ++i) {
-        ASSERT_TRUE(post(*ep.qp, recv_wr(k * 100 + i, *recvs[k].mr, kOffsets[i],
-                                         kSizes[i])));
+        ASSERT_TRUE(
+            post(*ep.qp, recv_wr(k * 100 + i, *recvs[k].mr, kOffsets[i], kSizes[i])));
       }
     }
     for (size_t k = 0; k < 2; ++k) {
@@ -67,16 +66,16 @@ TEST_P(SizeTest, SendWriteReadAtBoundarySizes) {
         EXPECT_EQ(c.wr_id, k * 100 + i);
         EXPECT_EQ(c.opcode, Opcode::kRecv);
         EXPECT_EQ(c.byte_len, kSizes[i]);
-        EXPECT_TRUE(check_pattern(recvs[k].data() + kOffsets[i], kSizes[i],
-                                  seed(300, k, i)));
+        EXPECT_TRUE(
+            check_pattern(recvs[k].data() + kOffsets[i], kSizes[i], seed(300, k, i)));
       }
       ASSERT_TRUE(ctl->expect("written"));
       for (size_t i = 0; i < kSizes.size(); ++i) {
         SCOPED_TRACE("WRITE of " + std::to_string(kSizes[i]) + " bytes");
         const std::byte* slot = writes[k].data() + kOffsets[i];
         EXPECT_TRUE(check_pattern(slot, kSizes[i], seed(400, k, i)));
-        EXPECT_TRUE(check_filled(slot + kSizes[i],
-                                 kOffsets[i + 1] - kOffsets[i] - kSizes[i], 0))
+        EXPECT_TRUE(
+            check_filled(slot + kSizes[i], kOffsets[i + 1] - kOffsets[i] - kSizes[i], 0))
             << "bytes after the target were written";
       }
       ASSERT_TRUE(ctl->send("checked"));
@@ -84,8 +83,8 @@ TEST_P(SizeTest, SendWriteReadAtBoundarySizes) {
     ASSERT_TRUE(ctl->expect("read"));
     for (size_t k = 0; k < 2; ++k) {
       for (size_t i = 0; i < kSizes.size(); ++i) {
-        EXPECT_TRUE(check_pattern(reads[k].data() + kOffsets[i], kSizes[i],
-                                  seed(500, k, i)))
+        EXPECT_TRUE(
+            check_pattern(reads[k].data() + kOffsets[i], kSizes[i], seed(500, k, i)))
             << "READ source modified";
       }
     }
@@ -117,21 +116,20 @@ TEST_P(SizeTest, SendWriteReadAtBoundarySizes) {
       }
       for (size_t i = 0; i < kSizes.size(); ++i) {
         fill_pattern(local.data() + kOffsets[i], kSizes[i], seed(400, k, i));
-        run_one(rdma_wr(Opcode::kWrite, ++id, *local.mr, kOffsets[i], kSizes[i],
-                        write_rr, kOffsets[i]));
+        run_one(rdma_wr(Opcode::kWrite, ++id, *local.mr, kOffsets[i], kSizes[i], write_rr,
+                        kOffsets[i]));
       }
       ASSERT_TRUE(ctl->send("written"));
       ASSERT_TRUE(ctl->expect("checked"));
       std::memset(local.data(), 0xEE, kRegionLen);
       for (size_t i = 0; i < kSizes.size(); ++i) {
         SCOPED_TRACE("READ of " + std::to_string(kSizes[i]) + " bytes");
-        run_one(rdma_wr(Opcode::kRead, ++id, *local.mr, kOffsets[i], kSizes[i],
-                        read_rr, kOffsets[i]));
-        EXPECT_TRUE(check_pattern(local.data() + kOffsets[i], kSizes[i],
-                                  seed(500, k, i)));
+        run_one(rdma_wr(Opcode::kRead, ++id, *local.mr, kOffsets[i], kSizes[i], read_rr,
+                        kOffsets[i]));
+        EXPECT_TRUE(
+            check_pattern(local.data() + kOffsets[i], kSizes[i], seed(500, k, i)));
         const size_t guard = kOffsets[i + 1] - kOffsets[i] - kSizes[i];
-        EXPECT_TRUE(check_filled(local.data() + kOffsets[i] + kSizes[i], guard,
-                                 0xEE))
+        EXPECT_TRUE(check_filled(local.data() + kOffsets[i] + kSizes[i], guard, 0xEE))
             << "READ wrote past its length";
       }
     }

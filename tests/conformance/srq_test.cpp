@@ -34,8 +34,8 @@ void fill_message(std::byte* p, uint32_t client, uint32_t j) {
 }
 
 // Checks what arrived for message j of client (len bytes at p).
-::testing::AssertionResult check_message(const std::byte* p, uint32_t len, uint32_t client,
-                                         uint32_t j) {
+::testing::AssertionResult check_message(const std::byte* p, uint32_t len,
+                                         uint32_t client, uint32_t j) {
   if (len != message_length(j)) {
     return ::testing::AssertionFailure()
            << "message " << j << " of client " << client << ": byte_len " << len
@@ -68,8 +68,8 @@ TEST_P(SrqTest, TwoClientsShareOneReceiveQueue) {
     auto ctx = env.open_context();
     auto srq = ctx->create_srq({.max_wr = kSrqDepth});
     ASSERT_GE(srq->max_wr(), kSrqDepth);
-    Buffer bufs = make_buffer(*ctx, MemKind::kAllocated, kSrqDepth * kBufLen,
-                              kAccessLocalWrite);
+    Buffer bufs =
+        make_buffer(*ctx, MemKind::kAllocated, kSrqDepth * kBufLen, kAccessLocalWrite);
     std::memset(bufs.data(), 0xEE, bufs.length());
     for (uint32_t i = 0; i < kSrqDepth; ++i) {
       const PostResult r = srq->post_recv(recv_wr(i, *bufs.mr, i * kBufLen, kBufLen));
@@ -106,8 +106,8 @@ TEST_P(SrqTest, TwoClientsShareOneReceiveQueue) {
           ASSERT_EQ(c.opcode, Opcode::kRecv);
           ASSERT_EQ(c.qp_num, eps[q].qp->qp_num()) << "completion on another QP's CQ";
           ASSERT_LT(c.wr_id, kSrqDepth);
-          ASSERT_EQ(outstanding.erase(c.wr_id), 1u) << "buffer " << c.wr_id
-                                                    << " completed twice";
+          ASSERT_EQ(outstanding.erase(c.wr_id), 1u)
+              << "buffer " << c.wr_id << " completed twice";
           const uint32_t j = next_j[q]++;
           const uint32_t client = client_of[q];
           std::byte* p = bufs.data() + c.wr_id * kBufLen;
@@ -119,9 +119,9 @@ TEST_P(SrqTest, TwoClientsShareOneReceiveQueue) {
           EXPECT_TRUE(check_filled(p + c.byte_len, kBufLen - c.byte_len, 0xEE))
               << "bytes past the message were written";
           std::memset(p, 0xEE, kBufLen);
-          ASSERT_TRUE(srq->post_recv(recv_wr(c.wr_id, *bufs.mr, c.wr_id * kBufLen,
-                                             kBufLen))
-                          .ok());
+          ASSERT_TRUE(
+              srq->post_recv(recv_wr(c.wr_id, *bufs.mr, c.wr_id * kBufLen, kBufLen))
+                  .ok());
           outstanding.insert(c.wr_id);
         }
       }
@@ -136,8 +136,8 @@ TEST_P(SrqTest, TwoClientsShareOneReceiveQueue) {
     const std::byte id[1] = {static_cast<std::byte>(me)};
     Endpoint ep = connect_endpoint(env, *ctx, test_qp_options(), id);
     constexpr uint32_t kInFlight = 16;
-    Buffer msgs = make_buffer(*ctx, MemKind::kAllocated, kInFlight * kBufLen,
-                              kAccessLocalWrite);
+    Buffer msgs =
+        make_buffer(*ctx, MemKind::kAllocated, kInFlight * kBufLen, kAccessLocalWrite);
     uint32_t posted = 0;
     uint32_t completed = 0;
     auto post_message = [&](uint32_t slot) {
@@ -178,8 +178,8 @@ TEST_P(SrqTest, AnErrorOnOneQpLeavesTheQueueToTheOthers) {
   auto server = [](RoleEnv& env) {
     auto ctx = env.open_context();
     auto srq = ctx->create_srq({.max_wr = 16});
-    Buffer bufs = make_buffer(*ctx, MemKind::kAllocated, kRecvs * kBufLen,
-                              kAccessLocalWrite);
+    Buffer bufs =
+        make_buffer(*ctx, MemKind::kAllocated, kRecvs * kBufLen, kAccessLocalWrite);
     Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
     std::memset(target.data(), 0x33, target.length());
     for (uint32_t i = 0; i < kRecvs; ++i) {

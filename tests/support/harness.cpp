@@ -1,6 +1,7 @@
 #include "harness.hpp"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -15,8 +16,6 @@
 #include <cstring>
 #include <exception>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 namespace rdmakit::test {
 namespace {
@@ -60,8 +59,7 @@ bool read_exact(int fd, void* buf, size_t len, milliseconds timeout) {
   auto* out = static_cast<char*>(buf);
   size_t got = 0;
   while (got < len) {
-    const auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, static_cast<int>(left.count()));
@@ -84,8 +82,8 @@ struct Child {
   int status = 0;
 };
 
-[[noreturn]] void run_child(const std::string& role, const RoleFn& fn,
-                            RoleEnv& env, const std::string& netns) {
+[[noreturn]] void run_child(const std::string& role, const RoleFn& fn, RoleEnv& env,
+                            const std::string& netns) {
   {
     SCOPED_TRACE(role + " role");
     try {
@@ -128,8 +126,8 @@ const HarnessConfig& HarnessConfig::get() {
     } else if (role == "client") {
       c.mode = RoleMode::kClient;
     } else {
-      config_error("RDMAKIT_TEST_ROLE must be server, client or unset, not '" +
-                   role + "'");
+      config_error("RDMAKIT_TEST_ROLE must be server, client or unset, not '" + role +
+                   "'");
     }
     c.host = env_or("RDMAKIT_TEST_HOST", "127.0.0.1");
     const std::string base = env_or("RDMAKIT_TEST_BASE_PORT", "");
@@ -137,8 +135,7 @@ const HarnessConfig& HarnessConfig::get() {
       char* end = nullptr;
       const long port = std::strtol(base.c_str(), &end, 10);
       if (*end != '\0' || port < 1 || port > 65000) {
-        config_error("RDMAKIT_TEST_BASE_PORT must be 1..65000, not '" + base +
-                     "'");
+        config_error("RDMAKIT_TEST_BASE_PORT must be 1..65000, not '" + base + "'");
       }
       c.base_port = static_cast<uint16_t>(port);
     } else if (c.mode != RoleMode::kFork) {
@@ -160,13 +157,11 @@ const HarnessConfig& HarnessConfig::get() {
 }
 
 milliseconds scaled(milliseconds guard) {
-  return milliseconds(static_cast<int64_t>(
-      static_cast<double>(guard.count()) * HarnessConfig::get().timeout_scale));
+  return milliseconds(static_cast<int64_t>(static_cast<double>(guard.count()) *
+                                           HarnessConfig::get().timeout_scale));
 }
 
-std::vector<std::string> providers_from_env() {
-  return HarnessConfig::get().providers;
-}
+std::vector<std::string> providers_from_env() { return HarnessConfig::get().providers; }
 
 int current_case_index() {
   const auto* unit = ::testing::UnitTest::GetInstance();
@@ -176,20 +171,17 @@ int current_case_index() {
   for (int i = 0; i < unit->total_test_suite_count(); ++i) {
     const auto* suite = unit->GetTestSuite(i);
     for (int j = 0; j < suite->total_test_count(); ++j) {
-      names.push_back(std::string(suite->name()) + "." +
-                      suite->GetTestInfo(j)->name());
+      names.push_back(std::string(suite->name()) + "." + suite->GetTestInfo(j)->name());
     }
   }
   std::sort(names.begin(), names.end());
-  const std::string me =
-      std::string(current->test_suite_name()) + "." + current->name();
+  const std::string me = std::string(current->test_suite_name()) + "." + current->name();
   const auto it = std::find(names.begin(), names.end(), me);
   return static_cast<int>(it - names.begin());
 }
 
-RoleEnv::RoleEnv(std::string provider, bool server, int client_index,
-                 int clients, uint16_t port, int port_read_fd,
-                 int port_write_fd)
+RoleEnv::RoleEnv(std::string provider, bool server, int client_index, int clients,
+                 uint16_t port, int port_read_fd, int port_write_fd)
     : provider_(std::move(provider)),
       server_(server),
       client_index_(client_index),
@@ -253,9 +245,9 @@ std::string RoleEnv::server_address() {
   return server_address_;
 }
 
-std::unique_ptr<QueuePair> RoleEnv::connect(
-    Context& ctx, const QpOptions& options,
-    std::span<const std::byte> private_data, milliseconds timeout) {
+std::unique_ptr<QueuePair> RoleEnv::connect(Context& ctx, const QpOptions& options,
+                                            std::span<const std::byte> private_data,
+                                            milliseconds timeout) {
   const std::string address = server_address();
   const bool split = HarnessConfig::get().mode != RoleMode::kFork;
   const auto deadline = Clock::now() + scaled(std::chrono::seconds(60));
@@ -271,15 +263,15 @@ std::unique_ptr<QueuePair> RoleEnv::connect(
   }
 }
 
-void run_roles(const std::string& provider, const RoleFn& server,
-               const RoleFn& client, const RunOptions& options) {
+void run_roles(const std::string& provider, const RoleFn& server, const RoleFn& client,
+               const RunOptions& options) {
   const HarnessConfig& config = HarnessConfig::get();
   const int index = current_case_index();
   uint16_t port = 0;
   if (config.base_port != 0) {
     const int wanted = config.base_port + index;
-    ASSERT_LE(wanted, 65535) << "RDMAKIT_TEST_BASE_PORT too high for "
-                             << index << " cases";
+    ASSERT_LE(wanted, 65535) << "RDMAKIT_TEST_BASE_PORT too high for " << index
+                             << " cases";
     port = static_cast<uint16_t>(wanted);
   }
   const bool fork_mode = config.mode == RoleMode::kFork;
@@ -315,10 +307,9 @@ void run_roles(const std::string& provider, const RoleFn& server,
         read_fd = pipe_fds[0];
         if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
       }
-      RoleEnv env(provider, is_server, client_index, options.clients, port,
-                  read_fd, write_fd);
-      run_child(role, fn, env,
-                (is_server && fork_mode) ? config.server_netns : "");
+      RoleEnv env(provider, is_server, client_index, options.clients, port, read_fd,
+                  write_fd);
+      run_child(role, fn, env, (is_server && fork_mode) ? config.server_netns : "");
     }
     Child child;
     child.role = role;
@@ -349,10 +340,9 @@ void run_roles(const std::string& provider, const RoleFn& server,
       const pid_t r = ::waitpid(child.pid, &child.status, WNOHANG);
       if (r == child.pid) {
         child.done = true;
-        const bool ok =
-            (WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0) ||
-            (child.may_be_killed && WIFSIGNALED(child.status) &&
-             WTERMSIG(child.status) == SIGKILL);
+        const bool ok = (WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0) ||
+                        (child.may_be_killed && WIFSIGNALED(child.status) &&
+                         WTERMSIG(child.status) == SIGKILL);
         if (!ok) {
           deadline = std::min(deadline, Clock::now() + scaled(std::chrono::seconds(10)));
         }

@@ -67,8 +67,8 @@ int current_case_index();
 // What a role function gets: its identity and the rendezvous with the peer.
 class RoleEnv {
  public:
-  RoleEnv(std::string provider, bool server, int client_index, int clients,
-          uint16_t port, int port_read_fd, int port_write_fd);
+  RoleEnv(std::string provider, bool server, int client_index, int clients, uint16_t port,
+          int port_read_fd, int port_write_fd);
   ~RoleEnv();
   RoleEnv(const RoleEnv&) = delete;
   RoleEnv& operator=(const RoleEnv&) = delete;
@@ -122,7 +122,7 @@ using RoleFn = std::function<void(RoleEnv&)>;
 
 // Runs the roles of one case for the given provider (see the file comment).
 // Records a gtest failure for every role that failed, crashed or hung.
-void run_roles(const std::string& provider, const RoleFn& server,
-               const RoleFn& client, const RunOptions& options = {});
+void run_roles(const std::string& provider, const RoleFn& server, const RoleFn& client,
+               const RunOptions& options = {});
 
 }  // namespace rdmakit::test

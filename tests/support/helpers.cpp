@@ -10,15 +10,12 @@
 namespace rdmakit {
 
 void PrintTo(Status status, std::ostream* os) { *os << status_name(status); }
-void PrintTo(PostStatus status, std::ostream* os) {
-  *os << post_status_name(status);
-}
+void PrintTo(PostStatus status, std::ostream* os) { *os << post_status_name(status); }
 void PrintTo(Opcode opcode, std::ostream* os) { *os << opcode_name(opcode); }
 void PrintTo(QpState state, std::ostream* os) { *os << qp_state_name(state); }
 void PrintTo(const Completion& c, std::ostream* os) {
   *os << "{wr_id=" << c.wr_id << " " << opcode_name(c.opcode) << " "
-      << status_name(c.status) << " byte_len=" << c.byte_len
-      << " qp_num=" << c.qp_num;
+      << status_name(c.status) << " byte_len=" << c.byte_len << " qp_num=" << c.qp_num;
   if (c.has_imm()) *os << " imm=" << c.imm;
   *os << "}";
 }
@@ -55,8 +52,7 @@ QpOptions test_qp_options() {
 }
 
 Endpoint accept_endpoint(Context& ctx, Listener& listener, QpOptions options,
-                         std::span<const std::byte> reply,
-                         const CqOptions& cq_options) {
+                         std::span<const std::byte> reply, const CqOptions& cq_options) {
   Endpoint ep;
   ep.send_cq = ctx.create_cq(cq_options);
   ep.recv_cq = ctx.create_cq(cq_options);
@@ -203,14 +199,13 @@ bool Control::try_recv(std::string* msg) {
 
 bool Control::failed() const { return !error_.empty(); }
 
-::testing::AssertionResult Control::expect(std::string_view msg,
-                                           milliseconds timeout) {
+::testing::AssertionResult Control::expect(std::string_view msg, milliseconds timeout) {
   std::string got;
   auto result = recv(&got, timeout);
   if (!result) return result << " (expected '" << msg << "')";
   if (got != msg) {
-    return ::testing::AssertionFailure() << "control channel: expected '" << msg
-                                         << "', got '" << got << "'";
+    return ::testing::AssertionFailure()
+           << "control channel: expected '" << msg << "', got '" << got << "'";
   }
   return ::testing::AssertionSuccess();
 }
@@ -230,8 +225,7 @@ bool Control::failed() const { return !error_.empty(); }
 }
 
 ::testing::AssertionResult wait_n(CompletionQueue& cq, size_t n,
-                                  std::vector<Completion>* out,
-                                  milliseconds timeout) {
+                                  std::vector<Completion>* out, milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::array<Completion, 64> batch;
   while (out->size() < n) {
@@ -253,8 +247,7 @@ bool Control::failed() const { return !error_.empty(); }
   const auto deadline = Clock::now() + window;
   while (Clock::now() < deadline) {
     if (cq.poll({&c, 1}) == 1) {
-      return ::testing::AssertionFailure()
-             << "unexpected completion " << describe(c);
+      return ::testing::AssertionFailure() << "unexpected completion " << describe(c);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -278,8 +271,7 @@ void fill_pattern(void* data, size_t length, uint64_t seed) {
   for (size_t i = 0; i < length; ++i) p[i] = pattern_byte(seed, i);
 }
 
-::testing::AssertionResult check_pattern(const void* data, size_t length,
-                                         uint64_t seed) {
+::testing::AssertionResult check_pattern(const void* data, size_t length, uint64_t seed) {
   const auto* p = static_cast<const uint8_t*>(data);
   size_t bad = 0;
   size_t first = 0;
@@ -295,14 +287,12 @@ void fill_pattern(void* data, size_t length, uint64_t seed) {
          << int{pattern_byte(seed, first)} << ", got " << int{p[first]};
 }
 
-::testing::AssertionResult check_filled(const void* data, size_t length,
-                                        uint8_t value) {
+::testing::AssertionResult check_filled(const void* data, size_t length, uint8_t value) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < length; ++i) {
     if (p[i] != value) {
       return ::testing::AssertionFailure()
-             << "byte " << i << " is " << int{p[i]} << ", expected "
-             << int{value};
+             << "byte " << i << " is " << int{p[i]} << ", expected " << int{value};
     }
   }
   return ::testing::AssertionSuccess();
@@ -337,8 +327,7 @@ std::vector<std::byte> pack_regions(const std::vector<RemoteRegion>& regions) {
   std::vector<std::byte> blob(regions.size() * RemoteRegion::kSerializedSize);
   for (size_t i = 0; i < regions.size(); ++i) {
     regions[i].serialize(std::span<std::byte, RemoteRegion::kSerializedSize>(
-        blob.data() + i * RemoteRegion::kSerializedSize,
-        RemoteRegion::kSerializedSize));
+        blob.data() + i * RemoteRegion::kSerializedSize, RemoteRegion::kSerializedSize));
   }
   return blob;
 }
@@ -347,8 +336,8 @@ std::vector<RemoteRegion> unpack_regions(std::span<const std::byte> blob) {
   std::vector<RemoteRegion> out;
   for (size_t at = 0; at + RemoteRegion::kSerializedSize <= blob.size();
        at += RemoteRegion::kSerializedSize) {
-    auto region = RemoteRegion::deserialize(
-        blob.subspan(at, RemoteRegion::kSerializedSize));
+    auto region =
+        RemoteRegion::deserialize(blob.subspan(at, RemoteRegion::kSerializedSize));
     if (!region) throw std::runtime_error("peer sent a bad RemoteRegion blob");
     out.push_back(*region);
   }
@@ -357,8 +346,8 @@ std::vector<RemoteRegion> unpack_regions(std::span<const std::byte> blob) {
 
 // ----------------------------------------------------------- work requests
 
-SendWr send_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-               uint32_t length, uint8_t flags) {
+SendWr send_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length,
+               uint8_t flags) {
   SendWr wr;
   wr.wr_id = wr_id;
   wr.opcode = Opcode::kSend;
@@ -369,17 +358,17 @@ SendWr send_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
   return wr;
 }
 
-SendWr send_imm_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-                   uint32_t length, uint32_t imm, uint8_t flags) {
+SendWr send_imm_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length,
+                   uint32_t imm, uint8_t flags) {
   SendWr wr = send_wr(wr_id, mr, offset, length, flags);
   wr.opcode = Opcode::kSendWithImm;
   wr.imm = imm;
   return wr;
 }
 
-SendWr rdma_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr,
-               size_t offset, uint32_t length, const RemoteRegion& remote,
-               uint64_t remote_offset, uint8_t flags) {
+SendWr rdma_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr, size_t offset,
+               uint32_t length, const RemoteRegion& remote, uint64_t remote_offset,
+               uint8_t flags) {
   SendWr wr = send_wr(wr_id, mr, offset, length, flags);
   wr.opcode = opcode;
   wr.remote_addr = remote.addr_at(remote_offset);
@@ -387,18 +376,16 @@ SendWr rdma_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr,
   return wr;
 }
 
-SendWr atomic_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr,
-                 size_t offset, const RemoteRegion& remote,
-                 uint64_t remote_offset, uint64_t compare_add, uint64_t swap,
-                 uint8_t flags) {
+SendWr atomic_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr, size_t offset,
+                 const RemoteRegion& remote, uint64_t remote_offset, uint64_t compare_add,
+                 uint64_t swap, uint8_t flags) {
   SendWr wr = rdma_wr(opcode, wr_id, mr, offset, 8, remote, remote_offset, flags);
   wr.compare_add = compare_add;
   wr.swap = swap;
   return wr;
 }
 
-RecvWr recv_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-               uint32_t length) {
+RecvWr recv_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length) {
   RecvWr wr;
   wr.wr_id = wr_id;
   wr.addr = mr.data() + offset;
@@ -412,16 +399,15 @@ RecvWr recv_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
   if (r.ok() && r.posted == 1) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << "post_send(" << opcode_name(wr.opcode) << ", wr_id " << wr.wr_id
-         << ") returned " << post_status_name(r.status) << ", posted "
-         << r.posted;
+         << ") returned " << post_status_name(r.status) << ", posted " << r.posted;
 }
 
 ::testing::AssertionResult post(QueuePair& qp, const RecvWr& wr) {
   const PostResult r = qp.post_recv(wr);
   if (r.ok() && r.posted == 1) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << "post_recv(wr_id " << wr.wr_id << ") returned "
-         << post_status_name(r.status) << ", posted " << r.posted;
+         << "post_recv(wr_id " << wr.wr_id << ") returned " << post_status_name(r.status)
+         << ", posted " << r.posted;
 }
 
 }  // namespace rdmakit::test

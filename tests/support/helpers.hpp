@@ -1,6 +1,8 @@
 #pragma once
 // Building blocks for role functions: connected endpoints, a control channel
 // on its own QP, bounded completion waits, byte patterns and memory buffers.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -12,8 +14,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "harness.hpp"
 #include "rdmakit/rdmakit.hpp"
@@ -107,10 +107,8 @@ class Control {
 // Deterministic byte pattern; different seeds differ at (nearly) every byte.
 uint8_t pattern_byte(uint64_t seed, size_t index);
 void fill_pattern(void* data, size_t length, uint64_t seed);
-::testing::AssertionResult check_pattern(const void* data, size_t length,
-                                         uint64_t seed);
-::testing::AssertionResult check_filled(const void* data, size_t length,
-                                        uint8_t value);
+::testing::AssertionResult check_pattern(const void* data, size_t length, uint64_t seed);
+::testing::AssertionResult check_filled(const void* data, size_t length, uint8_t value);
 
 // Page-aligned heap memory for register_memory (freed on destruction).
 class HeapBuffer {
@@ -145,19 +143,17 @@ std::vector<std::byte> pack_regions(const std::vector<RemoteRegion>& regions);
 std::vector<RemoteRegion> unpack_regions(std::span<const std::byte> blob);
 
 // Work request builders.
-SendWr send_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-               uint32_t length, uint8_t flags = kSignaled);
-SendWr send_imm_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-                   uint32_t length, uint32_t imm, uint8_t flags = kSignaled);
-SendWr rdma_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr,
-               size_t offset, uint32_t length, const RemoteRegion& remote,
-               uint64_t remote_offset, uint8_t flags = kSignaled);
-SendWr atomic_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr,
-                 size_t offset, const RemoteRegion& remote,
-                 uint64_t remote_offset, uint64_t compare_add,
+SendWr send_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length,
+               uint8_t flags = kSignaled);
+SendWr send_imm_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length,
+                   uint32_t imm, uint8_t flags = kSignaled);
+SendWr rdma_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr, size_t offset,
+               uint32_t length, const RemoteRegion& remote, uint64_t remote_offset,
+               uint8_t flags = kSignaled);
+SendWr atomic_wr(Opcode opcode, uint64_t wr_id, const MemoryRegion& mr, size_t offset,
+                 const RemoteRegion& remote, uint64_t remote_offset, uint64_t compare_add,
                  uint64_t swap = 0, uint8_t flags = kSignaled);
-RecvWr recv_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset,
-               uint32_t length);
+RecvWr recv_wr(uint64_t wr_id, const MemoryRegion& mr, size_t offset, uint32_t length);
 
 // Posts one request and asserts PostStatus::kOk.
 ::testing::AssertionResult post(QueuePair& qp, const SendWr& wr);

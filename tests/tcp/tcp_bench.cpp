@@ -84,19 +84,22 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) {
       send16(a);
       for (bool got = false; !got;) {
-        for (int k = b.cq->poll(c), j = 0; j < k; ++j) got |= c[j].opcode == Opcode::kRecv;
+        for (int k = b.cq->poll(c), j = 0; j < k; ++j)
+          got |= c[j].opcode == Opcode::kRecv;
       }
       post_recv(b);
       send16(b);
       for (bool got = false; !got;) {
-        for (int k = a.cq->poll(c), j = 0; j < k; ++j) got |= c[j].opcode == Opcode::kRecv;
+        for (int k = a.cq->poll(c), j = 0; j < k; ++j)
+          got |= c[j].opcode == Opcode::kRecv;
       }
       post_recv(a);
     }
     while (a.cq->poll(c) > 0 || b.cq->poll(c) > 0) {
     }
     std::printf("16 B SEND/RECV one-thread round trip: %.2f us (%d iterations)\n",
-                std::chrono::duration<double, std::micro>(Clock::now() - t).count() / n, n);
+                std::chrono::duration<double, std::micro>(Clock::now() - t).count() / n,
+                n);
   }
   std::thread echo([&] {
     for (int i = 0; i < iters; ++i) {

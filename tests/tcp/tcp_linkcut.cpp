@@ -72,8 +72,9 @@ int server(const std::string& address) {
       const double after = ms_since(last_ok);
       std::printf("server: %d SENDs received; error %s %.0f ms after the last one\n",
                   received, status_name(c[i].status), after);
-      const bool in_bound = after <= std::chrono::duration<double, std::milli>(
-                                         kPeerTimeout + kSlack).count();
+      const bool in_bound =
+          after <=
+          std::chrono::duration<double, std::milli>(kPeerTimeout + kSlack).count();
       return received > 0 && in_bound ? 0 : 1;
     }
   }
@@ -159,9 +160,11 @@ int client(const std::string& address, const std::string& cut) {
   if (!cut_done || first_error == Clock::time_point{}) return 1;
   const double detect =
       std::chrono::duration<double, std::milli>(first_error - cut_at).count();
-  const double bound = std::chrono::duration<double, std::milli>(kPeerTimeout + kSlack).count();
-  std::printf("client: all %lu requests completed (%lu ok), error after %.0f ms (bound %.0f)\n",
-              static_cast<unsigned long>(posted), static_cast<unsigned long>(ok), detect, bound);
+  const double bound =
+      std::chrono::duration<double, std::milli>(kPeerTimeout + kSlack).count();
+  std::printf(
+      "client: all %lu requests completed (%lu ok), error after %.0f ms (bound %.0f)\n",
+      static_cast<unsigned long>(posted), static_cast<unsigned long>(ok), detect, bound);
   return detect <= bound && qp->state() == QpState::kError ? 0 : 1;
 }
 
@@ -170,6 +173,7 @@ int client(const std::string& address, const std::string& cut) {
 int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "server") == 0) return server(argv[2]);
   if (argc >= 4 && std::strcmp(argv[1], "client") == 0) return client(argv[2], argv[3]);
-  std::fprintf(stderr, "usage: %s server HOST:PORT | client HOST:PORT CUT_COMMAND\n", argv[0]);
+  std::fprintf(stderr, "usage: %s server HOST:PORT | client HOST:PORT CUT_COMMAND\n",
+               argv[0]);
   return 2;
 }

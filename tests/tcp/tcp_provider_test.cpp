@@ -1,6 +1,9 @@
 // tcp provider tests that need no second process: both ends live in this
 // process (two contexts over loopback), plus white-box cases that drive a
 // queue pair over a socketpair to play a silent or hostile peer.
+#include "providers/tcp/tcp_provider.hpp"
+
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,9 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "providers/tcp/tcp_provider.hpp"
 #include "rdmakit/rdmakit.hpp"
 
 namespace rdmakit::tcp {
@@ -47,13 +47,20 @@ struct Pair {
     a.cq = a.ctx->create_cq();
     b.cq = b.ctx->create_cq();
     QpOptions oa = opts(a.cq.get()), ob = opts(b.cq.get());
-    if (oa_in.send_cq == nullptr) oa_in = oa; else { oa_in.send_cq = oa_in.recv_cq = a.cq.get(); }
-    if (ob_in.send_cq == nullptr) ob_in = ob; else { ob_in.send_cq = ob_in.recv_cq = b.cq.get(); }
+    if (oa_in.send_cq == nullptr)
+      oa_in = oa;
+    else {
+      oa_in.send_cq = oa_in.recv_cq = a.cq.get();
+    }
+    if (ob_in.send_cq == nullptr)
+      ob_in = ob;
+    else {
+      ob_in.send_cq = ob_in.recv_cq = b.cq.get();
+    }
     auto listener = b.ctx->listen("127.0.0.1:0");
     const std::string pd = "hello";
-    std::thread t([&] {
-      b.qp = listener->accept(ob_in, 5s, std::as_bytes(std::span(pd)));
-    });
+    std::thread t(
+        [&] { b.qp = listener->accept(ob_in, 5s, std::as_bytes(std::span(pd))); });
     a.qp = a.ctx->connect("127.0.0.1:" + std::to_string(listener->port()), oa_in,
                           std::as_bytes(std::span(pd)));
     t.join();
@@ -100,7 +107,8 @@ TEST(TcpProvider, ConnectRefusedNamesProviderAndPeer) {
   } catch (const Error& e) {
     EXPECT_EQ(e.sys_errno(), ECONNREFUSED);
     EXPECT_NE(std::string(e.what()).find("tcp"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos)
+        << e.what();
   }
 }
 
@@ -329,7 +337,8 @@ TEST(TcpProvider, KilledPeerProcess) {
   const auto start = Clock::now();
   Completion c[2];
   int got = 0;
-  while (got < 2 && Clock::now() - start < 3s) got += cq->poll({c + got, size_t(2 - got)});
+  while (got < 2 && Clock::now() - start < 3s)
+    got += cq->poll({c + got, size_t(2 - got)});
   ASSERT_EQ(got, 2);
   EXPECT_LT(Clock::now() - start, 500ms);
   for (const Completion& x : c) {
@@ -401,7 +410,8 @@ TEST(TcpProvider, AtomicsFromManyPeersAreAtomic) {
     peers.emplace_back([&] {
       TcpContext ctx(true);
       auto cq = ctx.create_cq();
-      auto qp = ctx.connect("127.0.0.1:" + std::to_string(listener->port()), opts(cq.get()));
+      auto qp =
+          ctx.connect("127.0.0.1:" + std::to_string(listener->port()), opts(cq.get()));
       auto mr = ctx.allocate(64, kAccessAll);
       for (int k = 0; k < kOps; ++k) {
         SendWr w = wr(Opcode::kFetchAdd, k, *mr, 8, &rr);

@@ -1,9 +1,9 @@
 // Control-path errors name what failed, where, with whom and why.
+#include <gtest/gtest.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "rdmakit/rdmakit.hpp"
 
@@ -63,8 +63,7 @@ TEST(ErrorTest, OpenWithUnknownProviderFromEnvironmentThrowsNamingIt) {
     (void)Context::open();
     ADD_FAILURE() << "expected rdmakit::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nosuchprov"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("nosuchprov"), std::string::npos) << e.what();
   }
   if (saved != nullptr) {
     ::setenv("RDMAKIT_PROVIDER", old.c_str(), 1);

@@ -1,11 +1,11 @@
 // Every enumerator has its own readable name.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "rdmakit/rdmakit.hpp"
 

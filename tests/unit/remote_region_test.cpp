@@ -1,10 +1,10 @@
 // RemoteRegion wire format: round trip and rejection of malformed blobs.
+#include <gtest/gtest.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "rdmakit/memory.hpp"
 
@@ -31,8 +31,8 @@ TEST(RemoteRegionTest, RoundTripVector) {
 }
 
 TEST(RemoteRegionTest, RoundTripFixedSpanEveryProviderAndAccess) {
-  for (auto provider : {ProviderKind::kAuto, ProviderKind::kShm,
-                        ProviderKind::kTcp, ProviderKind::kVerbs}) {
+  for (auto provider : {ProviderKind::kAuto, ProviderKind::kShm, ProviderKind::kTcp,
+                        ProviderKind::kVerbs}) {
     for (uint32_t access = 0; access <= kAccessAll; ++access) {
       RemoteRegion in = sample();
       in.provider = provider;
@@ -69,8 +69,7 @@ TEST(RemoteRegionTest, LongerBlobUsesThePrefix) {
 TEST(RemoteRegionTest, RejectsShortBlob) {
   const std::vector<std::byte> blob = sample().serialize();
   for (size_t n = 0; n < blob.size(); ++n) {
-    EXPECT_FALSE(RemoteRegion::deserialize(std::span(blob.data(), n)))
-        << "length " << n;
+    EXPECT_FALSE(RemoteRegion::deserialize(std::span(blob.data(), n))) << "length " << n;
   }
 }
 

@@ -6,12 +6,12 @@
 //
 // Where Soft-RoCE behaves unlike a hardware NIC the check says so in its
 // output ("Soft-RoCE departure") instead of being skipped.
+#include <linux/capability.h>
 #include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <linux/capability.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,10 +44,11 @@ std::string g_self;  // argv[0], for child processes
 [[noreturn]] void fail(const std::string& what, const char* file, int line) {
   throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + what);
 }
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (!(cond)) fail(std::string("CHECK(" #cond ") ") + std::string(__VA_ARGS__), \
-                      __FILE__, __LINE__);                                          \
+#define CHECK(cond, ...)                                                          \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      fail(std::string("CHECK(" #cond ") ") + std::string(__VA_ARGS__), __FILE__, \
+           __LINE__);                                                             \
   } while (0)
 
 std::string env_or(const char* name, const char* fallback) {
@@ -71,8 +72,8 @@ Completion wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout = 10s
 Completion expect_ok(CompletionQueue& cq, const QueuePair& qp, Opcode opcode) {
   Completion c = wait_one(cq);
   CHECK(c.ok(), describe(c, qp));
-  CHECK(c.opcode == opcode, std::string("got ") + opcode_name(c.opcode) + ", want " +
-                                opcode_name(opcode));
+  CHECK(c.opcode == opcode,
+        std::string("got ") + opcode_name(c.opcode) + ", want " + opcode_name(opcode));
   return c;
 }
 
@@ -112,7 +113,8 @@ bool rxe_departure_allowed(const Peer& p) {
 }
 
 // Accepts one connection on host:port.
-void serve(Peer& p, const std::string& address, const std::function<void(QpOptions&)>& tune,
+void serve(Peer& p, const std::string& address,
+           const std::function<void(QpOptions&)>& tune,
            std::span<const std::byte> reply = {}) {
   auto listener = p.ctx->listen(address);
   QpOptions o = qp_options(p);
@@ -121,7 +123,8 @@ void serve(Peer& p, const std::string& address, const std::function<void(QpOptio
 }
 
 // Connects, retrying while the server is not listening yet (two hosts).
-void dial(Peer& p, const std::string& address, const std::function<void(QpOptions&)>& tune,
+void dial(Peer& p, const std::string& address,
+          const std::function<void(QpOptions&)>& tune,
           std::span<const std::byte> data = {}) {
   QpOptions o = qp_options(p);
   if (tune) tune(o);
@@ -177,8 +180,9 @@ void basic_server(const std::string& address) {
   serve(p, address, nullptr, reply);
   auto hello = p.qp->peer_private_data();
   const auto want = pattern(Context::kMaxPrivateData, 9);
-  CHECK(hello.size() == want.size() && std::equal(hello.begin(), hello.end(), want.begin()),
-        "connect private data did not arrive intact");
+  CHECK(
+      hello.size() == want.size() && std::equal(hello.begin(), hello.end(), want.begin()),
+      "connect private data did not arrive intact");
   // 4 single messages, a postlist of 8, then "done"; one postlist of 13.
   std::vector<RecvWr> recvs;
   for (uint64_t i = 0; i < 13; ++i) {
@@ -192,9 +196,11 @@ void basic_server(const std::string& address) {
   c = expect_ok(*p.cq, *p.qp, Opcode::kRecv);
   CHECK(c.wr_id == 101 && c.has_imm() && c.imm == 0x12345678, "SEND_WITH_IMM immediate");
   c = expect_ok(*p.cq, *p.qp, Opcode::kRecvWriteWithImm);
-  CHECK(c.wr_id == 102 && c.has_imm() && c.imm == 7 && c.byte_len == 100, "WRITE_WITH_IMM");
+  CHECK(c.wr_id == 102 && c.has_imm() && c.imm == 7 && c.byte_len == 100,
+        "WRITE_WITH_IMM");
   const auto written = pattern(100, 1);
-  CHECK(std::memcmp(p.mr->data() + 8192, written.data(), 100) == 0, "WRITE_WITH_IMM payload");
+  CHECK(std::memcmp(p.mr->data() + 8192, written.data(), 100) == 0,
+        "WRITE_WITH_IMM payload");
   c = expect_ok(*p.cq, *p.qp, Opcode::kRecv);
   CHECK(c.wr_id == 103 && c.byte_len > 0, "inline SEND");
   const auto inl = pattern(c.byte_len, 5);
@@ -208,7 +214,8 @@ void basic_server(const std::string& address) {
   CHECK(c.wr_id == 112, "done");
   uint64_t counter = 0;
   std::memcpy(&counter, p.mr->data(), 8);
-  CHECK(counter == 8, "CAS 0->5 then FETCH_ADD 3 should leave 8, got " + std::to_string(counter));
+  CHECK(counter == 8,
+        "CAS 0->5 then FETCH_ADD 3 should leave 8, got " + std::to_string(counter));
   const auto block = pattern(4096, 11);
   CHECK(std::memcmp(p.mr->data() + 16384, block.data(), 4096) == 0, "WRITE payload");
 }
@@ -220,8 +227,8 @@ void basic_client(const std::string& address) {
   const auto hello = pattern(Context::kMaxPrivateData, 9);
   dial(p, address, nullptr, hello);
   auto reply = p.qp->peer_private_data();
-  CHECK(reply.size() == Context::kMaxPrivateData, "reply private data length " +
-                                                      std::to_string(reply.size()));
+  CHECK(reply.size() == Context::kMaxPrivateData,
+        "reply private data length " + std::to_string(reply.size()));
   auto remote = RemoteRegion::deserialize(reply);
   CHECK(remote.has_value(), "RemoteRegion in the reply");
   const auto tail = pattern(Context::kMaxPrivateData, 3);
@@ -240,8 +247,9 @@ void basic_client(const std::string& address) {
 
   const auto written = pattern(100, 1);
   std::memcpy(p.mr->data() + 512, written.data(), 100);
-  wr = SendWr{3, Opcode::kWriteWithImm, kSignaled, 100, p.mr->data() + 512, p.mr->lkey(), 7,
-              remote->addr_at(8192), remote->rkey};
+  wr =
+      SendWr{3, Opcode::kWriteWithImm, kSignaled,   100, p.mr->data() + 512, p.mr->lkey(),
+             7, remote->addr_at(8192), remote->rkey};
   CHECK(p.qp->post_send(wr).ok(), "post WRITE_WITH_IMM");
   expect_ok(*p.cq, *p.qp, Opcode::kWriteWithImm);
 
@@ -256,34 +264,48 @@ void basic_client(const std::string& address) {
   // Postlist: 8 SENDs, one doorbell, only the last signaled.
   std::vector<SendWr> batch;
   for (uint32_t i = 0; i < 8; ++i) {
-    batch.push_back(SendWr{10 + i, Opcode::kSend, static_cast<uint8_t>(i == 7 ? kSignaled : 0),
-                           8 + i, p.mr->data() + 1024, p.mr->lkey()});
+    batch.push_back(SendWr{10 + i, Opcode::kSend,
+                           static_cast<uint8_t>(i == 7 ? kSignaled : 0), 8 + i,
+                           p.mr->data() + 1024, p.mr->lkey()});
   }
   auto r = p.qp->post_send(batch);
   CHECK(r.ok() && r.posted == 8, post_status_name(r.status));
-  CHECK(expect_ok(*p.cq, *p.qp, Opcode::kSend).wr_id == 17, "only the signaled one completes");
+  CHECK(expect_ok(*p.cq, *p.qp, Opcode::kSend).wr_id == 17,
+        "only the signaled one completes");
 
   // WRITE then READ it back (the READ also proves the WRITE landed).
   const auto block = pattern(4096, 11);
   std::memcpy(p.mr->data() + 8192, block.data(), 4096);
-  wr = SendWr{20, Opcode::kWrite, 0, 4096, p.mr->data() + 8192, p.mr->lkey(), 0,
-              remote->addr_at(16384), remote->rkey};
+  wr = SendWr{20,   Opcode::kWrite,         0,
+              4096, p.mr->data() + 8192,    p.mr->lkey(),
+              0,    remote->addr_at(16384), remote->rkey};
   CHECK(p.qp->post_send(wr).ok(), "post WRITE");
-  wr = SendWr{21, Opcode::kRead, kSignaled, 4096, p.mr->data() + 16384, p.mr->lkey(), 0,
-              remote->addr_at(16384), remote->rkey};
+  wr = SendWr{21,   Opcode::kRead,          kSignaled,
+              4096, p.mr->data() + 16384,   p.mr->lkey(),
+              0,    remote->addr_at(16384), remote->rkey};
   CHECK(p.qp->post_send(wr).ok(), "post READ");
   expect_ok(*p.cq, *p.qp, Opcode::kRead);
-  CHECK(std::memcmp(p.mr->data() + 16384, block.data(), 4096) == 0, "READ returns the WRITE");
+  CHECK(std::memcmp(p.mr->data() + 16384, block.data(), 4096) == 0,
+        "READ returns the WRITE");
 
-  wr = SendWr{22, Opcode::kCompareSwap, kSignaled, 8, p.mr->data() + 32768, p.mr->lkey(), 0,
-              remote->addr_at(0), remote->rkey, 0, 5};
+  wr = SendWr{22,
+              Opcode::kCompareSwap,
+              kSignaled,
+              8,
+              p.mr->data() + 32768,
+              p.mr->lkey(),
+              0,
+              remote->addr_at(0),
+              remote->rkey,
+              0,
+              5};
   CHECK(p.qp->post_send(wr).ok(), "post CAS");
   expect_ok(*p.cq, *p.qp, Opcode::kCompareSwap);
   uint64_t old = 1;
   std::memcpy(&old, p.mr->data() + 32768, 8);
   CHECK(old == 0, "CAS old value " + std::to_string(old));
-  wr = SendWr{23, Opcode::kFetchAdd, kSignaled, 8, p.mr->data() + 32768, p.mr->lkey(), 0,
-              remote->addr_at(0), remote->rkey, 3};
+  wr = SendWr{23, Opcode::kFetchAdd,  kSignaled,    8, p.mr->data() + 32768, p.mr->lkey(),
+              0,  remote->addr_at(0), remote->rkey, 3};
   CHECK(p.qp->post_send(wr).ok(), "post FETCH_ADD");
   expect_ok(*p.cq, *p.qp, Opcode::kFetchAdd);
   std::memcpy(&old, p.mr->data() + 32768, 8);
@@ -299,7 +321,9 @@ void wait_closed(QueuePair& qp, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(20ms);
   }
 }
-void wait_closed(Peer& p, std::chrono::milliseconds timeout) { wait_closed(*p.qp, timeout); }
+void wait_closed(Peer& p, std::chrono::milliseconds timeout) {
+  wait_closed(*p.qp, timeout);
+}
 
 void serve_until_done(const std::string& address) {
   Peer p = open_peer();
@@ -315,12 +339,13 @@ void queue_full_client(const std::string& address) {
   auto remote = RemoteRegion::deserialize(p.qp->peer_private_data());
   CHECK(remote.has_value(), "RemoteRegion");
   auto write = [&](uint64_t id, bool signaled) {
-    return SendWr{id, Opcode::kWrite, static_cast<uint8_t>(signaled ? kSignaled : 0), 64,
-                  p.mr->data(), p.mr->lkey(), 0, remote->addr_at(0), remote->rkey};
+    return SendWr{id, Opcode::kWrite,     static_cast<uint8_t>(signaled ? kSignaled : 0),
+                  64, p.mr->data(),       p.mr->lkey(),
+                  0,  remote->addr_at(0), remote->rkey};
   };
   // Unsignaled sends hold their slot until a later signaled one is polled.
-  std::vector<SendWr> five = {write(1, false), write(2, false), write(3, false), write(4, true),
-                              write(5, true)};
+  std::vector<SendWr> five = {write(1, false), write(2, false), write(3, false),
+                              write(4, true), write(5, true)};
   auto r = p.qp->post_send(five);
   CHECK(r.status == PostStatus::kQueueFull && r.posted == 4,
         std::string(post_status_name(r.status)) + " posted " + std::to_string(r.posted));
@@ -332,15 +357,21 @@ void queue_full_client(const std::string& address) {
   CHECK(expect_ok(*p.cq, *p.qp, Opcode::kWrite).wr_id == 5, "wr 5");
   // Typed refusals, nothing posted.
   std::vector<std::byte> big(p.qp->max_inline() + 1);
-  SendWr inl{6, Opcode::kSend, kSignaled | kInline, static_cast<uint32_t>(big.size()),
-             big.data(), 0};
-  CHECK(p.qp->post_send(inl).status == PostStatus::kInlineTooLarge, "inline over the limit");
-  SendWr odd{7, Opcode::kFetchAdd, kSignaled, 4, p.mr->data(), p.mr->lkey(), 0,
-             remote->addr_at(0), remote->rkey, 1};
+  SendWr inl{6,
+             Opcode::kSend,
+             kSignaled | kInline,
+             static_cast<uint32_t>(big.size()),
+             big.data(),
+             0};
+  CHECK(p.qp->post_send(inl).status == PostStatus::kInlineTooLarge,
+        "inline over the limit");
+  SendWr odd{7, Opcode::kFetchAdd,  kSignaled,    4, p.mr->data(), p.mr->lkey(),
+             0, remote->addr_at(0), remote->rkey, 1};
   CHECK(p.qp->post_send(odd).status == PostStatus::kInvalidArgument, "4-byte atomic");
   bool wrong_thread = false;
-  std::thread([&] { wrong_thread = p.qp->post_send(five[4]).status == PostStatus::kWrongThread; })
-      .join();
+  std::thread([&] {
+    wrong_thread = p.qp->post_send(five[4]).status == PostStatus::kWrongThread;
+  }).join();
   CHECK(wrong_thread, "single-owner QP refuses another thread");
   send_text(p, "done");
 }
@@ -402,7 +433,8 @@ void wrong_rkey_server(const std::string& address) {
   CHECK(c.status == Status::kWrFlushError,
         "the server's RECV should flush once the connection dies: " + describe(c, *p.qp));
   std::printf("  server: %s\n", describe(c, *p.qp).c_str());
-  for (int i = 0; i < 4096; ++i) CHECK(p.mr->data()[i] == std::byte{0x5a}, "target memory changed");
+  for (int i = 0; i < 4096; ++i)
+    CHECK(p.mr->data()[i] == std::byte{0x5a}, "target memory changed");
 }
 
 void wrong_rkey_client(const std::string& address) {
@@ -418,18 +450,21 @@ void wrong_rkey_client(const std::string& address) {
   const auto give_up = Clock::now() + 10s;
   for (uint64_t n = 0; *flag != 1; ++n) {
     CHECK(Clock::now() < give_up, "the server never posted its RECV");
-    SendWr read{100 + n, Opcode::kRead, kSignaled, 8, flag, p.mr->lkey(), 0,
-                remote->addr_at(kRecvPostedFlag), remote->rkey};
+    SendWr read{100 + n,     Opcode::kRead, kSignaled, 8,
+                flag,        p.mr->lkey(),  0,         remote->addr_at(kRecvPostedFlag),
+                remote->rkey};
     CHECK(p.qp->post_send(read).ok(), "post READ");
     Completion r = wait_one(*p.cq);
     CHECK(r.ok(), describe(r, *p.qp));
   }
-  SendWr wr{1, Opcode::kWrite, kSignaled, 64, p.mr->data(), p.mr->lkey(), 0,
-            remote->addr_at(0), remote->rkey ^ 0x00ff0000};
+  SendWr wr{1,  Opcode::kWrite,     kSignaled,
+            64, p.mr->data(),       p.mr->lkey(),
+            0,  remote->addr_at(0), remote->rkey ^ 0x00ff0000};
   CHECK(p.qp->post_send(wr).ok(), "post");
   Completion c = wait_one(*p.cq);
   std::printf("  client: %s\n", describe(c, *p.qp).c_str());
-  CHECK(c.status == Status::kRemoteAccessError && c.wr_id == 1 && c.opcode == Opcode::kWrite,
+  CHECK(c.status == Status::kRemoteAccessError && c.wr_id == 1 &&
+            c.opcode == Opcode::kWrite,
         describe(c, *p.qp));
   CHECK(p.qp->state() == QpState::kError, qp_state_name(p.qp->state()));
   wr.wr_id = 2;
@@ -453,9 +488,10 @@ void rnr_client(const std::string& address) {
   SendWr wr{1, Opcode::kSend, kSignaled, 16, p.mr->data(), p.mr->lkey()};
   CHECK(p.qp->post_send(wr).ok(), "post");
   Completion c = wait_one(*p.cq, 20s);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  std::printf("  client: %s after %lld ms (rnr_timeout 100 ms)\n", describe(c, *p.qp).c_str(),
-              static_cast<long long>(ms.count()));
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  std::printf("  client: %s after %lld ms (rnr_timeout 100 ms)\n",
+              describe(c, *p.qp).c_str(), static_cast<long long>(ms.count()));
   CHECK(c.status == Status::kRnrRetryExceeded, describe(c, *p.qp));
   CHECK(ms < 5s, "RNR retries took too long");
 }
@@ -468,8 +504,9 @@ void length_server(const std::string& address) {
   Completion c = wait_one(*p.cq, 15s);
   std::printf("  server: %s\n", describe(c, *p.qp).c_str());
   if (rxe_departure_allowed(p) && c.status == Status::kLocalQpOperationError) {
-    std::printf("  Soft-RoCE departure: rxe reports LOCAL_QP_OPERATION_ERROR for a SEND larger "
-                "than the RECV; a hardware NIC reports LOCAL_LENGTH_ERROR\n");
+    std::printf(
+        "  Soft-RoCE departure: rxe reports LOCAL_QP_OPERATION_ERROR for a SEND larger "
+        "than the RECV; a hardware NIC reports LOCAL_LENGTH_ERROR\n");
     return;
   }
   CHECK(c.status == Status::kLocalLengthError, describe(c, *p.qp));
@@ -483,8 +520,9 @@ void length_client(const std::string& address) {
   Completion c = wait_one(*p.cq, 15s);
   std::printf("  client: %s\n", describe(c, *p.qp).c_str());
   if (rxe_departure_allowed(p) && c.status == Status::kRemoteOperationError) {
-    std::printf("  Soft-RoCE departure: rxe NAKs an oversized SEND as REMOTE_OPERATION_ERROR; "
-                "a hardware NIC reports REMOTE_INVALID_REQUEST_ERROR\n");
+    std::printf(
+        "  Soft-RoCE departure: rxe NAKs an oversized SEND as REMOTE_OPERATION_ERROR; "
+        "a hardware NIC reports REMOTE_INVALID_REQUEST_ERROR\n");
     return;
   }
   CHECK(c.status == Status::kRemoteInvalidRequestError, describe(c, *p.qp));
@@ -497,7 +535,8 @@ void dead_peer_server(const std::string& address) {
   post_recv(p, 1, 0, 64);
   const auto start = Clock::now();
   Completion c = wait_one(*p.cq, 15s);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   std::printf("  server: %s after %lld ms, state %s\n", describe(c, *p.qp).c_str(),
               static_cast<long long>(ms.count()), qp_state_name(p.qp->state()));
   CHECK(c.status == Status::kWrFlushError, describe(c, *p.qp));
@@ -538,7 +577,8 @@ void no_listener_client(const std::string& address) {
     std::printf("  %s\n", e.what());
     CHECK(e.sys_errno() == ECONNREFUSED, e.what());
     CHECK(e.provider() == "verbs" && e.peer() == address, e.what());
-    CHECK(std::string(e.what()).find("REJECTED") != std::string::npos, "names the CM event");
+    CHECK(std::string(e.what()).find("REJECTED") != std::string::npos,
+          "names the CM event");
     return;
   }
   CHECK(false, "connect succeeded with no listener");
@@ -599,8 +639,9 @@ size_t huge_free() {
 void huge_pages_client(const std::string&) {
   const size_t before = huge_free();
   if (before < 2) {
-    std::printf("  no free huge pages: allocate() uses 4 KiB pages here "
-                "(echo 8 > /proc/sys/vm/nr_hugepages to test them)\n");
+    std::printf(
+        "  no free huge pages: allocate() uses 4 KiB pages here "
+        "(echo 8 > /proc/sys/vm/nr_hugepages to test them)\n");
     return;
   }
   Peer p = open_peer(4096);
@@ -608,7 +649,8 @@ void huge_pages_client(const std::string&) {
   const size_t during = huge_free();
   std::printf("  free huge pages: %zu before, %zu with a 4 MiB region\n", before, during);
   CHECK(during + 2 == before, "allocate(4 MiB) should use two 2 MiB huge pages");
-  CHECK(mr->data()[0] == std::byte{0} && mr->data()[(4 << 20) - 1] == std::byte{0}, "zeroed");
+  CHECK(mr->data()[0] == std::byte{0} && mr->data()[(4 << 20) - 1] == std::byte{0},
+        "zeroed");
 }
 
 // Shared receive queue: two QPs take RECVs from one SRQ in posting order;
@@ -648,8 +690,9 @@ void srq_server(const std::string& address) {
   auto r = srq->post_recv(recvs);
   CHECK(r.ok() && r.posted == 6, post_status_name(r.status));
   bool wrong_thread = false;
-  std::thread([&] { wrong_thread = srq->post_recv(one).status == PostStatus::kWrongThread; })
-      .join();
+  std::thread([&] {
+    wrong_thread = srq->post_recv(one).status == PostStatus::kWrongThread;
+  }).join();
   CHECK(wrong_thread, "single-owner SRQ refuses another thread");
   // The client sends A, B, A, each after the previous one completed.
   const std::pair<QueuePair*, const char*> expect[] = {
@@ -676,7 +719,8 @@ void srq_server(const std::string& address) {
   expect_ok(*p.cq, *b, Opcode::kSend);
   c = expect_ok(*p.cq, *b, Opcode::kRecv);
   CHECK(c.wr_id == 103 && c.qp_num == b->qp_num(),
-        "after A failed, B takes the next SRQ buffer; got wr_id " + std::to_string(c.wr_id));
+        "after A failed, B takes the next SRQ buffer; got wr_id " +
+            std::to_string(c.wr_id));
   b.reset();
   a.reset();
 }
@@ -696,7 +740,8 @@ void srq_client(const std::string& address) {
       CHECK(false, "connect with another context's SRQ succeeded");
     } catch (const Error& e) {
       std::printf("  %s\n", e.what());
-      CHECK(e.sys_errno() == EINVAL && std::string(e.what()).find("srq") != std::string::npos,
+      CHECK(e.sys_errno() == EINVAL &&
+                std::string(e.what()).find("srq") != std::string::npos,
             e.what());
     }
   }
@@ -782,7 +827,8 @@ bool run_case(const Case& c, const std::string& role, const std::string& address
     }
   }
   if (server.joinable()) server.join();
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   const bool ok = server_error.empty() && client_error.empty();
   if (!server_error.empty()) std::printf("  server: %s\n", server_error.c_str());
   if (!client_error.empty()) std::printf("  client: %s\n", client_error.c_str());
@@ -830,7 +876,8 @@ int main(int argc, char** argv) {
   g_self = std::filesystem::read_symlink("/proc/self/exe").string();
 
   const std::string role = env_or("RDMAKIT_TEST_ROLE", "both");
-  const std::string host = env_or("RDMAKIT_TEST_HOST", env_or("SOFTROCE_IP", "127.0.0.1").c_str());
+  const std::string host =
+      env_or("RDMAKIT_TEST_HOST", env_or("SOFTROCE_IP", "127.0.0.1").c_str());
   const int base_port = std::atoi(env_or("RDMAKIT_TEST_BASE_PORT", "7700").c_str());
   const std::string only = argc > 1 ? argv[1] : "";
   int failed = 0;

@@ -3,12 +3,12 @@
 // MTUs and limits: ibv_devinfo + show_gids in one table.
 //
 //   rdmakit-info [-v]     -v adds the less common device limits
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "rdmakit/rdmakit.hpp"
 #ifdef RDMAKIT_INFO_HAVE_VERBS
@@ -35,8 +35,8 @@ void print_providers() {
 #ifdef RDMAKIT_INFO_HAVE_VERBS
   std::string reason;
   const bool usable = rdmakit::verbs::device_usable(&reason);
-  fmt::print("  auto   -> {}\n", usable ? "verbs (a device has an ACTIVE port)"
-                                        : "shm (" + reason + ")");
+  fmt::print("  auto   -> {}\n",
+             usable ? "verbs (a device has an ACTIVE port)" : "shm (" + reason + ")");
 #else
   fmt::print("  auto   -> shm (built without the verbs provider)\n");
 #endif
@@ -59,21 +59,24 @@ void print_devices(bool verbose) {
   }
   for (const auto& d : devices) {
     const auto& a = d.attr;
-    fmt::print("\nDevice {}  node GUID {}  fw {}  vendor 0x{:x} part {}\n", d.name, d.node_guid,
-               a.fw_ver, a.vendor_id, a.vendor_part_id);
-    fmt::print("  limits  max_qp {}  max_qp_wr {}  max_sge {}  max_cq {}  max_cqe {}  max_mr {}"
-               "  max_mr_size {}\n",
-               a.max_qp, a.max_qp_wr, a.max_sge, a.max_cq, a.max_cqe, a.max_mr,
-               format_bytes(a.max_mr_size));
-    fmt::print("          max_qp_rd_atom {}  max_qp_init_rd_atom {}  atomics {}  max_srq {}"
-               "  max_srq_wr {}  max_pd {}\n",
-               a.max_qp_rd_atom, a.max_qp_init_rd_atom,
-               atomic_cap_name(a.atomic_cap), a.max_srq, a.max_srq_wr, a.max_pd);
+    fmt::print("\nDevice {}  node GUID {}  fw {}  vendor 0x{:x} part {}\n", d.name,
+               d.node_guid, a.fw_ver, a.vendor_id, a.vendor_part_id);
+    fmt::print(
+        "  limits  max_qp {}  max_qp_wr {}  max_sge {}  max_cq {}  max_cqe {}  max_mr {}"
+        "  max_mr_size {}\n",
+        a.max_qp, a.max_qp_wr, a.max_sge, a.max_cq, a.max_cqe, a.max_mr,
+        format_bytes(a.max_mr_size));
+    fmt::print(
+        "          max_qp_rd_atom {}  max_qp_init_rd_atom {}  atomics {}  max_srq {}"
+        "  max_srq_wr {}  max_pd {}\n",
+        a.max_qp_rd_atom, a.max_qp_init_rd_atom, atomic_cap_name(a.atomic_cap), a.max_srq,
+        a.max_srq_wr, a.max_pd);
     if (verbose) {
-      fmt::print("          max_mw {}  max_ah {}  max_fmr {}  max_mcast_grp {}  page_size_cap "
-                 "0x{:x}  device_cap_flags 0x{:x}\n",
-                 a.max_mw, a.max_ah, a.max_fmr, a.max_mcast_grp, a.page_size_cap,
-                 a.device_cap_flags);
+      fmt::print(
+          "          max_mw {}  max_ah {}  max_fmr {}  max_mcast_grp {}  page_size_cap "
+          "0x{:x}  device_cap_flags 0x{:x}\n",
+          a.max_mw, a.max_ah, a.max_fmr, a.max_mcast_grp, a.page_size_cap,
+          a.device_cap_flags);
     }
     for (const auto& port : d.ports) {
       const auto& pa = port.attr;
@@ -82,8 +85,8 @@ void print_devices(bool verbose) {
                  mtu_bytes(pa.active_mtu), mtu_bytes(pa.max_mtu), pa.lid, pa.gid_tbl_len);
       std::string why;
       const auto chosen = choose_gid(port.gids, -1, &why);
-      fmt::print("    {:>5}  {:<7} {:<40} {:<10} {}\n", "GID", "type", "address", "netdev",
-                 "");
+      fmt::print("    {:>5}  {:<7} {:<40} {:<10} {}\n", "GID", "type", "address",
+                 "netdev", "");
       for (const auto& g : port.gids) {
         std::string address = g.address;
         if (g.ipv4_mapped) address = "::ffff:" + g.address + " (IPv4)";
@@ -114,7 +117,8 @@ int main(int argc, char** argv) {
   print_devices(verbose);
 #else
   (void)verbose;
-  fmt::print("\nThis build has no verbs provider (libibverbs-dev / librdmacm-dev missing).\n");
+  fmt::print(
+      "\nThis build has no verbs provider (libibverbs-dev / librdmacm-dev missing).\n");
 #endif
   return 0;
 }

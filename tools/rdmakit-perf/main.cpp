@@ -42,7 +42,8 @@ void pin(int cpu) {
   }
 }
 
-int run_guarded(const char* role, int (*fn)(const Options&, int), const Options& o, int fd) {
+int run_guarded(const char* role, int (*fn)(const Options&, int), const Options& o,
+                int fd) {
   try {
     return fn(o, fd);
   } catch (const std::exception& e) {
@@ -92,7 +93,8 @@ int loopback(Options o) {
   pin(o.cpu);
   uint16_t port = 0;
   pollfd pfd{fds[0], POLLIN, 0};
-  const bool ready = ::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &port, sizeof port) == sizeof port;
+  const bool ready =
+      ::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &port, sizeof port) == sizeof port;
   ::close(fds[0]);
   int rc = 1;
   if (ready) {
@@ -137,13 +139,15 @@ constexpr const char* kOverview = "send_lat,write_lat,read_lat,send_bw,write_bw,
 std::string resolve(const Raw& raw, Test test, Options& o) {
   Settings& s = o.settings;
   s.test = test;
-  s.atomic_op = (raw.atomic == "cas" || raw.atomic == "CMP_AND_SWAP") ? AtomicOp::kCompareSwap
-                                                                      : AtomicOp::kFetchAdd;
+  s.atomic_op = (raw.atomic == "cas" || raw.atomic == "CMP_AND_SWAP")
+                    ? AtomicOp::kCompareSwap
+                    : AtomicOp::kFetchAdd;
   const bool lat = is_latency(test);
   if (lat && (s.num_qps != 1 || s.bidirectional)) {
     return "latency tests use one QP, one direction (no -q, -b)";
   }
-  if (test == Test::kWriteLat && s.event) return "write_lat polls memory; --event does not apply";
+  if (test == Test::kWriteLat && s.event)
+    return "write_lat polls memory; --event does not apply";
   o.sizes.clear();
   if (is_atomic(test)) {
     o.sizes = {8};
@@ -167,9 +171,10 @@ std::string resolve(const Raw& raw, Test test, Options& o) {
   s.rx_depth = static_cast<uint32_t>(
       raw.rx_depth > 0 ? raw.rx_depth : std::max<uint32_t>(512, 2 * s.tx_depth));
   if (s.rx_depth < 64) s.rx_depth = 64;  // RECVs are replaced 32 at a time
-  s.inline_size = static_cast<uint32_t>(raw.inline_size >= 0 ? raw.inline_size : (lat ? 64 : 0));
-  s.cq_mod = static_cast<uint32_t>(raw.cq_mod > 0 ? raw.cq_mod
-                                                  : std::max<uint32_t>(1, s.tx_depth / 2));
+  s.inline_size =
+      static_cast<uint32_t>(raw.inline_size >= 0 ? raw.inline_size : (lat ? 64 : 0));
+  s.cq_mod = static_cast<uint32_t>(
+      raw.cq_mod > 0 ? raw.cq_mod : std::max<uint32_t>(1, s.tx_depth / 2));
   s.cq_mod = std::min(s.cq_mod, s.tx_depth);
   s.post_list = static_cast<uint32_t>(raw.post_list > 0 ? raw.post_list : 16);
   o.progress = isatty(STDOUT_FILENO) && o.sizes.size() > 1;
@@ -221,16 +226,21 @@ int main(int argc, char** argv) {
                  "(included in -n; default 0)");
   app.add_option("-q,--qps", s.num_qps, "Number of data QPs (bandwidth tests)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("-t,--tx-depth", raw.tx_depth, "Send queue depth (default 128, latency 16)");
+  app.add_option("-t,--tx-depth", raw.tx_depth,
+                 "Send queue depth (default 128, latency 16)");
   app.add_option("-r,--rx-depth", raw.rx_depth, "Receive queue depth (default 512)");
   app.add_option("-I,--inline", raw.inline_size,
                  "Inline size (default 64 for latency tests, 0 for bandwidth)");
-  app.add_option("-Q,--cq-mod", raw.cq_mod, "Signal one WR in this many (default tx depth / 2)");
+  app.add_option("-Q,--cq-mod", raw.cq_mod,
+                 "Signal one WR in this many (default tx depth / 2)");
   app.add_option("-l,--post-list", raw.post_list, "WRs per post call (default 16)");
-  app.add_flag("-b,--bidirectional", s.bidirectional, "Both directions (bandwidth tests)");
-  app.add_option("-A,--atomic", raw.atomic, "Atomic: fadd (FETCH_ADD) or cas (CMP_AND_SWAP)")
+  app.add_flag("-b,--bidirectional", s.bidirectional,
+               "Both directions (bandwidth tests)");
+  app.add_option("-A,--atomic", raw.atomic,
+                 "Atomic: fadd (FETCH_ADD) or cas (CMP_AND_SWAP)")
       ->check(CLI::IsMember({"fadd", "cas", "FETCH_AND_ADD", "CMP_AND_SWAP"}));
-  app.add_flag("-e,--event", s.event, "Sleep on completion events instead of busy polling");
+  app.add_flag("-e,--event", s.event,
+               "Sleep on completion events instead of busy polling");
   app.add_flag("--busy-target", s.busy_target,
                "The target of WRITE/READ/atomic tests busy-polls instead of sleeping "
                "(as ucx_perftest's server does)");
@@ -243,8 +253,10 @@ int main(int argc, char** argv) {
   app.add_flag("--loopback", o.loopback, "Run server and client here, on two cores");
   app.add_flag("--json", o.json, "One JSON object per line per (test, size)");
   app.add_flag("--csv", o.csv, "CSV output");
-  app.add_option("--timeout", o.timeout_s, "Fail after this many seconds without progress");
-  app.add_option("--accept-timeout", o.accept_timeout_s, "Server: wait this long for a client");
+  app.add_option("--timeout", o.timeout_s,
+                 "Fail after this many seconds without progress");
+  app.add_option("--accept-timeout", o.accept_timeout_s,
+                 "Server: wait this long for a client");
   CLI11_PARSE(app, argc, argv);
 
   // CLI11 fills positionals in order: "rdmakit-perf 10.0.0.1" means a
@@ -252,14 +264,15 @@ int main(int argc, char** argv) {
   std::string bad;
   std::vector<Test> tests = parse_tests(raw.tests, &bad);
   if (tests.empty() && o.server.empty() && !raw.tests.empty() &&
-      (raw.tests.find('.') != std::string::npos || raw.tests.find(':') != std::string::npos)) {
+      (raw.tests.find('.') != std::string::npos ||
+       raw.tests.find(':') != std::string::npos)) {
     o.server = raw.tests;
     raw.tests.clear();
     tests = parse_tests(raw.tests, &bad);
   }
   if (tests.empty()) {
-    std::fprintf(stderr, "rdmakit-perf: unknown test '%s' (tests: %s, or all)\n", bad.c_str(),
-                 fmt::format("{}", fmt::join(test_names(), ", ")).c_str());
+    std::fprintf(stderr, "rdmakit-perf: unknown test '%s' (tests: %s, or all)\n",
+                 bad.c_str(), fmt::format("{}", fmt::join(test_names(), ", ")).c_str());
     return 1;
   }
   if (o.json && o.csv) {
@@ -289,11 +302,13 @@ int main(int argc, char** argv) {
   pin(o.cpu);
   if (o.server.empty()) {
     // One client per test named here; the client's hello decides the test.
-    for (const Options& one : runs) rc = std::max(rc, run_guarded("server", server_main, one, -1));
+    for (const Options& one : runs)
+      rc = std::max(rc, run_guarded("server", server_main, one, -1));
     return rc;
   }
   for (Options& one : runs) {
-    if (one.server.find(':') == std::string::npos) one.server += fmt::format(":{}", one.port);
+    if (one.server.find(':') == std::string::npos)
+      one.server += fmt::format(":{}", one.port);
     rc = std::max(rc, run_guarded("client", client_main, one, -1));
   }
   return rc;

@@ -61,9 +61,9 @@ struct Settings {
 struct Options {
   Settings settings;
   std::vector<uint64_t> sizes;
-  uint64_t iterations = 0;       // per QP; 0 = duration mode
-  double duration_s = 0;         // -D
-  std::string server;            // empty: this process is the server
+  uint64_t iterations = 0;  // per QP; 0 = duration mode
+  double duration_s = 0;    // -D
+  std::string server;       // empty: this process is the server
   std::string bind = "0.0.0.0";
   uint16_t port = 18515;
   std::string provider = "auto";
@@ -72,10 +72,10 @@ struct Options {
   bool loopback = false;
   bool json = false;
   bool csv = false;
-  bool progress = false;         // stdout is a terminal and the sweep is long
-  double timeout_s = 10;         // no progress for this long: fail
+  bool progress = false;  // stdout is a terminal and the sweep is long
+  double timeout_s = 10;  // no progress for this long: fail
   double accept_timeout_s = 120;
-  int server_cpu = -1;           // for the header only (loopback)
+  int server_cpu = -1;  // for the header only (loopback)
 };
 
 // One (test, size) result as seen by the client, including what the server
@@ -91,13 +91,13 @@ struct Result {
   uint64_t peer_posted = 0;       // data WRs posted by the server
   uint64_t peer_recv_completions = 0;
   uint64_t peer_recv_bytes = 0;
-  bool verified = false;          // data / counters checked after the run
+  bool verified = false;  // data / counters checked after the run
   std::string verify_detail;
   double seconds = 0;
   bool latency = false;
   // Latency, microseconds.
-  double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0,
-         t_p99 = 0, t_p999 = 0;
+  double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0, t_p99 = 0,
+         t_p999 = 0;
   // Bandwidth, MB/s with MB = 10^6 bytes; message rate in millions/s.
   double bw_peak = 0, bw_avg = 0, msg_rate = 0;
 };

@@ -13,10 +13,9 @@ namespace rdmakit::perf {
 namespace {
 
 uint64_t steady_ns() noexcept {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
 }
 
 // The TSC is only a clock when it ticks at a constant rate in every P/C-state.

@@ -32,7 +32,8 @@ constexpr TestInfo kTests[] = {
 };
 
 constexpr const char* kLine =
-    "---------------------------------------------------------------------------------------";
+    "------------------------------------------------------------------------------------"
+    "---";
 
 }  // namespace
 
@@ -72,15 +73,11 @@ bool consumes_recv(Test test) noexcept {
 const char* latency_kind(Test test) noexcept {
   switch (test) {
     case Test::kSendLat:
-    case Test::kWriteLat:
-      return "half_round_trip";
+    case Test::kWriteLat: return "half_round_trip";
     case Test::kReadLat:
-    case Test::kAtomicLat:
-      return "round_trip";
-    case Test::kWriteCplLat:
-      return "post_to_completion";
-    default:
-      return "";
+    case Test::kAtomicLat: return "round_trip";
+    case Test::kWriteCplLat: return "post_to_completion";
+    default: return "";
   }
 }
 
@@ -103,9 +100,10 @@ void Reporter::header(const RunInfo& info) {
   std::string measure;
   if (lat) {
     const std::string kind = latency_kind(s.test);
-    measure = kind == "half_round_trip"  ? "half round trip (ping-pong RTT / 2), like perftest"
-              : kind == "round_trip"     ? "full round trip (post to completion), like perftest"
-                                         : "post to local completion of one WRITE";
+    measure =
+        kind == "half_round_trip" ? "half round trip (ping-pong RTT / 2), like perftest"
+        : kind == "round_trip"    ? "full round trip (post to completion), like perftest"
+                                  : "post to local completion of one WRITE";
   } else {
     measure = s.bidirectional ? "bandwidth of both directions, summed; MB = 10^6 bytes"
                               : "bandwidth at the initiator; MB = 10^6 bytes";
@@ -113,13 +111,14 @@ void Reporter::header(const RunInfo& info) {
   std::string run = options_.iterations
                         ? fmt::format("{} iters", options_.iterations)
                         : fmt::format("{:.1f} s/size", options_.duration_s);
-  std::string pin = options_.loopback
-                        ? fmt::format("client cpu {}, server cpu {}", options_.cpu,
-                                      options_.server_cpu)
-                        : (options_.cpu >= 0 ? fmt::format("cpu {}", options_.cpu)
-                                             : std::string("none"));
+  std::string pin =
+      options_.loopback
+          ? fmt::format("client cpu {}, server cpu {}", options_.cpu, options_.server_cpu)
+          : (options_.cpu >= 0 ? fmt::format("cpu {}", options_.cpu)
+                               : std::string("none"));
   std::printf("%s\n", kLine);
-  std::printf("                    %s (rdmakit-perf)\n", test_title(s.test, s.atomic_op).c_str());
+  std::printf("                    %s (rdmakit-perf)\n",
+              test_title(s.test, s.atomic_op).c_str());
   std::printf(" Provider       : %-12s Device         : %s\n", info.provider.c_str(),
               info.device.c_str());
   std::printf(" Number of qps  : %-12u Connection     : RC\n", s.num_qps);
@@ -218,9 +217,10 @@ void Reporter::row(const RunInfo& info, const Result& r) {
       csv_header_done = true;
     }
     std::string tail =
-        r.latency ? fmt::format("{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},,,", r.t_min,
-                                r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.t_p99, r.t_p999)
-                  : fmt::format(",,,,,,,{:.2f},{:.2f},{:.6f}", r.bw_peak, r.bw_avg, r.msg_rate);
+        r.latency
+            ? fmt::format("{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},,,", r.t_min,
+                          r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.t_p99, r.t_p999)
+            : fmt::format(",,,,,,,{:.2f},{:.2f},{:.6f}", r.bw_peak, r.bw_avg, r.msg_rate);
     std::printf("%s,%s,%s,%llu,%llu,%u,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%d,%.6f,%s\n",
                 test_name(r.test), info.provider.c_str(), info.device.c_str(),
                 static_cast<unsigned long long>(r.size),
@@ -234,10 +234,11 @@ void Reporter::row(const RunInfo& info, const Result& r) {
                 static_cast<unsigned long long>(r.peer_recv_bytes), r.verified ? 1 : 0,
                 r.seconds, tail.c_str());
   } else if (r.latency) {
-    std::printf(" %-8llu %-12llu %-12.2f %-12.2f %-16.2f %-12.2f %-14.2f %-16.2f %-16.2f\n",
-                static_cast<unsigned long long>(r.size),
-                static_cast<unsigned long long>(r.iterations), r.t_min, r.t_max, r.t_typical,
-                r.t_avg, r.t_stdev, r.t_p99, r.t_p999);
+    std::printf(
+        " %-8llu %-12llu %-12.2f %-12.2f %-16.2f %-12.2f %-14.2f %-16.2f %-16.2f\n",
+        static_cast<unsigned long long>(r.size),
+        static_cast<unsigned long long>(r.iterations), r.t_min, r.t_max, r.t_typical,
+        r.t_avg, r.t_stdev, r.t_p99, r.t_p999);
   } else {
     std::printf(" %-10llu %-12llu %-18.2f %-20.2f %-14.6f\n",
                 static_cast<unsigned long long>(r.size),

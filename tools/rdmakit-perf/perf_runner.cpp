@@ -12,14 +12,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <thread>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 
 #include "fmt/format.h"
 #include "perf.hpp"
@@ -119,14 +119,14 @@ struct CtrlMsg {
   Ctrl type = Ctrl::kStart;
   uint32_t reserved = 0;
   uint64_t size = 0;
-  uint64_t iterations = 0;   // Start: per QP, 0 = duration mode
-  uint64_t duration_ns = 0;  // Start
-  uint64_t posted = 0;       // End/Result: data WRs the sender posted
-  uint64_t bytes = 0;        // End/Result: bytes those WRs moved
+  uint64_t iterations = 0;        // Start: per QP, 0 = duration mode
+  uint64_t duration_ns = 0;       // Start
+  uint64_t posted = 0;            // End/Result: data WRs the sender posted
+  uint64_t bytes = 0;             // End/Result: bytes those WRs moved
   uint64_t recv_completions = 0;  // Result
   uint64_t recv_bytes = 0;        // Result
-  uint64_t checksum = 0;     // Result: target-area checksum or atomic counters
-  uint64_t errors = 0;       // Result: immediates out of sequence
+  uint64_t checksum = 0;          // Result: target-area checksum or atomic counters
+  uint64_t errors = 0;            // Result: immediates out of sequence
   double bw_avg = 0, bw_peak = 0, msg_rate = 0;  // Result: server's direction
 };
 static_assert(sizeof(CtrlMsg) <= kCtrlSlot);
@@ -162,11 +162,14 @@ void check_post(const PostResult& r, const char* what) {
 void check_completion(const Completion& c) {
   if (!c.ok()) {
     fail(fmt::format("{} completion failed: {} (wr_id {:#x}, vendor_err {})",
-                     opcode_name(c.opcode), status_name(c.status), c.wr_id, c.vendor_err));
+                     opcode_name(c.opcode), status_name(c.status), c.wr_id,
+                     c.vendor_err));
   }
 }
 
-bool is_recv_opcode(Opcode op) { return op == Opcode::kRecv || op == Opcode::kRecvWriteWithImm; }
+bool is_recv_opcode(Opcode op) {
+  return op == Opcode::kRecv || op == Opcode::kRecvWriteWithImm;
+}
 
 // Fails a loop that makes no progress for `timeout`; reads the clock only
 // every `mask + 1` idle turns so a busy loop stays cheap.
@@ -270,9 +273,8 @@ class Session {
     w.warmup = s_.warmup;
     std::byte pd[sizeof(WireSettings) + RemoteRegion::kSerializedSize];
     std::memcpy(pd, &w, sizeof w);
-    mem_->remote().serialize(
-        std::span<std::byte, RemoteRegion::kSerializedSize>(pd + sizeof w,
-                                                            RemoteRegion::kSerializedSize));
+    mem_->remote().serialize(std::span<std::byte, RemoteRegion::kSerializedSize>(
+        pd + sizeof w, RemoteRegion::kSerializedSize));
     // A server running several tests listens anew for each one: retry a
     // refused connection for a bounded time.
     const auto give_up = std::chrono::steady_clock::now() + 5s;
@@ -281,7 +283,8 @@ class Session {
         ctrl_ = ctx_->connect(address, ctrl_qp_options(), pd, 10s);
         break;
       } catch (const Error& e) {
-        if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > give_up) throw;
+        if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > give_up)
+          throw;
         std::this_thread::sleep_for(50ms);
       }
     }
@@ -300,12 +303,13 @@ class Session {
   }
 
   void server_accept(Listener& listener) {
-    const auto timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(o_.accept_timeout_s * 1000));
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o_.accept_timeout_s * 1000));
     ctrl_ = listener.accept(ctrl_qp_options(), timeout);
     const auto pd = ctrl_->peer_private_data();
     WireSettings w{};
-    if (pd.size() < sizeof w + RemoteRegion::kSerializedSize) fail("client hello too short");
+    if (pd.size() < sizeof w + RemoteRegion::kSerializedSize)
+      fail("client hello too short");
     std::memcpy(&w, pd.data(), sizeof w);
     if (w.magic != kMagic || w.version != kWireVersion) {
       fail("client hello: not rdmakit-perf or a different version");
@@ -513,7 +517,8 @@ class Session {
       return false;
     }
     const uint32_t i = static_cast<uint32_t>(c.wr_id);
-    if (i >= kCtrlRecvs || c.byte_len != sizeof(CtrlMsg)) fail("protocol: bad control message");
+    if (i >= kCtrlRecvs || c.byte_len != sizeof(CtrlMsg))
+      fail("protocol: bad control message");
     std::memcpy(out, mem_->data() + kCtrlSlot * (1 + i), sizeof(CtrlMsg));
     post_ctrl_recv(i);
     return true;
@@ -623,7 +628,8 @@ class Session {
 
   void top_up_recvs(uint32_t q) {
     while (recv_outstanding_[q] < s_.rx_depth) {
-      const uint32_t n = std::min<uint32_t>(kRecvBatch, s_.rx_depth - recv_outstanding_[q]);
+      const uint32_t n =
+          std::min<uint32_t>(kRecvBatch, s_.rx_depth - recv_outstanding_[q]);
       post_recvs(q, n);
     }
   }
@@ -647,7 +653,8 @@ class Session {
     ++counters_.recv_completions;
     counters_.recv_bytes += c.byte_len;
     if (s_.test == Test::kWriteImmBw) {
-      if (!c.has_imm() || c.imm != static_cast<uint32_t>(imm_expected_[q])) ++counters_.errors;
+      if (!c.has_imm() || c.imm != static_cast<uint32_t>(imm_expected_[q]))
+        ++counters_.errors;
       ++imm_expected_[q];
     }
     --recv_outstanding_[q];
@@ -665,19 +672,15 @@ class Session {
   Opcode data_opcode() const {
     switch (s_.test) {
       case Test::kSendLat:
-      case Test::kSendBw:
-        return Opcode::kSend;
-      case Test::kWriteImmBw:
-        return Opcode::kWriteWithImm;
+      case Test::kSendBw: return Opcode::kSend;
+      case Test::kWriteImmBw: return Opcode::kWriteWithImm;
       case Test::kReadLat:
-      case Test::kReadBw:
-        return Opcode::kRead;
+      case Test::kReadBw: return Opcode::kRead;
       case Test::kAtomicLat:
       case Test::kAtomicBw:
         return s_.atomic_op == AtomicOp::kCompareSwap ? Opcode::kCompareSwap
                                                       : Opcode::kFetchAdd;
-      default:
-        return Opcode::kWrite;
+      default: return Opcode::kWrite;
     }
   }
 
@@ -720,14 +723,12 @@ class Session {
                        static_cast<double>(iterations) * size * s_.num_qps / 1e7;
     switch (s_.test) {
       case Test::kSendLat:
-      case Test::kWriteLat:
-        return run_pingpong(size, iterations, duration_ns);
+      case Test::kWriteLat: return run_pingpong(size, iterations, duration_ns);
       case Test::kReadLat:
       case Test::kAtomicLat:
       case Test::kWriteCplLat:
         return server_ ? run_passive(size) : run_rtt(size, iterations, duration_ns);
-      default:
-        return run_bw(size, iterations, duration_ns);
+      default: return run_bw(size, iterations, duration_ns);
     }
   }
 
@@ -766,7 +767,8 @@ class Session {
     if (idx == 0) until_signal_ = s_.cq_mod;
     const bool sig = --until_signal_ == 0 || last;
     if (until_signal_ == 0) until_signal_ = s_.cq_mod;
-    wr.flags = static_cast<uint8_t>(sig ? (wr.flags | kSignaled) : (wr.flags & ~kSignaled));
+    wr.flags =
+        static_cast<uint8_t>(sig ? (wr.flags | kSignaled) : (wr.flags & ~kSignaled));
     if (wr.opcode == Opcode::kCompareSwap) {
       wr.compare_add = idx;
       wr.swap = idx + 1;
@@ -821,7 +823,8 @@ class Session {
   // send_lat / write_lat: ping-pong, half round trip.
   Result run_pingpong(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
     const bool send = s_.test == Test::kSendLat;
-    Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size), s_.event);
+    Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size),
+                s_.event);
     SendWr wr = make_wr(0, size);
     auto* my_flag = reinterpret_cast<uint8_t*>(target(0) + size - 1);
     auto* out_flag = reinterpret_cast<uint8_t*>(local(0)) + size - 1;
@@ -908,7 +911,8 @@ class Session {
 
   // read_lat / atomic_lat / write_cpl_lat: post, poll to completion.
   Result run_rtt(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
-    Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size), s_.event);
+    Watchdog wd(o_.timeout_s, fmt::format("{} size {}", test_name(s_.test), size),
+                s_.event);
     SendWr wr = make_wr(0, size);
     uint64_t* t = lat_buffer();
     const uint64_t cap = iterations ? iterations : kMaxLatSamples;
@@ -1086,18 +1090,21 @@ class Session {
       why += fmt::format("client received {} replies, server posted {}; ",
                          counters_.recv_completions, res.posted);
     }
-    if (s_.bidirectional && consumes_recv(t) && counters_.recv_completions != res.posted) {
+    if (s_.bidirectional && consumes_recv(t) &&
+        counters_.recv_completions != res.posted) {
       why += fmt::format("client received {} messages, server posted {}; ",
                          counters_.recv_completions, res.posted);
     }
-    if (counters_.errors) why += fmt::format("{} compare-and-swaps did not swap; ", counters_.errors);
+    if (counters_.errors)
+      why += fmt::format("{} compare-and-swaps did not swap; ", counters_.errors);
     const bool memory_check = t == Test::kWriteBw || t == Test::kWriteLat ||
                               t == Test::kWriteCplLat || t == Test::kWriteImmBw ||
                               is_atomic(t);
     if (memory_check && counters_.posted > 0 && res.checksum != expected_digest()) {
-      why += is_atomic(t) ? fmt::format("server counters sum to {}, expected {}; ",
-                                        res.checksum, expected_digest())
-                          : std::string("server's target memory differs from the source; ");
+      why += is_atomic(t)
+                 ? fmt::format("server counters sum to {}, expected {}; ", res.checksum,
+                               expected_digest())
+                 : std::string("server's target memory differs from the source; ");
     }
     // The server's digest covers every QP's target slot.
     if ((t == Test::kReadBw || t == Test::kReadLat) &&
@@ -1116,7 +1123,8 @@ class Session {
       want_cpl = counters_.posted;  // every WR signaled
     }
     if (counters_.completions != want_cpl) {
-      why += fmt::format("{} send completions, expected {}; ", counters_.completions, want_cpl);
+      why += fmt::format("{} send completions, expected {}; ", counters_.completions,
+                         want_cpl);
     }
     r.verified = why.empty();
     if (!why.empty()) why.resize(why.size() - 2);
@@ -1150,9 +1158,9 @@ class Session {
     uint64_t t_end = 0;
     Completion c[32];
     const uint64_t t0 = Clock::now();
-    const uint64_t deadline = (iterations || !sending)
-                                  ? UINT64_MAX
-                                  : t0 + static_cast<uint64_t>(duration_ns / Clock::ns(1));
+    const uint64_t deadline =
+        (iterations || !sending) ? UINT64_MAX
+                                 : t0 + static_cast<uint64_t>(duration_ns / Clock::ns(1));
     stamps_[0] = t0;
     stamp_ops_[0] = 0;
     nstamps = 1;
@@ -1185,7 +1193,8 @@ class Session {
               w.swap = idx + 1;
             }
           }
-          const PostResult pr = qps_[q]->post_send(std::span<const SendWr>(wrs_.data(), n));
+          const PostResult pr =
+              qps_[q]->post_send(std::span<const SendWr>(wrs_.data(), n));
           if (!pr.ok() && pr.status != PostStatus::kQueueFull) check_post(pr, "data WRs");
           // A partial post is fine: the rest is rebuilt and posted next turn.
           posted_[q] += pr.posted;
@@ -1360,7 +1369,8 @@ int run_server(const Options& options, int port_fd) {
   auto listener = session.listen(fmt::format("{}:{}", options.bind, options.port));
   if (port_fd >= 0) {
     const uint16_t port = listener->port();
-    if (::write(port_fd, &port, sizeof port) != sizeof port) fail("cannot report the port");
+    if (::write(port_fd, &port, sizeof port) != sizeof port)
+      fail("cannot report the port");
     ::close(port_fd);
   } else {
     std::fprintf(stderr, "rdmakit-perf: server on %s, waiting for a client\n",

@@ -25,7 +25,8 @@ bool register_once() noexcept {
   }
   if (membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0) {
     core::log().info(
-        "shm: membarrier registration failed ({}); completions use a full fence per message",
+        "shm: membarrier registration failed ({}); completions use a full fence per "
+        "message",
         std::strerror(errno));
     return false;
   }

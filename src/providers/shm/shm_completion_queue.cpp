@@ -65,8 +65,8 @@ void ShmCompletionQueue::close_gate() noexcept {
     gate_closed_.store(true, std::memory_order_relaxed);
     heavy_fence();
   }
-  const uint64_t seen =
-      owner_epoch_.load(strong_gate_ ? std::memory_order_seq_cst : std::memory_order_acquire);
+  const uint64_t seen = owner_epoch_.load(strong_gate_ ? std::memory_order_seq_cst
+                                                       : std::memory_order_acquire);
   if ((seen & 1) == 0) return;
   // The owner is inside poll() or arm(); neither blocks.
   while (owner_epoch_.load(std::memory_order_acquire) == seen) {
@@ -105,7 +105,8 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
     open_gate();
     throw;
   }
-  if (send && qp->options().thread_safe) multi_producer_.store(true, std::memory_order_relaxed);
+  if (send && qp->options().thread_safe)
+    multi_producer_.store(true, std::memory_order_relaxed);
   if (!send && armed_) {
     // The owner sleeps armed, but not on this QP: wake it to re-arm.
     const uint64_t one = 1;

@@ -60,7 +60,7 @@ struct alignas(64) RecvSlot {
   std::atomic<uint64_t> post_seq{0};  // receiver writes
   std::atomic<uint64_t> done_seq{0};  // sender writes
   union {
-    uint64_t addr = 0;  // own receive queue: buffer address
+    uint64_t addr = 0;   // own receive queue: buffer address
     uint64_t srq_entry;  // SRQ: claimed entry + 1, 0 = none (atomic_ref access)
   };
   uint32_t length = 0;
@@ -156,7 +156,7 @@ struct Hello {
   uint32_t pid = 0;
   uint32_t ring_size = 0;
   uint32_t qp_num = 0;
-  uint32_t accepted = 1;  // reply only: 0 = rejected
+  uint32_t accepted = 1;       // reply only: 0 = rejected
   uint32_t srq_ring_size = 0;  // receives through a shared receive queue
   // The sender's CQs issue heavy_fence() when they arm, so our sends may
   // publish completions with a release store (see asymmetric_fence.hpp).

@@ -91,8 +91,9 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   if (options.srq != nullptr) {
     local.srq = dynamic_cast<ShmSrq*>(options.srq);
     if (local.srq == nullptr || &local.srq->context() != &context) {
-      throw setup_error("create_qp", "", EINVAL,
-                        "the shared receive queue belongs to another context or provider");
+      throw setup_error(
+          "create_qp", "", EINVAL,
+          "the shared receive queue belongs to another context or provider");
     }
   }
   local.qp_num = context.next_qp_num();
@@ -320,7 +321,8 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
   prefetch_for_write(&slot);
   if (slot.post_seq.load(std::memory_order_acquire) != peer_consumed_ + 1) return false;
   if (wr.length != 0) {
-    if (wr.length > slot.length || !recv_buffer_writable(slot.lkey, slot.addr, wr.length)) {
+    if (wr.length > slot.length ||
+        !recv_buffer_writable(slot.lkey, slot.addr, wr.length)) {
       return false;
     }
     small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
@@ -350,7 +352,8 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   bool direct = sq_executed_ == sq_posted_ && path_clear();
   PostResult result;
   for (const SendWr& wr : wrs) {
-    if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= options_.max_send_wr) {
+    if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >=
+        options_.max_send_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
@@ -409,7 +412,8 @@ PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   RecvSlot* slots = local_.block->slots();
   for (const RecvWr& wr : wrs) {
     const uint64_t posted = rq_posted_.load(std::memory_order_relaxed);
-    if (posted - rq_polled_shared_.load(std::memory_order_acquire) >= options_.max_recv_wr) {
+    if (posted - rq_polled_shared_.load(std::memory_order_acquire) >=
+        options_.max_recv_wr) {
       result.status = PostStatus::kQueueFull;
       break;
     }
@@ -540,7 +544,8 @@ void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
   }
   std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
   // Renew the credit: this slot carries completion rq_polled_ + ring next.
-  slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size, std::memory_order_release);
+  slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size,
+                      std::memory_order_release);
 }
 
 uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
@@ -744,7 +749,8 @@ bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
       if (entry > srq_mask) return false;  // a corrupt block: never write out of it
       // Recorded before anything else, so the owner can flush the entry
       // should we die before publishing the completion.
-      std::atomic_ref<uint64_t>(slot.srq_entry).store(entry + 1, std::memory_order_release);
+      std::atomic_ref<uint64_t>(slot.srq_entry)
+          .store(entry + 1, std::memory_order_release);
       const SrqEntry& e = peer_srq_->entries()[entry];
       claim->addr = e.addr;
       claim->length = e.length;
@@ -755,7 +761,7 @@ bool ShmQueuePair::claim_recv(RecvClaim* claim) noexcept {
 }
 
 inline bool ShmQueuePair::recv_buffer_writable(uint32_t lkey, uint64_t addr,
-                                        uint32_t length) const noexcept {
+                                               uint32_t length) const noexcept {
   EntryView view;
   return read_entry(*peer_table_, lkey, &view) && in_range(view, addr, length) &&
          (view.access & kAccessLocalWrite) != 0;
@@ -763,9 +769,8 @@ inline bool ShmQueuePair::recv_buffer_writable(uint32_t lkey, uint64_t addr,
 
 // Always inlined: the small-SEND path measured 22 -> 36 ns per message
 // (rdmakit-path-cost) when this and recv_buffer_writable were calls.
-[[gnu::always_inline]] inline void ShmQueuePair::publish_recv(RecvSlot& slot, const SendWr& wr,
-                                                              Opcode recv_opcode,
-                                                              Status recv_status) noexcept {
+[[gnu::always_inline]] inline void ShmQueuePair::publish_recv(
+    RecvSlot& slot, const SendWr& wr, Opcode recv_opcode, Status recv_status) noexcept {
   slot.byte_len = wr.length;
   slot.imm = wr.imm;
   slot.flags = (wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm)
@@ -813,7 +818,8 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
         small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
         slot.data_inline = 1;
       } else {
-        Target target = resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);
+        Target target =
+            resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);
         if (target.status == Status::kSuccess) {
           target.status = copy_to_peer(target, wr.local_addr, wr.length);
         }
@@ -830,7 +836,8 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
   return Exec::kDone;
 }
 
-ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr, Status* status) noexcept {
+ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr,
+                                                Status* status) noexcept {
   // Check the target and claim the RECV before moving data, so an RNR retry
   // does not depend on the write being idempotent.
   Target target;

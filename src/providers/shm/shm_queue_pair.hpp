@@ -6,8 +6,8 @@
 #include <mutex>
 #include <vector>
 
-#include "providers/shm/shm_layout.hpp"
 #include "providers/shm/posted_recv.hpp"
+#include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
 #include "providers/shm/small_copy.hpp"
 #include "providers/shm/unix_socket.hpp"
@@ -71,7 +71,9 @@ class ShmQueuePair final : public QueuePair {
                PeerEnd peer);
   ~ShmQueuePair() override;
 
-  QpState state() const noexcept override { return state_.load(std::memory_order_acquire); }
+  QpState state() const noexcept override {
+    return state_.load(std::memory_order_acquire);
+  }
 
   // Completion-queue side.
   void progress() noexcept;
@@ -188,8 +190,8 @@ class ShmQueuePair final : public QueuePair {
   size_t peer_block_bytes_ = 0;
   SrqBlock* peer_srq_ = nullptr;  // the peer receives through an SRQ
   size_t peer_srq_bytes_ = 0;
-  ShmSrq* srq_ = nullptr;  // we receive through an SRQ
-  bool light_publish_ = false;  // see publish()
+  ShmSrq* srq_ = nullptr;            // we receive through an SRQ
+  bool light_publish_ = false;       // see publish()
   bool small_send_allowed_ = false;  // see try_small_send()
   uint32_t small_send_max_ = 0;      // bytes
   uint64_t peer_ring_mask_ = 0;
@@ -213,8 +215,8 @@ class ShmQueuePair final : public QueuePair {
   // is never taken from it.
   std::vector<PostedRecv> rq_;
   uint64_t rq_mask_ = 0;
-  std::atomic<uint64_t> rq_posted_{0};  // the posting thread writes
-  uint64_t rq_polled_ = 0;                // the CQ's owner: its own copy, and
+  std::atomic<uint64_t> rq_posted_{0};         // the posting thread writes
+  uint64_t rq_polled_ = 0;                     // the CQ's owner: its own copy, and
   std::atomic<uint64_t> rq_polled_shared_{0};  // the one posting threads read
 
   uint64_t peer_consumed_ = 0;  // RECVs of the peer we consumed

@@ -22,7 +22,8 @@ inline constexpr size_t kSmallCopyMax = 64;
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
 #endif
 template <size_t Max = kSmallCopyMax>
-[[gnu::always_inline]] inline void small_copy(void* dst, const void* src, size_t n) noexcept {
+[[gnu::always_inline]] inline void small_copy(void* dst, const void* src,
+                                              size_t n) noexcept {
   static_assert(Max >= 8 && Max <= kSmallCopyMax);
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);

@@ -68,8 +68,9 @@ int ms_left(Clock::time_point deadline) {
 int io_all(int fd, std::byte* buf, size_t len, bool write, Clock::time_point deadline) {
   size_t done = 0;
   while (done < len) {
-    const ssize_t r = write ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                            : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
+    const ssize_t r =
+        write ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+              : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
     if (r > 0) {
       done += static_cast<size_t>(r);
       continue;
@@ -106,8 +107,10 @@ std::vector<std::byte> encode_hello_frame(const QpOptions& o,
   Hello h;
   h.max_send_wr = o.max_send_wr;
   h.max_recv_wr = o.max_recv_wr;
-  h.rnr_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(o.rnr_timeout.count(), UINT32_MAX));
-  h.peer_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(o.peer_timeout.count(), UINT32_MAX));
+  h.rnr_timeout_ms =
+      static_cast<uint32_t>(std::min<int64_t>(o.rnr_timeout.count(), UINT32_MAX));
+  h.peer_timeout_ms =
+      static_cast<uint32_t>(std::min<int64_t>(o.peer_timeout.count(), UINT32_MAX));
   h.private_len = static_cast<uint32_t>(private_data.size());
   std::vector<std::byte> frame(kHeaderSize + kHelloBodySize + private_data.size());
   // The hello header is built by hand: decode_header() rejects kHello so it
@@ -135,8 +138,8 @@ int read_hello(int fd, Clock::time_point deadline, Hello* out,
   uint32_t len;
   std::memcpy(&len, hdr + 4, sizeof len);
   len = core::to_little(len);
-  if (hdr[0] != static_cast<std::byte>(WireOp::kHello) ||
-      len < kHelloBodySize || len > kHelloBodySize + Context::kMaxPrivateData) {
+  if (hdr[0] != static_cast<std::byte>(WireOp::kHello) || len < kHelloBodySize ||
+      len > kHelloBodySize + Context::kMaxPrivateData) {
     *why = "peer is not an rdmakit tcp endpoint (bad handshake)";
     return EPROTO;
   }
@@ -217,7 +220,8 @@ class TcpListener final : public Listener {
         }
         const int left = ms_left(deadline);
         if (left == 0) {
-          throw Error("accept", "tcp", address_, ETIMEDOUT, "no connection request in time");
+          throw Error("accept", "tcp", address_, ETIMEDOUT,
+                      "no connection request in time");
         }
         pollfd pfd{fd_, POLLIN, 0};
         ::poll(&pfd, 1, left);
@@ -246,7 +250,8 @@ class TcpListener final : public Listener {
       tune_socket(fd, options);
       core::log().debug("tcp: accepted {} on {}", peer, address_);
       try {
-        return std::make_unique<TcpQp>(engine_, fd, options, hello, peer, std::move(pdata));
+        return std::make_unique<TcpQp>(engine_, fd, options, hello, peer,
+                                       std::move(pdata));
       } catch (...) {
         ::close(fd);
         throw;
@@ -287,7 +292,8 @@ TcpContext::TcpContext(bool progress_thread)
 
 std::unique_ptr<MemoryRegion> TcpContext::register_memory(void* addr, size_t length,
                                                           uint32_t access) {
-  if ((access & ~static_cast<uint32_t>(kAccessAll)) != 0 || (addr == nullptr && length != 0)) {
+  if ((access & ~static_cast<uint32_t>(kAccessAll)) != 0 ||
+      (addr == nullptr && length != 0)) {
     throw Error("register_memory", "tcp", "", EINVAL, "bad address or access bits");
   }
   MrEntry* e = engine_->mrs().add(reinterpret_cast<uint64_t>(addr), length, access);
@@ -329,7 +335,8 @@ std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
   addrinfo* res = resolve(hp, true, "listen", address);
   int err = EADDRNOTAVAIL;
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const int fd =
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       err = errno;
       continue;
@@ -412,7 +419,8 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
   tune_socket(fd, options);
   core::log().debug("tcp: connected to {}", address);
   try {
-    return std::make_unique<TcpQp>(engine_, fd, options, hello, address, std::move(pdata));
+    return std::make_unique<TcpQp>(engine_, fd, options, hello, address,
+                                   std::move(pdata));
   } catch (...) {
     ::close(fd);
     throw;
@@ -435,7 +443,8 @@ std::unique_ptr<Context> make_tcp_context(const ContextOptions&) {
   // (one-sided ops are then served only while the target polls).
   const char* env = std::getenv("RDMAKIT_TCP_PROGRESS_THREAD");
   const bool thread = env == nullptr || std::strcmp(env, "0") != 0;
-  if (!thread) core::log().info("tcp: progress thread disabled by RDMAKIT_TCP_PROGRESS_THREAD=0");
+  if (!thread)
+    core::log().info("tcp: progress thread disabled by RDMAKIT_TCP_PROGRESS_THREAD=0");
   return std::make_unique<tcp::TcpContext>(thread);
 }
 }  // namespace rdmakit::core

@@ -103,8 +103,10 @@ void MrTable::remove(MrEntry* e) noexcept {
   // Dekker with acquire(): either it sees rkey == 0 or we see its pin. The
   // wait is bounded by one payload transfer, or the peer timeout at worst.
   for (int i = 0; e->users.load(std::memory_order_seq_cst) != 0; ++i) {
-    if (i < 100) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (i < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   std::lock_guard lock(mu_);
   free_.push_back(static_cast<uint32_t>(e - slots_.get()));
@@ -122,8 +124,8 @@ MrEntry* MrTable::acquire(uint32_t rkey, uint64_t addr, uint64_t len,
   if (rkey == 0) return nullptr;
   MrEntry& e = slots_[slot_of(rkey)];
   e.users.fetch_add(1, std::memory_order_seq_cst);
-  if (e.rkey.load(std::memory_order_seq_cst) != rkey ||
-      (e.access & need) != need || !range_ok(e.addr, e.length, addr, len)) {
+  if (e.rkey.load(std::memory_order_seq_cst) != rkey || (e.access & need) != need ||
+      !range_ok(e.addr, e.length, addr, len)) {
     e.users.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
@@ -134,8 +136,7 @@ bool MrTable::check_local(uint32_t lkey, const void* addr, uint64_t len,
                           uint32_t need) const noexcept {
   if (lkey == 0) return false;
   const MrEntry& e = slots_[slot_of(lkey)];
-  return e.lkey.load(std::memory_order_acquire) == lkey &&
-         (e.access & need) == need &&
+  return e.lkey.load(std::memory_order_acquire) == lkey && (e.access & need) == need &&
          range_ok(e.addr, e.length, reinterpret_cast<uint64_t>(addr), len);
 }
 
@@ -190,7 +191,8 @@ void Engine::add_qp(TcpQp* qp) {
 void Engine::remove_qp(TcpQp* qp) noexcept {
   // Taking mu_ also waits for the thread to finish serving this QP.
   std::lock_guard lock(mu_);
-  if (qp->socket_fd() >= 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
+  if (qp->socket_fd() >= 0)
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
   std::erase(qps_, qp);
 }
 

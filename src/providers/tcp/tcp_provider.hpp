@@ -66,8 +66,7 @@ class MrTable {
   void remove(MrEntry* entry) noexcept;
   // Pins the region for a remote access of [addr, addr+len) needing `need`.
   // Returns nullptr (and nothing is pinned) on any violation.
-  MrEntry* acquire(uint32_t rkey, uint64_t addr, uint64_t len,
-                   uint32_t need) noexcept;
+  MrEntry* acquire(uint32_t rkey, uint64_t addr, uint64_t len, uint32_t need) noexcept;
   static void release(MrEntry* entry) noexcept {
     if (entry != nullptr) entry->users.fetch_sub(1, std::memory_order_release);
   }
@@ -245,9 +244,7 @@ class TcpQp final : public QueuePair {
     return hint_stalled_.load(std::memory_order_relaxed);
   }
   int socket_fd() const noexcept { return fd_; }
-  bool wants_service() const noexcept {
-    return skipped_.load(std::memory_order_seq_cst);
-  }
+  bool wants_service() const noexcept { return skipped_.load(std::memory_order_seq_cst); }
   // Epoll bookkeeping, touched only by the engine thread under its mutex.
   bool ep_armed = false;
   bool ep_out = false;
@@ -384,11 +381,10 @@ class TcpContext final : public Context {
   std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options = {}) override;
   std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options = {}) override;
   std::unique_ptr<Listener> listen(const std::string& address) override;
-  std::unique_ptr<QueuePair> connect(const std::string& address,
-                                     const QpOptions& options,
-                                     std::span<const std::byte> private_data = {},
-                                     std::chrono::milliseconds timeout =
-                                         std::chrono::seconds(5)) override;
+  std::unique_ptr<QueuePair> connect(
+      const std::string& address, const QpOptions& options,
+      std::span<const std::byte> private_data = {},
+      std::chrono::milliseconds timeout = std::chrono::seconds(5)) override;
   // Wraps an already connected socket (fuzzer, white-box tests). Takes fd.
   std::unique_ptr<QueuePair> adopt(int fd, const QpOptions& options,
                                    const Hello& peer_hello, std::string peer);

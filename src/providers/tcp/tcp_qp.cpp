@@ -25,8 +25,8 @@ constexpr int kRxBudget = 256;  // frames/reads per progress call: bounded work
 constexpr int64_t kSlowPeerFactor = 10;
 
 bool is_send_op(Opcode op) noexcept {
-  return op == Opcode::kSend || op == Opcode::kSendWithImm ||
-         op == Opcode::kWrite || op == Opcode::kWriteWithImm;
+  return op == Opcode::kSend || op == Opcode::kSendWithImm || op == Opcode::kWrite ||
+         op == Opcode::kWriteWithImm;
 }
 bool is_atomic(Opcode op) noexcept {
   return op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
@@ -134,9 +134,9 @@ bool TcpQp::try_progress(int64_t now) noexcept {
 }
 
 void TcpQp::publish_hints() noexcept {
-  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ ||
-                       pending_ack_,
-                   std::memory_order_relaxed);
+  hint_busy_.store(
+      tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ || pending_ack_,
+      std::memory_order_relaxed);
   hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
   hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
   hint_stalled_.store(stall_since_ != 0, std::memory_order_relaxed);
@@ -258,7 +258,8 @@ TcpQp::TxItem& TcpQp::tx_push() noexcept {
   return it;
 }
 
-void TcpQp::queue_control(WireOp op, uint64_t seq, Status status, uint64_t arg0) noexcept {
+void TcpQp::queue_control(WireOp op, uint64_t seq, Status status,
+                          uint64_t arg0) noexcept {
   Header h;
   h.op = op;
   h.seq = seq;
@@ -420,7 +421,8 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 }
 
 std::byte* TcpQp::inline_slot(uint64_t seq) noexcept {
-  return inline_buf_.get() + (seq % sq_.size()) * std::max<uint32_t>(options_.max_inline, 1);
+  return inline_buf_.get() +
+         (seq % sq_.size()) * std::max<uint32_t>(options_.max_inline, 1);
 }
 
 void TcpQp::pump_sends() noexcept {
@@ -452,7 +454,10 @@ void TcpQp::pump_sends() noexcept {
       case Opcode::kSendWithImm: h.op = WireOp::kSendWithImm; break;
       case Opcode::kWrite: h.op = WireOp::kWrite; break;
       case Opcode::kWriteWithImm: h.op = WireOp::kWriteWithImm; break;
-      case Opcode::kRead: h.op = WireOp::kReadReq; h.arg0 = wr.length; break;
+      case Opcode::kRead:
+        h.op = WireOp::kReadReq;
+        h.arg0 = wr.length;
+        break;
       case Opcode::kCompareSwap:
         h.op = WireOp::kCompareSwap;
         h.arg0 = wr.compare_add;
@@ -465,8 +470,9 @@ void TcpQp::pump_sends() noexcept {
     }
     if (is_send_op(wr.opcode)) {
       h.length = wr.length;
-      it.payload = (wr.flags & kInline) != 0 ? inline_slot(seq)
-                                             : static_cast<const std::byte*>(wr.local_addr);
+      it.payload = (wr.flags & kInline) != 0
+                       ? inline_slot(seq)
+                       : static_cast<const std::byte*>(wr.local_addr);
       it.payload_len = wr.length;
     }
     encode_header(h, it.hdr.data());
@@ -511,7 +517,8 @@ void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noex
   const SendSlot& slot = sq_[seq % sq_.size()];
   sq_completed_ = seq + 1;
   // The QP is in error before anyone can poll the error completion.
-  if (status != Status::kSuccess) state_.store(QpState::kError, std::memory_order_release);
+  if (status != Status::kSuccess)
+    state_.store(QpState::kError, std::memory_order_release);
   // Errors always complete, signaled or not, as on a NIC.
   if (status != Status::kSuccess || (slot.wr.flags & kSignaled) != 0) {
     CqEntry e;
@@ -530,7 +537,8 @@ void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noex
 
 void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_imm,
                           uint32_t imm, Status status) noexcept {
-  if (status != Status::kSuccess) state_.store(QpState::kError, std::memory_order_release);
+  if (status != Status::kSuccess)
+    state_.store(QpState::kError, std::memory_order_release);
   CqEntry e;
   e.c.wr_id = wr.wr_id;
   e.c.byte_len = len;
@@ -557,8 +565,7 @@ bool TcpQp::claim_recv() noexcept {
 void TcpQp::advance_local_errors() noexcept {
   // A request that failed local checks completes once everything before it
   // has, so completions stay in order.
-  if (!flushed_ && sq_completed_ == sq_sent_ &&
-      sq_completed_ < sq_posted_) {
+  if (!flushed_ && sq_completed_ == sq_sent_ && sq_completed_ < sq_posted_) {
     const Status st = sq_[sq_completed_ % sq_.size()].local_error;
     if (st != Status::kSuccess) {
       complete_send(sq_completed_, st);
@@ -730,8 +737,8 @@ void TcpQp::rx(int64_t now) noexcept {
     // Every request may need a response slot; wait for the wire to drain
     // rather than overrun (only a peer exceeding its depth gets here).
     if (tx_full(2)) return;
-    const auto h = decode_header(std::span<const std::byte, kHeaderSize>(
-        stage_.get() + sb_, kHeaderSize));
+    const auto h = decode_header(
+        std::span<const std::byte, kHeaderSize>(stage_.get() + sb_, kHeaderSize));
     if (!h) {
       protocol_error("malformed frame header");
       return;
@@ -801,9 +808,7 @@ TcpQp::FrameResult TcpQp::handle_response(const Header& h) noexcept {
       std::memcpy(wr.local_addr, &h.arg0, sizeof h.arg0);
       complete_send(h.seq, Status::kSuccess);
       break;
-    default:
-      protocol_error("unexpected response opcode");
-      return FrameResult::kFatal;
+    default: protocol_error("unexpected response opcode"); return FrameResult::kFatal;
   }
   advance_local_errors();
   return FrameResult::kConsumed;
@@ -863,13 +868,15 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
       if (h.length != 0 &&
           !mrs_.check_local(r.lkey, r.addr, h.length, kAccessLocalWrite)) {
         has_cur_recv_ = false;
-        complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalProtectionError);
+        complete_recv(r, Opcode::kRecv, h.length, false, 0,
+                      Status::kLocalProtectionError);
         const FrameResult res = reject(Status::kRemoteOperationError);
         enter_error();
         return res;
       }
       sb_ += kHeaderSize;
-      start_payload(h.length, static_cast<std::byte*>(r.addr), nullptr, PayloadDone::kSend);
+      start_payload(h.length, static_cast<std::byte*>(r.addr), nullptr,
+                    PayloadDone::kSend);
       return FrameResult::kConsumed;
     }
     case WireOp::kWrite:
@@ -880,8 +887,9 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
       if (e == nullptr && h.op == WireOp::kWrite)
         return reject(Status::kRemoteAccessError);
       sb_ += kHeaderSize;
-      start_payload(h.length, reinterpret_cast<std::byte*>(h.addr), e,
-                    h.op == WireOp::kWrite ? PayloadDone::kWrite : PayloadDone::kWriteImm);
+      start_payload(
+          h.length, reinterpret_cast<std::byte*>(h.addr), e,
+          h.op == WireOp::kWrite ? PayloadDone::kWrite : PayloadDone::kWriteImm);
       return FrameResult::kConsumed;
     }
     case WireOp::kReadReq: {
@@ -922,9 +930,7 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
       queue_control(WireOp::kAtomicResp, h.seq, Status::kSuccess, old);
       return FrameResult::kConsumed;
     }
-    default:
-      protocol_error("unexpected request opcode");
-      return FrameResult::kFatal;
+    default: protocol_error("unexpected request opcode"); return FrameResult::kFatal;
   }
 }
 
@@ -936,17 +942,16 @@ void TcpQp::finish_payload() noexcept {
   pdst_ = nullptr;
   pdone_ = PayloadDone::kDiscard;
   switch (done) {
-    case PayloadDone::kDiscard:
-      return;
-    case PayloadDone::kWrite:
-      break;
+    case PayloadDone::kDiscard: return;
+    case PayloadDone::kWrite: break;
     case PayloadDone::kWriteImm:
     case PayloadDone::kSend: {
       const RecvWr r = cur_recv_;
       has_cur_recv_ = false;
       const bool imm = phdr_.op != WireOp::kSend;
-      complete_recv(r, done == PayloadDone::kSend ? Opcode::kRecv : Opcode::kRecvWriteWithImm,
-                    static_cast<uint32_t>(plen_), imm, phdr_.imm, Status::kSuccess);
+      complete_recv(
+          r, done == PayloadDone::kSend ? Opcode::kRecv : Opcode::kRecvWriteWithImm,
+          static_cast<uint32_t>(plen_), imm, phdr_.imm, Status::kSuccess);
       break;
     }
     case PayloadDone::kReadResp:

@@ -90,10 +90,8 @@ inline bool nak_status_valid(uint8_t s) noexcept {
     case Status::kRemoteInvalidRequestError:
     case Status::kRemoteOperationError:
     case Status::kRnrRetryExceeded:
-    case Status::kRetryExceeded:
-      return true;
-    default:
-      return false;
+    case Status::kRetryExceeded: return true;
+    default: return false;
   }
 }
 
@@ -119,8 +117,7 @@ inline std::optional<Header> decode_header(
     case WireOp::kSendWithImm:
     case WireOp::kWrite:
     case WireOp::kWriteWithImm:
-    case WireOp::kReadResp:
-      break;
+    case WireOp::kReadResp: break;
     case WireOp::kReadReq:
       if (has_payload || h.arg0 > kMaxPayload) return std::nullopt;
       break;
@@ -136,8 +133,7 @@ inline std::optional<Header> decode_header(
       h.status = static_cast<Status>(status);
       break;
     case WireOp::kHello:  // only valid during the handshake
-    default:
-      return std::nullopt;
+    default: return std::nullopt;
   }
   if (static_cast<WireOp>(op) != WireOp::kNak && status != 0) return std::nullopt;
   h.op = static_cast<WireOp>(op);

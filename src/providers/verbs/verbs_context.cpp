@@ -89,13 +89,15 @@ int remaining_ms(Clock::time_point deadline) {
 // Waits for the next event, copies what we need and acknowledges it at once
 // (an unacknowledged event blocks rdma_destroy_id and rdma_migrate_id).
 CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
-                   const char* operation, const char* waiting_for, const std::string& peer) {
+                   const char* operation, const char* waiting_for,
+                   const std::string& peer) {
   pollfd pfd{channel->fd, POLLIN, 0};
   rdma_cm_event* event = nullptr;
   for (;;) {
     const int rc = ::poll(&pfd, 1, remaining_ms(deadline));
     if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) throw Error(operation, kProvider, peer, errno, "poll on the rdma_cm channel");
+    if (rc < 0)
+      throw Error(operation, kProvider, peer, errno, "poll on the rdma_cm channel");
     if (rc == 0) {
       throw Error(operation, kProvider, peer, ETIMEDOUT,
                   fmt::format("no {} before the deadline", waiting_for));
@@ -113,7 +115,8 @@ CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
   out.id = event->id;
   if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST ||
       event->event == RDMA_CM_EVENT_CONNECT_RESPONSE ||
-      event->event == RDMA_CM_EVENT_ESTABLISHED || event->event == RDMA_CM_EVENT_REJECTED) {
+      event->event == RDMA_CM_EVENT_ESTABLISHED ||
+      event->event == RDMA_CM_EVENT_REJECTED) {
     const auto& conn = event->param.conn;
     const auto* bytes = static_cast<const std::byte*>(conn.private_data);
     if (bytes != nullptr) out.private_data.assign(bytes, bytes + conn.private_data_len);
@@ -168,10 +171,12 @@ CmEvent expect_event(rdma_event_channel* channel, Clock::time_point deadline,
 
 EventChannelHandle make_channel(const char* operation, const std::string& peer) {
   EventChannelHandle channel(rdma_create_event_channel());
-  if (!channel) throw Error(operation, kProvider, peer, errno, "rdma_create_event_channel");
+  if (!channel)
+    throw Error(operation, kProvider, peer, errno, "rdma_create_event_channel");
   const int flags = fcntl(channel->fd, F_GETFL);
   if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    throw Error(operation, kProvider, peer, errno, "fcntl(O_NONBLOCK) on the rdma_cm channel");
+    throw Error(operation, kProvider, peer, errno,
+                "fcntl(O_NONBLOCK) on the rdma_cm channel");
   }
   return channel;
 }
@@ -221,9 +226,10 @@ VerbsCq* as_verbs_cq(CompletionQueue* cq, const Device& device, const char* whic
                      const std::string& peer) {
   auto* verbs_cq = dynamic_cast<VerbsCq*>(cq);
   if (verbs_cq == nullptr || &verbs_cq->device() != &device) {
-    throw Error("create_qp", kProvider, peer, EINVAL,
-                fmt::format("QpOptions::{} must be a completion queue of this verbs context",
-                            which));
+    throw Error(
+        "create_qp", kProvider, peer, EINVAL,
+        fmt::format("QpOptions::{} must be a completion queue of this verbs context",
+                    which));
   }
   return verbs_cq;
 }
@@ -242,7 +248,8 @@ VerbsSrq* as_verbs_srq(SharedReceiveQueue* srq, const Device& device,
   return verbs_srq;
 }
 
-VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::string& peer) {
+VerbsQp::Parts create_qp(Device& device, const QpOptions& options,
+                         const std::string& peer) {
   VerbsQp::Parts parts;
   parts.send_cq = as_verbs_cq(options.send_cq, device, "send_cq", peer);
   parts.recv_cq = as_verbs_cq(options.recv_cq, device, "recv_cq", peer);
@@ -254,17 +261,18 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options, const std::st
   for (uint32_t depth : {options.max_send_wr, recv_depth}) {
     if (depth == 0 && srq != nullptr) continue;
     if (depth == 0 || depth >= max_wr) {
-      throw Error("create_qp", kProvider, peer, EINVAL,
-                  fmt::format("queue depth {} is outside 1..{} (max_qp_wr of {}, less one "
-                              "slot for the connection handshake)",
-                              depth, max_wr - 1, device.name()));
+      throw Error(
+          "create_qp", kProvider, peer, EINVAL,
+          fmt::format("queue depth {} is outside 1..{} (max_qp_wr of {}, less one "
+                      "slot for the connection handshake)",
+                      depth, max_wr - 1, device.name()));
     }
   }
   ibv_qp_init_attr init{};
   init.send_cq = parts.send_cq->cq();
   init.recv_cq = parts.recv_cq->cq();
   init.qp_type = IBV_QPT_RC;
-  init.sq_sig_all = 0;  // selective signaling
+  init.sq_sig_all = 0;                             // selective signaling
   init.cap.max_send_wr = options.max_send_wr + 1;  // + the handshake slot
   init.cap.max_recv_wr = srq != nullptr ? 0 : recv_depth + 1;
   init.cap.max_send_sge = 1;
@@ -348,7 +356,8 @@ Negotiated bring_up(Device& device, rdma_cm_id* id, ibv_qp* qp, ibv_mtu mtu,
   ibv_qp_attr attr = cm_attr(id, IBV_QPS_RTR, &mask, "RTR", peer);
   attr.path_mtu = mtu;
   attr.min_rnr_timer = retry.min_rnr_timer;
-  if (device.gid_overridden) attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(device.gid.index);
+  if (device.gid_overridden)
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(device.gid.index);
   Negotiated out{mtu, attr.ah_attr.grh.sgid_index, attr.dest_qp_num};
   out.max_dest_rd_atomic = attr.max_dest_rd_atomic;
   modify(qp, attr, mask | IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER, "RTR", peer);
@@ -357,7 +366,8 @@ Negotiated bring_up(Device& device, rdma_cm_id* id, ibv_qp* qp, ibv_mtu mtu,
   attr.timeout = retry.timeout;
   attr.retry_cnt = retry.retry_cnt;
   attr.rnr_retry = retry.rnr_retry;
-  modify(qp, attr, mask | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, "RTS", peer);
+  modify(qp, attr, mask | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, "RTS",
+         peer);
   return out;
 }
 
@@ -385,7 +395,8 @@ void log_connected(const Device& device, const char* role, const std::string& pe
   for (const auto& gid : device.port_attr.link_layer == IBV_LINK_LAYER_ETHERNET
                              ? device.info.ports[device.port - 1].gids
                              : std::vector<GidInfo>{}) {
-    if (gid.index == n.sgid_index) gid_text = fmt::format("{} {}", gid_type_name(gid.type), gid.address);
+    if (gid.index == n.sgid_index)
+      gid_text = fmt::format("{} {}", gid_type_name(gid.type), gid.address);
   }
   const RetrySettings r = retry_settings(parts.options);
   core::log().info(
@@ -409,7 +420,7 @@ rdma_conn_param conn_param(const Device& device, const std::vector<std::byte>& d
       static_cast<uint8_t>(std::min(device.info.attr.max_qp_rd_atom, 255));
   param.initiator_depth =
       static_cast<uint8_t>(std::min(device.info.attr.max_qp_init_rd_atom, 255));
-  param.retry_count = 7;      // CM-level; the QP's own values are set in bring_up
+  param.retry_count = 7;  // CM-level; the QP's own values are set in bring_up
   param.rnr_retry_count = 7;
   param.qp_num = qp_num;
   return param;
@@ -437,7 +448,8 @@ int ibv_access(uint32_t access) {
   if (access & kAccessRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
   if (access & kAccessRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
   // Verbs insists: a region the peer may write must be locally writable.
-  if (flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) flags |= IBV_ACCESS_LOCAL_WRITE;
+  if (flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC))
+    flags |= IBV_ACCESS_LOCAL_WRITE;
   return flags;
 }
 
@@ -453,9 +465,12 @@ class VerbsListener final : public Listener {
         host_(std::move(host)),
         port_(port) {}
 
-  std::unique_ptr<QueuePair> accept(const QpOptions& options, std::chrono::milliseconds timeout,
+  std::unique_ptr<QueuePair> accept(const QpOptions& options,
+                                    std::chrono::milliseconds timeout,
                                     std::span<const std::byte> reply) override;
-  std::string address() const override { return core::HostPort{host_, port_}.to_string(); }
+  std::string address() const override {
+    return core::HostPort{host_, port_}.to_string();
+  }
   uint16_t port() const override { return port_; }
 
  private:
@@ -480,7 +495,8 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   for (;;) {
     request = next_event(channel_.get(), deadline, "accept", "connection request", self);
     if (request.type == RDMA_CM_EVENT_CONNECT_REQUEST) break;
-    core::log().debug("verbs: listener {} ignores {}", self, rdma_event_str(request.type));
+    core::log().debug("verbs: listener {} ignores {}", self,
+                      rdma_event_str(request.type));
   }
   CmIdHandle id(request.id);
   const std::string peer = sockaddr_text(rdma_get_peer_addr(id.get()));
@@ -505,8 +521,9 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     hello->user.resize(kReqOverflowUserData);
   }
   if (id->verbs != device_->context) {
-    throw refuse(ENODEV, fmt::format("request arrived on {}, this context uses {}",
-                                     ibv_get_device_name(id->verbs->device), device_->name()));
+    throw refuse(ENODEV,
+                 fmt::format("request arrived on {}, this context uses {}",
+                             ibv_get_device_name(id->verbs->device), device_->name()));
   }
   // Until established the id gets its own channel; then the monitor's.
   EventChannelHandle channel;
@@ -516,7 +533,8 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     rdma_reject(id.get(), nullptr, 0);
     throw;
   }
-  if (rdma_migrate_id(id.get(), channel.get()) != 0) throw refuse(errno, "rdma_migrate_id");
+  if (rdma_migrate_id(id.get(), channel.get()) != 0)
+    throw refuse(errno, "rdma_migrate_id");
   VerbsQp::Parts parts;
   Negotiated negotiated{};
   std::vector<std::byte> answer;
@@ -538,13 +556,14 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   rdma_conn_param param = conn_param(*device_, answer, parts.qp->qp_num);
   // Never grant more reads in flight than the initiator asked for, and never
   // ask for more than the initiator can serve.
-  param.responder_resources = std::min(param.responder_resources, request.initiator_depth);
+  param.responder_resources =
+      std::min(param.responder_resources, request.initiator_depth);
   param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
   if (rdma_accept(id.get(), &param) != 0) {
     throw Error("accept", kProvider, peer, errno, "rdma_accept");
   }
-  expect_event(channel.get(), deadline, RDMA_CM_EVENT_ESTABLISHED, "accept", "rdma_accept",
-               peer);
+  expect_event(channel.get(), deadline, RDMA_CM_EVENT_ESTABLISHED, "accept",
+               "rdma_accept", peer);
   if (overflow) {
     ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
                 static_cast<uint32_t>(parts.handshake_buf.size()),
@@ -609,13 +628,15 @@ class VerbsContext final : public Context {
                                      std::chrono::milliseconds timeout) override;
 
  private:
-  std::unique_ptr<MemoryRegion> register_mapping(void* addr, size_t length, uint32_t access,
-                                                 Mapping* mapping, size_t mapping_length);
+  std::unique_ptr<MemoryRegion> register_mapping(void* addr, size_t length,
+                                                 uint32_t access, Mapping* mapping,
+                                                 size_t mapping_length);
   std::shared_ptr<Device> device_;
 };
 
 std::unique_ptr<MemoryRegion> VerbsContext::register_mapping(void* addr, size_t length,
-                                                             uint32_t access, Mapping* mapping,
+                                                             uint32_t access,
+                                                             Mapping* mapping,
                                                              size_t mapping_length) {
   const uint64_t already = device_->registered_bytes.load();
   if (auto shortfall = memlock_shortfall(already, length)) {
@@ -624,11 +645,13 @@ std::unique_ptr<MemoryRegion> VerbsContext::register_mapping(void* addr, size_t 
   MrHandle mr(ibv_reg_mr(device_->pd.get(), addr, length, ibv_access(access)));
   if (!mr) {
     const int err = errno;
-    std::string detail = fmt::format("ibv_reg_mr({} at {}) on {}", format_bytes(length), addr,
-                                     device_->name());
+    std::string detail = fmt::format("ibv_reg_mr({} at {}) on {}", format_bytes(length),
+                                     addr, device_->name());
     if (err == ENOMEM || err == EPERM) {
-      detail += fmt::format("; RLIMIT_MEMLOCK is {}: raise it (ulimit -l unlimited) if it "
-                            "is the limit", memlock_limit_text());
+      detail += fmt::format(
+          "; RLIMIT_MEMLOCK is {}: raise it (ulimit -l unlimited) if it "
+          "is the limit",
+          memlock_limit_text());
     }
     throw Error("register_memory", kProvider, "", err, detail);
   }
@@ -661,9 +684,11 @@ std::unique_ptr<MemoryRegion> VerbsContext::allocate(size_t length, uint32_t acc
   if (addr == MAP_FAILED) {
     const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     mapped = (length + page - 1) / page * page;
-    addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    addr =
+        mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (addr == MAP_FAILED) {
-      throw Error("allocate", kProvider, "", errno, fmt::format("mmap {}", format_bytes(mapped)));
+      throw Error("allocate", kProvider, "", errno,
+                  fmt::format("mmap {}", format_bytes(mapped)));
     }
   }
   Mapping mapping(addr, mapped);  // zero-filled by mmap
@@ -681,10 +706,11 @@ std::unique_ptr<Listener> VerbsContext::listen(const std::string& address) {
   CmIdHandle id(raw);
   if (rdma_bind_addr(id.get(), addr.get()) != 0) {
     const int err = errno;
-    throw Error("listen", kProvider, address, err,
-                fmt::format("rdma_bind_addr: {} must be an address of {}'s netdev (its GID "
-                            "{} is {})",
-                            hp.host, device_->name(), device_->gid.index, device_->gid.address));
+    throw Error(
+        "listen", kProvider, address, err,
+        fmt::format("rdma_bind_addr: {} must be an address of {}'s netdev (its GID "
+                    "{} is {})",
+                    hp.host, device_->name(), device_->gid.index, device_->gid.address));
   }
   if (id->verbs != nullptr) check_device(*device_, id.get(), "listen", address);
   if (rdma_listen(id.get(), 64) != 0) {
@@ -692,8 +718,8 @@ std::unique_ptr<Listener> VerbsContext::listen(const std::string& address) {
   }
   const uint16_t port = ntohs(rdma_get_src_port(id.get()));
   core::log().debug("verbs: listening on {}:{} ({})", hp.host, port, device_->name());
-  return std::make_unique<VerbsListener>(device_, std::move(channel), std::move(id), hp.host,
-                                         port);
+  return std::make_unique<VerbsListener>(device_, std::move(channel), std::move(id),
+                                         hp.host, port);
 }
 
 std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
@@ -759,8 +785,9 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   if (rdma_connect(id.get(), &param) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_connect");
   }
-  const CmEvent response = expect_event(channel.get(), deadline, RDMA_CM_EVENT_CONNECT_RESPONSE,
-                                        "connect", "rdma_connect", address);
+  const CmEvent response =
+      expect_event(channel.get(), deadline, RDMA_CM_EVENT_CONNECT_RESPONSE, "connect",
+                   "rdma_connect", address);
   auto answer = parse_handshake(response.private_data);
   if (!answer) {
     rdma_reject(id.get(), nullptr, 0);
@@ -771,7 +798,8 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   const ibv_mtu mtu = std::min(device_->port_attr.active_mtu, answer->mtu);
   Negotiated negotiated{};
   try {
-    negotiated = bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, address);
+    negotiated =
+        bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, address);
   } catch (const Error&) {
     rdma_reject(id.get(), nullptr, 0);
     throw;
@@ -783,17 +811,18 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   auto conn = std::make_shared<ConnState>();
   ibv_qp* qp = parts.qp.get();
   rdma_cm_id* raw_id = id.get();
-  auto result = std::make_unique<VerbsQp>(device_, std::move(id), std::move(parts), address,
-                                          std::move(answer->user), conn);
+  auto result = std::make_unique<VerbsQp>(device_, std::move(id), std::move(parts),
+                                          address, std::move(answer->user), conn);
   device_->get_monitor().adopt(raw_id, qp, conn, address);
   return result;
 }
 
 }  // namespace
 
-VerbsMr::VerbsMr(std::shared_ptr<Device> device, MrHandle mr, uint32_t access, void* mapping,
-                 size_t mapping_length)
-    : MemoryRegion(mr->addr, mr->length, mr->lkey, mr->rkey, access, ProviderKind::kVerbs),
+VerbsMr::VerbsMr(std::shared_ptr<Device> device, MrHandle mr, uint32_t access,
+                 void* mapping, size_t mapping_length)
+    : MemoryRegion(mr->addr, mr->length, mr->lkey, mr->rkey, access,
+                   ProviderKind::kVerbs),
       device_(std::move(device)),
       mr_(std::move(mr)),
       mapping_(mapping),
@@ -817,7 +846,8 @@ std::shared_ptr<Device> open_device(const ContextOptions& options) {
   int count = 0;
   device->cm_devices.reset(rdma_get_devices(&count));
   if (!device->cm_devices || count == 0) {
-    throw Error("Context::open", kProvider, "", ENODEV, "rdma_get_devices found no RDMA device");
+    throw Error("Context::open", kProvider, "", ENODEV,
+                "rdma_get_devices found no RDMA device");
   }
   std::string seen;
   for (int i = 0; i < count && device->context == nullptr; ++i) {
@@ -843,10 +873,11 @@ std::shared_ptr<Device> open_device(const ContextOptions& options) {
     device->info = std::move(info);
   }
   if (device->context == nullptr) {
-    throw Error("Context::open", kProvider, "", ENODEV,
-                options.device.empty()
-                    ? fmt::format("no device with an ACTIVE port (seen: {})", seen)
-                    : fmt::format("device {} is not usable (seen: {})", options.device, seen));
+    throw Error(
+        "Context::open", kProvider, "", ENODEV,
+        options.device.empty()
+            ? fmt::format("no device with an ACTIVE port (seen: {})", seen)
+            : fmt::format("device {} is not usable (seen: {})", options.device, seen));
   }
   std::string why;
   const auto& gids = device->info.ports[device->port - 1].gids;

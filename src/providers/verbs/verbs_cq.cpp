@@ -35,12 +35,13 @@ VerbsCq::VerbsCq(std::shared_ptr<Device> device, const CqOptions& options)
   const auto max_cqe = static_cast<uint32_t>(device_->info.attr.max_cqe);
   if (options.capacity == 0 || options.capacity > max_cqe) {
     throw Error("create_cq", kProvider, "", EINVAL,
-                fmt::format("capacity {} is outside 1..{} (max_cqe of {})", options.capacity,
-                            max_cqe, device_->name()));
+                fmt::format("capacity {} is outside 1..{} (max_cqe of {})",
+                            options.capacity, max_cqe, device_->name()));
   }
   channel_.reset(ibv_create_comp_channel(device_->context));
   if (!channel_) {
-    throw Error("ibv_create_comp_channel", kProvider, "", errno, "device " + device_->name());
+    throw Error("ibv_create_comp_channel", kProvider, "", errno,
+                "device " + device_->name());
   }
   // poll() and arm() read events without blocking; sleeping is poll(2)'s job.
   const int flags = fcntl(channel_->fd, F_GETFL);
@@ -63,11 +64,12 @@ VerbsCq::~VerbsCq() {
 void VerbsCq::attach(QpCore* core, uint32_t depth, const std::string& peer) {
   std::lock_guard lock(qps_mutex_);
   if (committed_ + depth > options().capacity) {
-    throw Error("create_qp", kProvider, peer, EINVAL,
-                fmt::format("completion queue capacity {} is smaller than the work requests "
-                            "its queue pairs may have outstanding ({} + {}); a verbs CQ that "
-                            "overflows breaks every QP on it, so raise CqOptions::capacity",
-                            options().capacity, committed_, depth));
+    throw Error(
+        "create_qp", kProvider, peer, EINVAL,
+        fmt::format("completion queue capacity {} is smaller than the work requests "
+                    "its queue pairs may have outstanding ({} + {}); a verbs CQ that "
+                    "overflows breaks every QP on it, so raise CqOptions::capacity",
+                    options().capacity, committed_, depth));
   }
   committed_ += depth;
   qps_.push_back(core);
@@ -76,8 +78,10 @@ void VerbsCq::attach(QpCore* core, uint32_t depth, const std::string& peer) {
 void VerbsCq::detach(QpCore* core, uint32_t depth) noexcept {
   std::lock_guard lock(qps_mutex_);
   // A shared CQ holds the QP twice (send and receive side): drop one.
-  if (auto it = std::find(qps_.begin(), qps_.end(), core); it != qps_.end()) qps_.erase(it);
-  if (std::find(qps_.begin(), qps_.end(), core) == qps_.end() && last_ == core) last_ = nullptr;
+  if (auto it = std::find(qps_.begin(), qps_.end(), core); it != qps_.end())
+    qps_.erase(it);
+  if (std::find(qps_.begin(), qps_.end(), core) == qps_.end() && last_ == core)
+    last_ = nullptr;
   committed_ -= depth;
 }
 

@@ -1,6 +1,7 @@
 #include "providers/verbs/verbs_device.hpp"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <linux/capability.h>
 #include <net/if.h>
 #include <sys/resource.h>
@@ -11,8 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <fmt/format.h>
 
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
@@ -64,7 +63,8 @@ std::vector<GidInfo> query_gids(ibv_context* context, uint8_t port, int table_le
   for (int i = 0; i < table_len; ++i) {
     ibv_gid_entry entry{};
     // Unpopulated RoCE entries fail with ENODATA; skip them quietly.
-    if (ibv_query_gid_ex(context, port, static_cast<uint32_t>(i), &entry, 0) != 0) continue;
+    if (ibv_query_gid_ex(context, port, static_cast<uint32_t>(i), &entry, 0) != 0)
+      continue;
     if (gid_is_zero(entry.gid)) continue;
     GidInfo gid;
     gid.index = entry.gid_index;
@@ -88,8 +88,9 @@ DeviceInfo query_device(ibv_context* context) {
     throw Error("ibv_query_device", "verbs", "", rc, "device " + info.name);
   }
   const uint64_t guid = be64toh(ibv_get_device_guid(context->device));
-  info.node_guid = fmt::format("{:04x}:{:04x}:{:04x}:{:04x}", (guid >> 48) & 0xffff,
-                               (guid >> 32) & 0xffff, (guid >> 16) & 0xffff, guid & 0xffff);
+  info.node_guid =
+      fmt::format("{:04x}:{:04x}:{:04x}:{:04x}", (guid >> 48) & 0xffff,
+                  (guid >> 32) & 0xffff, (guid >> 16) & 0xffff, guid & 0xffff);
   for (uint8_t p = 1; p <= info.attr.phys_port_cnt; ++p) {
     PortInfo port;
     port.port = p;
@@ -114,8 +115,8 @@ std::vector<DeviceInfo> list_devices(std::vector<std::string>* problems) {
   for (int i = 0; i < count; ++i) {
     ibv_context* context = ibv_open_device(list[i]);
     if (context == nullptr) {
-      problems->push_back(fmt::format("ibv_open_device({}): {}",
-                                      ibv_get_device_name(list[i]), std::strerror(errno)));
+      problems->push_back(fmt::format(
+          "ibv_open_device({}): {}", ibv_get_device_name(list[i]), std::strerror(errno)));
       continue;
     }
     try {
@@ -246,9 +247,12 @@ Status map_wc_status(ibv_wc_status status) noexcept {
 
 std::string format_bytes(uint64_t bytes) {
   if (bytes == UINT64_MAX) return "unlimited";
-  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0) return fmt::format("{} GiB", bytes >> 30);
-  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
-  if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
+  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0)
+    return fmt::format("{} GiB", bytes >> 30);
+  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0)
+    return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0)
+    return fmt::format("{} KiB", bytes >> 10);
   return fmt::format("{} B", bytes);
 }
 
@@ -284,7 +288,8 @@ std::optional<std::string> memlock_shortfall(size_t already_registered, size_t m
   if (already_registered + need <= limit.rlim_cur) return std::nullopt;
   return fmt::format(
       "RLIMIT_MEMLOCK is {} and this process already has {} registered; pinning {} more "
-      "would exceed it. Raise the locked-memory limit: `ulimit -l unlimited` in the shell, "
+      "would exceed it. Raise the locked-memory limit: `ulimit -l unlimited` in the "
+      "shell, "
       "LimitMEMLOCK=infinity for a systemd unit, a `memlock` line in "
       "/etc/security/limits.conf, or `--ulimit memlock=-1` for docker",
       format_bytes(limit.rlim_cur), format_bytes(already_registered), format_bytes(more));

@@ -56,7 +56,8 @@ void Monitor::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
   if (rdma_migrate_id(id, channel_.get()) != 0) {
     const int err = errno;
     release(id);
-    throw Error("rdma_migrate_id", kProvider, peer, err, "moving the connection to the monitor");
+    throw Error("rdma_migrate_id", kProvider, peer, err,
+                "moving the connection to the monitor");
   }
 }
 
@@ -94,14 +95,15 @@ void Monitor::run() noexcept {
             rdma_disconnect(event->id);
             try {
               core::log().info(
-                  "verbs: peer {} disconnected ({}, status {}); qp {} moved to the error state",
-                  entry.peer, rdma_event_str(event->event), event->status, entry.qp->qp_num);
+                  "verbs: peer {} disconnected ({}, status {}); qp {} moved to the error "
+                  "state",
+                  entry.peer, rdma_event_str(event->event), event->status,
+                  entry.qp->qp_num);
             } catch (...) {
             }
             break;
           }
-          default:
-            break;
+          default: break;
         }
       }
     }

@@ -37,16 +37,17 @@ inline constexpr const char* kDestroyEventChannel = "rdma_destroy_event_channel"
 using PdHandle = std::unique_ptr<ibv_pd, Releaser<ibv_pd, ibv_dealloc_pd, &kDeallocPd>>;
 using MrHandle = std::unique_ptr<ibv_mr, Releaser<ibv_mr, ibv_dereg_mr, &kDeregMr>>;
 using CompChannelHandle =
-    std::unique_ptr<ibv_comp_channel,
-                    Releaser<ibv_comp_channel, ibv_destroy_comp_channel, &kDestroyCompChannel>>;
+    std::unique_ptr<ibv_comp_channel, Releaser<ibv_comp_channel, ibv_destroy_comp_channel,
+                                               &kDestroyCompChannel>>;
 using CqHandle = std::unique_ptr<ibv_cq, Releaser<ibv_cq, ibv_destroy_cq, &kDestroyCq>>;
 using QpHandle = std::unique_ptr<ibv_qp, Releaser<ibv_qp, ibv_destroy_qp, &kDestroyQp>>;
 using SrqHandle =
     std::unique_ptr<ibv_srq, Releaser<ibv_srq, ibv_destroy_srq, &kDestroySrq>>;
-using CmIdHandle = std::unique_ptr<rdma_cm_id, Releaser<rdma_cm_id, rdma_destroy_id, &kDestroyId>>;
-using EventChannelHandle =
-    std::unique_ptr<rdma_event_channel,
-                    Releaser<rdma_event_channel, destroy_event_channel, &kDestroyEventChannel>>;
+using CmIdHandle =
+    std::unique_ptr<rdma_cm_id, Releaser<rdma_cm_id, rdma_destroy_id, &kDestroyId>>;
+using EventChannelHandle = std::unique_ptr<
+    rdma_event_channel,
+    Releaser<rdma_event_channel, destroy_event_channel, &kDestroyEventChannel>>;
 
 // The device contexts librdmacm opened (rdma_get_devices). cm_id->verbs
 // points into this list, so the protection domain must come from it too.

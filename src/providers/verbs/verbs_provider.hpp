@@ -144,7 +144,7 @@ class VerbsCq final : public CompletionQueue {
   ibv_wc stash_{};
   std::vector<Completion> pending_;  // set aside by wait_handshake
   size_t pending_head_ = 0;
-  std::mutex qps_mutex_;    // attach/detach vs poll
+  std::mutex qps_mutex_;  // attach/detach vs poll
   std::vector<QpCore*> qps_;
   struct SrqUse {
     std::shared_ptr<SrqCore> srq;
@@ -176,7 +176,7 @@ struct ConnState {
 // QP transport settings derived from QpOptions (documented in
 // docs/verbs-provider.md).
 struct RetrySettings {
-  uint8_t timeout = 14;        // local ACK timeout exponent: 4.096 us * 2^timeout
+  uint8_t timeout = 14;  // local ACK timeout exponent: 4.096 us * 2^timeout
   uint8_t retry_cnt = 3;
   uint8_t rnr_retry = 6;
   uint8_t min_rnr_timer = 12;  // IB encoding of the RNR NAK delay we ask for
@@ -208,9 +208,9 @@ class VerbsQp final : public QueuePair {
     std::unique_ptr<QpCore> core;
     VerbsCq* send_cq = nullptr;
     VerbsCq* recv_cq = nullptr;
-    std::shared_ptr<SrqCore> srq;  // set when QpOptions::srq names one
+    std::shared_ptr<SrqCore> srq;              // set when QpOptions::srq names one
     std::unique_ptr<CqAttachment> attachment;  // after core: detaches first
-    QpOptions options;  // with max_inline as granted
+    QpOptions options;                         // with max_inline as granted
     // Buffer of the private-data overflow (READ by the server from the
     // client's); the client's lives as long as the QP, since it cannot tell
     // when the peer's READ is done.

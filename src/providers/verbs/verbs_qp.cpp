@@ -14,8 +14,8 @@ namespace {
 // IB encoding of the RNR NAK delay (min_rnr_timer), in microseconds; index 0
 // means 655.36 ms and is left out on purpose.
 constexpr uint32_t kRnrTimerMicros[32] = {
-    655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,    320,
-    480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240,  15360,
+    655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,   320,
+    480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240, 15360,
     20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 PostStatus map_post_errno(int err) noexcept {
@@ -108,10 +108,8 @@ QpState VerbsQp::state() const noexcept {
   if (ibv_query_qp(qp_.get(), &attr, IBV_QP_STATE, &init) != 0) return QpState::kError;
   switch (attr.qp_state) {
     case IBV_QPS_RTS:
-    case IBV_QPS_SQD:
-      return QpState::kConnected;
-    default:
-      return QpState::kError;
+    case IBV_QPS_SQD: return QpState::kConnected;
+    default: return QpState::kError;
   }
 }
 
@@ -183,8 +181,9 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
     if (in.flags & kFence) wr.send_flags |= IBV_SEND_FENCE;
     if (in.flags & kInline) {
       // Inline carries outgoing payload only.
-      valid = valid && (in.opcode == Opcode::kSend || in.opcode == Opcode::kSendWithImm ||
-                        in.opcode == Opcode::kWrite || in.opcode == Opcode::kWriteWithImm);
+      valid =
+          valid && (in.opcode == Opcode::kSend || in.opcode == Opcode::kSendWithImm ||
+                    in.opcode == Opcode::kWrite || in.opcode == Opcode::kWriteWithImm);
       if (valid && in.length > options().max_inline) {
         status = PostStatus::kInlineTooLarge;
         n = i;
@@ -204,7 +203,8 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
   core.send_published.store(core.send_posted + n, std::memory_order_release);
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), send_wrs_.data(), &bad); rc != 0) {
-    const size_t accepted = bad != nullptr ? static_cast<size_t>(bad - send_wrs_.data()) : 0;
+    const size_t accepted =
+        bad != nullptr ? static_cast<size_t>(bad - send_wrs_.data()) : 0;
     core.send_posted += accepted;
     return {map_post_errno(rc), static_cast<uint32_t>(accepted)};
   }
@@ -237,7 +237,8 @@ PostResult VerbsQp::post_recv_locked(std::span<const RecvWr> wrs) noexcept {
   core.recv_published.store(core.recv_posted + n, std::memory_order_release);
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(qp_.get(), recv_wrs_.data(), &bad); rc != 0) {
-    const size_t accepted = bad != nullptr ? static_cast<size_t>(bad - recv_wrs_.data()) : 0;
+    const size_t accepted =
+        bad != nullptr ? static_cast<size_t>(bad - recv_wrs_.data()) : 0;
     core.recv_posted += accepted;
     return {map_post_errno(rc), static_cast<uint32_t>(accepted)};
   }
