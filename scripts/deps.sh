@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchmark-dev
       libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
-      libibverbs-dev librdmacm-dev libclang-rt-14-dev iproute2 procps)
+      libibverbs-dev librdmacm-dev libclang-rt-14-dev iproute2 procps
+      clang-format clang-tidy)
 # The verbs stage: Soft-RoCE VMs (tests/verbs/softroce-vm.sh) and the
 # rdmakit-perf cross-check run inside them.
 pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibverbs-utils

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds and runs every test: unit + conformance (shm, tcp) in a release
 # build, again under ASan+UBSan and under TSan, the frame fuzzer for a
-# bounded time, and the verbs provider inside Soft-RoCE VMs.
-#   RDMAKIT_TEST_STAGES="release asan tsan fuzz verbs"   (default: all)
+# bounded time, the verbs provider inside Soft-RoCE VMs, and the lint
+# (clang-format, clang-tidy).
+#   RDMAKIT_TEST_STAGES="release asan tsan fuzz verbs lint"   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs}
+stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs lint}
 jobs=$(nproc)
 passed=0; failed=0; failed_stages=()
 
@@ -42,6 +43,9 @@ for stage in $stages; do
       else
         echo "=== [$stage] not present in this tree"; failed=$((failed + 1)); failed_stages+=("$stage:missing")
       fi ;;
+    lint)
+      echo "=== [lint] scripts/lint.sh"
+      if scripts/lint.sh build-test; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_stages+=("lint"); fi ;;
     *) echo "unknown stage $stage"; failed=$((failed + 1)) ;;
   esac
 done
