@@ -7,12 +7,23 @@
 //     SEND completes into a line of the receiver's ring, the reply into one
 //     of the sender's), reported next to the one-line floor;
 //   single-thread memcpy bandwidth per size (hot buffers, MB = 10^6 bytes;
-//     median of 5 runs of 40 ms, and the best run).
+//     median of 5 runs of 40 ms, and the best run);
+//   with --tcp N, a TCP ping-pong of N bytes over loopback (one send() and
+//     one recv() per message, busy-polled: what any transport over kernel
+//     TCP pays at least).
 //   rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] [--rounds N]
+//                  [--tcp BYTES]
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -113,6 +124,78 @@ double two_line_half_rtt_ns(int cpu_a, int cpu_b, uint64_t batches, double* best
       });
 }
 
+// Two connected loopback TCP sockets, TCP_NODELAY and non-blocking.
+int tcp_pair(int* a, int* b) {
+  const int lst = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (lst < 0 || ::bind(lst, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(lst, 1) != 0 ||
+      ::getsockname(lst, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    if (lst >= 0) ::close(lst);
+    return -1;
+  }
+  *a = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool ok =
+      *a >= 0 && ::connect(*a, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  *b = ok ? ::accept4(lst, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+  ::close(lst);
+  if (*b < 0) {
+    if (*a >= 0) ::close(*a);
+    return -1;
+  }
+  const int one = 1;
+  for (int fd : {*a, *b}) {
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+  return 0;
+}
+
+// A bare TCP ping-pong over loopback, each side busy-polling recv(): one
+// send() and one successful recv() per message is what any transport over
+// kernel TCP pays at least. The median half round trip in ns, or a negative
+// value if the sockets could not be set up.
+double tcp_half_rtt_ns(int cpu_a, int cpu_b, size_t size, uint64_t batches,
+                       double* best) {
+  int a = -1, b = -1;
+  if (tcp_pair(&a, &b) != 0) return -1;
+  std::vector<char> buf_a(size, 1), buf_b(size, 2);
+  auto send_all = [size](int fd, const char* p) {
+    for (size_t done = 0; done < size;) {
+      const ssize_t n = ::send(fd, p + done, size - done, MSG_NOSIGNAL);
+      if (n > 0)
+        done += static_cast<size_t>(n);
+      else if (n < 0 && errno != EAGAIN && errno != EINTR)
+        std::abort();
+    }
+  };
+  auto recv_all = [size](int fd, char* p) {
+    for (size_t done = 0; done < size;) {
+      const ssize_t n = ::recv(fd, p + done, size - done, 0);
+      if (n > 0)
+        done += static_cast<size_t>(n);
+      else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+        std::abort();
+    }
+  };
+  const double hop = time_pingpong(
+      cpu_a, cpu_b, batches, best,
+      [&](uint64_t) {
+        send_all(a, buf_a.data());
+        recv_all(a, buf_a.data());
+      },
+      [&](uint64_t) {
+        recv_all(b, buf_b.data());
+        send_all(b, buf_b.data());
+      });
+  ::close(a);
+  ::close(b);
+  return hop;
+}
+
 // memcpy of `size` bytes repeated in `reps` runs of `each`. Returns the
 // median run in MB/s, wall-clock like the benchmarks it is compared with (a
 // preempted run counts as slow there too), and the best run in *best.
@@ -160,6 +243,7 @@ int main(int argc, char** argv) {
   bool json = false;
   int cpu_a = 0, cpu_b = 1;
   int rounds = 3;
+  uint64_t tcp_size = 0;  // --tcp N: also a loopback TCP ping-pong of N bytes
   std::vector<uint64_t> sizes;
   for (uint64_t v = 8; v <= (uint64_t{8} << 20); v *= 2) sizes.push_back(v);
   for (int i = 1; i < argc; ++i) {
@@ -174,12 +258,14 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--sizes" && i + 1 < argc) {
       sizes = parse_list(argv[++i]);
+    } else if (a == "--tcp" && i + 1 < argc) {
+      tcp_size = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else {
       std::fprintf(stderr,
                    "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
-                   "[--rounds N]\n");
+                   "[--rounds N] [--tcp BYTES]\n");
       return a == "-h" || a == "--help" ? 0 : 1;
     }
   }
@@ -219,8 +305,24 @@ int main(int argc, char** argv) {
         "two-line ping-pong (one line per direction): half round trip %.1f ns (min "
         "%.1f)\n",
         two_line, two_line_best);
-    std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   }
+  if (tcp_size != 0) {
+    double tcp_best = 0;
+    const double tcp = tcp_half_rtt_ns(cpu_a, cpu_b, tcp_size, 50, &tcp_best);
+    if (json) {
+      std::printf("%s\n", fmt::format("{{\"floor\":\"tcp_pingpong\",\"cpus\":[{},{}],"
+                                      "\"size\":{},\"half_rtt_ns\":{:.2f},"
+                                      "\"min_half_rtt_ns\":{:.2f}}}",
+                                      cpu_a, cpu_b, tcp_size, tcp, tcp_best)
+                              .c_str());
+    } else {
+      std::printf(
+          "TCP ping-pong over loopback, %llu B: half round trip %.2f us (min %.2f)\n",
+          static_cast<unsigned long long>(tcp_size), tcp / 1000, tcp_best / 1000);
+    }
+  }
+  if (!json)
+    std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   pin(cpu_b);
   for (uint64_t size : sizes) {
     double best = 0;
