@@ -50,6 +50,23 @@ void ShmCompletionQueue::reserve(uint32_t depth) {
 
 // ---------------------------------------------------------------- owner gate
 
+void ShmCompletionQueue::wake_if_armed() noexcept {
+  if (!armed_.load(std::memory_order_acquire)) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+}
+
+void ShmCompletionQueue::wake_if_armed_after_queueing() noexcept {
+  // A read-modify-write orders the queueing before this read (the store-load
+  // order a plain load lacks; a fence TSan also understands). It writes
+  // nothing new: false stays false, and a true fails the exchange.
+  bool armed = false;
+  armed_.compare_exchange_strong(armed, false, std::memory_order_seq_cst);
+  if (!armed) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+}
+
 void ShmCompletionQueue::wait_gate_open() const noexcept {
   while (gate_closed_.load(std::memory_order_acquire)) {
 #if defined(__x86_64__)
@@ -76,18 +93,6 @@ void ShmCompletionQueue::close_gate() noexcept {
   }
 }
 
-void ShmCompletionQueue::forget_detached() noexcept {
-  const ProducerGuard guard(*this);
-  for (uint64_t i = head_; i != tail_; ++i) {
-    Entry& e = ring_[i & mask_];
-    if (e.qp != nullptr && std::find(detached_.begin(), detached_.end(),
-                                     e.completion.qp_num) != detached_.end()) {
-      e.qp = nullptr;
-    }
-  }
-  detached_.clear();  // keeps its capacity: poll() never allocates
-}
-
 // ------------------------------------------------------------ attach/detach
 
 void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
@@ -96,9 +101,6 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
   close_gate();
   try {
     (send ? send_qps_ : recv_qps_).push_back(qp);
-    // Room for every QP that may be detached before the owner's next poll,
-    // so detach() does not allocate.
-    detached_.reserve(detached_.size() + send_qps_.size() + recv_qps_.size());
   } catch (...) {
     std::erase(send ? send_qps_ : recv_qps_, qp);
     committed_ -= depth;
@@ -107,7 +109,7 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
   }
   if (send && qp->options().thread_safe)
     multi_producer_.store(true, std::memory_order_relaxed);
-  if (!send && armed_) {
+  if (!send && armed_.load(std::memory_order_relaxed)) {
     // The owner sleeps armed, but not on this QP: wake it to re-arm.
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
@@ -132,10 +134,20 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   std::erase(send_qps_, qp);
   std::erase(recv_qps_, qp);
   next_recv_ = 0;  // the round-robin index must stay inside recv_qps_
-  // Its completions still in the ring must not touch it when polled. The
-  // owner (the ring's producer unless it is multi-producer) forgets them at
-  // its next poll; reserved in attach().
-  detached_.push_back(qp->qp_num());
+  // Its completions still in the ring are dropped, as a NIC cleans its CQ at
+  // ibv_destroy_qp: polling them would touch the freed QP, and the capacity
+  // they hold is given back below. With the gate closed the owner neither
+  // polls nor pushes; other producers push under the ring lock.
+  lock_ring();
+  uint64_t kept = head_;
+  for (uint64_t i = head_; i != tail_; ++i) {
+    if (ring_[i & mask_].qp != qp) {
+      if (kept != i) ring_[kept & mask_] = ring_[i & mask_];
+      ++kept;
+    }
+  }
+  tail_ = kept;
+  ring_lock_.store(false, std::memory_order_release);
   open_gate();
   // What this CQ reserved for the QP (each side once).
   if (sends) committed_ -= std::min<uint64_t>(committed_, qp->options().max_send_wr);
@@ -153,15 +165,14 @@ void ShmCompletionQueue::lock_ring() noexcept {
 }
 
 void ShmCompletionQueue::disarm() noexcept {
-  armed_ = false;
+  armed_.store(false, std::memory_order_relaxed);
   for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(false);
 }
 
 int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   const OwnerSection section(*this);
   if (!section.entered()) return 0;  // a QP is being attached or detached
-  if (!detached_.empty()) forget_detached();
-  if (armed_) disarm();
+  if (armed_.load(std::memory_order_relaxed)) disarm();
   for (ShmQueuePair* qp : send_qps_) {
     if (qp->needs_progress()) qp->progress();
   }
@@ -193,7 +204,7 @@ bool ShmCompletionQueue::arm() noexcept {
   }
   while (::read(timer_.get(), &drained, sizeof drained) > 0) {
   }
-  armed_ = true;
+  armed_.store(true, std::memory_order_relaxed);
   for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(true);
   // Senders that publish with a release store rely on this barrier.
   if (!recv_qps_.empty() && asymmetric_fence_available()) heavy_fence();

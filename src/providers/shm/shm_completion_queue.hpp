@@ -25,6 +25,15 @@ class ShmCompletionQueue final : public CompletionQueue {
 
   int wake_fd() const noexcept { return event_.get(); }
 
+  // A producer on another thread than the owner (a thread-safe QP) pushed a
+  // completion or queued work: an owner asleep in arm()'s wake-up must hear
+  // of it. The ring lock orders this load after the owner's arm(), whose
+  // re-check runs under the same lock, so no completion is missed.
+  void wake_if_armed() noexcept;
+  // The same after queueing RNR work outside the ring lock: the owner's
+  // arm() must set the retry timer.
+  void wake_if_armed_after_queueing() noexcept;
+
   // Control path. Throws Error(EINVAL) if the QP depths exceed capacity, so
   // the private ring can never overflow. QPs may be created and destroyed
   // from any thread, also while the owner polls: attach and detach close the
@@ -70,6 +79,9 @@ class ShmCompletionQueue final : public CompletionQueue {
    private:
     ShmCompletionQueue& cq_;
     bool locked_ = false;
+
+   public:
+    bool locked() const noexcept { return locked_; }
   };
   ProducerGuard producer_guard() noexcept { return ProducerGuard(*this); }
 
@@ -152,8 +164,6 @@ class ShmCompletionQueue final : public CompletionQueue {
   };
   void close_gate() noexcept;
   void open_gate() noexcept { gate_closed_.store(false, std::memory_order_release); }
-  // Entries of QPs detached since the last poll lose their QP pointer.
-  void forget_detached() noexcept;
 
   std::vector<Entry> ring_;
   uint64_t mask_ = 0;
@@ -163,9 +173,9 @@ class ShmCompletionQueue final : public CompletionQueue {
   std::vector<ShmQueuePair*> send_qps_;
   std::vector<ShmQueuePair*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs
-  // qp_num of QPs detached while their completions may still be in ring_.
-  std::vector<uint32_t> detached_;
-  bool armed_ = false;
+  // The owner writes it; producers on other threads read it after pushing
+  // under the ring lock, which orders both sides (see wake_if_armed()).
+  std::atomic<bool> armed_{false};
   std::atomic<bool> multi_producer_{false};  // a thread-safe QP is attached
   std::atomic<bool> ring_lock_{false};
   std::mutex attach_mu_;  // control path only: attach/detach among themselves

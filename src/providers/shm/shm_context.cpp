@@ -37,11 +37,8 @@ size_t page_round(size_t length) {
 }  // namespace
 
 ShmContext::ShmContext() : Context(ProviderKind::kShm), pid_(::getpid()) {
-  table_fd_.reset(::memfd_create("rdmakit-shm-regions", MFD_CLOEXEC));
+  table_fd_ = create_sealed_memfd("rdmakit-shm-regions", sizeof(RegionTable));
   if (!table_fd_) throw context_error("memfd_create(region table)", errno);
-  if (::ftruncate(table_fd_.get(), sizeof(RegionTable)) != 0) {
-    throw context_error("ftruncate(region table)", errno);
-  }
   void* mem = map_fd(table_fd_.get(), sizeof(RegionTable), true);
   if (mem == nullptr) throw context_error("mmap(region table)", errno);
   table_ = new (mem) RegionTable();
@@ -137,11 +134,10 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
   if ((access & ~static_cast<uint32_t>(kAccessAll)) != 0) {
     throw context_error("allocate", EINVAL, "unknown access bits");
   }
-  Fd memfd(::memfd_create("rdmakit-shm-region", MFD_CLOEXEC));
-  if (!memfd) throw context_error("memfd_create", errno);
   const size_t mapped = page_round(length == 0 ? 1 : length);
-  if (::ftruncate(memfd.get(), static_cast<off_t>(mapped)) != 0) {
-    throw context_error("ftruncate(region)", errno,
+  Fd memfd = create_sealed_memfd("rdmakit-shm-region", mapped);
+  if (!memfd) {
+    throw context_error("memfd_create(region)", errno,
                         "allocating " + std::to_string(length) + " bytes");
   }
   void* mem = map_fd(memfd.get(), mapped, true, true);
@@ -277,10 +273,13 @@ void ShmContext::serve_request(Link& link) {
       }
     }
   }
+  // Never blocks: one peer that does not read its replies must not stall
+  // this thread, which serves every peer of the context. A requester waits
+  // for each reply, so a full socket means a misbehaving peer: it is dropped.
   const int fd = region_fd.get();
   if (send_with_fds(link.serve_socket.get(), &reply, sizeof reply,
-                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>()) !=
-      0) {
+                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>(),
+                    true) != 0) {
     mark_gone(link);
   }
 }

@@ -12,7 +12,8 @@ inline constexpr uint32_t kRegionIndexBits = 12;
 inline constexpr uint32_t kRegionTableSize = 1u << kRegionIndexBits;
 inline constexpr uint32_t kRegionIndexMask = kRegionTableSize - 1;
 inline constexpr uint32_t kLayoutMagic = 0x52444b53;  // "RDKS"
-inline constexpr uint16_t kProtocolVersion = 2;
+// 3: every shared memfd is sealed against resizing, and receivers check it.
+inline constexpr uint16_t kProtocolVersion = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "cross-process atomics must not fall back to locks");

@@ -80,6 +80,25 @@ Error setup_error(const char* what, const std::string& peer, int err,
 
 // ---------------------------------------------------------------- handshake
 
+LocalEnd& LocalEnd::operator=(LocalEnd&& other) noexcept {
+  if (this != &other) {
+    if (block != nullptr) ::munmap(block, block_bytes);
+    block_fd = std::move(other.block_fd);
+    block = std::exchange(other.block, nullptr);
+    block_bytes = other.block_bytes;
+    ring_size = other.ring_size;
+    peer_request_end = std::move(other.peer_request_end);
+    link = std::move(other.link);
+    qp_num = other.qp_num;
+    srq = other.srq;
+  }
+  return *this;
+}
+
+LocalEnd::~LocalEnd() {
+  if (block != nullptr) ::munmap(block, block_bytes);
+}
+
 LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   if (options.send_cq == nullptr || options.recv_cq == nullptr) {
     throw setup_error("create_qp", "", EINVAL, "send_cq and recv_cq are required");
@@ -99,15 +118,13 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   local.qp_num = context.next_qp_num();
   const uint32_t ring = std::bit_ceil(options.max_recv_wr);
   local.block_bytes = InboundBlock::bytes_for(ring);
-  local.block_fd.reset(::memfd_create("rdmakit-shm-qp", MFD_CLOEXEC));
+  local.block_fd = create_sealed_memfd("rdmakit-shm-qp", local.block_bytes);
   if (!local.block_fd) throw setup_error("memfd_create(qp)", "", errno);
-  if (::ftruncate(local.block_fd.get(), static_cast<off_t>(local.block_bytes)) != 0) {
-    throw setup_error("ftruncate(qp)", "", errno);
-  }
   void* mem = map_fd(local.block_fd.get(), local.block_bytes, true);
   if (mem == nullptr) throw setup_error("mmap(qp)", "", errno);
   local.block = new (mem) InboundBlock();
   local.block->ring_size = ring;
+  local.ring_size = ring;
   for (uint32_t i = 0; i < ring; ++i) {
     RecvSlot* slot = new (&local.block->slots()[i]) RecvSlot();
     // With an SRQ the ring only carries completions: every slot starts as a
@@ -130,7 +147,7 @@ int send_hello(int sock, ShmContext& context, const LocalEnd& local,
                bool accepted) {
   Hello hello;
   hello.pid = static_cast<uint32_t>(context.pid());
-  hello.ring_size = local.block->ring_size;
+  hello.ring_size = local.ring_size;
   hello.qp_num = local.qp_num;
   hello.accepted = accepted ? 1 : 0;
   hello.private_len = static_cast<uint16_t>(private_data.size());
@@ -227,6 +244,15 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
       peer_(std::move(peer)),
       send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
       recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
+  try {
+    set_up();
+  } catch (...) {
+    unmap_peer();
+    throw;
+  }
+}
+
+void ShmQueuePair::set_up() {
   srq_ = local_.srq;
   peer_gone_ = &local_.link->peer_gone;
   // Our process must be registered too: the peer's barrier reaches only
@@ -235,10 +261,20 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   auto fail = [&](const char* what, int err) {
     return setup_error(what, peer_.address, err);
   };
+  peer_block_bytes_ = InboundBlock::bytes_for(peer_.ring_size);
+  if (peer_.srq_ring_size != 0)
+    peer_srq_bytes_ = SrqBlock::bytes_for(peer_.srq_ring_size);
+  // Memory the peer could shrink under our mappings would fault (SIGBUS).
+  if (!sealed_and_sized(peer_.table_fd.get(), sizeof(RegionTable)) ||
+      !sealed_and_sized(peer_.block_fd.get(), peer_block_bytes_) ||
+      (peer_srq_bytes_ != 0 && !sealed_and_sized(peer_.srq_fd.get(), peer_srq_bytes_))) {
+    throw setup_error("handshake", peer_.address, EPROTO,
+                      "the peer's shared memory is not sealed against resizing or is "
+                      "smaller than announced");
+  }
   void* table = map_fd(peer_.table_fd.get(), sizeof(RegionTable), false);
   if (table == nullptr) throw fail("mmap(peer region table)", errno);
   peer_table_ = static_cast<const RegionTable*>(table);
-  peer_block_bytes_ = InboundBlock::bytes_for(peer_.ring_size);
   void* block = map_fd(peer_.block_fd.get(), peer_block_bytes_, true);
   if (block == nullptr) throw fail("mmap(peer queue)", errno);
   peer_block_ = static_cast<InboundBlock*>(block);
@@ -247,7 +283,6 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
     throw fail("handshake", EPROTO);
   }
   if (peer_.srq_ring_size != 0) {
-    peer_srq_bytes_ = SrqBlock::bytes_for(peer_.srq_ring_size);
     void* srq = map_fd(peer_.srq_fd.get(), peer_srq_bytes_, true);
     if (srq == nullptr) throw fail("mmap(peer shared receive queue)", errno);
     peer_srq_ = static_cast<SrqBlock*>(srq);
@@ -266,23 +301,40 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   // An inline SEND past max_inline is the general path's kInlineTooLarge.
   small_send_max_ = std::min<uint32_t>(kSlotInline, options_.max_inline);
   inline_data_.resize(sq_size * options_.max_inline);
-  rq_.resize(local_.block->ring_size);
-  rq_mask_ = local_.block->ring_size - 1;
+  rq_.resize(local_.ring_size);
+  rq_mask_ = local_.ring_size - 1;
   mappings_ = std::make_unique<Mapping[]>(kRegionTableSize);
 
   local_.link->send_cq_wake.reset(::fcntl(send_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
   local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
-  send_cq_->attach_send(this, options_.max_send_wr);
+  // The service thread watches the link from here on; a failure below
+  // removes it again, and no CQ keeps a pointer to a QP that never was.
+  context_.add_link(local_.link);
   try {
-    recv_cq_->attach_recv(this, options_.max_recv_wr);
+    send_cq_->attach_send(this, options_.max_send_wr);
+    try {
+      recv_cq_->attach_recv(this, options_.max_recv_wr);
+    } catch (...) {
+      send_cq_->detach(this);
+      throw;
+    }
   } catch (...) {
-    send_cq_->detach(this);
+    context_.remove_link(local_.link);
     throw;
   }
   // Our copy of the peer's request end must close, so the peer's death (or
   // ours) is seen as a hang-up by the other side's service thread.
   local_.peer_request_end.reset();
-  context_.add_link(local_.link);
+}
+
+void ShmQueuePair::unmap_peer() noexcept {
+  if (peer_table_ != nullptr)
+    ::munmap(const_cast<RegionTable*>(peer_table_), sizeof(RegionTable));
+  if (peer_block_ != nullptr) ::munmap(peer_block_, peer_block_bytes_);
+  if (peer_srq_ != nullptr) ::munmap(peer_srq_, peer_srq_bytes_);
+  peer_table_ = nullptr;
+  peer_block_ = nullptr;
+  peer_srq_ = nullptr;
 }
 
 ShmQueuePair::~ShmQueuePair() {
@@ -295,10 +347,8 @@ ShmQueuePair::~ShmQueuePair() {
   for (uint32_t i = 0; i < kRegionTableSize; ++i) {
     if (mappings_[i].base != nullptr) ::munmap(mappings_[i].base, mappings_[i].bytes);
   }
-  ::munmap(const_cast<RegionTable*>(peer_table_), sizeof(RegionTable));
-  ::munmap(peer_block_, peer_block_bytes_);
-  if (peer_srq_ != nullptr) ::munmap(peer_srq_, peer_srq_bytes_);
-  ::munmap(local_.block, local_.block_bytes);
+  unmap_peer();
+  // local_ unmaps our own block.
 }
 
 // ---------------------------------------------------------------- posting
@@ -400,6 +450,9 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   if (queued) {
     if (lock.owns_lock()) lock.unlock();
     progress();
+    // Queued behind an RNR wait from a thread that may not own the CQ: a
+    // sleeping owner must re-arm, which sets the retry timer.
+    if (options_.thread_safe) send_cq_->wake_if_armed_after_queueing();
   }
   return result;
 }
@@ -473,17 +526,23 @@ void ShmQueuePair::progress() noexcept {
 }
 
 void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcept {
-  const auto guard = send_cq_->producer_guard();
-  Completion& c = send_cq_->push(this, sq_executed_ + 1);
-  c.wr_id = wr.wr_id;
-  c.byte_len = wr.length;
-  c.imm = 0;
-  c.qp_num = qp_num();
-  c.opcode = wr.opcode;
-  c.status = status;
-  c.flags = 0;
-  c.reserved = 0;
-  c.vendor_err = 0;
+  bool locked;
+  {
+    const auto guard = send_cq_->producer_guard();
+    locked = guard.locked();
+    Completion& c = send_cq_->push(this, sq_executed_ + 1);
+    c.wr_id = wr.wr_id;
+    c.byte_len = wr.length;
+    c.imm = 0;
+    c.qp_num = qp_num();
+    c.opcode = wr.opcode;
+    c.status = status;
+    c.flags = 0;
+    c.reserved = 0;
+    c.vendor_err = 0;
+  }
+  // Several producers: this may not be the owner's thread.
+  if (locked) send_cq_->wake_if_armed();
 }
 
 void ShmQueuePair::enter_error() noexcept {
@@ -544,8 +603,7 @@ void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
   }
   std::atomic_ref<uint64_t>(slot.srq_entry).store(0, std::memory_order_relaxed);
   // Renew the credit: this slot carries completion rq_polled_ + ring next.
-  slot.post_seq.store(rq_polled_ + 1 + local_.block->ring_size,
-                      std::memory_order_release);
+  slot.post_seq.store(rq_polled_ + 1 + local_.ring_size, std::memory_order_release);
 }
 
 uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
@@ -643,7 +701,9 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
       return target;
     }
     const size_t bytes = view.length == 0 ? 1 : view.length;
-    void* base = map_fd(fd[0].get(), bytes, reply.writable != 0, true);
+    void* base = sealed_and_sized(fd[0].get(), bytes)
+                     ? map_fd(fd[0].get(), bytes, reply.writable != 0, true)
+                     : nullptr;
     if (base == nullptr) {
       target.status = Status::kRemoteOperationError;
       return target;
@@ -652,6 +712,13 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
     m.writable = reply.writable != 0;
     m.base = static_cast<std::byte*>(base);
     m.bytes = bytes;
+    m.region_addr = view.addr;
+  }
+  // The live entry passed; the mapping must contain the range too.
+  if (addr < m.region_addr || length > m.bytes ||
+      addr - m.region_addr > m.bytes - length) {
+    target.status = Status::kRemoteAccessError;
+    return target;
   }
   if (want_write && !m.writable) {
     // Writable by the owner's grant (e.g. a RECV buffer) but mapped
@@ -659,7 +726,7 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
     target.user_addr = addr;
     return target;
   }
-  target.mapped = m.base + (addr - view.addr);
+  target.mapped = m.base + (addr - m.region_addr);
   target.writable = m.writable;
   return target;
 }

@@ -20,10 +20,22 @@ class ShmContext;
 class ShmSrq;
 
 // What one side prepares before the handshake.
+// Owns the mapping of its block: a connect or accept that fails after
+// preparing it leaves nothing mapped.
 struct LocalEnd {
+  LocalEnd() = default;
+  LocalEnd(LocalEnd&& other) noexcept { *this = std::move(other); }
+  LocalEnd& operator=(LocalEnd&& other) noexcept;
+  LocalEnd(const LocalEnd&) = delete;
+  LocalEnd& operator=(const LocalEnd&) = delete;
+  ~LocalEnd();
+
   Fd block_fd;
   InboundBlock* block = nullptr;
   size_t block_bytes = 0;
+  // Our own copy: the block is writable by the peer, so sizes are never read
+  // back from it.
+  uint32_t ring_size = 0;
   Fd peer_request_end;  // handed to the peer
   std::shared_ptr<Link> link;
   uint32_t qp_num = 0;
@@ -150,6 +162,9 @@ class ShmQueuePair final : public QueuePair {
   void publish_recv(RecvSlot& slot, const SendWr& wr, Opcode recv_opcode,
                     Status recv_status) noexcept;
   bool try_small_send(const SendWr& wr) noexcept;
+  // The constructor's work; on a throw the constructor unmaps what it mapped.
+  void set_up();
+  void unmap_peer() noexcept;
   // Completes the peer's RECV in slot (its fields are filled).
   void publish(RecvSlot& slot) noexcept;
   Exec deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payload,
@@ -222,11 +237,15 @@ class ShmQueuePair final : public QueuePair {
   uint64_t peer_consumed_ = 0;  // RECVs of the peer we consumed
 
   // Peer mappings by region index, filled on first access to each region.
+  // What we mapped is all we trust: the peer can rewrite its table entry
+  // under a live key, so every access is bounded by the address and length
+  // the region had when we mapped it, and by the mapping itself.
   struct Mapping {
     uint32_t key = 0;
     bool writable = false;
     std::byte* base = nullptr;
     size_t bytes = 0;
+    uint64_t region_addr = 0;  // the owner's address of base[0]
   };
   std::unique_ptr<Mapping[]> mappings_;
 

@@ -18,11 +18,8 @@ ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
   const uint32_t ring = std::bit_ceil(2 * options.max_wr);
   mask_ = ring - 1;
   block_bytes_ = SrqBlock::bytes_for(ring);
-  fd_.reset(::memfd_create("rdmakit-shm-srq", MFD_CLOEXEC));
+  fd_ = create_sealed_memfd("rdmakit-shm-srq", block_bytes_);
   if (!fd_) throw Error("create_srq", "shm", "", errno, "memfd_create");
-  if (::ftruncate(fd_.get(), static_cast<off_t>(block_bytes_)) != 0) {
-    throw Error("create_srq", "shm", "", errno, "ftruncate");
-  }
   void* mem = map_fd(fd_.get(), block_bytes_, true);
   if (mem == nullptr) throw Error("create_srq", "shm", "", errno, "mmap");
   block_ = new (mem) SrqBlock();

@@ -21,7 +21,7 @@ class ShmSrq final : public SharedReceiveQueue {
 
   ShmContext& context() const noexcept { return context_; }
   int block_fd() const noexcept { return fd_.get(); }
-  uint32_t ring_size() const noexcept { return block_->ring_size; }
+  uint32_t ring_size() const noexcept { return static_cast<uint32_t>(mask_ + 1); }
 
   // Completion side (the thread polling the attached QPs' recv CQs).
   // A claimed-entry value (entry + 1) read from a peer-writable slot.

@@ -1,8 +1,10 @@
 #include "providers/shm/unix_socket.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,7 +63,8 @@ ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t
   return got;
 }
 
-int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds) {
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds,
+                  bool dont_wait) {
   constexpr size_t kMaxFds = 8;
   if (fds.size() > kMaxFds) return -EINVAL;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
@@ -80,10 +83,29 @@ int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fd
   }
   ssize_t sent;
   do {
-    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
   } while (sent < 0 && errno == EINTR);
   if (sent < 0) return -errno;
   return sent == static_cast<ssize_t>(len) ? 0 : -EMSGSIZE;
+}
+
+Fd create_sealed_memfd(const char* name, size_t bytes) {
+  Fd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return fd;
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    fd.reset();
+    errno = err;
+  }
+  return fd;
+}
+
+bool sealed_and_sized(int fd, size_t bytes) {
+  struct stat st {};
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_SHRINK) != 0 && ::fstat(fd, &st) == 0 &&
+         st.st_size >= 0 && static_cast<size_t>(st.st_size) >= bytes;
 }
 
 void* map_fd(int fd, size_t length, bool writable, bool populate) {

@@ -37,8 +37,18 @@ std::string abstract_name(uint16_t port);
 // *nfds says how many.
 ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds,
                       std::chrono::milliseconds timeout);
-// Returns 0 or -errno.
-int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds);
+// Returns 0 or -errno. dont_wait: -EAGAIN instead of blocking on a full socket.
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds,
+                  bool dont_wait = false);
+
+// A memfd of `bytes`, sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW,
+// F_SEAL_SEAL): every memfd we hand a peer is one, so a peer holding it
+// cannot truncate it under our mappings (a SIGBUS on our next access).
+// Returns an empty Fd on failure (errno set).
+Fd create_sealed_memfd(const char* name, size_t bytes);
+// A descriptor a peer handed us is a memfd sealed against shrinking and at
+// least `bytes` long: mapping it cannot fault past its end later.
+bool sealed_and_sized(int fd, size_t bytes);
 
 // mmap of a whole descriptor; nullptr on failure (errno set). populate:
 // fault every page in now (MAP_POPULATE), as registering memory with a NIC

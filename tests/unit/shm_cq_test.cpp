@@ -1,0 +1,114 @@
+// shm completion queue: what a destroyed QP leaves behind, and wake-ups of a
+// sleeping owner by producers on other threads.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "rdmakit/rdmakit.hpp"
+
+namespace rdmakit::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Context> open_shm() {
+  ContextOptions options;
+  options.provider = ProviderKind::kShm;
+  return Context::open(options);
+}
+
+struct Pair {
+  std::unique_ptr<QueuePair> a, b;
+};
+
+Pair connect_pair(Context& ctx, QpOptions a_options, QpOptions b_options) {
+  auto listener = ctx.listen("127.0.0.1:0");
+  auto accepted =
+      std::async(std::launch::async, [&] { return listener->accept(b_options, 10s); });
+  Pair p;
+  p.a = ctx.connect("127.0.0.1:" + std::to_string(listener->port()), a_options);
+  p.b = accepted.get();
+  return p;
+}
+
+SendWr write_wr(uint64_t wr_id, MemoryRegion& mem) {
+  return SendWr{.wr_id = wr_id,
+                .opcode = Opcode::kWrite,
+                .flags = kSignaled,
+                .length = 8,
+                .local_addr = mem.data(),
+                .lkey = mem.lkey(),
+                .remote_addr = reinterpret_cast<uint64_t>(mem.data() + 64),
+                .rkey = mem.rkey()};
+}
+
+// A QP destroyed with unpolled completions gives its CQ capacity back, so its
+// completions must leave the CQ with it (dropped, as a NIC cleans its CQ at
+// ibv_destroy_qp): they were kept, the next QP's completions overran the
+// ring, and poll returned those twice while the first QP's were lost.
+TEST(ShmCqTest, DestroyedQpTakesItsCompletionsAlong) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq({.capacity = 16});
+  auto other = ctx->create_cq();
+  auto mem = ctx->allocate(4096, kAccessAll);
+  const QpOptions on_cq{
+      .send_cq = cq.get(), .recv_cq = other.get(), .max_send_wr = 16, .max_recv_wr = 4};
+  const QpOptions peer{
+      .send_cq = other.get(), .recv_cq = other.get(), .max_send_wr = 4, .max_recv_wr = 4};
+  {
+    Pair first = connect_pair(*ctx, on_cq, peer);
+    for (uint64_t i = 0; i < 16; ++i) {
+      ASSERT_TRUE(first.a->post_send(write_wr(1000 + i, *mem)).ok());
+    }
+  }  // destroyed with 16 completions unpolled
+  Pair second = connect_pair(*ctx, on_cq, peer);
+  for (uint64_t i = 0; i < 16; ++i) {
+    ASSERT_TRUE(second.a->post_send(write_wr(2000 + i, *mem)).ok());
+  }
+  Completion out[64];
+  const int n = cq->poll(out);
+  ASSERT_EQ(n, 16);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(out[i].wr_id, 2000u + i);
+    EXPECT_EQ(out[i].status, Status::kSuccess);
+  }
+  EXPECT_EQ(cq->poll(out), 0);
+}
+
+// A thread-safe QP posting from another thread wakes an owner asleep in
+// wait(): the completion's producer writes the CQ's eventfd when it is armed
+// (wait() slept out its whole timeout).
+TEST(ShmCqTest, ProducerOnAnotherThreadWakesTheSleepingOwner) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto other = ctx->create_cq();
+  auto mem = ctx->allocate(4096, kAccessAll);
+  QpOptions posting{
+      .send_cq = cq.get(), .recv_cq = cq.get(), .max_send_wr = 16, .max_recv_wr = 4};
+  posting.thread_safe = true;
+  Pair p = connect_pair(*ctx, posting,
+                        {.send_cq = other.get(),
+                         .recv_cq = other.get(),
+                         .max_send_wr = 4,
+                         .max_recv_wr = 4});
+  for (int round = 0; round < 3; ++round) {
+    std::thread poster([&] {
+      std::this_thread::sleep_for(100ms);
+      EXPECT_TRUE(p.a->post_send(write_wr(7 + round, *mem)).ok());
+    });
+    Completion out[4];
+    const auto t0 = std::chrono::steady_clock::now();
+    const int n = cq->wait(out, 5s);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    poster.join();
+    ASSERT_EQ(n, 1);
+    EXPECT_EQ(out[0].wr_id, 7u + round);
+    EXPECT_LT(waited, 2s) << "the owner slept through the completion";
+  }
+}
+
+}  // namespace
+}  // namespace rdmakit::shm

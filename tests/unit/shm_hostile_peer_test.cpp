@@ -1,0 +1,279 @@
+// A peer process shares memory with us: its region table, its receive ring,
+// the memfds it hands over. Whatever it writes there must not direct our
+// writes outside what we mapped, resize what we mapped, or stall the service
+// thread that serves every peer of the context. Each case plays the hostile
+// peer in-process through the provider's internals.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "providers/shm/shm_context.hpp"
+#include "providers/shm/shm_queue_pair.hpp"
+#include "rdmakit/rdmakit.hpp"
+
+namespace rdmakit::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Context> open_shm() {
+  ContextOptions options;
+  options.provider = ProviderKind::kShm;
+  return Context::open(options);
+}
+
+struct Pair {
+  std::unique_ptr<QueuePair> a, b;
+};
+
+Pair connect_pair(Context& a, Context& b, QpOptions a_options, QpOptions b_options) {
+  auto listener = b.listen("127.0.0.1:0");
+  auto accepted =
+      std::async(std::launch::async, [&] { return listener->accept(b_options, 10s); });
+  Pair p;
+  p.a = a.connect("127.0.0.1:" + std::to_string(listener->port()), a_options);
+  p.b = accepted.get();
+  return p;
+}
+
+SendWr write_wr(uint64_t wr_id, MemoryRegion& local, uint64_t remote_addr,
+                uint32_t rkey) {
+  return SendWr{.wr_id = wr_id,
+                .opcode = Opcode::kWrite,
+                .flags = kSignaled,
+                .length = 8,
+                .local_addr = local.data(),
+                .lkey = local.lkey(),
+                .remote_addr = remote_addr,
+                .rkey = rkey};
+}
+
+// A raw shm listener on an abstract socket, for a peer that handshakes by hand.
+struct RawListener {
+  explicit RawListener(uint16_t p) : port(p), fd(::socket(AF_UNIX, SOCK_SEQPACKET, 0)) {
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    const std::string name = abstract_name(port);
+    std::memcpy(sa.sun_path, name.data(), name.size());
+    ok = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa),
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) ==
+             0 &&
+         ::listen(fd.get(), 4) == 0;
+  }
+  uint16_t port;
+  Fd fd;
+  bool ok = false;
+};
+
+uint16_t scratch_port() { return static_cast<uint16_t>(40000 + ::getpid() % 20000); }
+
+// The peer rewrites the address and length of a live entry of its region
+// table after we mapped the region: our WRITE must stay inside our mapping.
+// (It landed anywhere in our process: the offset came from the live entry.)
+TEST(ShmHostilePeerTest, RewrittenTableEntryCannotRedirectAWrite) {
+  auto victim = open_shm();
+  auto peer = open_shm();
+  auto victim_cq = victim->create_cq();
+  auto peer_cq = peer->create_cq();
+  auto src = victim->allocate(4096, kAccessAll);
+  auto target = peer->allocate(4096, kAccessRemoteWrite | kAccessLocalWrite);
+  Pair p = connect_pair(*victim, *peer,
+                        {.send_cq = victim_cq.get(), .recv_cq = victim_cq.get()},
+                        {.send_cq = peer_cq.get(), .recv_cq = peer_cq.get()});
+  std::memcpy(src->data(), "PWNED!!!", 8);
+  const auto target_addr = reinterpret_cast<uint64_t>(target->data());
+  ASSERT_TRUE(p.a->post_send(write_wr(1, *src, target_addr, target->rkey())).ok());
+  Completion c[4];
+  ASSERT_EQ(victim_cq->poll(c), 1);
+  ASSERT_EQ(c[0].status, Status::kSuccess);  // the victim has mapped the region now
+
+  char* secret = static_cast<char*>(std::malloc(16));
+  std::strcpy(secret, "victim-heap");
+  auto& entry =
+      dynamic_cast<ShmContext&>(*peer).table().entries[target->rkey() & kRegionIndexMask];
+  entry.addr.store(0);
+  entry.length.store(~uint64_t{0});
+  // Any address now passes the live entry's range check.
+  ASSERT_TRUE(p.a->post_send(write_wr(2, *src, reinterpret_cast<uint64_t>(secret),
+                                      target->rkey()))
+                  .ok());
+  ASSERT_EQ(victim_cq->poll(c), 1);
+  EXPECT_EQ(c[0].status, Status::kRemoteAccessError) << status_name(c[0].status);
+  EXPECT_STREQ(secret, "victim-heap");
+  std::free(secret);
+}
+
+// A hostile acceptor rewrites the ring size in the connector's own receive
+// block during the handshake; the connector must keep using its own size
+// (it indexed past its 4-slot block: ASan reported the write).
+TEST(ShmHostilePeerTest, RingSizeIsNotReadBackFromSharedMemory) {
+  auto victim = open_shm();
+  auto evil = open_shm();
+  auto victim_cq = victim->create_cq();
+  auto evil_cq = evil->create_cq();
+  RawListener raw(scratch_port());
+  ASSERT_TRUE(raw.ok);
+  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
+  auto fake = std::async(std::launch::async, [&] {
+    Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
+    const size_t bytes = InboundBlock::bytes_for(victim_end.ring_size);
+    auto* block =
+        static_cast<InboundBlock*>(map_fd(victim_end.block_fd.get(), bytes, true));
+    block->ring_size = 65536;
+    LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
+    send_hello(conn.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options, {},
+               true);
+    std::this_thread::sleep_for(100ms);
+    ::munmap(block, bytes);
+  });
+  auto qp = victim->connect("127.0.0.1:" + std::to_string(raw.port),
+                            {.send_cq = victim_cq.get(),
+                             .recv_cq = victim_cq.get(),
+                             .max_send_wr = 4,
+                             .max_recv_wr = 4});
+  fake.get();
+  auto mem = victim->allocate(4096, kAccessAll);
+  int posted = 0;
+  Completion c[8];
+  for (int i = 0; i < 64; ++i) {
+    const PostResult r = qp->post_recv(RecvWr{
+        .wr_id = uint64_t(i), .addr = mem->data(), .length = 64, .lkey = mem->lkey()});
+    if (r.ok()) ++posted;
+    victim_cq->poll(c);  // the peer is gone: RECVs flush, slots free up
+  }
+  EXPECT_GT(posted, 4);  // the queue keeps working within its own 4 slots
+}
+
+// Every memfd we share is sealed against resizing: a peer holding the
+// descriptor of our receive ring cannot truncate it under our mapping
+// (our next post_recv died with SIGBUS).
+TEST(ShmHostilePeerTest, SharedMemfdsCannotBeResized) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto mem = ctx->allocate(4096, kAccessAll);
+  auto srq = ctx->create_srq({.max_wr = 4});
+  Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
+                        {.send_cq = cq.get(), .recv_cq = cq.get()});
+  int memfds = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || link.find("memfd:rdmakit-shm") == std::string::npos) continue;
+    const int fd = std::stoi(e.path().filename().string());
+    ++memfds;
+    EXPECT_NE(::ftruncate(fd, 0), 0) << link << " could be truncated";
+    EXPECT_EQ(errno, EPERM) << link;
+  }
+  EXPECT_GE(memfds, 5);  // region table, region, SRQ, two receive blocks
+  EXPECT_TRUE(
+      p.a->post_recv(
+             RecvWr{.wr_id = 1, .addr = mem->data(), .length = 64, .lkey = mem->lkey()})
+          .ok());
+}
+
+// A peer whose receive block is not sealed (it could shrink it under our
+// mapping) is refused at the handshake, naming the reason.
+TEST(ShmHostilePeerTest, UnsealedPeerMemoryIsRefused) {
+  auto victim = open_shm();
+  auto evil = open_shm();
+  auto victim_cq = victim->create_cq();
+  auto evil_cq = evil->create_cq();
+  RawListener raw(static_cast<uint16_t>(scratch_port() + 1));
+  ASSERT_TRUE(raw.ok);
+  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
+  auto fake = std::async(std::launch::async, [&] {
+    Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
+    LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
+    // Same content, in a memfd without seals.
+    Fd unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
+    if (::ftruncate(unsealed.get(), static_cast<off_t>(local.block_bytes)) != 0) return;
+    void* copy = map_fd(unsealed.get(), local.block_bytes, true);
+    std::memcpy(copy, local.block, local.block_bytes);
+    ::munmap(copy, local.block_bytes);
+    local.block_fd = std::move(unsealed);
+    send_hello(conn.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options, {},
+               true);
+    std::this_thread::sleep_for(100ms);
+  });
+  try {
+    victim->connect("127.0.0.1:" + std::to_string(raw.port),
+                    {.send_cq = victim_cq.get(), .recv_cq = victim_cq.get()});
+    ADD_FAILURE() << "connected to a peer whose shared memory is not sealed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), EPROTO) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sealed"), std::string::npos) << e.what();
+  }
+  fake.get();
+}
+
+// A peer that floods our service thread with requests and never reads the
+// replies is dropped; the thread goes on serving other peers (it blocked in
+// sendmsg, and a well-behaved peer's first WRITE failed after its timeout).
+TEST(ShmHostilePeerTest, PeerNotReadingRepliesDoesNotStallTheServiceThread) {
+  auto victim = open_shm();
+  auto evil = open_shm();
+  auto good = open_shm();
+  auto victim_cq = victim->create_cq();
+  auto evil_cq = evil->create_cq();
+  auto good_cq = good->create_cq();
+  auto victim_mem = victim->allocate(4096, kAccessAll);
+  auto good_mem = good->allocate(4096, kAccessAll);
+  auto listener = victim->listen("127.0.0.1:0");
+  QpOptions victim_options{.send_cq = victim_cq.get(), .recv_cq = victim_cq.get()};
+  auto first = std::async(std::launch::async,
+                          [&] { return listener->accept(victim_options, 10s); });
+  Fd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const std::string name = abstract_name(listener->port());
+  std::memcpy(sa.sun_path, name.data(), name.size());
+  ASSERT_EQ(
+      ::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa),
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
+      0);
+  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
+  LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
+  ASSERT_EQ(send_hello(sock.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options,
+                       {}, true),
+            0);
+  PeerEnd victim_end = receive_hello(sock.get(), "connect", "victim", 5s);
+  auto victim_qp1 = first.get();
+  const Request request{RequestOp::kGetRegion, 12345, 0, 0, 0};
+  const auto flood_end = std::chrono::steady_clock::now() + 300ms;
+  while (std::chrono::steady_clock::now() < flood_end) {
+    if (::send(victim_end.request_socket.get(), &request, sizeof request, MSG_DONTWAIT) !=
+        static_cast<ssize_t>(sizeof request)) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  auto second = std::async(std::launch::async,
+                           [&] { return listener->accept(victim_options, 10s); });
+  QpOptions good_options{.send_cq = good_cq.get(), .recv_cq = good_cq.get()};
+  good_options.peer_timeout = 2000ms;
+  auto good_qp =
+      good->connect("127.0.0.1:" + std::to_string(listener->port()), good_options);
+  auto victim_qp2 = second.get();
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(good_qp
+                  ->post_send(write_wr(1, *good_mem,
+                                       reinterpret_cast<uint64_t>(victim_mem->data()),
+                                       victim_mem->rkey()))
+                  .ok());
+  Completion c[2];
+  ASSERT_EQ(good_cq->poll(c), 1);
+  EXPECT_EQ(c[0].status, Status::kSuccess) << status_name(c[0].status);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+}  // namespace
+}  // namespace rdmakit::shm
