@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "rdmakit/rdmakit.hpp"
 
@@ -108,6 +111,42 @@ TEST(ShmCqTest, ProducerOnAnotherThreadWakesTheSleepingOwner) {
     EXPECT_EQ(out[0].wr_id, 7u + round);
     EXPECT_LT(waited, 2s) << "the owner slept through the completion";
   }
+}
+
+int shm_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("rdmakit-shm") != std::string::npos;
+  }
+  return n;
+}
+
+// A QP refused after the handshake (here: its depths exceed the CQ's
+// capacity) unmaps the peer's table and ring and its own ring (each refusal
+// left three mappings behind, about 130 KiB).
+TEST(ShmCqTest, RefusedQpLeavesNothingMapped) {
+  auto ctx = open_shm();
+  auto small = ctx->create_cq({.capacity = 8});
+  auto other = ctx->create_cq();
+  const QpOptions too_deep{.send_cq = small.get(),
+                           .recv_cq = small.get(),
+                           .max_send_wr = 64,
+                           .max_recv_wr = 64};
+  const QpOptions peer{
+      .send_cq = other.get(), .recv_cq = other.get(), .max_send_wr = 4, .max_recv_wr = 4};
+  auto listener = ctx->listen("127.0.0.1:0");
+  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
+  std::vector<std::unique_ptr<QueuePair>> accepted;
+  const int before = shm_mappings();
+  for (int i = 0; i < 10; ++i) {
+    auto peer_side =
+        std::async(std::launch::async, [&] { return listener->accept(peer, 10s); });
+    EXPECT_THROW(ctx->connect(address, too_deep), Error);
+    accepted.push_back(peer_side.get());
+  }
+  accepted.clear();
+  EXPECT_EQ(shm_mappings(), before);
 }
 
 }  // namespace
