@@ -149,5 +149,40 @@ TEST(ShmCqTest, RefusedQpLeavesNothingMapped) {
   EXPECT_EQ(shm_mappings(), before);
 }
 
+// SRQ entries that senders consumed for a QP destroyed before its receive
+// completions were polled go back to the SRQ (they held its capacity for
+// good: the next round's RECVs were refused).
+TEST(ShmCqTest, DestroyedSrqQpGivesBackItsEntries) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto mem = ctx->allocate(1 << 16, kAccessAll);
+  auto srq = ctx->create_srq({.max_wr = 4});
+  for (int round = 0; round < 3; ++round) {
+    QpOptions server{.send_cq = cq.get(), .recv_cq = cq.get()};
+    server.srq = srq.get();
+    Pair p = connect_pair(*ctx, {.send_cq = cq.get(), .recv_cq = cq.get()}, server);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(srq->post_recv(RecvWr{.wr_id = uint64_t(i),
+                                        .addr = mem->data() + 1024 * i,
+                                        .length = 1024,
+                                        .lkey = mem->lkey()})
+                      .ok())
+          << "round " << round << ", RECV " << i;
+    }
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(p.a->post_send(SendWr{.wr_id = 100u + i,
+                                        .opcode = Opcode::kSend,
+                                        .length = 64,
+                                        .local_addr = mem->data() + 8192,
+                                        .lkey = mem->lkey()})
+                      .ok());
+    }
+    p.b.reset();  // all four RECVs consumed, none polled
+    Completion out[16];
+    while (cq->poll(out) > 0) {
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rdmakit::shm

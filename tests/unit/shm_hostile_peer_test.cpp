@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -273,6 +274,61 @@ TEST(ShmHostilePeerTest, PeerNotReadingRepliesDoesNotStallTheServiceThread) {
   ASSERT_EQ(good_cq->poll(c), 1);
   EXPECT_EQ(c[0].status, Status::kSuccess) << status_name(c[0].status);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+// A sender forges a claim of an SRQ entry that is posted but that no sender
+// took from the ring: the RECV must not complete (it completed, then again
+// for the honest sender that took it, and the SRQ's accounting went past
+// its posted count, refusing every later RECV).
+TEST(ShmHostilePeerTest, ForgedSrqClaimCompletesNothing) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto mem = ctx->allocate(1 << 16, kAccessAll);
+  auto srq = ctx->create_srq({.max_wr = 2});
+  QpOptions server{.send_cq = cq.get(), .recv_cq = cq.get()};
+  server.srq = srq.get();
+  Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()}, server);
+  for (uint64_t id : {10, 11}) {
+    ASSERT_TRUE(srq->post_recv(RecvWr{.wr_id = id,
+                                      .addr = mem->data() + 1024 * id,
+                                      .length = 1024,
+                                      .lkey = mem->lkey()})
+                    .ok());
+  }
+  // The server QP's receive block: its slots start as SRQ credits 1, 2, ...
+  InboundBlock* block = nullptr;
+  size_t block_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || link.find("memfd:rdmakit-shm-qp") == std::string::npos) continue;
+    const int fd = std::stoi(e.path().filename().string());
+    struct stat st {};
+    ::fstat(fd, &st);
+    auto* b =
+        static_cast<InboundBlock*>(map_fd(fd, static_cast<size_t>(st.st_size), true));
+    if (b != nullptr && b->slots()[0].post_seq.load() == 1 &&
+        b->slots()[1].post_seq.load() == 2) {
+      block = b;
+      block_bytes = static_cast<size_t>(st.st_size);
+      break;
+    }
+    if (b != nullptr) ::munmap(b, static_cast<size_t>(st.st_size));
+  }
+  ASSERT_NE(block, nullptr);
+  RecvSlot& slot = block->slots()[0];
+  std::atomic_ref<uint64_t>(slot.srq_entry).store(0 + 1);  // entry 0: wr_id 10, unclaimed
+  slot.byte_len = 0;
+  slot.status = 0;
+  slot.opcode = static_cast<uint8_t>(Opcode::kRecv);
+  slot.data_inline = 0;
+  slot.done_seq.store(1);
+  Completion c[8];
+  ASSERT_EQ(cq->poll(c), 1);
+  EXPECT_NE(c[0].status, Status::kSuccess)
+      << "a forged claim completed RECV " << c[0].wr_id;
+  EXPECT_NE(c[0].wr_id, 10u);
+  ::munmap(block, block_bytes);
 }
 
 }  // namespace

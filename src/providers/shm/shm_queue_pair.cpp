@@ -344,6 +344,18 @@ ShmQueuePair::~ShmQueuePair() {
   context_.remove_link(local_.link);
   send_cq_->detach(this);
   recv_cq_->detach(this);
+  if (srq_ != nullptr) {
+    // SRQ entries senders claimed for completions nobody will poll now go
+    // back to the SRQ: they held its capacity for good.
+    for (uint64_t i = rq_polled_; i - rq_polled_ <= rq_mask_; ++i) {
+      RecvSlot& slot = local_.block->slots()[i & rq_mask_];
+      const uint64_t claimed =
+          std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_acquire);
+      if (claimed == 0) break;
+      const auto entry = static_cast<uint32_t>(claimed - 1);
+      if (srq_->valid_claim(claimed) && srq_->claim_is_live(entry)) srq_->release(entry);
+    }
+  }
   for (uint32_t i = 0; i < kRegionTableSize; ++i) {
     if (mappings_[i].base != nullptr) ::munmap(mappings_[i].base, mappings_[i].bytes);
   }
@@ -592,12 +604,14 @@ void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
   RecvSlot& slot = local_.block->slots()[index];
   const uint64_t claimed =
       std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_relaxed);
-  if (srq_->valid_claim(claimed)) {
+  if (srq_->valid_claim(claimed) &&
+      srq_->claim_is_live(static_cast<uint32_t>(claimed - 1))) {
     const auto entry = static_cast<uint32_t>(claimed - 1);
     fill_recv_completion(slot, srq_->posted(entry), c);
     srq_->release(entry);
   } else {
-    // A corrupt claim names no RECV of ours: nothing is copied anywhere.
+    // A corrupt claim names no RECV of ours that a sender took: nothing is
+    // copied anywhere, and no RECV completes twice.
     fill_recv_completion(slot, {0, nullptr, 0}, c);
     c->status = Status::kLocalQpOperationError;
   }
@@ -633,7 +647,8 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
     // The SRQ itself is never flushed. Only an entry a dead sender claimed
     // but never completed comes back, flushed on this QP.
     const uint64_t claimed = peer_gone() ? claimed_srq_entry() : 0;
-    if (srq_->valid_claim(claimed) && n < out.size()) {
+    if (srq_->valid_claim(claimed) &&
+        srq_->claim_is_live(static_cast<uint32_t>(claimed - 1)) && n < out.size()) {
       const auto entry = static_cast<uint32_t>(claimed - 1);
       out[n++] = flushed_recv(srq_->posted(entry).wr_id);
       srq_->release(entry);

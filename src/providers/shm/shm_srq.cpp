@@ -30,6 +30,7 @@ ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
   }
   posted_ = std::make_unique<PostedRecv[]>(ring);
   busy_ = std::make_unique<std::atomic<uint8_t>[]>(ring);
+  position_ = std::make_unique<uint64_t[]>(ring);
   for (uint32_t i = 0; i < ring; ++i) busy_[i].store(0, std::memory_order_relaxed);
 }
 
@@ -55,6 +56,7 @@ PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
     e.length = wr.length;
     e.lkey = wr.lkey;
     posted_[entry] = {wr.wr_id, static_cast<std::byte*>(wr.addr), wr.length};
+    position_[entry] = posted_count_;
     busy_[entry].store(1, std::memory_order_relaxed);
     SrqRingSlot& slot = block_->ring()[posted_count_ & mask_];
     slot.entry.store(entry, std::memory_order_relaxed);

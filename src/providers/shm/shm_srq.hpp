@@ -31,10 +31,20 @@ class ShmSrq final : public SharedReceiveQueue {
   // Our own record of each posted RECV: the shared entries are writable by
   // the senders, so where data goes is never read back from them.
   const PostedRecv& posted(uint32_t entry) const noexcept { return posted_[entry]; }
-  // The completion of entry was delivered: it may hold a new RECV.
+  // A sender's claim of entry, read from a slot it can write, names a RECV
+  // that is posted and was taken from the ring (claimed by some sender):
+  // a forged claim of an unclaimed RECV, or of one already completed, is
+  // refused instead of completing a RECV twice.
+  bool claim_is_live(uint32_t entry) const noexcept {
+    return busy_[entry].load(std::memory_order_acquire) != 0 &&
+           position_[entry] < block_->claimed.load(std::memory_order_acquire);
+  }
+  // The completion of entry was delivered (or its QP is gone): it may hold a
+  // new RECV. Counted once, whatever a peer wrote.
   void release(uint32_t entry) noexcept {
-    busy_[entry].store(0, std::memory_order_release);
-    released_.fetch_add(1, std::memory_order_release);
+    if (busy_[entry].exchange(0, std::memory_order_acq_rel) != 0) {
+      released_.fetch_add(1, std::memory_order_release);
+    }
   }
 
  protected:
@@ -48,6 +58,7 @@ class ShmSrq final : public SharedReceiveQueue {
   uint32_t mask_ = 0;
   std::unique_ptr<PostedRecv[]> posted_;          // by entry
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;  // by entry
+  std::unique_ptr<uint64_t[]> position_;          // by entry: its ring position
   uint32_t next_entry_ = 0;  // where the search for a free entry starts
   uint64_t posted_count_ = 0;
   std::atomic<uint64_t> released_{0};
