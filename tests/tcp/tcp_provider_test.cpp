@@ -3,7 +3,10 @@
 // queue pair over a socketpair to play a silent or hostile peer.
 #include "providers/tcp/tcp_provider.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -631,6 +634,313 @@ TEST(TcpProvider, SharedReceiveQueueRulesAndRnr) {
   // posted (the failed SEND consumed none).
   Completion none;
   EXPECT_EQ(cqb->poll({&none, 1}), 0);
+}
+
+// ---------------------------------------------------- review fixes (2026-11-23)
+
+// White-box helpers: play the raw peer of an adopted QP over a socketpair.
+void put_frame(int fd, WireOp op, uint64_t seq, uint32_t len = 0, uint64_t addr = 0,
+               uint32_t rkey = 0, uint64_t arg0 = 0) {
+  Header h;
+  h.op = op;
+  h.seq = seq;
+  h.length = len;
+  h.addr = addr;
+  h.rkey = rkey;
+  h.arg0 = arg0;
+  std::byte b[kHeaderSize];
+  encode_header(h, b);
+  ASSERT_EQ(::write(fd, b, sizeof b), static_cast<ssize_t>(sizeof b));
+}
+
+// Reads the QP's frames (heartbeats skipped, payloads dropped) until one
+// with op `until` arrives, EOF, or `t` passes. *eof says whether it closed.
+std::vector<Header> read_frames(int fd, std::chrono::milliseconds t, WireOp until,
+                                bool* eof = nullptr) {
+  std::vector<Header> out;
+  std::vector<std::byte> buf;
+  if (eof != nullptr) *eof = false;
+  const auto end = Clock::now() + t;
+  while (Clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10) <= 0) continue;
+    std::byte tmp[65536];
+    const ssize_t r = ::recv(fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+      if (eof != nullptr) *eof = true;
+      break;
+    }
+    if (r < 0) continue;
+    buf.insert(buf.end(), tmp, tmp + r);
+    while (buf.size() >= kHeaderSize) {
+      const auto h =
+          decode_header(std::span<const std::byte, kHeaderSize>(buf.data(), kHeaderSize));
+      if (!h) return out;
+      if (buf.size() < kHeaderSize + h->length) break;
+      buf.erase(buf.begin(),
+                buf.begin() + static_cast<ptrdiff_t>(kHeaderSize + h->length));
+      if (h->op == WireOp::kHeartbeat) continue;
+      out.push_back(*h);
+      if (h->op == until) return out;
+    }
+  }
+  return out;
+}
+
+SendWr bad_lkey_send(uint64_t id, const MemoryRegion& mr) {
+  SendWr w = wr(Opcode::kSend, id, mr, 16);
+  w.lkey = 12345;  // no such region: LOCAL_PROTECTION_ERROR, QP to error
+  return w;
+}
+
+// Destroying a QP whose final ACK flush fails (peer gone): the flush that
+// die() triggers must not push completions naming the dying QP (polling
+// them touched freed memory).
+TEST(TcpProviderReview, DestroyWithFailingFinalFlushPushesNothing) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(false);
+  auto cq = ctx.create_cq();
+  auto qp = ctx.adopt(sv[0], opts(cq.get()), Hello{16, 16, 100, 2000, 0}, "raw");
+  auto mr = ctx.allocate(4096, kAccessAll);
+  for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(qp->post_recv(RecvWr{i, mr->data(), 64, mr->lkey()}).ok());
+  }
+  put_frame(sv[1], WireOp::kSend, 0);
+  Completion c;
+  ASSERT_TRUE(wait_one(*cq, &c, 2s));  // the poll defers its ACK
+  EXPECT_EQ(c.status, Status::kSuccess);
+  ::close(sv[1]);  // the deferred ACK's send now fails with EPIPE
+  qp.reset();
+  Completion cs[8];
+  EXPECT_EQ(cq->poll(cs), 0) << "a destroyed QP pushed completions";
+  EXPECT_EQ(static_cast<TcpCq*>(cq.get())->overflows(), 0u);
+}
+
+// send_cq != recv_cq: a thread polling recv_cq drives the QP while it is
+// destroyed. A send completion pushed after send_cq was scanned would name
+// the freed QP (ASan catches it when polled). Timing-dependent: bounded to
+// 300 QPs or 2 s; it caught the bug in most runs before the fix.
+TEST(TcpProviderReview, DestroyWhileOtherCqIsPolled) {
+  TcpContext ctx(false);
+  auto scq = ctx.create_cq(), rcq = ctx.create_cq();
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    Completion c[4];
+    while (!stop.load(std::memory_order_relaxed)) rcq->poll(c);
+  });
+  const auto end = Clock::now() + 2s;
+  for (int it = 0; it < 300 && Clock::now() < end; ++it) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    QpOptions o = opts(scq.get());
+    o.recv_cq = rcq.get();
+    o.thread_safe = true;
+    auto qp = ctx.adopt(sv[0], o, Hello{16, 16, 100, 2000, 0}, "raw");
+    SendWr s;
+    s.wr_id = static_cast<uint64_t>(it);
+    s.opcode = Opcode::kSend;
+    s.flags = kSignaled;
+    ASSERT_TRUE(qp->post_send(s).ok());
+    put_frame(sv[1], WireOp::kAck, 0);
+    std::atomic<int> spin{(it * 37) % 4000};  // varies the race window
+    while (spin.fetch_sub(1, std::memory_order_relaxed) > 0) {
+    }
+    qp.reset();
+    Completion c[4];
+    const int n = scq->poll(c);  // completions of a destroyed QP stay pollable
+    for (int k = 0; k < n; ++k) EXPECT_EQ(c[k].wr_id, static_cast<uint64_t>(it));
+    ::close(sv[1]);
+  }
+  stop = true;
+  poller.join();
+  EXPECT_EQ(static_cast<TcpCq*>(scq.get())->overflows(), 0u);
+}
+
+// A destroyed QP's unpolled completions stay charged against the CQ until
+// polled: a new QP must not be admitted into room they still occupy.
+TEST(TcpProviderReview, OrphanedCompletionsKeepCqCapacity) {
+  TcpContext ctx(false);
+  CqOptions co;
+  co.capacity = 4;
+  auto cq = ctx.create_cq(co);
+  auto mr = ctx.allocate(4096, kAccessAll);
+  QpOptions o = opts(cq.get());
+  o.max_send_wr = 2;
+  o.max_recv_wr = 2;
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  auto q1 = ctx.adopt(sv[0], o, Hello{16, 16, 100, 2000, 0}, "raw");
+  for (uint64_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(q1->post_recv(RecvWr{100 + i, mr->data(), 64, mr->lkey()}).ok());
+  }
+  std::byte junk[kHeaderSize];
+  std::memset(junk, 0xee, sizeof junk);
+  ASSERT_EQ(::write(sv[1], junk, sizeof junk), static_cast<ssize_t>(sizeof junk));
+  EXPECT_EQ(cq->poll({}), 0);  // drives q1: protocol error, both RECVs flush
+  q1.reset();
+  ::close(sv[1]);
+  // 2 orphaned entries + 4 new depths > 4: refused until some are polled.
+  auto try_adopt = [&] {
+    int s2[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, s2), 0);
+    std::unique_ptr<QueuePair> q;
+    try {
+      q = ctx.adopt(s2[0], o, Hello{16, 16, 100, 2000, 0}, "raw");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.sys_errno(), EINVAL);
+      ::close(s2[0]);
+    }
+    ::close(s2[1]);
+    return q != nullptr;
+  };
+  EXPECT_FALSE(try_adopt()) << "a QP was admitted into room held by unpolled entries";
+  Completion c;
+  ASSERT_EQ(cq->poll({&c, 1}), 1);
+  EXPECT_EQ(c.wr_id, 100u);
+  EXPECT_FALSE(try_adopt());
+  ASSERT_EQ(cq->poll({&c, 1}), 1);
+  EXPECT_EQ(c.wr_id, 101u);
+  EXPECT_TRUE(try_adopt()) << "polled entries give their room back";
+  EXPECT_EQ(static_cast<TcpCq*>(cq.get())->overflows(), 0u);
+}
+
+// The target enters the error state while a SEND's payload is arriving: the
+// SEND must still be answered (NAK RETRY_EXCEEDED), not left unanswered or
+// implicitly acknowledged by a later NAK.
+TEST(TcpProviderReview, ErrorMidPayloadNaksThatRequest) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(false);  // driven by our polls only: deterministic
+  auto cq = ctx.create_cq();
+  auto qp = ctx.adopt(sv[0], opts(cq.get()), Hello{16, 16, 100, 2000, 0}, "raw");
+  auto mr = ctx.allocate(1 << 20, kAccessAll);
+  ASSERT_TRUE(qp->post_recv(RecvWr{7, mr->data(), 1 << 20, mr->lkey()}).ok());
+  const uint32_t len = 100000;
+  put_frame(sv[1], WireOp::kSend, 0, len);
+  std::vector<std::byte> pay(len, std::byte{0x5a});
+  ASSERT_EQ(::write(sv[1], pay.data(), 1000), 1000);
+  EXPECT_EQ(cq->poll({}), 0);  // header and the first 1000 bytes taken
+  ASSERT_TRUE(qp->post_send(bad_lkey_send(9, *mr)).ok());
+  Completion cs[4];
+  int n = 0;
+  for (int i = 0; i < 100 && n < 2; ++i) n += cq->poll({cs + n, size_t(4 - n)});
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(cs[0].status, Status::kLocalProtectionError);
+  EXPECT_EQ(cs[1].wr_id, 7u);
+  EXPECT_EQ(cs[1].status, Status::kWrFlushError);
+  const auto f = read_frames(sv[1], 1s, WireOp::kNak);
+  ASSERT_FALSE(f.empty()) << "the SEND whose RECV was flushed got no response";
+  EXPECT_EQ(f.back().op, WireOp::kNak);
+  EXPECT_EQ(f.back().seq, 0u);
+  EXPECT_EQ(f.back().status, Status::kRetryExceeded);
+  ::close(sv[1]);
+}
+
+// Frames left in the staging buffer when one receive pass's budget ran out
+// must be served at the progress thread's next fast tick, not at its
+// heartbeat timer (here 1.25 s away).
+TEST(TcpProviderReview, BudgetLeftoversAreServedPromptly) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  QpOptions o = opts(cq.get());
+  o.max_send_wr = o.max_recv_wr = 256;
+  o.peer_timeout = 10s;  // heartbeat timer every 1.25 s
+  auto qp = ctx.adopt(sv[0], o, Hello{256, 256, 100, 10000, 0}, "raw");
+  auto mr = ctx.allocate(4096, kAccessAll);
+  std::vector<std::byte> buf;
+  auto add = [&](WireOp op, uint64_t seq, uint32_t plen, uint64_t arg0) {
+    Header h;
+    h.op = op;
+    h.seq = seq;
+    h.length = plen;
+    h.addr = reinterpret_cast<uint64_t>(mr->data());
+    h.rkey = mr->rkey();
+    h.arg0 = arg0;
+    std::byte b[kHeaderSize];
+    encode_header(h, b);
+    buf.insert(buf.end(), b, b + kHeaderSize);
+    buf.insert(buf.end(), plen, std::byte{1});
+  };
+  constexpr int kWrites = 150;  // ~3 budget steps each: two passes needed
+  for (int i = 0; i < kWrites; ++i) add(WireOp::kWrite, i, 8, 0);
+  add(WireOp::kReadReq, kWrites, 0, 8);
+  ASSERT_LT(buf.size(), 16384u) << "must fit one staging read";
+  const auto t0 = Clock::now();
+  ASSERT_EQ(::write(sv[1], buf.data(), buf.size()), static_cast<ssize_t>(buf.size()));
+  const auto f = read_frames(sv[1], 3s, WireOp::kReadResp);
+  const auto took = Clock::now() - t0;
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f.back().op, WireOp::kReadResp);
+  EXPECT_LT(took, 300ms) << "staged frames waited for the heartbeat timer";
+  ::close(sv[1]);
+}
+
+// Entering the error state while RNR-stalled ends the stall: peer-silence
+// detection works again (a silent peer is caught after peer_timeout and the
+// socket closed) and the QP no longer counts as stalled.
+TEST(TcpProviderReview, ErrorWhileRnrStalledEndsTheStall) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TcpContext ctx(true);
+  auto cq = ctx.create_cq();
+  QpOptions o = opts(cq.get());
+  o.peer_timeout = 300ms;
+  auto qp = ctx.adopt(sv[0], o, Hello{16, 16, 5000, 300, 0}, "raw");  // rnr 5 s
+  auto* tqp = static_cast<TcpQp*>(qp.get());
+  auto mr = ctx.allocate(4096, kAccessAll);
+  put_frame(sv[1], WireOp::kSend, 0, 8);
+  ASSERT_EQ(::write(sv[1], "12345678", 8), 8);  // no RECV posted: stall
+  const auto stall_end = Clock::now() + 2s;
+  while (!tqp->rnr_stalled() && Clock::now() < stall_end)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(tqp->rnr_stalled());
+  ASSERT_TRUE(qp->post_send(bad_lkey_send(9, *mr)).ok());
+  Completion c;
+  ASSERT_TRUE(wait_one(*cq, &c, 2s));
+  EXPECT_EQ(c.status, Status::kLocalProtectionError);
+  EXPECT_EQ(qp->state(), QpState::kError);
+  // The raw peer stays silent: the QP must close the socket after ~300 ms.
+  bool eof = false;
+  read_frames(sv[1], 2s, WireOp::kHello, &eof);
+  EXPECT_TRUE(eof) << "peer silence not detected after an error while stalled";
+  EXPECT_FALSE(tqp->rnr_stalled());
+  ::close(sv[1]);
+}
+
+// A silent client (connects, never says HELLO) costs accept() only a short
+// handshake deadline; a well-behaved client behind it is still accepted.
+TEST(TcpProviderReview, SilentClientDoesNotBlockAccept) {
+  TcpContext sctx(true), cctx(true);
+  auto scq = sctx.create_cq(), ccq = cctx.create_cq();
+  auto lis = sctx.listen("127.0.0.1:0");
+  const int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(idle, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(lis->port());
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  std::unique_ptr<QueuePair> cqp;
+  std::thread good([&] {
+    try {
+      cqp = cctx.connect("127.0.0.1:" + std::to_string(lis->port()), opts(ccq.get()), {},
+                         4s);
+    } catch (const Error&) {
+    }
+  });
+  std::this_thread::sleep_for(50ms);  // the silent client is first in the queue
+  std::unique_ptr<QueuePair> sqp;
+  try {
+    sqp = lis->accept(opts(scq.get()), 3s, {});
+  } catch (const Error&) {
+  }
+  good.join();
+  ::close(idle);
+  EXPECT_NE(sqp, nullptr) << "accept spent its deadline on the silent client";
+  EXPECT_NE(cqp, nullptr) << "the well-behaved client was refused";
 }
 
 }  // namespace

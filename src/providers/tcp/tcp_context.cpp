@@ -23,6 +23,10 @@ namespace rdmakit::tcp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Per accepted client: its HELLO (sent right after its connect) and our
+// answer must make it within this, so a silent client costs accept() this
+// much and not the whole deadline of the clients queued behind it.
+constexpr std::chrono::milliseconds kHandshakeTimeout{1000};
 
 class TcpMr final : public MemoryRegion {
  public:
@@ -189,7 +193,9 @@ void check_qp_options(const Engine& engine, const QpOptions& requested, const ch
         "completion queue capacity is smaller than the queue depths attached to it "
         "(max_send_wr " +
             std::to_string(o.max_send_wr) + " + receive depth " +
-            std::to_string(recv_depth) + " on top of the QPs already attached)");
+            std::to_string(recv_depth) +
+            " on top of the QPs already attached and the unpolled completions of "
+            "destroyed ones)");
   }
 }
 
@@ -231,10 +237,13 @@ class TcpListener final : public Listener {
       Hello hello;
       std::vector<std::byte> pdata;
       const char* why = "";
-      int err = read_hello(fd, deadline, &hello, &pdata, &why);
+      // A client that connects and says nothing must not hold the whole
+      // deadline: the ones queued behind it would fail too.
+      const auto hs_deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
+      int err = read_hello(fd, hs_deadline, &hello, &pdata, &why);
       if (err == 0) {
         auto frame = encode_hello_frame(options, reply);
-        err = io_all(fd, frame.data(), frame.size(), true, deadline);
+        err = io_all(fd, frame.data(), frame.size(), true, hs_deadline);
         why = "could not answer the handshake";
       }
       if (err != 0) {

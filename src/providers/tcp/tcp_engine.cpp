@@ -251,7 +251,7 @@ bool TcpCq::has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept {
   for (const auto& entry : srqs_) {
     if (srq != nullptr && entry.first == srq) need -= srq_depth;  // counted once per SRQ
   }
-  return committed_ + need <= ring_.size();
+  return committed_ + orphans_.load(std::memory_order_relaxed) + need <= ring_.size();
 }
 
 void TcpCq::reserve(uint32_t depth, TcpSrq* srq, const char* op,
@@ -265,11 +265,15 @@ void TcpCq::reserve(uint32_t depth, TcpSrq* srq, const char* op,
       }
     }
   }
-  if (committed_ + depth > ring_.size()) {
+  // A destroyed QP's unpolled completions still occupy the ring.
+  const uint64_t orphans = orphans_.load(std::memory_order_relaxed);
+  if (committed_ + orphans + depth > ring_.size()) {
     throw Error(op, "tcp", peer, EINVAL,
                 "completion queue capacity " + std::to_string(ring_.size()) +
                     " is smaller than the queue depths attached to it (" +
-                    std::to_string(committed_ + depth) + ")");
+                    std::to_string(committed_ + depth) + ") plus " +
+                    std::to_string(orphans) +
+                    " unpolled completions of destroyed queue pairs");
   }
   committed_ += depth;
   if (srq != nullptr) srqs_.emplace_back(srq, 1);
@@ -292,19 +296,28 @@ void TcpCq::attach(TcpQp* qp) {
 }
 
 void TcpCq::detach(TcpQp* qp) noexcept {
-  {
-    std::lock_guard lock(attach_mu_);
-    std::erase(qps_, qp);
-  }
-  // Completions of a destroyed QP stay pollable, minus slot accounting; an
-  // SRQ outlives its QPs, so its slots are returned now.
+  // poll() drives its QPs with attach_mu_ held: once we have it, no poll of
+  // this CQ is inside qp and none will enter it.
+  std::lock_guard lock(attach_mu_);
+  std::erase(qps_, qp);
+}
+
+void TcpCq::orphan(TcpQp* qp) noexcept {
+  // Completions of a destroyed QP stay pollable, minus slot accounting. The
+  // SRQ may be destroyed before they are polled, so its slots are returned
+  // now; the CQ room they take stays charged (orphans_) until polled, so a
+  // new QP cannot be admitted into it.
   ring_lock_.lock();
+  uint64_t n = 0;
   for (uint64_t i = head_; i != tail_; ++i) {
     CqEntry& e = ring_[i % ring_.size()];
     if (e.retire_qp != qp) continue;
     if (e.retire == Retire::kSrq && qp->srq() != nullptr) qp->srq()->retire_one();
     e.retire_qp = nullptr;
+    e.retire = Retire::kOrphan;
+    ++n;
   }
+  orphans_.fetch_add(n, std::memory_order_relaxed);
   ring_lock_.unlock();
 }
 
@@ -344,12 +357,15 @@ int TcpCq::poll(std::span<Completion> out) noexcept {
     CqEntry& e = ring_[head_++ % ring_.size()];
     out[n++] = e.c;
     // verbs slot rule: a queue slot is free once its completion is polled.
-    if (e.retire_qp != nullptr) {
+    if (e.retire == Retire::kOrphan) {
+      orphans_.fetch_sub(1, std::memory_order_relaxed);
+    } else if (e.retire_qp != nullptr) {
       switch (e.retire) {
         case Retire::kSend: e.retire_qp->retire_to(e.retire_seq + 1); break;
         case Retire::kRecv: e.retire_qp->retire_recv(); break;
         case Retire::kSrq: e.retire_qp->srq()->retire_one(); break;
-        case Retire::kNone: break;
+        case Retire::kNone:
+        case Retire::kOrphan: break;
       }
     }
   }

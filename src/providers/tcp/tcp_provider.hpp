@@ -129,7 +129,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 // What polling a completion frees: the verbs slot rule for send queues,
 // and likewise for receive queues and SRQs, so a CQ sized to the depths
 // attached to it can never overrun (see TcpCq::reserve).
-enum class Retire : uint8_t { kNone, kSend, kRecv, kSrq };
+// kOrphan: the QP is gone; the entry still holds CQ room until polled.
+enum class Retire : uint8_t { kNone, kSend, kRecv, kSrq, kOrphan };
 
 struct CqEntry {
   Completion c;
@@ -159,7 +160,11 @@ class TcpCq final : public CompletionQueue {
   // still fits; checked before connecting.
   bool has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept;
   void attach(TcpQp* qp);
+  // Stops polls from driving qp (waits for one that is).
   void detach(TcpQp* qp) noexcept;
+  // Once qp can push nothing more: its entries stay pollable but no longer
+  // name it, and stay charged against capacity until polled.
+  void orphan(TcpQp* qp) noexcept;
   // True while an application thread is busy-polling this CQ, so the
   // progress thread keeps off its queue pairs (no contention, no thread hop).
   bool driving(int64_t now) const noexcept {
@@ -184,6 +189,7 @@ class TcpCq final : public CompletionQueue {
   std::mutex attach_mu_;  // QP create/destroy vs poll (poll only try_locks)
   std::vector<TcpQp*> qps_;
   uint64_t committed_ = 0;                          // reserved depths (under attach_mu_)
+  std::atomic<uint64_t> orphans_{0};                // destroyed QPs' unpolled entries
   std::vector<std::pair<TcpSrq*, uint32_t>> srqs_;  // SRQ -> QPs counted once
 };
 
@@ -355,6 +361,7 @@ class TcpQp final : public QueuePair {
   uint32_t sb_ = 0, se_ = 0;
   RxState rx_state_ = RxState::kHeader;
   bool rx_drained_ = false;  // this rx() pass saw a short read
+  bool rx_more_ = false;     // this rx() pass ran out of budget: frames may be staged
   bool tx_full_ = false;     // the socket took less than offered
   std::byte* pdst_ = nullptr;
   uint64_t premain_ = 0;

@@ -93,20 +93,24 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
 }
 
 TcpQp::~TcpQp() {
+  // First make sure nobody drives us any more: the progress thread, the
+  // SRQ's posters and the pollers of either CQ reach us only via these lists
+  // (a poll of recv_cq may otherwise push into send_cq after it was scanned).
   engine_->remove_qp(this);
   if (srq_ != nullptr) srq_->detach(this);
   send_cq_->detach(this);
   if (recv_cq_ != send_cq_) recv_cq_->detach(this);
-  send_cq_->unreserve(options_.max_send_wr, nullptr);
-  recv_cq_->unreserve(recv_depth(), srq_);
   mu_.lock();
+  // From here on no completion is pushed (complete_send/recv check it): the
+  // final flush below may fail and die(), whose flushes would name a QP that
+  // is about to be freed.
+  destroyed_ = true;
   if (!dead_) {
     // Acknowledge what we executed (a NIC would have): best effort, never
     // blocks; the peer then sees our close after its completions.
     queue_pending_ack();
     if (tx_head_ != tx_tail_) flush_tx(now_ns());
   }
-  destroyed_ = true;
   // A shared RECV claimed by a message that never finished goes back to the
   // SRQ's accounting (its buffer is the application's again).
   if (has_cur_recv_ && srq_ != nullptr) srq_->retire_one();
@@ -120,6 +124,12 @@ TcpQp::~TcpQp() {
   tx_head_ = tx_tail_;
   state_.store(QpState::kClosed, std::memory_order_release);
   mu_.unlock();
+  // Nothing can push a completion naming us now: unlink the ones queued,
+  // then give back the depths (their room stays charged until polled).
+  send_cq_->orphan(this);
+  if (recv_cq_ != send_cq_) recv_cq_->orphan(this);
+  send_cq_->unreserve(options_.max_send_wr, nullptr);
+  recv_cq_->unreserve(recv_depth(), srq_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -134,9 +144,9 @@ bool TcpQp::try_progress(int64_t now) noexcept {
 }
 
 void TcpQp::publish_hints() noexcept {
-  hint_busy_.store(
-      tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ || pending_ack_,
-      std::memory_order_relaxed);
+  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ ||
+                       pending_ack_ || rx_more_,
+                   std::memory_order_relaxed);
   hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
   hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
   hint_stalled_.store(stall_since_ != 0, std::memory_order_relaxed);
@@ -161,6 +171,8 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
   progress(now, /*from_poll=*/false);
   const bool out = tx_head_ != tx_tail_;
   const bool stalled = stall_since_ != 0;
+  // Frames left staged by the receive budget raise no epoll event.
+  const bool more = rx_more_ && !dead_;
   const bool dead = dead_;
   mu_.unlock();
   if (!dead && (!ep_armed || out != ep_out)) {
@@ -172,7 +184,7 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
       ep_out = out;
     }
   }
-  return out || stalled;
+  return out || stalled || more;
 }
 
 void TcpQp::queue_pending_ack() noexcept {
@@ -519,8 +531,9 @@ void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noex
   // The QP is in error before anyone can poll the error completion.
   if (status != Status::kSuccess)
     state_.store(QpState::kError, std::memory_order_release);
-  // Errors always complete, signaled or not, as on a NIC.
-  if (status != Status::kSuccess || (slot.wr.flags & kSignaled) != 0) {
+  // Errors always complete, signaled or not, as on a NIC. A QP being
+  // destroyed pushes nothing: it is detached from its CQs already.
+  if (!destroyed_ && (status != Status::kSuccess || (slot.wr.flags & kSignaled) != 0)) {
     CqEntry e;
     e.c.wr_id = slot.wr.wr_id;
     e.c.byte_len = slot.wr.length;
@@ -539,6 +552,12 @@ void TcpQp::complete_recv(const RecvWr& wr, Opcode op, uint32_t len, bool has_im
                           uint32_t imm, Status status) noexcept {
   if (status != Status::kSuccess)
     state_.store(QpState::kError, std::memory_order_release);
+  if (destroyed_) {
+    // Detached from recv_cq already: no completion, so a shared slot is
+    // free again right away.
+    if (srq_ != nullptr) srq_->retire_one();
+    return;
+  }
   CqEntry e;
   e.c.wr_id = wr.wr_id;
   e.c.byte_len = len;
@@ -600,7 +619,23 @@ void TcpQp::enter_error() noexcept {
   if (rx_state_ == RxState::kPayload &&
       (pdone_ == PayloadDone::kSend || pdone_ == PayloadDone::kWriteImm ||
        pdone_ == PayloadDone::kReadResp)) {
+    // As a target, that request still needs an answer: without one the
+    // initiator hangs, and a later NAK would imply it succeeded.
+    const bool answer = pdone_ != PayloadDone::kReadResp && !dead_ && !destroyed_;
     abort_payload_sink();
+    if (answer && !tx_full(1)) {
+      queue_nak(phdr_.seq, Status::kRetryExceeded);
+    } else if (answer) {
+      // Only a peer past its announced depth that does not read fills the
+      // ring; end the connection rather than leave the request unanswered.
+      die(Status::kRetryExceeded, ENOBUFS, "transmit ring full");
+    }
+  }
+  // A stalled SEND is NAKed when next looked at (the QP is flushed); stop
+  // counting it as a stall, or silence detection stays off for good.
+  if (stall_since_ != 0) {
+    stall_since_ = 0;
+    last_rx_ns_ = now_ns();  // we were not reading: not the peer's silence
   }
 }
 
@@ -688,6 +723,7 @@ void TcpQp::abort_payload_sink() noexcept {
 
 void TcpQp::rx(int64_t now) noexcept {
   rx_drained_ = false;
+  rx_more_ = false;
   for (int budget = kRxBudget; budget > 0 && !dead_; --budget) {
     if (rx_state_ == RxState::kPayload) {
       if (premain_ == 0) {
@@ -746,6 +782,9 @@ void TcpQp::rx(int64_t now) noexcept {
     const FrameResult r = handle_frame(*h, now);
     if (r != FrameResult::kConsumed) return;
   }
+  // Out of budget (every other exit returns above): what is left may sit
+  // in the staging buffer, where no epoll event will announce it.
+  rx_more_ = !dead_;
 }
 
 TcpQp::FrameResult TcpQp::handle_frame(const Header& h, int64_t now) noexcept {
