@@ -2,7 +2,9 @@
 // sleeping owner by producers on other threads.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <set>
@@ -181,6 +183,85 @@ TEST(ShmCqTest, DestroyedSrqQpGivesBackItsEntries) {
     Completion out[16];
     while (cq->poll(out) > 0) {
     }
+  }
+}
+
+// The receiver's QP enters the error state while a sender is writing a large
+// SEND into the buffer of a RECV it already took. Sender and receiver must
+// agree: both succeed, or the RECV is flushed and its buffer is not written
+// after the flush was reported (it was flushed while the copy went on, and
+// the sender reported success).
+TEST(ShmErrorTest, RecvBeingFilledIsNotFlushedUnderTheSender) {
+  constexpr uint32_t kLen = 32u << 20;
+  auto ctx = open_shm();
+  auto send_cq = ctx->create_cq();
+  auto recv_cq = ctx->create_cq();
+  auto send_mem = ctx->allocate(kLen, kAccessAll);
+  auto recv_mem = ctx->allocate(kLen, kAccessAll);
+  Pair p = connect_pair(*ctx, {.send_cq = send_cq.get(), .recv_cq = send_cq.get()},
+                        {.send_cq = recv_cq.get(), .recv_cq = recv_cq.get()});
+  std::memset(recv_mem->data(), 0, kLen);
+  std::memset(send_mem->data(), 0xab, kLen);
+  ASSERT_TRUE(p.b->post_recv(RecvWr{.wr_id = 42,
+                                    .addr = recv_mem->data(),
+                                    .length = kLen,
+                                    .lkey = recv_mem->lkey()})
+                  .ok());
+  std::atomic<bool> go{false};
+  Status sent = Status::kSuccess;
+  std::thread sender([&] {
+    while (!go.load()) {
+    }
+    EXPECT_TRUE(p.a->post_send(SendWr{.wr_id = 1,
+                                      .opcode = Opcode::kSend,
+                                      .flags = kSignaled,
+                                      .length = kLen,
+                                      .local_addr = send_mem->data(),
+                                      .lkey = send_mem->lkey()})
+                    .ok());
+    Completion c[4];
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    int n = 0;
+    while (n == 0 && std::chrono::steady_clock::now() < give_up) n = send_cq->poll(c);
+    ASSERT_EQ(n, 1);
+    sent = c[0].status;
+  });
+  go.store(true);
+  std::this_thread::sleep_for(1ms);  // the sender is inside its copy
+  // The receiver's own WRITE with a bad rkey puts its QP in error.
+  ASSERT_TRUE(p.b->post_send(SendWr{.wr_id = 9,
+                                    .opcode = Opcode::kWrite,
+                                    .flags = kSignaled,
+                                    .length = 8,
+                                    .local_addr = recv_mem->data(),
+                                    .lkey = recv_mem->lkey(),
+                                    .remote_addr = 64,
+                                    .rkey = 0x7777})
+                  .ok());
+  Status received = Status::kSuccess;
+  uint8_t last_byte_then = 0;
+  bool got = false;
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  Completion c[8];
+  while (!got && std::chrono::steady_clock::now() < give_up) {
+    const int n = recv_cq->poll(c);
+    for (int i = 0; i < n; ++i) {
+      if (c[i].wr_id != 42) continue;
+      got = true;
+      received = c[i].status;
+      last_byte_then = static_cast<uint8_t>(recv_mem->data()[kLen - 1]);
+    }
+  }
+  sender.join();
+  ASSERT_TRUE(got);
+  if (received == Status::kSuccess) {
+    EXPECT_EQ(sent, Status::kSuccess);
+    EXPECT_EQ(last_byte_then, 0xab);
+  } else {
+    EXPECT_EQ(received, Status::kWrFlushError) << status_name(received);
+    EXPECT_NE(sent, Status::kSuccess) << "the sender succeeded into a flushed RECV";
+    EXPECT_EQ(static_cast<uint8_t>(recv_mem->data()[kLen - 1]), last_byte_then)
+        << "the buffer was written after its RECV was flushed";
   }
 }
 

@@ -56,6 +56,10 @@ struct RegionTable {
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
 // the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
 inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (small_copy.hpp)
+// done_seq = (n+1) | kSlotFilling: a sender is writing a payload straight
+// into the buffer of RECV n. A receiver entering the error state does not
+// flush that RECV until the sender published it (or died).
+inline constexpr uint64_t kSlotFilling = uint64_t{1} << 63;
 
 struct alignas(64) RecvSlot {
   std::atomic<uint64_t> post_seq{0};  // receiver writes

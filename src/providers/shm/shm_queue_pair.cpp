@@ -657,8 +657,16 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
     }
     return static_cast<int>(n);
   }
-  // In error the peer no longer consumes our ring: flush what is left.
+  // In error the peer no longer consumes our ring: flush what is left, but
+  // not a RECV whose buffer a live sender is still writing (see begin_fill):
+  // it completes when the sender publishes it.
   while (n < out.size() && rq_polled_ < rq_posted_.load(std::memory_order_acquire)) {
+    const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
+    if (slot.done_seq.load(std::memory_order_acquire) ==
+            ((rq_polled_ + 1) | kSlotFilling) &&
+        !peer_gone()) {
+      break;
+    }
     out[n++] = flushed_recv(rq_[rq_polled_ & rq_mask_].wr_id);
     ++rq_polled_;
   }
@@ -879,6 +887,21 @@ inline void ShmQueuePair::publish(RecvSlot& slot) noexcept {
   // it early only adds a transfer (measured: +30% half round trip).
 }
 
+// A large payload goes straight into the receiver's buffer: the slot says so
+// first, so a receiver entering the error state does not flush (hand back)
+// that buffer while we write into it. Sequentially consistent on both sides
+// (enter_error() stores owner_state so), so one of the two sees the other;
+// next to a copy of more than kSlotInline bytes the fence is cheap. SRQ
+// buffers are never flushed.
+bool ShmQueuePair::begin_fill(RecvSlot& slot) noexcept {
+  if (peer_srq_ != nullptr) return true;
+  const uint64_t before = slot.done_seq.load(std::memory_order_relaxed);
+  slot.done_seq.store((peer_consumed_ + 1) | kSlotFilling, std::memory_order_seq_cst);
+  if (peer_block_->owner_state.load(std::memory_order_seq_cst) == kSideOpen) return true;
+  slot.done_seq.store(before, std::memory_order_release);
+  return false;
+}
+
 ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
                                          bool carry_payload, Status* status) noexcept {
   RecvClaim claim;
@@ -899,6 +922,10 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
         // them into its buffer when it polls.
         small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
         slot.data_inline = 1;
+      } else if (!begin_fill(slot)) {
+        // The receiver entered the error state: it flushes this RECV itself.
+        *status = Status::kRetryExceeded;
+        return Exec::kDone;
       } else {
         Target target =
             resolve(claim.lkey, claim.addr, wr.length, kAccessLocalWrite, true);

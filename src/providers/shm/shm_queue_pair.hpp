@@ -162,6 +162,7 @@ class ShmQueuePair final : public QueuePair {
   void publish_recv(RecvSlot& slot, const SendWr& wr, Opcode recv_opcode,
                     Status recv_status) noexcept;
   bool try_small_send(const SendWr& wr) noexcept;
+  bool begin_fill(RecvSlot& slot) noexcept;
   // The constructor's work; on a throw the constructor unmaps what it mapped.
   void set_up();
   void unmap_peer() noexcept;
