@@ -1,6 +1,7 @@
 // shm completion queue: what a destroyed QP leaves behind, and wake-ups of a
 // sleeping owner by producers on other threads.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <atomic>
 #include <chrono>
@@ -263,6 +264,39 @@ TEST(ShmErrorTest, RecvBeingFilledIsNotFlushedUnderTheSender) {
     EXPECT_EQ(static_cast<uint8_t>(recv_mem->data()[kLen - 1]), last_byte_then)
         << "the buffer was written after its RECV was flushed";
   }
+}
+
+// A SEND waiting for a RECV (RNR) when the peer dies completes with
+// RETRY_EXCEEDED, and then nothing is left to retry: an armed CQ sleeps
+// (arm() kept a 1 ms retry timer running for good).
+TEST(ShmErrorTest, PeerDeathDuringRnrLeavesNoRetryTimer) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto other = ctx->create_cq();
+  auto mem = ctx->allocate(4096, kAccessAll);
+  Pair p = connect_pair(*ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
+                        {.send_cq = other.get(), .recv_cq = other.get()});
+  ASSERT_TRUE(p.a->post_send(SendWr{.wr_id = 5,
+                                    .opcode = Opcode::kSend,
+                                    .flags = kSignaled | kInline,
+                                    .length = 8,
+                                    .local_addr = mem->data(),
+                                    .lkey = mem->lkey()})
+                  .ok());
+  Completion c[8];
+  EXPECT_EQ(cq->poll(c), 0);  // waiting for a RECV
+  p.b.reset();                // the peer goes away
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  int n = 0;
+  while (n == 0 && std::chrono::steady_clock::now() < give_up) n = cq->poll(c);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(c[0].wr_id, 5u);
+  EXPECT_EQ(c[0].status, Status::kRetryExceeded) << status_name(c[0].status);
+  while (cq->poll(c) > 0) {
+  }
+  ASSERT_TRUE(cq->arm());
+  pollfd pfd{cq->fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 50), 0) << "the CQ woke with nothing to do";
 }
 
 }  // namespace

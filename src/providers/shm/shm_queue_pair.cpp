@@ -510,6 +510,8 @@ void ShmQueuePair::progress() noexcept {
       complete_send(sq_[sq_executed_ & sq_mask_].wr, Status::kRetryExceeded);
       ++sq_executed_;
     }
+    // No RNR wait is pending any more (else arm() paced retries forever).
+    rnr_deadline_set_ = false;
     enter_error();
   }
   while (sq_executed_ != sq_posted_) {
