@@ -18,7 +18,8 @@ RDMAKIT_INSTANTIATE_PROVIDERS(CqChurnTest);
 
 constexpr int kChurnQps = 16;
 constexpr uint64_t kChurnTag = uint64_t{1} << 40;
-constexpr uint64_t kMinWrites = 64;  // the poller's WRITEs, at least
+constexpr uint64_t kMinWrites = 64;        // the poller's WRITEs, at least
+constexpr size_t kChurnPrivateData = 128;  // past a verbs connect request's room
 
 QpOptions churn_options(CompletionQueue* cq, bool thread_safe) {
   QpOptions options = test_qp_options();
@@ -40,11 +41,27 @@ TEST_P(CqChurnTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
     Endpoint main = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
     auto ctl = Control::accept(*ctx, *listener);
     auto cq = ctx->create_cq();
+    // Accepting onto a CQ another thread polls, with private data too large
+    // for a verbs connect request (accept() READs the rest: its completion
+    // must go to accept(), not to the poller).
+    std::atomic<bool> accepted_all{false};
+    std::thread owner([&] {
+      Completion c[8];
+      while (!accepted_all.load(std::memory_order_acquire)) {
+        const int n = cq->poll(c);
+        for (int k = 0; k < n; ++k) {
+          EXPECT_NE(c[k].wr_id, UINT64_MAX) << "accept()'s own READ reached the poller";
+        }
+      }
+    });
     std::vector<std::unique_ptr<QueuePair>> churn;
     for (int i = 0; i < kChurnQps; ++i) {
       churn.push_back(
           listener->accept(churn_options(cq.get(), false), control_timeout()));
+      EXPECT_EQ(churn.back()->peer_private_data().size(), kChurnPrivateData);
     }
+    accepted_all.store(true, std::memory_order_release);
+    owner.join();
     ASSERT_TRUE(ctl->expect("done"));
   };
   auto client = [](RoleEnv& env) {
@@ -97,7 +114,9 @@ TEST_P(CqChurnTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
     // owner may poll after the QP is gone.
     for (int i = 0; i < kChurnQps; ++i) {
       const bool thread_safe = i % 2 == 1;
-      auto qp = env.connect(*ctx, churn_options(shared_cq.get(), thread_safe));
+      const std::vector<std::byte> private_data(kChurnPrivateData, std::byte{0x5a});
+      auto qp =
+          env.connect(*ctx, churn_options(shared_cq.get(), thread_safe), private_data);
       EXPECT_EQ(qp->state(), QpState::kConnected);
       if (thread_safe) {
         EXPECT_TRUE(post(*qp, rdma_wr(Opcode::kWrite, kChurnTag | i, *local.mr, 64, 8,

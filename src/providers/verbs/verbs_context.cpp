@@ -498,6 +498,9 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     core::log().debug("verbs: listener {} ignores {}", self,
                       rdma_event_str(request.type));
   }
+  // Declared before the id, so it is destroyed after it: rdma_destroy_id
+  // writes to its id's channel (a use-after-free when accept() threw).
+  EventChannelHandle channel;
   CmIdHandle id(request.id);
   const std::string peer = sockaddr_text(rdma_get_peer_addr(id.get()));
   auto refuse = [&](int err, const std::string& why) {
@@ -526,7 +529,6 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
                              ibv_get_device_name(id->verbs->device), device_->name()));
   }
   // Until established the id gets its own channel; then the monitor's.
-  EventChannelHandle channel;
   try {
     channel = make_channel("accept", peer);
   } catch (const Error&) {
@@ -577,6 +579,8 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     wr.wr.rdma.remote_addr = overflow_addr;
     wr.wr.rdma.rkey = overflow_rkey;
     parts.core->send_ring[0] = {UINT64_MAX, Opcode::kRead};
+    parts.core->handshake_status.store(QpCore::kHandshakePending,
+                                       std::memory_order_release);
     parts.core->send_published.store(1, std::memory_order_release);
     parts.core->send_posted = 1;
     ibv_send_wr* bad = nullptr;
@@ -638,8 +642,7 @@ std::unique_ptr<MemoryRegion> VerbsContext::register_mapping(void* addr, size_t 
                                                              uint32_t access,
                                                              Mapping* mapping,
                                                              size_t mapping_length) {
-  const uint64_t already = device_->registered_bytes.load();
-  if (auto shortfall = memlock_shortfall(already, length)) {
+  if (auto shortfall = memlock_shortfall(addr, length)) {
     throw Error("register_memory", kProvider, "", ENOMEM, *shortfall);
   }
   MrHandle mr(ibv_reg_mr(device_->pd.get(), addr, length, ibv_access(access)));
@@ -827,12 +830,14 @@ VerbsMr::VerbsMr(std::shared_ptr<Device> device, MrHandle mr, uint32_t access,
       mr_(std::move(mr)),
       mapping_(mapping),
       mapping_length_(mapping_length) {
-  device_->registered_bytes += length();
+  process_pinned_pages() += pinned_pages(reinterpret_cast<uint64_t>(addr()), length(),
+                                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
 }
 
 VerbsMr::~VerbsMr() {
   mr_.reset();
-  device_->registered_bytes -= length();
+  process_pinned_pages() -= pinned_pages(reinterpret_cast<uint64_t>(addr()), length(),
+                                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
   if (mapping_ != nullptr) munmap(mapping_, mapping_length_);
 }
 

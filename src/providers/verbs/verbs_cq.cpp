@@ -176,6 +176,15 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
     if (seq + 1 > core->recv_retired.load(std::memory_order_relaxed)) {
       core->recv_retired.store(seq + 1, std::memory_order_release);
     }
+  } else if (seq == 0 && core->handshake_status.load(std::memory_order_acquire) ==
+                             QpCore::kHandshakePending) {
+    // accept()'s READ of the connect private data: for accept(), not the
+    // application (wait_handshake()).
+    if (core->send_retired.load(std::memory_order_relaxed) == 0) {
+      core->send_retired.store(1, std::memory_order_release);
+    }
+    core->handshake_status.store(static_cast<int>(wc.status), std::memory_order_release);
+    return false;
   } else {
     core->send_published.load(std::memory_order_acquire);
     const QpCore::SendSlot& slot = core->send_ring[seq & core->send_mask];
@@ -192,26 +201,28 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
 
 ibv_wc VerbsCq::wait_handshake(QpCore* core, uint64_t wr_id,
                                std::chrono::steady_clock::time_point deadline) {
+  // The CQ may be polled by its owner thread meanwhile (QPs may be accepted
+  // while it polls): whichever thread sees the READ's completion records it
+  // in the QpCore (translate()); other completions this thread polls wait in
+  // pending_ for the owner. The owner's arm() stash is never touched here.
+  (void)wr_id;
   for (;;) {
-    ibv_wc wc{};
-    bool got = false;
-    if (has_stash_) {
-      wc = stash_;
-      has_stash_ = false;
-      got = true;
-    } else {
-      got = ibv_poll_cq(cq_.get(), 1, &wc) == 1;
+    const int status = core->handshake_status.load(std::memory_order_acquire);
+    if (status >= 0) {
+      core->handshake_status.store(QpCore::kHandshakeIdle, std::memory_order_relaxed);
+      ibv_wc wc{};
+      wc.status = static_cast<ibv_wc_status>(status);
+      wc.qp_num = core->qp_num;
+      return wc;
     }
-    if (got) {
-      if (wc.qp_num == core->qp_num && wc.wr_id == wr_id) {
-        auto& retired =
-            wr_id & QpCore::kRecvBit ? core->recv_retired : core->send_retired;
-        retired.store((wr_id & ~QpCore::kRecvBit) + 1, std::memory_order_release);
-        return wc;
-      }
+    ibv_wc wc{};
+    if (ibv_poll_cq(cq_.get(), 1, &wc) == 1) {
       std::lock_guard lock(qps_mutex_);
       Completion c;
-      if (translate(wc, &c)) pending_.push_back(c);
+      if (translate(wc, &c)) {
+        pending_.push_back(c);
+        has_pending_.store(true, std::memory_order_release);
+      }
       continue;
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -233,12 +244,16 @@ int VerbsCq::poll(std::span<Completion> out) noexcept {
     if (translate(stash_, &out[count])) ++count;
   }
   // Completions set aside while an accept waited for its handshake (rare).
-  while (pending_head_ < pending_.size() && count < out.size()) {
-    out[count++] = pending_[pending_head_++];
-  }
-  if (pending_head_ != 0 && pending_head_ == pending_.size()) {
-    pending_.clear();  // keeps capacity: no allocation on the next round
-    pending_head_ = 0;
+  if (has_pending_.load(std::memory_order_acquire)) {
+    if (!lock.owns_lock()) lock.lock();
+    while (pending_head_ < pending_.size() && count < out.size()) {
+      out[count++] = pending_[pending_head_++];
+    }
+    if (pending_head_ == pending_.size()) {
+      pending_.clear();  // keeps capacity: no allocation on the next round
+      pending_head_ = 0;
+      has_pending_.store(false, std::memory_order_relaxed);
+    }
   }
   constexpr int kBatch = 32;
   ibv_wc wcs[kBatch];
@@ -257,7 +272,7 @@ int VerbsCq::poll(std::span<Completion> out) noexcept {
 
 bool VerbsCq::arm() noexcept {
   consume_event();  // clears the fd's readiness
-  if (has_stash_ || pending_head_ < pending_.size()) return false;
+  if (has_stash_ || has_pending_.load(std::memory_order_acquire)) return false;
   if (!armed_) {
     if (ibv_req_notify_cq(cq_.get(), 0) != 0) return false;  // poll instead of sleeping
     armed_ = true;

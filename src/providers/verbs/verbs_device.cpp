@@ -277,15 +277,30 @@ std::string memlock_limit_text() {
   return text;
 }
 
-std::optional<std::string> memlock_shortfall(size_t already_registered, size_t more) {
+uint64_t pinned_pages(uint64_t addr, uint64_t length, uint64_t page_size) noexcept {
+  if (length == 0 || page_size == 0) return 0;
+  if (length - 1 > UINT64_MAX - addr) return UINT64_MAX;
+  return (addr + length - 1) / page_size - addr / page_size + 1;
+}
+
+std::atomic<uint64_t>& process_pinned_pages() noexcept {
+  static std::atomic<uint64_t> pages{0};
+  return pages;
+}
+
+std::optional<std::string> memlock_shortfall(const void* addr, size_t length) {
   rlimit limit{};
   if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
     return std::nullopt;
   }
   if (has_cap_ipc_lock()) return std::nullopt;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t need = (static_cast<uint64_t>(more) + 2 * page - 1) / page * page;
-  if (already_registered + need <= limit.rlim_cur) return std::nullopt;
+  const uint64_t limit_pages = limit.rlim_cur / page;
+  const uint64_t already = process_pinned_pages().load();
+  const uint64_t need = pinned_pages(reinterpret_cast<uint64_t>(addr), length, page);
+  if (already <= limit_pages && need <= limit_pages - already) return std::nullopt;
+  const uint64_t already_registered = already * page;
+  const uint64_t more = length;
   return fmt::format(
       "RLIMIT_MEMLOCK is {} and this process already has {} registered; pinning {} more "
       "would exceed it. Raise the locked-memory limit: `ulimit -l unlimited` in the "

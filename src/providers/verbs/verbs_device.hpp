@@ -3,6 +3,7 @@
 // share: GID tables, GID choice, MTUs, status names, RLIMIT_MEMLOCK, huge pages.
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -62,10 +63,17 @@ const char* atomic_cap_name(ibv_atomic_cap cap) noexcept;
 // ibv_wc_status -> the core's Status (one to one).
 Status map_wc_status(ibv_wc_status status) noexcept;
 
-// RLIMIT_MEMLOCK: nullopt when registering `more` bytes on top of
-// `already_registered` fits (or CAP_IPC_LOCK / unlimited makes the limit
-// moot); otherwise a message saying what to raise.
-std::optional<std::string> memlock_shortfall(size_t already_registered, size_t more);
+// Pages the kernel pins to register [addr, addr + length): the kernel
+// counts whole pages of the range, so a page-aligned region costs exactly
+// its size. UINT64_MAX if the range wraps the address space.
+uint64_t pinned_pages(uint64_t addr, uint64_t length, uint64_t page_size) noexcept;
+// This process's pinned pages across all its contexts (RLIMIT_MEMLOCK is
+// per process); kept by every memory region's registration.
+std::atomic<uint64_t>& process_pinned_pages() noexcept;
+// RLIMIT_MEMLOCK: nullopt when registering [addr, addr + length) on top of
+// what this process has pinned fits (or CAP_IPC_LOCK / unlimited makes the
+// limit moot); otherwise a message saying what to raise.
+std::optional<std::string> memlock_shortfall(const void* addr, size_t length);
 std::string memlock_limit_text();  // "unlimited", "8 MiB", ... for logs
 
 // Free huge pages of the default size (bytes per page in *page_size).

@@ -60,7 +60,6 @@ struct Device {
   GidInfo gid;
   bool gid_overridden = false;
   PdHandle pd;
-  std::atomic<uint64_t> registered_bytes{0};
   std::once_flag monitor_once;
   std::unique_ptr<Monitor> monitor;  // declared last: its thread stops first
 
@@ -100,6 +99,12 @@ struct alignas(64) QpCore {
   // retires only when a later signaled (or error) completion is polled.
   alignas(64) std::atomic<uint64_t> send_retired{0};
   std::atomic<uint64_t> recv_retired{0};
+  // accept()'s READ of the rest of the connect private data (send sequence
+  // 0): whichever thread polls its completion records the ibv_wc_status
+  // here instead of returning it; kHandshakeIdle when none is in flight.
+  static constexpr int kHandshakeIdle = -2;
+  static constexpr int kHandshakePending = -1;
+  std::atomic<int> handshake_status{kHandshakeIdle};
 };
 
 class VerbsCq final : public CompletionQueue {
@@ -142,8 +147,11 @@ class VerbsCq final : public CompletionQueue {
   bool armed_ = false;      // ibv_req_notify_cq issued, event not consumed yet
   bool has_stash_ = false;  // a completion arm() found while re-polling
   ibv_wc stash_{};
-  std::vector<Completion> pending_;  // set aside by wait_handshake
+  // Completions wait_handshake() polled for the application (under
+  // qps_mutex_; the owner looks only when has_pending_ says so).
+  std::vector<Completion> pending_;
   size_t pending_head_ = 0;
+  std::atomic<bool> has_pending_{false};
   std::mutex qps_mutex_;  // attach/detach vs poll
   std::vector<QpCore*> qps_;
   struct SrqUse {
