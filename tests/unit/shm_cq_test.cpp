@@ -14,31 +14,12 @@
 #include <vector>
 
 #include "rdmakit/rdmakit.hpp"
+#include "shm_in_process.hpp"
 
 namespace rdmakit::shm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::unique_ptr<Context> open_shm() {
-  ContextOptions options;
-  options.provider = ProviderKind::kShm;
-  return Context::open(options);
-}
-
-struct Pair {
-  std::unique_ptr<QueuePair> a, b;
-};
-
-Pair connect_pair(Context& ctx, QpOptions a_options, QpOptions b_options) {
-  auto listener = ctx.listen("127.0.0.1:0");
-  auto accepted =
-      std::async(std::launch::async, [&] { return listener->accept(b_options, 10s); });
-  Pair p;
-  p.a = ctx.connect("127.0.0.1:" + std::to_string(listener->port()), a_options);
-  p.b = accepted.get();
-  return p;
-}
 
 SendWr write_wr(uint64_t wr_id, MemoryRegion& mem) {
   return SendWr{.wr_id = wr_id,
@@ -65,12 +46,12 @@ TEST(ShmCqTest, DestroyedQpTakesItsCompletionsAlong) {
   const QpOptions peer{
       .send_cq = other.get(), .recv_cq = other.get(), .max_send_wr = 4, .max_recv_wr = 4};
   {
-    Pair first = connect_pair(*ctx, on_cq, peer);
+    Pair first = connect_pair(*ctx, *ctx, on_cq, peer);
     for (uint64_t i = 0; i < 16; ++i) {
       ASSERT_TRUE(first.a->post_send(write_wr(1000 + i, *mem)).ok());
     }
   }  // destroyed with 16 completions unpolled
-  Pair second = connect_pair(*ctx, on_cq, peer);
+  Pair second = connect_pair(*ctx, *ctx, on_cq, peer);
   for (uint64_t i = 0; i < 16; ++i) {
     ASSERT_TRUE(second.a->post_send(write_wr(2000 + i, *mem)).ok());
   }
@@ -95,7 +76,7 @@ TEST(ShmCqTest, ProducerOnAnotherThreadWakesTheSleepingOwner) {
   QpOptions posting{
       .send_cq = cq.get(), .recv_cq = cq.get(), .max_send_wr = 16, .max_recv_wr = 4};
   posting.thread_safe = true;
-  Pair p = connect_pair(*ctx, posting,
+  Pair p = connect_pair(*ctx, *ctx, posting,
                         {.send_cq = other.get(),
                          .recv_cq = other.get(),
                          .max_send_wr = 4,
@@ -163,7 +144,7 @@ TEST(ShmCqTest, DestroyedSrqQpGivesBackItsEntries) {
   for (int round = 0; round < 3; ++round) {
     QpOptions server{.send_cq = cq.get(), .recv_cq = cq.get()};
     server.srq = srq.get();
-    Pair p = connect_pair(*ctx, {.send_cq = cq.get(), .recv_cq = cq.get()}, server);
+    Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()}, server);
     for (int i = 0; i < 4; ++i) {
       ASSERT_TRUE(srq->post_recv(RecvWr{.wr_id = uint64_t(i),
                                         .addr = mem->data() + 1024 * i,
@@ -199,7 +180,7 @@ TEST(ShmErrorTest, RecvBeingFilledIsNotFlushedUnderTheSender) {
   auto recv_cq = ctx->create_cq();
   auto send_mem = ctx->allocate(kLen, kAccessAll);
   auto recv_mem = ctx->allocate(kLen, kAccessAll);
-  Pair p = connect_pair(*ctx, {.send_cq = send_cq.get(), .recv_cq = send_cq.get()},
+  Pair p = connect_pair(*ctx, *ctx, {.send_cq = send_cq.get(), .recv_cq = send_cq.get()},
                         {.send_cq = recv_cq.get(), .recv_cq = recv_cq.get()});
   std::memset(recv_mem->data(), 0, kLen);
   std::memset(send_mem->data(), 0xab, kLen);
@@ -274,7 +255,7 @@ TEST(ShmErrorTest, PeerDeathDuringRnrLeavesNoRetryTimer) {
   auto cq = ctx->create_cq();
   auto other = ctx->create_cq();
   auto mem = ctx->allocate(4096, kAccessAll);
-  Pair p = connect_pair(*ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
+  Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
                         {.send_cq = other.get(), .recv_cq = other.get()});
   ASSERT_TRUE(p.a->post_send(SendWr{.wr_id = 5,
                                     .opcode = Opcode::kSend,
@@ -292,11 +273,17 @@ TEST(ShmErrorTest, PeerDeathDuringRnrLeavesNoRetryTimer) {
   ASSERT_EQ(n, 1);
   EXPECT_EQ(c[0].wr_id, 5u);
   EXPECT_EQ(c[0].status, Status::kRetryExceeded) << status_name(c[0].status);
-  while (cq->poll(c) > 0) {
+  // The service thread may still report the hang-up once (a wake-up); a
+  // retry timer would wake the CQ every time it is armed.
+  int quiet = 0;
+  for (int attempt = 0; attempt < 3 && quiet == 0; ++attempt) {
+    while (cq->poll(c) > 0) {
+    }
+    if (!cq->arm()) continue;
+    pollfd pfd{cq->fd(), POLLIN, 0};
+    if (::poll(&pfd, 1, 50) == 0) quiet = 1;
   }
-  ASSERT_TRUE(cq->arm());
-  pollfd pfd{cq->fd(), POLLIN, 0};
-  EXPECT_EQ(::poll(&pfd, 1, 50), 0) << "the CQ woke with nothing to do";
+  EXPECT_EQ(quiet, 1) << "the armed CQ keeps waking with nothing to do";
 }
 
 }  // namespace

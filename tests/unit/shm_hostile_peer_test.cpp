@@ -15,35 +15,18 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_queue_pair.hpp"
 #include "rdmakit/rdmakit.hpp"
+#include "shm_in_process.hpp"
 
 namespace rdmakit::shm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::unique_ptr<Context> open_shm() {
-  ContextOptions options;
-  options.provider = ProviderKind::kShm;
-  return Context::open(options);
-}
-
-struct Pair {
-  std::unique_ptr<QueuePair> a, b;
-};
-
-Pair connect_pair(Context& a, Context& b, QpOptions a_options, QpOptions b_options) {
-  auto listener = b.listen("127.0.0.1:0");
-  auto accepted =
-      std::async(std::launch::async, [&] { return listener->accept(b_options, 10s); });
-  Pair p;
-  p.a = a.connect("127.0.0.1:" + std::to_string(listener->port()), a_options);
-  p.b = accepted.get();
-  return p;
-}
 
 SendWr write_wr(uint64_t wr_id, MemoryRegion& local, uint64_t remote_addr,
                 uint32_t rkey) {
@@ -73,6 +56,20 @@ struct RawListener {
   Fd fd;
   bool ok = false;
 };
+
+// This process's descriptors whose target names `what` (memfds we made, as
+// a peer holding them would see them), with that target.
+std::vector<std::pair<int, std::string>> open_memfds(const std::string& what) {
+  std::vector<std::pair<int, std::string>> found;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && link.find(what) != std::string::npos) {
+      found.emplace_back(std::stoi(e.path().filename().string()), link);
+    }
+  }
+  return found;
+}
 
 uint16_t scratch_port() { return static_cast<uint16_t>(40000 + ::getpid() % 20000); }
 
@@ -165,11 +162,7 @@ TEST(ShmHostilePeerTest, SharedMemfdsCannotBeResized) {
   Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
                         {.send_cq = cq.get(), .recv_cq = cq.get()});
   int memfds = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
-    if (ec || link.find("memfd:rdmakit-shm") == std::string::npos) continue;
-    const int fd = std::stoi(e.path().filename().string());
+  for (const auto& [fd, link] : open_memfds("memfd:rdmakit-shm")) {
     ++memfds;
     EXPECT_NE(::ftruncate(fd, 0), 0) << link << " could be truncated";
     EXPECT_EQ(errno, EPERM) << link;
@@ -298,11 +291,7 @@ TEST(ShmHostilePeerTest, ForgedSrqClaimCompletesNothing) {
   // The server QP's receive block: its slots start as SRQ credits 1, 2, ...
   InboundBlock* block = nullptr;
   size_t block_bytes = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
-    if (ec || link.find("memfd:rdmakit-shm-qp") == std::string::npos) continue;
-    const int fd = std::stoi(e.path().filename().string());
+  for (const auto& [fd, link] : open_memfds("memfd:rdmakit-shm-qp")) {
     struct stat st {};
     ::fstat(fd, &st);
     auto* b =

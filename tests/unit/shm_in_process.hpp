@@ -9,6 +9,30 @@
 
 namespace rdmakit::shm {
 
+inline std::unique_ptr<Context> open_shm() {
+  ContextOptions options;
+  options.provider = ProviderKind::kShm;
+  return Context::open(options);
+}
+
+struct Pair {
+  std::unique_ptr<QueuePair> a, b;
+};
+
+// a connects from context a to a listener of context b (the same context
+// for both ends is fine).
+inline Pair connect_pair(Context& a, Context& b, const QpOptions& a_options,
+                         const QpOptions& b_options) {
+  using namespace std::chrono_literals;
+  auto listener = b.listen("127.0.0.1:0");
+  auto accepted =
+      std::async(std::launch::async, [&] { return listener->accept(b_options, 10s); });
+  Pair p;
+  p.a = a.connect("127.0.0.1:" + std::to_string(listener->port()), a_options);
+  p.b = accepted.get();
+  return p;
+}
+
 struct Connected {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<CompletionQueue> cq;
