@@ -55,10 +55,20 @@ TEST_P(CqChurnTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
       }
     });
     std::vector<std::unique_ptr<QueuePair>> churn;
-    for (int i = 0; i < kChurnQps; ++i) {
-      churn.push_back(
-          listener->accept(churn_options(cq.get(), false), control_timeout()));
-      EXPECT_EQ(churn.back()->peer_private_data().size(), kChurnPrivateData);
+    try {
+      for (int i = 0; i < kChurnQps; ++i) {
+        churn.push_back(
+            listener->accept(churn_options(cq.get(), false), control_timeout()));
+        EXPECT_EQ(churn.back()->peer_private_data().size(), kChurnPrivateData);
+        // On verbs the client's QP must outlive our READ of its private data.
+        const auto sent = ctl->send("accepted");
+        if (!sent) {
+          ADD_FAILURE() << sent.message();
+          break;  // the poller thread must still be joined
+        }
+      }
+    } catch (const Error& e) {
+      ADD_FAILURE() << "accept " << churn.size() << ": " << e.what();
     }
     accepted_all.store(true, std::memory_order_release);
     owner.join();
@@ -112,11 +122,17 @@ TEST_P(CqChurnTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
     // Meanwhile: QPs on the same CQ, created and destroyed by this thread.
     // Every other one is thread-safe and posts a WRITE whose completion the
     // owner may poll after the QP is gone.
-    for (int i = 0; i < kChurnQps; ++i) {
+    for (int i = 0; i < kChurnQps && !::testing::Test::HasFailure(); ++i) {
       const bool thread_safe = i % 2 == 1;
       const std::vector<std::byte> private_data(kChurnPrivateData, std::byte{0x5a});
-      auto qp =
-          env.connect(*ctx, churn_options(shared_cq.get(), thread_safe), private_data);
+      std::unique_ptr<QueuePair> qp;
+      try {
+        qp = env.connect(*ctx, churn_options(shared_cq.get(), thread_safe), private_data);
+      } catch (const Error& e) {
+        ADD_FAILURE() << "connect " << i << ": " << e.what();
+        break;
+      }
+      EXPECT_TRUE(ctl->expect("accepted"));
       EXPECT_EQ(qp->state(), QpState::kConnected);
       if (thread_safe) {
         EXPECT_TRUE(post(*qp, rdma_wr(Opcode::kWrite, kChurnTag | i, *local.mr, 64, 8,
