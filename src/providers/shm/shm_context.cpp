@@ -41,6 +41,11 @@ ShmContext::ShmContext() : Context(ProviderKind::kShm), pid_(::getpid()) {
   if (!table_fd_) throw context_error("memfd_create(region table)", errno);
   void* mem = map_fd(table_fd_.get(), sizeof(RegionTable), true);
   if (mem == nullptr) throw context_error("mmap(region table)", errno);
+  // Peers get a read-only open of the table: they check access against it
+  // but must not be able to rewrite what we (and our other peers) check.
+  const std::string path = "/proc/self/fd/" + std::to_string(table_fd_.get());
+  table_ro_fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!table_ro_fd_) throw context_error("open(region table, read-only)", errno);
   table_ = new (mem) RegionTable();
   table_->owner_pid = static_cast<uint32_t>(pid_);
   free_indices_.reserve(kRegionTableSize);

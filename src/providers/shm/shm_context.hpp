@@ -39,7 +39,8 @@ class ShmContext final : public Context {
                                      std::chrono::milliseconds timeout) override;
 
   RegionTable& table() noexcept { return *table_; }
-  int table_fd() const noexcept { return table_fd_.get(); }
+  // What peers receive: a read-only descriptor of the region table.
+  int table_fd() const noexcept { return table_ro_fd_.get(); }
   pid_t pid() const noexcept { return pid_; }
 
   // Region bookkeeping (control path).
@@ -62,6 +63,7 @@ class ShmContext final : public Context {
 
   pid_t pid_;
   Fd table_fd_;
+  Fd table_ro_fd_;
   RegionTable* table_ = nullptr;
   std::mutex mutex_;  // regions_, free_indices_, links_
   ShmMemoryRegion* regions_[kRegionTableSize] = {};
