@@ -664,7 +664,9 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
   // it completes when the sender publishes it.
   while (n < out.size() && rq_polled_ < rq_posted_.load(std::memory_order_acquire)) {
     const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
-    if (slot.done_seq.load(std::memory_order_acquire) ==
+    // seq_cst: pairs with begin_fill()'s store and load (enter_error()
+    // stored owner_state seq_cst before this).
+    if (slot.done_seq.load(std::memory_order_seq_cst) ==
             ((rq_polled_ + 1) | kSlotFilling) &&
         !peer_gone()) {
       break;
