@@ -661,14 +661,15 @@ int ShmQueuePair::poll_recv_idle(std::span<Completion> out, size_t n) noexcept {
   }
   // In error the peer no longer consumes our ring: flush what is left, but
   // not a RECV whose buffer a live sender is still writing (see begin_fill):
-  // it completes when the sender publishes it.
+  // it completes when the sender publishes it. Nor one published since the
+  // check above: the next poll takes it as it completed.
   while (n < out.size() && rq_polled_ < rq_posted_.load(std::memory_order_acquire)) {
     const RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
     // seq_cst: pairs with begin_fill()'s store and load (enter_error()
     // stored owner_state seq_cst before this).
-    if (slot.done_seq.load(std::memory_order_seq_cst) ==
-            ((rq_polled_ + 1) | kSlotFilling) &&
-        !peer_gone()) {
+    const uint64_t done = slot.done_seq.load(std::memory_order_seq_cst);
+    if (done == rq_polled_ + 1 ||
+        (done == ((rq_polled_ + 1) | kSlotFilling) && !peer_gone())) {
       break;
     }
     out[n++] = flushed_recv(rq_[rq_polled_ & rq_mask_].wr_id);
