@@ -21,15 +21,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Within one region: from its start to offset 64.
 SendWr write_wr(uint64_t wr_id, MemoryRegion& mem) {
-  return SendWr{.wr_id = wr_id,
-                .opcode = Opcode::kWrite,
-                .flags = kSignaled,
-                .length = 8,
-                .local_addr = mem.data(),
-                .lkey = mem.lkey(),
-                .remote_addr = reinterpret_cast<uint64_t>(mem.data() + 64),
-                .rkey = mem.rkey()};
+  return shm::write_wr(wr_id, mem, reinterpret_cast<uint64_t>(mem.data() + 64),
+                       mem.rkey());
 }
 
 // A QP destroyed with unpolled completions gives its CQ capacity back, so its

@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -28,18 +29,6 @@ namespace rdmakit::shm {
 namespace {
 
 using namespace std::chrono_literals;
-
-SendWr write_wr(uint64_t wr_id, MemoryRegion& local, uint64_t remote_addr,
-                uint32_t rkey) {
-  return SendWr{.wr_id = wr_id,
-                .opcode = Opcode::kWrite,
-                .flags = kSignaled,
-                .length = 8,
-                .local_addr = local.data(),
-                .lkey = local.lkey(),
-                .remote_addr = remote_addr,
-                .rkey = rkey};
-}
 
 // A raw shm listener on an abstract socket, for a peer that handshakes by hand.
 struct RawListener {
@@ -110,36 +99,62 @@ TEST(ShmHostilePeerTest, RewrittenTableEntryCannotRedirectAWrite) {
   std::free(secret);
 }
 
+// A victim context connecting to an acceptor that handshakes by hand:
+// `tamper` sees the victim's end and the reply's end before the reply goes
+// out, as a hostile peer process could.
+class HandmadeAcceptor {
+ public:
+  using Tamper = std::function<void(PeerEnd& victim_end, LocalEnd& reply)>;
+  HandmadeAcceptor(uint16_t port, Tamper tamper) : raw(port) {
+    if (!raw.ok) return;
+    done_ = std::async(std::launch::async, [this, tamper = std::move(tamper)] {
+      Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
+      auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
+      const QpOptions options{.send_cq = evil_cq_.get(), .recv_cq = evil_cq_.get()};
+      LocalEnd reply = prepare_local_end(evil_ctx, options);
+      tamper(victim_end, reply);
+      send_hello(conn.get(), evil_ctx, reply, options, {}, true);
+      std::this_thread::sleep_for(100ms);  // the victim maps what it got
+    });
+  }
+  ~HandmadeAcceptor() { finish(); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(raw.port); }
+  // Waits until the acceptor has replied and hung up.
+  void finish() {
+    if (done_.valid()) done_.get();
+  }
+
+  std::unique_ptr<Context> victim = open_shm();
+  std::unique_ptr<CompletionQueue> victim_cq = victim->create_cq();
+  RawListener raw;
+
+ private:
+  std::unique_ptr<Context> evil_ = open_shm();
+  std::unique_ptr<CompletionQueue> evil_cq_ = evil_->create_cq();
+  std::future<void> done_;
+};
+
 // A hostile acceptor rewrites the ring size in the connector's own receive
 // block during the handshake; the connector must keep using its own size
 // (it indexed past its 4-slot block: ASan reported the write).
 TEST(ShmHostilePeerTest, RingSizeIsNotReadBackFromSharedMemory) {
-  auto victim = open_shm();
-  auto evil = open_shm();
-  auto victim_cq = victim->create_cq();
-  auto evil_cq = evil->create_cq();
-  RawListener raw(scratch_port());
-  ASSERT_TRUE(raw.ok);
-  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
-  auto fake = std::async(std::launch::async, [&] {
-    Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
+  HandmadeAcceptor peer(scratch_port(), [](PeerEnd& victim_end, LocalEnd&) {
     const size_t bytes = InboundBlock::bytes_for(victim_end.ring_size);
     auto* block =
         static_cast<InboundBlock*>(map_fd(victim_end.block_fd.get(), bytes, true));
+    ASSERT_NE(block, nullptr);
     block->ring_size = 65536;
-    LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
-    send_hello(conn.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options, {},
-               true);
-    std::this_thread::sleep_for(100ms);
     ::munmap(block, bytes);
   });
-  auto qp = victim->connect("127.0.0.1:" + std::to_string(raw.port),
-                            {.send_cq = victim_cq.get(),
-                             .recv_cq = victim_cq.get(),
-                             .max_send_wr = 4,
-                             .max_recv_wr = 4});
-  fake.get();
+  ASSERT_TRUE(peer.raw.ok);
+  auto& victim = peer.victim;
+  auto& victim_cq = peer.victim_cq;
+  auto qp = victim->connect(peer.address(), {.send_cq = victim_cq.get(),
+                                             .recv_cq = victim_cq.get(),
+                                             .max_send_wr = 4,
+                                             .max_recv_wr = 4});
+  peer.finish();
   auto mem = victim->allocate(4096, kAccessAll);
   int posted = 0;
   Completion c[8];
@@ -156,31 +171,19 @@ TEST(ShmHostilePeerTest, RingSizeIsNotReadBackFromSharedMemory) {
 // it: the descriptor it receives is read-only (it was read-write, so a peer
 // could grant itself, or another peer, access to any of our regions).
 TEST(ShmHostilePeerTest, PeersGetOurRegionTableReadOnly) {
-  auto victim = open_shm();
-  auto evil = open_shm();
-  auto victim_cq = victim->create_cq();
-  auto evil_cq = evil->create_cq();
-  RawListener raw(static_cast<uint16_t>(scratch_port() + 2));
-  ASSERT_TRUE(raw.ok);
-  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
-  auto fake = std::async(std::launch::async, [&] {
-    Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
-    EXPECT_EQ(map_fd(victim_end.table_fd.get(), sizeof(RegionTable), true), nullptr)
-        << "the victim's region table could be mapped writable";
-    EXPECT_EQ(errno, EACCES);
-    void* readable = map_fd(victim_end.table_fd.get(), sizeof(RegionTable), false);
-    EXPECT_NE(readable, nullptr);
-    if (readable != nullptr) ::munmap(readable, sizeof(RegionTable));
-    LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
-    send_hello(conn.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options, {},
-               true);
-    std::this_thread::sleep_for(100ms);
-  });
-  auto qp = victim->connect("127.0.0.1:" + std::to_string(raw.port),
-                            {.send_cq = victim_cq.get(), .recv_cq = victim_cq.get()});
+  HandmadeAcceptor peer(
+      static_cast<uint16_t>(scratch_port() + 2), [](PeerEnd& victim_end, LocalEnd&) {
+        EXPECT_EQ(map_fd(victim_end.table_fd.get(), sizeof(RegionTable), true), nullptr)
+            << "the victim's region table could be mapped writable";
+        EXPECT_EQ(errno, EACCES);
+        void* readable = map_fd(victim_end.table_fd.get(), sizeof(RegionTable), false);
+        EXPECT_NE(readable, nullptr);
+        if (readable != nullptr) ::munmap(readable, sizeof(RegionTable));
+      });
+  ASSERT_TRUE(peer.raw.ok);
+  auto qp = peer.victim->connect(
+      peer.address(), {.send_cq = peer.victim_cq.get(), .recv_cq = peer.victim_cq.get()});
   EXPECT_EQ(qp->state(), QpState::kConnected);
-  fake.get();
 }
 
 // Every memfd we share is sealed against resizing: a peer holding the
@@ -213,37 +216,26 @@ TEST(ShmHostilePeerTest, SharedMemfdsCannotBeResized) {
 // A peer whose receive block is not sealed (it could shrink it under our
 // mapping) is refused at the handshake, naming the reason.
 TEST(ShmHostilePeerTest, UnsealedPeerMemoryIsRefused) {
-  auto victim = open_shm();
-  auto evil = open_shm();
-  auto victim_cq = victim->create_cq();
-  auto evil_cq = evil->create_cq();
-  RawListener raw(static_cast<uint16_t>(scratch_port() + 1));
-  ASSERT_TRUE(raw.ok);
-  QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
-  auto fake = std::async(std::launch::async, [&] {
-    Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
-    LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
-    // Same content, in a memfd without seals.
-    Fd unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
-    if (::ftruncate(unsealed.get(), static_cast<off_t>(local.block_bytes)) != 0) return;
-    void* copy = map_fd(unsealed.get(), local.block_bytes, true);
-    std::memcpy(copy, local.block, local.block_bytes);
-    ::munmap(copy, local.block_bytes);
-    local.block_fd = std::move(unsealed);
-    send_hello(conn.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options, {},
-               true);
-    std::this_thread::sleep_for(100ms);
-  });
+  HandmadeAcceptor peer(
+      static_cast<uint16_t>(scratch_port() + 1), [](PeerEnd&, LocalEnd& reply) {
+        // Same content, in a memfd without seals.
+        Fd unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
+        ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(reply.block_bytes)), 0);
+        void* copy = map_fd(unsealed.get(), reply.block_bytes, true);
+        ASSERT_NE(copy, nullptr);
+        std::memcpy(copy, reply.block, reply.block_bytes);
+        ::munmap(copy, reply.block_bytes);
+        reply.block_fd = std::move(unsealed);
+      });
+  ASSERT_TRUE(peer.raw.ok);
   try {
-    victim->connect("127.0.0.1:" + std::to_string(raw.port),
-                    {.send_cq = victim_cq.get(), .recv_cq = victim_cq.get()});
+    peer.victim->connect(peer.address(), {.send_cq = peer.victim_cq.get(),
+                                          .recv_cq = peer.victim_cq.get()});
     ADD_FAILURE() << "connected to a peer whose shared memory is not sealed";
   } catch (const Error& e) {
     EXPECT_EQ(e.sys_errno(), EPROTO) << e.what();
     EXPECT_NE(std::string(e.what()).find("sealed"), std::string::npos) << e.what();
   }
-  fake.get();
 }
 
 // A peer that floods our service thread with requests and never reads the

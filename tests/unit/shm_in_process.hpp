@@ -15,6 +15,19 @@ inline std::unique_ptr<Context> open_shm() {
   return Context::open(options);
 }
 
+// A signaled 8-byte WRITE from the start of local to (remote_addr, rkey).
+inline SendWr write_wr(uint64_t wr_id, MemoryRegion& local, uint64_t remote_addr,
+                       uint32_t rkey) {
+  return SendWr{.wr_id = wr_id,
+                .opcode = Opcode::kWrite,
+                .flags = kSignaled,
+                .length = 8,
+                .local_addr = local.data(),
+                .lkey = local.lkey(),
+                .remote_addr = remote_addr,
+                .rkey = rkey};
+}
+
 struct Pair {
   std::unique_ptr<QueuePair> a, b;
 };
