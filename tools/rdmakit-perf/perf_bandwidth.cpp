@@ -33,9 +33,8 @@ Result PerfRun::run_bw(uint64_t size, uint64_t iterations, uint64_t duration_ns)
   uint64_t t_end = 0;
   Completion c[32];
   const uint64_t t0 = Clock::now();
-  const uint64_t deadline = (iterations || !sending)
-                                ? UINT64_MAX
-                                : t0 + static_cast<uint64_t>(duration_ns / Clock::ns(1));
+  const uint64_t deadline =
+      (iterations || !sending) ? UINT64_MAX : t0 + Clock::ticks(duration_ns);
   stamps_[0] = t0;
   stamp_ops_[0] = 0;
   nstamps = 1;
@@ -158,7 +157,7 @@ Result PerfRun::run_bw(uint64_t size, uint64_t iterations, uint64_t duration_ns)
     seconds = Clock::ns(t_end - t_start) / 1e9;
     const uint64_t ops = counters_.posted - ops_before;
     bw_avg = static_cast<double>(ops * wr_len) / seconds / 1e6;
-    msg_rate = ops / seconds / 1e6;
+    msg_rate = static_cast<double>(ops) / seconds / 1e6;
     bw_peak = peak(nstamps, wr_len);
     if (bw_peak < bw_avg) bw_peak = bw_avg;
   }
@@ -198,7 +197,8 @@ double PerfRun::peak(size_t nstamps, uint64_t wr_len) const {
     if (j < k) j = k;
     while (j < nstamps && stamps_[j] - stamps_[k] < min_dt) ++j;
     if (j == nstamps) break;
-    const double bytes = static_cast<double>(stamp_ops_[j] - stamp_ops_[k]) * wr_len;
+    const double bytes =
+        static_cast<double>(stamp_ops_[j] - stamp_ops_[k]) * static_cast<double>(wr_len);
     best = std::max(best, bytes / (Clock::ns(stamps_[j] - stamps_[k]) / 1e9) / 1e6);
   }
   return best;

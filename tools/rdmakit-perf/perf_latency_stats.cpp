@@ -29,10 +29,10 @@ LatStats lat_stats(std::vector<uint64_t>& ticks, size_t n, double scale) {
   s.min = us(ticks[0]);
   s.max = us(ticks[n - 1]);
   s.typical = us(ticks[n / 2]);
-  s.avg = sum / n;
-  s.stdev = std::sqrt(std::max(0.0, sq / n - s.avg * s.avg));
+  s.avg = sum / static_cast<double>(n);
+  s.stdev = std::sqrt(std::max(0.0, sq / static_cast<double>(n) - s.avg * s.avg));
   auto pct = [&](double p) {
-    size_t k = static_cast<size_t>(std::ceil(p * n));
+    size_t k = static_cast<size_t>(std::ceil(p * static_cast<double>(n)));
     return us(ticks[std::min(n - 1, k == 0 ? 0 : k - 1)]);
   };
   s.p99 = pct(0.99);

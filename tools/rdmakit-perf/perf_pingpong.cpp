@@ -124,8 +124,7 @@ Result PerfRun::run_pingpong(uint64_t size, uint64_t iterations, uint64_t durati
   uint64_t* t = lat_ticks_.data();
   const uint64_t cap = iterations ? iterations : kMaxLatSamples;
   const uint64_t t0 = Clock::now();
-  const uint64_t deadline =
-      iterations ? UINT64_MAX : t0 + static_cast<uint64_t>(duration_ns / Clock::ns(1));
+  const uint64_t deadline = iterations ? UINT64_MAX : t0 + Clock::ticks(duration_ns);
   uint64_t i = 0;
   for (; i < cap; ++i) {
     const uint64_t now = Clock::now();

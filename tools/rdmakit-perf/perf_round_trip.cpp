@@ -12,8 +12,7 @@ Result PerfRun::run_rtt(uint64_t size, uint64_t iterations, uint64_t duration_ns
   uint64_t* t = lat_ticks_.data();
   const uint64_t cap = iterations ? iterations : kMaxLatSamples;
   const uint64_t t0 = Clock::now();
-  const uint64_t deadline =
-      iterations ? UINT64_MAX : t0 + static_cast<uint64_t>(duration_ns / Clock::ns(1));
+  const uint64_t deadline = iterations ? UINT64_MAX : t0 + Clock::ticks(duration_ns);
   const bool cas = wr.opcode == Opcode::kCompareSwap;
   const auto* old = reinterpret_cast<const uint64_t*>(local(0));
   Completion c[4];

@@ -216,8 +216,9 @@ void PerfRun::serve() {
 Result PerfRun::run(uint64_t size, uint64_t iterations, uint64_t duration_ns) {
   // A side that only waits for the peer sees no progress of its own for
   // the whole run: bound it by the run's length (at 10 MB/s at worst).
-  passive_limit_s_ = std::max(o_.timeout_s, 30.0) + duration_ns / 1e9 +
-                     static_cast<double>(iterations) * size * s_.num_qps / 1e7;
+  passive_limit_s_ =
+      std::max(o_.timeout_s, 30.0) + static_cast<double>(duration_ns) / 1e9 +
+      static_cast<double>(iterations) * static_cast<double>(size) * s_.num_qps / 1e7;
   switch (s_.test) {
     case Test::kSendLat:
     case Test::kWriteLat: return run_pingpong(size, iterations, duration_ns);
