@@ -108,6 +108,7 @@ struct RunInfo {
   uint32_t effective_inline = 0;
 };
 
+// The two ends (perf_run.cpp).
 // Runs the server end: listens, serves one client for its whole sweep.
 int run_server(const Options& options, int port_fd);
 // Runs the client end; prints results as they come.
