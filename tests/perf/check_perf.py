@@ -168,6 +168,9 @@ def main():
     cases.append(("read_lat", ["-n", str(ne), "-e"], ne, 1, False))
     # A short sweep: every size gets a row and every row checks out.
     cases.append(("write_bw", ["-n", str(sweep), "-a", "-t", "16"], sweep, 1, False))
+    # A ping-pong sweep whose iteration count is not a multiple of cq_mod: the
+    # last WR is signaled, so no flush WRITE may add a completion to the next size.
+    cases.append(("send_lat", ["-n", str(sweep), "-a"], sweep, 1, False))
 
     failures = 0
     retried = 0

@@ -155,15 +155,17 @@ void PerfRun::post_one(SendWr& wr, uint64_t idx, bool last) {
   wr.flags = static_cast<uint8_t>(sig ? (wr.flags | kSignaled) : (wr.flags & ~kSignaled));
   if (wr.opcode == Opcode::kCompareSwap) set_swap_operands(wr, idx);
   check_post(qps_[0]->post_send(wr), "data WR");
+  last_wr_signaled_ = sig;
   ++posted_[0];
   ++counters_.posted;
   counters_.bytes += wr.length;
 }
 
-// After a duration run that ended on an unsignaled WR: post a signaled
-// WRITE to the peer's scratch so the send queue drains completely.
+// After a run that ended on an unsignaled WR: post a signaled WRITE to the
+// peer's scratch so the send queue drains completely. A run whose last WR was
+// signaled needs none (an extra completion would be counted in the next size).
 void PerfRun::flush_sq(uint32_t q) {
-  if (posted_[q] == 0 || posted_[q] % s_.cq_mod == 0) return;
+  if (posted_[q] == 0 || last_wr_signaled_) return;
   const SendWr wr = scratch_write((uint64_t{q} << kQpShift) | kFlushBit);
   Completion c[8];
   while (posted_[q] - completed_[q] >= s_.tx_depth) {

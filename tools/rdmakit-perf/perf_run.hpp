@@ -203,7 +203,8 @@ class PerfRun {
   std::vector<std::unique_ptr<QueuePair>> qps_;
   RemoteRegion peer_;
   uint64_t slot_ = 0;
-  uint64_t until_signal_ = 1;  // post_one: WRs left until the next signaled one
+  uint64_t until_signal_ = 1;      // post_one: WRs left until the next signaled one
+  bool last_wr_signaled_ = false;  // post_one: the last data WR on QP 0 was signaled
   uint32_t inline_ = 0;
   uint64_t cur_size_ = 0;
   bool end_seen_ = false;
