@@ -142,72 +142,86 @@ int run_bench(const BenchOptions& o) {
   try {
     if (!got_port) throw std::runtime_error("the server did not start");
     const int threads = std::max(1, o.threads);
-    std::vector<std::unique_ptr<Client>> clients;
-    for (int t = 0; t < threads; ++t) {
-      ClientOptions co;
-      co.address = fmt::format("127.0.0.1:{}", port);
-      co.provider = o.provider;
-      co.timeout = std::chrono::seconds(10);
-      clients.push_back(std::make_unique<Client>(co));
-    }
-    provider = clients[0]->provider_name();
-    // Every key exists before the GET phases, whatever N and K are.
-    for (uint64_t k = 0; k < o.keys; ++k) clients[0]->put(key_of(k), value_of(k, o.value_size));
-
     std::vector<std::vector<uint64_t>> lat(threads);
     std::vector<uint64_t> wrong(threads);
+    std::vector<uint64_t> retries(threads);
     std::vector<std::string> errors(threads);
-    for (size_t ph = 0; ph < phases.size(); ++ph) {
-      Phase& p = phases[ph];
-      std::barrier sync(threads + 1);
-      std::vector<std::thread> workers;
-      for (int t = 0; t < threads; ++t) {
-        workers.emplace_back([&, t] {
-          // Client objects are single-owner: this thread is the only poster.
-          Client& c = *clients[t];
+    std::atomic<bool> failed{false};
+    // Start and end of each phase; the main thread reads the clock and the
+    // server's CPU time between them.
+    std::barrier sync(threads + 1);
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        // A client is single-owner: it is created, used and destroyed here.
+        std::unique_ptr<Client> c;
+        try {
+          ClientOptions co;
+          co.address = fmt::format("127.0.0.1:{}", port);
+          co.provider = o.provider;
+          co.timeout = std::chrono::seconds(10);
+          c = std::make_unique<Client>(co);
+          if (t == 0) {
+            provider = c->provider_name();
+            // Every key exists before the GET phases, whatever N and K are.
+            for (uint64_t k = 0; k < o.keys; ++k) c->put(key_of(k), value_of(k, o.value_size));
+          }
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+          failed = true;
+        }
+        sync.arrive_and_wait();  // clients ready
+        std::string value;
+        for (size_t ph = 0; ph < phases.size(); ++ph) {
           const uint64_t share = o.ops / threads + (uint64_t(t) < o.ops % threads ? 1 : 0);
           lat[t].clear();
           lat[t].reserve(share);
           wrong[t] = 0;
-          std::string value;
-          sync.arrive_and_wait();
+          sync.arrive_and_wait();  // phase start
           try {
-            for (uint64_t i = 0; i < share; ++i) {
+            for (uint64_t i = 0; i < share && !failed; ++i) {
               const uint64_t k = (i * threads + t) % o.keys;
               const std::string key = key_of(k);
               const uint64_t t0 = now_ns();
               KvStatus s;
               if (ph == 0) {
-                s = c.put(key, value_of(k, o.value_size));
+                s = c->put(key, value_of(k, o.value_size));
               } else {
-                s = c.get(key, &value, ph == 1 ? GetMode::kRpc : GetMode::kRead);
+                s = c->get(key, &value, ph == 1 ? GetMode::kRpc : GetMode::kRead);
               }
               lat[t].push_back(now_ns() - t0);
               if (s != KvStatus::kOk || (ph > 0 && value != value_of(k, o.value_size)))
                 ++wrong[t];
             }
           } catch (const std::exception& e) {
-            errors[t] = e.what();
+            if (errors[t].empty()) errors[t] = e.what();
+            failed = true;
           }
-          sync.arrive_and_wait();
-        });
-      }
+          sync.arrive_and_wait();  // phase end
+          sync.arrive_and_wait();  // results collected
+        }
+        if (c) retries[t] = c->read_stats().retries;
+      });
+    }
+    sync.arrive_and_wait();
+    for (Phase& p : phases) {
       sync.arrive_and_wait();
       const uint64_t cpu0 = process_cpu_ns(server_pid);
       const uint64_t t0 = now_ns();
       sync.arrive_and_wait();
       p.wall_ns = now_ns() - t0;
       p.server_cpu_ns = process_cpu_ns(server_pid) - cpu0;
-      for (auto& w : workers) w.join();
       for (int t = 0; t < threads; ++t) {
-        if (!errors[t].empty()) throw std::runtime_error(errors[t]);
         p.lat_ns.insert(p.lat_ns.end(), lat[t].begin(), lat[t].end());
         p.wrong += wrong[t];
       }
+      sync.arrive_and_wait();
     }
-    uint64_t retries = 0;
-    for (auto& c : clients) retries += c->read_stats().retries;
-    clients.clear();
+    for (auto& w : workers) w.join();
+    for (int t = 0; t < threads; ++t)
+      if (!errors[t].empty()) throw std::runtime_error(errors[t]);
+    uint64_t read_retries = 0;
+    for (uint64_t r : retries) read_retries += r;
 
     std::cout << fmt::format(
         "rdmakit-kv bench: provider {}, {} ops per phase, {} keys, {} B values, {} client "
@@ -219,7 +233,7 @@ int run_bench(const BenchOptions& o) {
     nlohmann::json j = {{"tool", "rdmakit-kv bench"}, {"provider", provider},
                         {"ops", o.ops},               {"keys", o.keys},
                         {"value_size", o.value_size}, {"threads", threads},
-                        {"server_busy", o.server_busy}, {"read_retries", retries}};
+                        {"server_busy", o.server_busy}, {"read_retries", read_retries}};
     for (auto& p : phases) {
       j["phases"].push_back(summarize(p, o.ops, std::cout));
       if (p.wrong != 0) rc = 1;
