@@ -82,10 +82,17 @@ ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_vie
   for (size_t i = 0; i < n; ++i) {
     Slot& s = copies[i];
     std::memcpy(&s, slots.data() + i * kSlotSize, kSlotSize);
+    // Only slots that may hold the key are verified. A slot whose key_hash
+    // field differs from ours is skipped unchecked: a copy mixes bytes of
+    // states of the slot, and if any of them held our key then either both
+    // did (the key's bytes are the same in both, so the mix matches) or the
+    // key is being inserted or deleted right now, when absent is a right
+    // answer. A torn kMoved only costs a table refresh.
+    if (s.key_hash != hash && s.state != uint32_t(SlotState::kMoved)) continue;
     if ((s.version & 1) != 0 || s.check != slot_check(s)) return {Probe::kRetry};
     const auto state = static_cast<SlotState>(s.state);
     if (state == SlotState::kMoved) return {Probe::kMoved};
-    if (state == SlotState::kEmpty || s.key_hash != hash || s.key_len != key.size()) continue;
+    if (state == SlotState::kEmpty || s.key_len != key.size()) continue;
     if (state == SlotState::kInline) {
       if (s.key_len + size_t{s.value_len} > kInlineBytes) return {Probe::kRetry};
       if (std::memcmp(s.data, key.data(), key.size()) != 0) continue;
