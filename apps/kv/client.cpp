@@ -57,14 +57,17 @@ void Client::fail(const std::string& what) {
 }
 
 Completion Client::await(uint64_t wr_id, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  std::chrono::steady_clock::time_point deadline{};  // read only once we have to wait
   for (;;) {
     if (wr_id == kSendId && send_done_) break;
     if (wr_id == kRecvId && recv_done_) break;
     Completion c;
-    const auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::nanoseconds(0) || cq_->wait({&c, 1}, left) == 0)
-      fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
+    if (cq_->poll({&c, 1}) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + options_.timeout;
+      if (now >= deadline || cq_->wait({&c, 1}, deadline - now) == 0)
+        fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
+    }
     if (!c.ok())
       fail(fmt::format("{} failed: {} (the server is gone or refused the request)", what,
                        status_name(c.status)));

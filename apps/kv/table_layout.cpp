@@ -77,18 +77,23 @@ ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_vie
   const uint64_t hash = key_hash(key);
   ProbeResult best;
   const Slot* best_inline = nullptr;
-  Slot copies[kNeighborhood];
+  Slot copies[2];  // the current candidate and the best one so far
   const size_t n = std::min<size_t>(kNeighborhood, slots.size() / kSlotSize);
   for (size_t i = 0; i < n; ++i) {
-    Slot& s = copies[i];
-    std::memcpy(&s, slots.data() + i * kSlotSize, kSlotSize);
+    const std::byte* raw = slots.data() + i * kSlotSize;
     // Only slots that may hold the key are verified. A slot whose key_hash
     // field differs from ours is skipped unchecked: a copy mixes bytes of
     // states of the slot, and if any of them held our key then either both
     // did (the key's bytes are the same in both, so the mix matches) or the
     // key is being inserted or deleted right now, when absent is a right
     // answer. A torn kMoved only costs a table refresh.
-    if (s.key_hash != hash && s.state != uint32_t(SlotState::kMoved)) continue;
+    uint64_t raw_hash;
+    uint32_t raw_state;
+    std::memcpy(&raw_hash, raw + offsetof(Slot, key_hash), sizeof raw_hash);
+    std::memcpy(&raw_state, raw + offsetof(Slot, state), sizeof raw_state);
+    if (raw_hash != hash && raw_state != uint32_t(SlotState::kMoved)) continue;
+    Slot& s = copies[best_inline == &copies[0] ? 1 : 0];
+    std::memcpy(&s, raw, kSlotSize);
     if ((s.version & 1) != 0 || s.check != slot_check(s)) return {Probe::kRetry};
     const auto state = static_cast<SlotState>(s.state);
     if (state == SlotState::kMoved) return {Probe::kMoved};
