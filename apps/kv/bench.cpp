@@ -79,14 +79,19 @@ nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
     return double(p.lat_ns[i]) / 1000.0;
   };
   const double ops_s = p.wall_ns == 0 ? 0 : double(ops) * 1e9 / double(p.wall_ns);
-  const double cpu_share = p.wall_ns == 0 ? 0 : double(p.server_cpu_ns) / double(p.wall_ns);
-  out << fmt::format("{:<10} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} {:>14.2f} {:>8}\n", p.name,
-                     ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, p.wrong);
-  return {{"phase", p.name},         {"ops", ops},
-          {"ops_per_s", ops_s},      {"p50_us", pct(0.5)},
-          {"p99_us", pct(0.99)},     {"p999_us", pct(0.999)},
+  const double cpu_share =
+      p.wall_ns == 0 ? 0 : double(p.server_cpu_ns) / double(p.wall_ns);
+  out << fmt::format("{:<10} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} {:>14.2f} {:>8}\n",
+                     p.name, ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, p.wrong);
+  return {{"phase", p.name},
+          {"ops", ops},
+          {"ops_per_s", ops_s},
+          {"p50_us", pct(0.5)},
+          {"p99_us", pct(0.99)},
+          {"p999_us", pct(0.999)},
           {"server_cpu_s", double(p.server_cpu_ns) / 1e9},
-          {"server_cpu_share", cpu_share}, {"wrong", p.wrong}};
+          {"server_cpu_share", cpu_share},
+          {"wrong", p.wrong}};
 }
 
 }  // namespace
@@ -164,7 +169,8 @@ int run_bench(const BenchOptions& o) {
           if (t == 0) {
             provider = c->provider_name();
             // Every key exists before the GET phases, whatever N and K are.
-            for (uint64_t k = 0; k < o.keys; ++k) c->put(key_of(k), value_of(k, o.value_size));
+            for (uint64_t k = 0; k < o.keys; ++k)
+              c->put(key_of(k), value_of(k, o.value_size));
           }
         } catch (const std::exception& e) {
           errors[t] = e.what();
@@ -173,7 +179,8 @@ int run_bench(const BenchOptions& o) {
         sync.arrive_and_wait();  // clients ready
         std::string value;
         for (size_t ph = 0; ph < phases.size(); ++ph) {
-          const uint64_t share = o.ops / threads + (uint64_t(t) < o.ops % threads ? 1 : 0);
+          const uint64_t share =
+              o.ops / threads + (uint64_t(t) < o.ops % threads ? 1 : 0);
           lat[t].clear();
           lat[t].reserve(share);
           wrong[t] = 0;
@@ -224,16 +231,22 @@ int run_bench(const BenchOptions& o) {
     for (uint64_t r : retries) read_retries += r;
 
     std::cout << fmt::format(
-        "rdmakit-kv bench: provider {}, {} ops per phase, {} keys, {} B values, {} client "
+        "rdmakit-kv bench: provider {}, {} ops per phase, {} keys, {} B values, {} "
+        "client "
         "threads (cpu {}), server cpu {}{}\n",
         provider, o.ops, o.keys, o.value_size, threads, o.client_cpu, o.server_cpu,
         o.server_busy ? ", server core BUSY (CPU hog)" : "");
-    std::cout << fmt::format("{:<10} {:>12} {:>9} {:>9} {:>9} {:>14} {:>8}\n", "phase", "ops/s",
-                             "p50 us", "p99 us", "p99.9 us", "server cpu/s", "wrong");
-    nlohmann::json j = {{"tool", "rdmakit-kv bench"}, {"provider", provider},
-                        {"ops", o.ops},               {"keys", o.keys},
-                        {"value_size", o.value_size}, {"threads", threads},
-                        {"server_busy", o.server_busy}, {"read_retries", read_retries}};
+    std::cout << fmt::format("{:<10} {:>12} {:>9} {:>9} {:>9} {:>14} {:>8}\n", "phase",
+                             "ops/s", "p50 us", "p99 us", "p99.9 us", "server cpu/s",
+                             "wrong");
+    nlohmann::json j = {{"tool", "rdmakit-kv bench"},
+                        {"provider", provider},
+                        {"ops", o.ops},
+                        {"keys", o.keys},
+                        {"value_size", o.value_size},
+                        {"threads", threads},
+                        {"server_busy", o.server_busy},
+                        {"read_retries", read_retries}};
     for (auto& p : phases) {
       j["phases"].push_back(summarize(p, o.ops, std::cout));
       if (p.wrong != 0) rc = 1;
@@ -241,7 +254,8 @@ int run_bench(const BenchOptions& o) {
     const double rpc = j["phases"][1]["ops_per_s"];
     const double rd = j["phases"][2]["ops_per_s"];
     j["read_over_rpc"] = rpc > 0 ? rd / rpc : 0.0;
-    std::cout << fmt::format("READ GET / RPC GET ops/s: {:.2f}x\n", rpc > 0 ? rd / rpc : 0.0);
+    std::cout << fmt::format("READ GET / RPC GET ops/s: {:.2f}x\n",
+                             rpc > 0 ? rd / rpc : 0.0);
     if (o.json == "-") {
       std::cout << j.dump() << '\n';
     } else if (!o.json.empty()) {

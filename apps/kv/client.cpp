@@ -64,7 +64,8 @@ Completion Client::await(uint64_t wr_id, const char* what) {
     Completion c;
     if (cq_->poll({&c, 1}) == 0) {
       const auto now = std::chrono::steady_clock::now();
-      if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + options_.timeout;
+      if (deadline == std::chrono::steady_clock::time_point{})
+        deadline = now + options_.timeout;
       if (now >= deadline || cq_->wait({&c, 1}, deadline - now) == 0)
         fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
     }
@@ -100,16 +101,19 @@ KvStatus Client::rpc(Op op, std::string_view key, std::string_view value,
                      std::string* payload) {
   if (!broken_.empty()) throw ClientError(broken_);
   const uint64_t id = next_id_++;
-  const size_t len = encode_request({mr_->data() + kSendOffset, kMaxRequest}, op, id, key, value);
+  const size_t len =
+      encode_request({mr_->data() + kSendOffset, kMaxRequest}, op, id, key, value);
   const bool inl = options_.inline_sends && len <= qp_->max_inline();
   send_done_ = recv_done_ = false;
-  const PostResult r = qp_->post_send({.wr_id = kSendId,
-                                       .opcode = Opcode::kSend,
-                                       .flags = static_cast<uint8_t>(kSignaled | (inl ? kInline : 0)),
-                                       .length = static_cast<uint32_t>(len),
-                                       .local_addr = mr_->data() + kSendOffset,
-                                       .lkey = mr_->lkey()});
-  if (!r.ok()) fail(fmt::format("{} not posted: {}", op_name(op), post_status_name(r.status)));
+  const PostResult r =
+      qp_->post_send({.wr_id = kSendId,
+                      .opcode = Opcode::kSend,
+                      .flags = static_cast<uint8_t>(kSignaled | (inl ? kInline : 0)),
+                      .length = static_cast<uint32_t>(len),
+                      .local_addr = mr_->data() + kSendOffset,
+                      .lkey = mr_->lkey()});
+  if (!r.ok())
+    fail(fmt::format("{} not posted: {}", op_name(op), post_status_name(r.status)));
   const std::string what = std::string(op_name(op)) + " request";
   await(kSendId, what.c_str());
   await(kRecvId, what.c_str());
@@ -163,7 +167,8 @@ void Client::refresh_table() {
   auto info = TableInfo::deserialize(
       {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
   if (s != KvStatus::kOk || !info)
-    fail(fmt::format("TABLE request answered {} with an unusable descriptor", kv_status_name(s)));
+    fail(fmt::format("TABLE request answered {} with an unusable descriptor",
+                     kv_status_name(s)));
   if (info->epoch != table_.epoch) ++stats_.table_moves;
   table_ = *info;
   table_stale_ = false;
@@ -203,13 +208,15 @@ KvStatus Client::get_by_read(std::string_view key, std::string* value) {
       case Probe::kMoved: table_stale_ = true; continue;
       case Probe::kIndirect: break;
     }
-    if (p.block >= table_.block_count || p.value_len > kMaxValue) {  // never in a checked slot
+    if (p.block >= table_.block_count ||
+        p.value_len > kMaxValue) {  // never in a checked slot
       ++stats_.retries;
       continue;
     }
     const uint32_t len = static_cast<uint32_t>(kBlockHeader + key.size() + p.value_len);
     read(table_.block_offset(p.block), len, kNeighborhoodBytes);
-    if (verify_block({mr_->data() + kReadOffset + kNeighborhoodBytes, len}, key, p.seq, value))
+    if (verify_block({mr_->data() + kReadOffset + kNeighborhoodBytes, len}, key, p.seq,
+                     value))
       return KvStatus::kOk;
     ++stats_.retries;  // the block was reused since the slot was copied
   }

@@ -25,16 +25,16 @@ class ClientError : public std::runtime_error {
 struct ClientOptions {
   std::string address = "127.0.0.1:7471";
   ProviderKind provider = ProviderKind::kAuto;
-  bool inline_sends = false;  // -i: requests that fit go INLINE
+  bool inline_sends = false;                // -i: requests that fit go INLINE
   std::chrono::milliseconds timeout{5000};  // per request, and connect
 };
 
 enum class GetMode { kRpc, kRead };
 
 struct ReadStats {
-  uint64_t reads = 0;         // READ work requests posted
-  uint64_t retries = 0;       // snapshots rejected (being written, torn, stale block)
-  uint64_t table_moves = 0;   // new tables learnt
+  uint64_t reads = 0;        // READ work requests posted
+  uint64_t retries = 0;      // snapshots rejected (being written, torn, stale block)
+  uint64_t table_moves = 0;  // new tables learnt
 };
 
 class Client {
@@ -65,7 +65,8 @@ class Client {
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
   Completion await(uint64_t wr_id, const char* what);
   [[noreturn]] void fail(const std::string& what);
-  KvStatus check_local(std::string_view key, std::string_view value, std::string* why) const;
+  KvStatus check_local(std::string_view key, std::string_view value,
+                       std::string* why) const;
 
   ClientOptions options_;
   std::unique_ptr<Context> ctx_;

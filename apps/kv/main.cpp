@@ -2,7 +2,8 @@
 //   rdmakit-kv server [-p PORT] [--provider P] [--capacity N]
 //   rdmakit-kv client [-s SERVER] [-p PORT] [-i] [-q]          # the lab's menu
 //   rdmakit-kv client put K V | get K [--get read] | del K | -  # one-shot, or stdin
-//   rdmakit-kv bench [--provider P] [-n N] [-k K] [--threads T] [--server-busy] [--json F]
+//   rdmakit-kv bench [--provider P] [-n N] [-k K] [--threads T] [--server-busy] [--json
+//   F]
 #include <signal.h>
 #include <unistd.h>
 
@@ -41,14 +42,17 @@ int main(int argc, char** argv) {
   server_cmd->add_option("-p,--port", port, "Port (default 7471)");
   server_cmd->add_option("--bind", bind, "Address to listen on (default 0.0.0.0)");
   server_cmd->add_option("--provider", provider, "auto, shm, tcp or verbs");
-  server_cmd->add_option("--capacity", so.table.capacity, "Keys the first table holds (default 32768)");
+  server_cmd->add_option("--capacity", so.table.capacity,
+                         "Keys the first table holds (default 32768)");
   server_cmd->add_option("--blocks", so.table.blocks,
                          "Blocks for entries longer than a slot (default 64)");
   server_cmd->add_flag("--no-grow", no_grow, "Refuse PUTs when full instead of growing");
-  server_cmd->add_option("--max-clients", so.max_clients, "Clients served at once (default 64)");
+  server_cmd->add_option("--max-clients", so.max_clients,
+                         "Clients served at once (default 64)");
   server_cmd->add_flag("-q,--quiet", so.quiet, "No line per request");
 
-  auto* client_cmd = app.add_subcommand("client", "Menu, one command, or commands from stdin");
+  auto* client_cmd =
+      app.add_subcommand("client", "Menu, one command, or commands from stdin");
   std::string server_host = "127.0.0.1";
   ClientOptions co;
   bool quiet = false;
@@ -58,11 +62,13 @@ int main(int argc, char** argv) {
   client_cmd->add_option("-s,--server", server_host, "Server host (default 127.0.0.1)");
   client_cmd->add_option("-p,--port", port, "Port (default 7471)");
   client_cmd->add_option("--provider", provider, "auto, shm, tcp or verbs");
-  client_cmd->add_flag("-i,--inline", co.inline_sends, "Send requests INLINE when they fit");
+  client_cmd->add_flag("-i,--inline", co.inline_sends,
+                       "Send requests INLINE when they fit");
   client_cmd->add_flag("-q,--quiet", quiet, "No line per request");
   client_cmd->add_option("--get", get_mode, "GET by rpc (message) or read (RDMA READ)")
       ->check(CLI::IsMember({"rpc", "read"}));
-  client_cmd->add_option("--timeout-ms", timeout_ms, "Per-request timeout (default 5000)");
+  client_cmd->add_option("--timeout-ms", timeout_ms,
+                         "Per-request timeout (default 5000)");
   client_cmd->add_option("command", words,
                          "put K V | get K | getr K | del K | - (commands from stdin); "
                          "none: the menu");
@@ -74,10 +80,14 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("-k,--keys", bo.keys, "Distinct keys (default 1000)");
   bench_cmd->add_option("--value-size", bo.value_size, "Value bytes (default 8)");
   bench_cmd->add_option("-t,--threads", bo.threads, "Client threads (default 2)");
-  bench_cmd->add_flag("--server-busy", bo.server_busy, "A CPU hog shares the server's core");
-  bench_cmd->add_option("--server-cpu", bo.server_cpu, "Server core (default 0; -1 unpinned)");
-  bench_cmd->add_option("--client-cpu", bo.client_cpu, "Client core (default 1; -1 unpinned)");
-  bench_cmd->add_option("--json", bo.json, "Write the result as JSON to this file (- stdout)");
+  bench_cmd->add_flag("--server-busy", bo.server_busy,
+                      "A CPU hog shares the server's core");
+  bench_cmd->add_option("--server-cpu", bo.server_cpu,
+                        "Server core (default 0; -1 unpinned)");
+  bench_cmd->add_option("--client-cpu", bo.client_cpu,
+                        "Client core (default 1; -1 unpinned)");
+  bench_cmd->add_option("--json", bo.json,
+                        "Write the result as JSON to this file (- stdout)");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -87,7 +97,9 @@ int main(int argc, char** argv) {
       so.address = bind + ":" + std::to_string(port);
       so.table.grow = !no_grow;
       Server server(so);
-      std::fprintf(stderr, "rdmakit-kv server: listening on %s:%u (provider %s, table sized for %lu keys)\n",
+      std::fprintf(stderr,
+                   "rdmakit-kv server: listening on %s:%u (provider %s, table sized for "
+                   "%lu keys)\n",
                    bind.c_str(), server.port(), server.provider_name(),
                    static_cast<unsigned long>(so.table.capacity));
       struct sigaction sa {};
@@ -106,7 +118,8 @@ int main(int argc, char** argv) {
       const GetMode mode = get_mode == "read" ? GetMode::kRead : GetMode::kRpc;
       Client client(co);
       if (!quiet)
-        std::fprintf(stderr, "rdmakit-kv client: connected to %s (provider %s, table epoch %u)\n",
+        std::fprintf(stderr,
+                     "rdmakit-kv client: connected to %s (provider %s, table epoch %u)\n",
                      co.address.c_str(), client.provider_name(), client.table().epoch);
       if (words.empty()) return run_menu(client, std::cin, std::cout, quiet);
       if (words.size() == 1 && words[0] == "-")

@@ -24,7 +24,8 @@ bool prompt(std::istream& in, std::ostream& out, const char* text, std::string* 
 // Prints the outcome of one request; true unless the server refused it.
 bool report(std::ostream& out, const char* what, std::string_view key, KvStatus s,
             const std::string& detail, double us, bool quiet) {
-  if (!quiet) out << fmt::format("{} '{}' -> {} ({:.1f} us)\n", what, key, kv_status_name(s), us);
+  if (!quiet)
+    out << fmt::format("{} '{}' -> {} ({:.1f} us)\n", what, key, kv_status_name(s), us);
   if (s != KvStatus::kOk && s != KvStatus::kNotFound) {
     out << fmt::format("error: {} '{}': {}{}{}\n", what, key, kv_status_name(s),
                        detail.empty() ? "" : ": ", detail);
@@ -43,13 +44,14 @@ bool do_put(Client& c, std::string_view key, std::string_view value, std::ostrea
   return ok;
 }
 
-bool do_get(Client& c, std::string_view key, GetMode mode, std::ostream& out, bool quiet) {
+bool do_get(Client& c, std::string_view key, GetMode mode, std::ostream& out,
+            bool quiet) {
   std::string value;
   std::string why;
   const auto t0 = Clock::now();
   const KvStatus s = c.get(key, &value, mode, &why);
-  const bool ok = report(out, mode == GetMode::kRead ? "GET(READ)" : "GET(RPC)", key, s, why,
-                          micros_since(t0), quiet);
+  const bool ok = report(out, mode == GetMode::kRead ? "GET(READ)" : "GET(RPC)", key, s,
+                         why, micros_since(t0), quiet);
   if (s == KvStatus::kOk) out << "value: " << value << '\n';
   if (s == KvStatus::kNotFound) out << "key not found\n";
   return ok;
@@ -77,7 +79,9 @@ int run_menu(Client& client, std::istream& in, std::ostream& out, bool quiet) {
     if (!prompt(in, out, "Enter choice:", &choice)) break;
     if (choice == "0") break;
     if (choice == "1") {
-      if (!prompt(in, out, "Enter key:", &key) || !prompt(in, out, "Enter value:", &value)) break;
+      if (!prompt(in, out, "Enter key:", &key) ||
+          !prompt(in, out, "Enter value:", &value))
+        break;
       do_put(client, key, value, out, quiet);
     } else if (choice == "2" || choice == "3") {
       if (!prompt(in, out, "Enter key:", &key)) break;
@@ -90,13 +94,15 @@ int run_menu(Client& client, std::istream& in, std::ostream& out, bool quiet) {
   return 0;
 }
 
-bool run_command(Client& client, const std::vector<std::string>& words, GetMode default_mode,
-                 std::ostream& out, bool quiet) {
+bool run_command(Client& client, const std::vector<std::string>& words,
+                 GetMode default_mode, std::ostream& out, bool quiet) {
   const std::string& cmd = words.empty() ? std::string() : words[0];
-  if (cmd == "put" && words.size() == 3) return do_put(client, words[1], words[2], out, quiet);
+  if (cmd == "put" && words.size() == 3)
+    return do_put(client, words[1], words[2], out, quiet);
   if ((cmd == "get" || cmd == "getr" || cmd == "getrpc") && words.size() == 2) {
-    const GetMode mode =
-        cmd == "getr" ? GetMode::kRead : cmd == "getrpc" ? GetMode::kRpc : default_mode;
+    const GetMode mode = cmd == "getr"     ? GetMode::kRead
+                         : cmd == "getrpc" ? GetMode::kRpc
+                                           : default_mode;
     return do_get(client, words[1], mode, out, quiet);
   }
   if (cmd == "del" && words.size() == 2) return do_del(client, words[1], out, quiet);
@@ -104,8 +110,8 @@ bool run_command(Client& client, const std::vector<std::string>& words, GetMode 
   return false;
 }
 
-int run_commands(Client& client, std::istream& in, GetMode default_mode, std::ostream& out,
-                 bool quiet) {
+int run_commands(Client& client, std::istream& in, GetMode default_mode,
+                 std::ostream& out, bool quiet) {
   std::string line;
   int status = 0;
   while (std::getline(in, line)) {

@@ -47,8 +47,8 @@ std::optional<Request> parse_request(std::span<const std::byte> in, KvStatus* st
   *status = KvStatus::kMalformed;
   RequestHeader h;
   if (in.size() < sizeof h) {
-    *why = fmt::format("request of {} bytes is shorter than its {}-byte header", in.size(),
-                       sizeof h);
+    *why = fmt::format("request of {} bytes is shorter than its {}-byte header",
+                       in.size(), sizeof h);
     return std::nullopt;
   }
   std::memcpy(&h, in.data(), sizeof h);
@@ -59,8 +59,9 @@ std::optional<Request> parse_request(std::span<const std::byte> in, KvStatus* st
   *id = h.id;
   const size_t want = sizeof h + size_t{h.key_len} + h.value_len;
   if (want != in.size()) {
-    *why = fmt::format("request says key {} B + value {} B but carries {} B after the header",
-                       h.key_len, h.value_len, in.size() - sizeof h);
+    *why = fmt::format(
+        "request says key {} B + value {} B but carries {} B after the header", h.key_len,
+        h.value_len, in.size() - sizeof h);
     return std::nullopt;
   }
   const Op op = static_cast<Op>(h.op);
@@ -108,7 +109,10 @@ std::optional<Response> parse_response(std::span<const std::byte> in) noexcept {
   std::memcpy(&h, in.data(), sizeof h);
   if (h.magic != kResponseMagic || sizeof h + size_t{h.payload_len} != in.size())
     return std::nullopt;
-  return Response{static_cast<Op>(h.op), static_cast<KvStatus>(h.status), h.epoch, h.id,
+  return Response{static_cast<Op>(h.op),
+                  static_cast<KvStatus>(h.status),
+                  h.epoch,
+                  h.id,
                   {reinterpret_cast<const char*>(in.data()) + sizeof h, h.payload_len}};
 }
 

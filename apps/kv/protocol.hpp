@@ -19,7 +19,8 @@
 
 namespace rdmakit::kv {
 
-static_assert(std::endian::native == std::endian::little, "wire layouts are little-endian");
+static_assert(std::endian::native == std::endian::little,
+              "wire layouts are little-endian");
 
 inline constexpr uint32_t kRequestMagic = 0x3151564bu;   // "KVQ1"
 inline constexpr uint32_t kResponseMagic = 0x3152564bu;  // "KVR1"

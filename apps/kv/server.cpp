@@ -102,7 +102,8 @@ void Server::adopt_pending() {
     auto conn = std::make_unique<Conn>();
     conn->id = next_id_++;
     conn->peer = qp->peer();
-    conn->mr = ctx_->allocate(kMaxOutstanding * (kRecvStride + kSendStride), kAccessLocalWrite);
+    conn->mr =
+        ctx_->allocate(kMaxOutstanding * (kRecvStride + kSendStride), kAccessLocalWrite);
     conn->qp = std::move(qp);
     bool ok = true;
     for (uint32_t s = 0; s < kMaxOutstanding && ok; ++s) {
@@ -147,8 +148,8 @@ void Server::run(const std::atomic<bool>& stop) {
     adopt_pending();
     const int n = cq_->wait(batch, 20ms);
     for (int i = 0; i < n; ++i) on_completion(batch[i]);
-    if (options_.exit_after_clients > 0 && finished_clients_ >= options_.exit_after_clients &&
-        conns_.empty())
+    if (options_.exit_after_clients > 0 &&
+        finished_clients_ >= options_.exit_after_clients && conns_.empty())
       break;
   }
   accepting_ = false;
@@ -173,9 +174,9 @@ void Server::on_completion(const Completion& c) {
   }
   if (send) {
     const PostResult r = conn.qp->post_recv({.wr_id = make_wr_id(id, false, slot),
-                                            .addr = recv_slot(conn, slot),
-                                            .length = static_cast<uint32_t>(kMaxRequest),
-                                            .lkey = conn.mr->lkey()});
+                                             .addr = recv_slot(conn, slot),
+                                             .length = static_cast<uint32_t>(kMaxRequest),
+                                             .lkey = conn.mr->lkey()});
     if (!r.ok()) drop(id, "dropped: could not repost a receive buffer");
     return;
   }
@@ -194,8 +195,8 @@ void Server::handle(Conn& conn, uint32_t slot, uint32_t byte_len) {
   if (!req) {
     ++malformed_;
     payload = why;
-    std::fprintf(stderr, "rdmakit-kv server: client %u (%s): bad request: %s: %s\n", conn.id,
-                 conn.peer.c_str(), kv_status_name(status), why.c_str());
+    std::fprintf(stderr, "rdmakit-kv server: client %u (%s): bad request: %s: %s\n",
+                 conn.id, conn.peer.c_str(), kv_status_name(status), why.c_str());
   } else {
     op = req->op;
     switch (req->op) {
@@ -209,11 +210,11 @@ void Server::handle(Conn& conn, uint32_t slot, uint32_t byte_len) {
         }
         if (table_->epoch() != epoch) {
           publish_table_info();
-          std::fprintf(stderr,
-                       "rdmakit-kv server: table grew to %lu buckets, %lu blocks (epoch %u)\n",
-                       static_cast<unsigned long>(table_->info().buckets),
-                       static_cast<unsigned long>(table_->info().block_count),
-                       table_->epoch());
+          std::fprintf(
+              stderr,
+              "rdmakit-kv server: table grew to %lu buckets, %lu blocks (epoch %u)\n",
+              static_cast<unsigned long>(table_->info().buckets),
+              static_cast<unsigned long>(table_->info().block_count), table_->epoch());
         }
         break;
       }
@@ -239,7 +240,8 @@ void Server::handle(Conn& conn, uint32_t slot, uint32_t byte_len) {
                    op_name(op), printable(req->key).c_str(), kv_status_name(status));
   }
   std::byte* out = send_slot(conn, slot);
-  const size_t len = encode_response({out, kSendStride}, op, status, table_->epoch(), id, payload);
+  const size_t len =
+      encode_response({out, kSendStride}, op, status, table_->epoch(), id, payload);
   const PostResult r = conn.qp->post_send({.wr_id = make_wr_id(conn.id, true, slot),
                                            .opcode = Opcode::kSend,
                                            .flags = kSignaled,

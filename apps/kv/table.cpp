@@ -71,13 +71,15 @@ uint64_t round_pow2(uint64_t v) { return std::bit_ceil(std::max<uint64_t>(v, 16)
 }  // namespace
 
 Table::Table(Context& ctx, const TableOptions& options) : ctx_(ctx), options_(options) {
-  const uint64_t buckets = std::min(round_pow2(options.capacity * 2), options.max_buckets);
+  const uint64_t buckets =
+      std::min(round_pow2(options.capacity * 2), options.max_buckets);
   current_ = make_generation(buckets, std::max<uint64_t>(options.blocks, 1), 1);
 }
 
 Table::~Table() = default;
 
-Table::Generation Table::make_generation(uint64_t buckets, uint64_t blocks, uint32_t epoch) {
+Table::Generation Table::make_generation(uint64_t buckets, uint64_t blocks,
+                                         uint32_t epoch) {
   Generation g;
   TableInfo& t = g.info;
   t.epoch = epoch;
@@ -95,7 +97,8 @@ Table::Generation Table::make_generation(uint64_t buckets, uint64_t blocks, uint
   empty.block = kNoBlock;
   seal(empty);
   KV_PUBLISH_BEGIN();
-  for (uint64_t i = 0; i < t.slot_count; ++i) std::memcpy(slot(g, i), &empty, sizeof empty);
+  for (uint64_t i = 0; i < t.slot_count; ++i)
+    std::memcpy(slot(g, i), &empty, sizeof empty);
   TableHeader h{};
   h.magic = kTableMagic;
   h.epoch = epoch;
@@ -144,7 +147,8 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
   if (!existing) {
     const uint64_t home = g.info.home_bucket(hash);
     for (uint64_t i = home; i < home + kNeighborhood && index < 0; ++i)
-      if (slot(g, i)->state == uint32_t(SlotState::kEmpty)) index = static_cast<int64_t>(i);
+      if (slot(g, i)->state == uint32_t(SlotState::kEmpty))
+        index = static_cast<int64_t>(i);
     if (index < 0) return PutOutcome::kFullNeighborhood;
   }
   Slot* dst = slot(g, static_cast<uint64_t>(index));
@@ -279,9 +283,10 @@ std::string Table::full_reason(PutOutcome outcome) const {
   if (outcome == PutOutcome::kFullBlocks)
     return fmt::format("table full: all {} long-entry blocks in use{}", t.block_count,
                        options_.grow ? "" : " (growth disabled)");
-  return fmt::format("table full: the key's {}-slot neighborhood is taken ({} keys, {} buckets{})",
-                     kNeighborhood, size_, t.buckets,
-                     options_.grow ? ", at the growth limit" : ", growth disabled");
+  return fmt::format(
+      "table full: the key's {}-slot neighborhood is taken ({} keys, {} buckets{})",
+      kNeighborhood, size_, t.buckets,
+      options_.grow ? ", at the growth limit" : ", growth disabled");
 }
 
 }  // namespace rdmakit::kv

@@ -60,7 +60,9 @@ std::optional<TableInfo> TableInfo::deserialize(std::span<const std::byte> in) n
   return t;
 }
 
-uint64_t key_hash(std::string_view key) noexcept { return XXH3_64bits(key.data(), key.size()); }
+uint64_t key_hash(std::string_view key) noexcept {
+  return XXH3_64bits(key.data(), key.size());
+}
 
 uint64_t slot_check(const Slot& slot) noexcept {
   const auto* bytes = reinterpret_cast<const std::byte*>(&slot);
@@ -69,7 +71,8 @@ uint64_t slot_check(const Slot& slot) noexcept {
 }
 
 uint64_t block_check(const BlockHeader& header, const std::byte* payload) noexcept {
-  return XXH3_64bits_withSeed(payload, size_t{header.key_len} + header.value_len, header.seq);
+  return XXH3_64bits_withSeed(payload, size_t{header.key_len} + header.value_len,
+                              header.seq);
 }
 
 ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_view key,

@@ -97,8 +97,12 @@ struct TableInfo {
   std::vector<std::byte> serialize() const;
   static std::optional<TableInfo> deserialize(std::span<const std::byte> in) noexcept;
 
-  uint64_t home_bucket(uint64_t key_hash) const noexcept { return key_hash & (buckets - 1); }
-  uint64_t slot_offset(uint64_t slot) const noexcept { return kTableHeader + slot * kSlotSize; }
+  uint64_t home_bucket(uint64_t key_hash) const noexcept {
+    return key_hash & (buckets - 1);
+  }
+  uint64_t slot_offset(uint64_t slot) const noexcept {
+    return kTableHeader + slot * kSlotSize;
+  }
   uint64_t block_offset(uint32_t block) const noexcept {
     return blocks_offset + uint64_t{block} * kBlockSize;
   }

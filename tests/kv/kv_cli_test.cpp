@@ -29,8 +29,9 @@ class ServerProcess {
     if (pid_ == 0) {
       dup2(fds[1], 2);
       close(fds[0]);
-      execl(RDMAKIT_KV_BINARY, RDMAKIT_KV_BINARY, "server", "--bind", "127.0.0.1", "-p", "0",
-            "--provider", provider.c_str(), "--capacity", "1000", static_cast<char*>(nullptr));
+      execl(RDMAKIT_KV_BINARY, RDMAKIT_KV_BINARY, "server", "--bind", "127.0.0.1", "-p",
+            "0", "--provider", provider.c_str(), "--capacity", "1000",
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     close(fds[1]);
@@ -79,11 +80,11 @@ struct CliRun {
 
 // Runs `rdmakit-kv client ARGS` with `input` on stdin; stdout+stderr back.
 CliRun client(const std::string& provider, int port, const std::string& args,
-           const std::string& input = "") {
+              const std::string& input = "") {
   // input is printf's format: "\\n" for newlines, no quotes or percent signs.
-  const std::string cmd = "printf '" + input + "' | timeout 20 " RDMAKIT_KV_BINARY
-                          " client -p " + std::to_string(port) + " --provider " + provider +
-                          " " + args + " 2>&1";
+  const std::string cmd =
+      "printf '" + input + "' | timeout 20 " RDMAKIT_KV_BINARY " client -p " +
+      std::to_string(port) + " --provider " + provider + " " + args + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   CliRun r{-1, {}};
   if (f == nullptr) return r;
@@ -128,7 +129,8 @@ TEST_P(KvCliTest, OneShotMenuAndStdinCommands) {
   EXPECT_NE(r.out.find("KEY_TOO_LONG"), std::string::npos) << r.out;
 
   // The lab's menu through stdin, with -i (inline sends).
-  r = client(p, server.port(), "-q -i", "1\\n42\\n4242\\n2\\n42\\n3\\n42\\n3\\n43\\n7\\n0\\n");
+  r = client(p, server.port(), "-q -i",
+             "1\\n42\\n4242\\n2\\n42\\n3\\n42\\n3\\n43\\n7\\n0\\n");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("1 - set a key/value pair"), std::string::npos) << r.out;
   EXPECT_EQ(count(r.out, "Enter key:"), 4u) << r.out;
@@ -177,8 +179,8 @@ TEST_P(KvCliTest, MenuOnAPseudoTerminal) {
   const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    execl(RDMAKIT_KV_BINARY, RDMAKIT_KV_BINARY, "client", "-p", port.c_str(), "--provider",
-          GetParam().c_str(), "-q", static_cast<char*>(nullptr));
+    execl(RDMAKIT_KV_BINARY, RDMAKIT_KV_BINARY, "client", "-p", port.c_str(),
+          "--provider", GetParam().c_str(), "-q", static_cast<char*>(nullptr));
     _exit(127);
   }
   std::string out;

@@ -21,7 +21,8 @@ using Clock = std::chrono::steady_clock;
 class KvTest : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Providers, KvTest, ::testing::ValuesIn(kv_providers()));
 
-std::string get(Client& c, std::string_view key, GetMode mode, KvStatus want = KvStatus::kOk) {
+std::string get(Client& c, std::string_view key, GetMode mode,
+                KvStatus want = KvStatus::kOk) {
   std::string v;
   EXPECT_EQ(c.get(key, &v, mode), want) << key;
   return v;
@@ -51,9 +52,11 @@ TEST_P(KvTest, PutGetDeleteAndLimits) {
           EXPECT_EQ(get(c, key, mode), value);
           // Too long: refused for that request only.
           std::string why;
-          EXPECT_EQ(c.put(std::string(kMaxKey + 1, 'k'), "x", &why), KvStatus::kKeyTooLong);
+          EXPECT_EQ(c.put(std::string(kMaxKey + 1, 'k'), "x", &why),
+                    KvStatus::kKeyTooLong);
           EXPECT_NE(why.find("257"), std::string::npos) << why;
-          EXPECT_EQ(c.put("x", std::string(kMaxValue + 1, 'v'), &why), KvStatus::kValueTooLong);
+          EXPECT_EQ(c.put("x", std::string(kMaxValue + 1, 'v'), &why),
+                    KvStatus::kValueTooLong);
           EXPECT_EQ(c.put("", "x"), KvStatus::kKeyTooLong);
           // Deletes: gone for both GET modes, a second delete finds nothing.
           ASSERT_EQ(c.del(key), KvStatus::kOk);
@@ -74,8 +77,7 @@ TEST_P(KvTest, PutGetDeleteAndLimits) {
 
 TEST_P(KvTest, GrowthIsLearntThroughTheEpoch) {
   run_roles(
-      GetParam(),
-      [](RoleEnv& env) { serve(env, 2, {.capacity = 8, .blocks = 1}); },
+      GetParam(), [](RoleEnv& env) { serve(env, 2, {.capacity = 8, .blocks = 1}); },
       [](RoleEnv& env) {
         Client reader(client_options(env));  // holds the first table
         Client writer(client_options(env));
@@ -83,7 +85,8 @@ TEST_P(KvTest, GrowthIsLearntThroughTheEpoch) {
         ASSERT_EQ(writer.put("early", "v0"), KvStatus::kOk);
         EXPECT_EQ(get(reader, "early", GetMode::kRead), "v0");
         for (int i = 0; i < 600; ++i) {
-          const std::string v = i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
+          const std::string v =
+              i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
           ASSERT_EQ(writer.put("k" + std::to_string(i), v), KvStatus::kOk) << i;
         }
         ASSERT_EQ(writer.put("early", "v1"), KvStatus::kOk);
@@ -92,7 +95,8 @@ TEST_P(KvTest, GrowthIsLearntThroughTheEpoch) {
         EXPECT_GT(reader.table().epoch, first_epoch);
         EXPECT_GE(reader.read_stats().table_moves, 1u);
         for (int i = 0; i < 600; ++i) {
-          const std::string v = i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
+          const std::string v =
+              i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
           ASSERT_EQ(get(reader, "k" + std::to_string(i), GetMode::kRead), v) << i;
         }
       });
@@ -116,7 +120,8 @@ TEST_P(KvTest, FullTableRefusesClearlyAndStaysIntact) {
         EXPECT_NE(why.find("growth disabled"), std::string::npos) << why;
         for (int i = 0; i < stored; ++i)
           EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), "v" + std::to_string(i));
-        ASSERT_EQ(c.put("0", std::string(1000, 'x')), KvStatus::kOk);  // takes the one block
+        ASSERT_EQ(c.put("0", std::string(1000, 'x')),
+                  KvStatus::kOk);  // takes the one block
         EXPECT_EQ(c.put("1", std::string(1000, 'y'), &why), KvStatus::kTableFull);
         EXPECT_NE(why.find("blocks"), std::string::npos) << why;
         EXPECT_EQ(get(c, "1", GetMode::kRead), "v1");
@@ -140,16 +145,21 @@ struct RawClient {
     o.send_cq = o.recv_cq = cq.get();
     qp = env.connect(*ctx, o);
     table = *TableInfo::deserialize(qp->peer_private_data());
-    EXPECT_TRUE(qp->post_recv({.wr_id = 100, .addr = mr->data() + kMaxRequest * 2,
-                               .length = static_cast<uint32_t>(kMaxResponse), .lkey = mr->lkey()})
+    EXPECT_TRUE(qp->post_recv({.wr_id = 100,
+                               .addr = mr->data() + kMaxRequest * 2,
+                               .length = static_cast<uint32_t>(kMaxResponse),
+                               .lkey = mr->lkey()})
                     .ok());
   }
   // Sends bytes; returns the reply (status, payload), reposting the RECV.
   std::optional<Response> send(std::span<const std::byte> bytes, std::string* payload) {
     std::memcpy(mr->data(), bytes.data(), bytes.size());
-    EXPECT_TRUE(qp->post_send({.wr_id = 1, .opcode = Opcode::kSend, .flags = kSignaled,
+    EXPECT_TRUE(qp->post_send({.wr_id = 1,
+                               .opcode = Opcode::kSend,
+                               .flags = kSignaled,
                                .length = static_cast<uint32_t>(bytes.size()),
-                               .local_addr = mr->data(), .lkey = mr->lkey()})
+                               .local_addr = mr->data(),
+                               .lkey = mr->lkey()})
                     .ok());
     Completion c;
     std::optional<Response> r;
@@ -162,8 +172,10 @@ struct RawClient {
         if (r) payload->assign(r->payload);
       }
     }
-    EXPECT_TRUE(qp->post_recv({.wr_id = 100, .addr = mr->data() + kMaxRequest * 2,
-                               .length = static_cast<uint32_t>(kMaxResponse), .lkey = mr->lkey()})
+    EXPECT_TRUE(qp->post_recv({.wr_id = 100,
+                               .addr = mr->data() + kMaxRequest * 2,
+                               .length = static_cast<uint32_t>(kMaxResponse),
+                               .lkey = mr->lkey()})
                     .ok());
     return r;
   }
@@ -205,10 +217,15 @@ TEST_P(KvTest, HostileClientGetsErrorsAndTheServerStaysIntact) {
           EXPECT_EQ(r->status, KvStatus::kOk);
           EXPECT_EQ(why, "me");
           // A READ outside the table fails on this client's QP only.
-          raw.qp->post_send({.wr_id = 9, .opcode = Opcode::kRead, .flags = kSignaled,
-                             .length = 64, .local_addr = raw.mr->data(), .lkey = raw.mr->lkey(),
-                             .remote_addr = raw.table.region.addr + raw.table.region.length,
-                             .rkey = raw.table.region.rkey});
+          raw.qp->post_send(
+              {.wr_id = 9,
+               .opcode = Opcode::kRead,
+               .flags = kSignaled,
+               .length = 64,
+               .local_addr = raw.mr->data(),
+               .lkey = raw.mr->lkey(),
+               .remote_addr = raw.table.region.addr + raw.table.region.length,
+               .rkey = raw.table.region.rkey});
           Completion c;
           ASSERT_TRUE(rdmakit::test::wait_one(*raw.cq, &c));
           EXPECT_EQ(c.status, Status::kRemoteAccessError);
@@ -261,7 +278,8 @@ TEST_P(KvTest, ServerKilledMidBenchFailsClientsClearly) {
           std::string v;
           for (; Clock::now() - t0 < std::chrono::seconds(30); ++ops) {
             ASSERT_EQ(c.put(std::to_string(ops % 100), "v"), KvStatus::kOk);
-            c.get(std::to_string(ops % 100), &v, ops % 2 ? GetMode::kRead : GetMode::kRpc);
+            c.get(std::to_string(ops % 100), &v,
+                  ops % 2 ? GetMode::kRead : GetMode::kRpc);
           }
         } catch (const ClientError& e) {
           error = e.what();

@@ -29,7 +29,8 @@ struct Snapshot {
   explicit Snapshot(const TableInfo& t, std::string_view key) : info(t) {
     const auto* base = reinterpret_cast<const std::byte*>(t.region.addr);
     const uint64_t home = t.home_bucket(key_hash(key));
-    slots.assign(base + t.slot_offset(home), base + t.slot_offset(home) + kNeighborhood * kSlotSize);
+    slots.assign(base + t.slot_offset(home),
+                 base + t.slot_offset(home) + kNeighborhood * kSlotSize);
   }
 };
 
@@ -37,7 +38,8 @@ Probe read_get(const TableInfo& t, std::string_view key, std::string* value) {
   Snapshot s(t, key);
   ProbeResult p = probe_neighborhood(s.slots, key, value);
   if (p.probe != Probe::kIndirect) return p.probe;
-  const auto* block = reinterpret_cast<const std::byte*>(t.region.addr) + t.block_offset(p.block);
+  const auto* block =
+      reinterpret_cast<const std::byte*>(t.region.addr) + t.block_offset(p.block);
   return verify_block({block, kBlockHeader + key.size() + p.value_len}, key, p.seq, value)
              ? Probe::kFound
              : Probe::kRetry;
@@ -60,7 +62,8 @@ TEST(KvTable, PutGetDeleteInlineAndLong) {
   EXPECT_EQ(v, std::string(200, 'b'));
   // Long -> inline -> long again reuses blocks (4 blocks, many rewrites).
   for (int i = 0; i < 20; ++i) {
-    ASSERT_EQ(table.put("b", i % 2 ? "short" : std::string(300, char('a' + i))), PutOutcome::kOk);
+    ASSERT_EQ(table.put("b", i % 2 ? "short" : std::string(300, char('a' + i))),
+              PutOutcome::kOk);
     ASSERT_EQ(read_get(table.info(), "b", &v), Probe::kFound);
     EXPECT_EQ(v, i % 2 ? "short" : std::string(300, char('a' + i)));
   }
@@ -82,10 +85,12 @@ TEST(KvTable, CollidingKeysShareANeighborhood) {
     std::string k = std::to_string(i);
     if (table.info().home_bucket(key_hash(k)) == home) same.push_back(k);
   }
-  for (size_t i = 0; i < kNeighborhood; ++i) ASSERT_EQ(table.put(same[i], same[i] + "!"), PutOutcome::kOk);
+  for (size_t i = 0; i < kNeighborhood; ++i)
+    ASSERT_EQ(table.put(same[i], same[i] + "!"), PutOutcome::kOk);
   // The neighborhood is full: refused (growth disabled), others intact.
   EXPECT_EQ(table.put(same[kNeighborhood], "x"), PutOutcome::kFullNeighborhood);
-  EXPECT_NE(table.full_reason(PutOutcome::kFullNeighborhood).find("table full"), std::string::npos);
+  EXPECT_NE(table.full_reason(PutOutcome::kFullNeighborhood).find("table full"),
+            std::string::npos);
   std::string v;
   for (size_t i = 0; i < kNeighborhood; ++i) {
     ASSERT_EQ(read_get(table.info(), same[i], &v), Probe::kFound) << same[i];
@@ -158,7 +163,8 @@ TEST(KvTable, TornAndHalfWrittenSnapshotsAreRejected) {
       continue;
     }
     ASSERT_EQ(p, Probe::kFound) << "cut " << cut;
-    ASSERT_TRUE(got == "old-value" || got == "new-value") << "torn at " << cut << ": " << got;
+    ASSERT_TRUE(got == "old-value" || got == "new-value")
+        << "torn at " << cut << ": " << got;
   }
   EXPECT_GT(rejected, 0u);
   // A slot the server is writing (odd version) is retried.
@@ -184,8 +190,8 @@ TEST(KvTable, ReusedBlockIsNotTakenForTheOldEntry) {
   // Rewrites until the old block is reused by another entry.
   ASSERT_EQ(table.put("k", std::string(400, 'b')), PutOutcome::kOk);
   ASSERT_EQ(table.put("other", std::string(400, 'c')), PutOutcome::kOk);
-  const auto* block =
-      reinterpret_cast<const std::byte*>(table.info().region.addr) + table.info().block_offset(p.block);
+  const auto* block = reinterpret_cast<const std::byte*>(table.info().region.addr) +
+                      table.info().block_offset(p.block);
   EXPECT_FALSE(verify_block({block, kBlockHeader + 1 + p.value_len}, "k", p.seq, &v));
 }
 

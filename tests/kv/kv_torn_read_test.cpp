@@ -23,7 +23,8 @@ constexpr int kReaders = 2;
 constexpr uint64_t kKeys = 24;
 
 uint64_t reads_for(const std::string& provider) {
-  if (const char* env = std::getenv("RDMAKIT_KV_TORN_READS")) return std::strtoull(env, nullptr, 10);
+  if (const char* env = std::getenv("RDMAKIT_KV_TORN_READS"))
+    return std::strtoull(env, nullptr, 10);
   if (provider == "shm") return KV_TORN_READS_SHM;
   if (provider == "tcp") return KV_TORN_READS_TCP;
   return 20000;  // verbs, in an emulated Soft-RoCE VM
@@ -87,7 +88,8 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
             try {
               Client c(co);
               std::mt19937_64 rng(100 + r);
-              while (writers_started.load() < kWriters && !failed) std::this_thread::yield();
+              while (writers_started.load() < kWriters && !failed)
+                std::this_thread::yield();
               std::string value;
               const uint64_t mine = total_reads / kReaders;
               for (uint64_t i = 0; i < mine && !failed; ++i) {
@@ -100,8 +102,9 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
                   absent.fetch_add(1, std::memory_order_relaxed);
                   // Absent is right if the last completed op was a delete (or
                   // none), or a delete started since.
-                  const bool ok = before == 0 || floor_deleted ||
-                                  keys[k].delete_started.load(std::memory_order_acquire) > floor;
+                  const bool ok =
+                      before == 0 || floor_deleted ||
+                      keys[k].delete_started.load(std::memory_order_acquire) > floor;
                   if (!ok) stale_deleted.fetch_add(1);
                   continue;
                 }
@@ -127,11 +130,14 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
         }
         for (auto& t : threads) t.join();
         std::printf(
-            "[ kv      ] %s: %lu READ-GETs (%lu found, %lu absent), %lu PUTs, %lu DELETEs, "
+            "[ kv      ] %s: %lu READ-GETs (%lu found, %lu absent), %lu PUTs, %lu "
+            "DELETEs, "
             "%lu snapshots retried\n",
             env.provider().c_str(), static_cast<unsigned long>(found + absent),
-            static_cast<unsigned long>(found.load()), static_cast<unsigned long>(absent.load()),
-            static_cast<unsigned long>(puts.load()), static_cast<unsigned long>(deletes.load()),
+            static_cast<unsigned long>(found.load()),
+            static_cast<unsigned long>(absent.load()),
+            static_cast<unsigned long>(puts.load()),
+            static_cast<unsigned long>(deletes.load()),
             static_cast<unsigned long>(retries.load()));
         EXPECT_EQ(torn.load(), 0u);
         EXPECT_EQ(stale.load(), 0u);
