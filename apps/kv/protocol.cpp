@@ -3,6 +3,14 @@
 #include "fmt/format.h"
 
 namespace rdmakit::kv {
+namespace {
+
+// memcpy with an empty view (whose data() may be null) is undefined.
+void copy_bytes(std::byte* to, std::string_view from) {
+  if (!from.empty()) std::memcpy(to, from.data(), from.size());
+}
+
+}  // namespace
 
 const char* kv_status_name(KvStatus status) noexcept {
   switch (status) {
@@ -36,8 +44,8 @@ size_t encode_request(std::span<std::byte> out, Op op, uint64_t id, std::string_
   h.value_len = static_cast<uint32_t>(value.size());
   h.id = id;
   std::memcpy(out.data(), &h, sizeof h);
-  std::memcpy(out.data() + sizeof h, key.data(), key.size());
-  std::memcpy(out.data() + sizeof h + key.size(), value.data(), value.size());
+  copy_bytes(out.data() + sizeof h, key);
+  copy_bytes(out.data() + sizeof h + key.size(), value);
   return sizeof h + key.size() + value.size();
 }
 
@@ -99,7 +107,7 @@ size_t encode_response(std::span<std::byte> out, Op op, KvStatus status, uint32_
   h.epoch = epoch;
   h.id = id;
   std::memcpy(out.data(), &h, sizeof h);
-  std::memcpy(out.data() + sizeof h, payload.data(), payload.size());
+  copy_bytes(out.data() + sizeof h, payload);
   return sizeof h + payload.size();
 }
 

@@ -171,14 +171,15 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
     h.value_len = next.value_len;
     KV_PUBLISH_BEGIN();
     std::memcpy(b + kBlockHeader, key.data(), key.size());
-    std::memcpy(b + kBlockHeader + key.size(), value.data(), value.size());
+    if (!value.empty())
+      std::memcpy(b + kBlockHeader + key.size(), value.data(), value.size());
     h.check = block_check(h, b + kBlockHeader);
     std::memcpy(b, &h, sizeof h);
     KV_PUBLISH_END();
     next.state = uint32_t(SlotState::kIndirect);
   } else {
     std::memcpy(next.data, key.data(), key.size());
-    std::memcpy(next.data + key.size(), value.data(), value.size());
+    if (!value.empty()) std::memcpy(next.data + key.size(), value.data(), value.size());
     next.state = uint32_t(SlotState::kInline);
   }
   const uint32_t old_block =
