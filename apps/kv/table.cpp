@@ -48,8 +48,10 @@ void publish_slot(Slot* dst, const Slot& next) {
   std::atomic_ref<uint64_t> version(dst->version);
   KV_PUBLISH_BEGIN();
   version.store(next.version - 1, std::memory_order_relaxed);
-  // Keeps the odd version ahead of the content stores (x86: a compiler barrier).
-  std::atomic_thread_fence(std::memory_order_release);
+  // Keeps the compiler from sinking the odd version below the content stores.
+  // x86 keeps stores in order; a weakly ordered CPU may show the odd version
+  // late, which only means a racing reader is caught by the check instead.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(reinterpret_cast<std::byte*>(dst) + sizeof(uint64_t),
               reinterpret_cast<const std::byte*>(&next) + sizeof(uint64_t),
               sizeof(Slot) - sizeof(uint64_t));
