@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -103,6 +104,7 @@ int run_bench(const BenchOptions& o) {
   const pid_t server_pid = fork();
   if (server_pid < 0) return 1;
   if (server_pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench
     pin(o.server_cpu);
     int rc = 0;
     try {
@@ -131,6 +133,7 @@ int run_bench(const BenchOptions& o) {
   if (got_port && o.server_busy) {
     hog_pid = fork();
     if (hog_pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a hog left behind would eat a core
       pin(o.server_cpu);
       volatile uint64_t spin = 0;
       for (;;) spin = spin + 1;
