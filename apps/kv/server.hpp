@@ -46,6 +46,7 @@ class Server {
  private:
   struct Conn;
   void accept_loop();
+  void stop_acceptor();
   void adopt_pending();
   void on_completion(const Completion& c);
   void handle(Conn& conn, uint32_t slot, uint32_t byte_len);
