@@ -159,6 +159,7 @@ int run_bench(const BenchOptions& o) {
     // server's CPU time between them.
     std::barrier sync(threads + 1);
     std::vector<std::thread> workers;
+    workers.reserve(threads);
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([&, t] {
         // A client is single-owner: it is created, used and destroyed here.

@@ -28,7 +28,7 @@ ProviderKind provider_of(const std::string& name) { return parse_provider(name);
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_tool(int argc, char** argv) {
   CLI::App app{"rdmakit-kv: key-value store with one-sided READ GETs (docs/kv.md)"};
   app.require_subcommand(1);
 
@@ -133,4 +133,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdmakit-kv: %s\n", e.what());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_tool(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rdmakit-kv: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "rdmakit-kv: unknown error\n");
+  }
+  return 1;
 }
