@@ -58,6 +58,16 @@ case $mode in
     step perf-crosscheck 300 env RDMAKIT_PERF_REQUIRE=1 RDMAKIT_PERF_HOST="$SOFTROCE_IP" \
       ctest --test-dir "$build" -R '^perf_crosscheck_verbs$' --no-tests=error -V \
       --output-on-failure --timeout 280
+    # rdmakit-kv on verbs: torn/stale READ-GETs racing PUTs and DELETEs, limits,
+    # growth, a hostile client, the server killed (the CLI cases run on shm/tcp).
+    kv_tests=$build/tests/kv/rdmakit_kv_tests
+    if [ -x "$kv_tests" ]; then
+      step kv-tests 300 env RDMAKIT_KV_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
+        RDMAKIT_TEST_TIMEOUT_SCALE="$one_vm_scale" "$kv_tests" \
+        --gtest_filter='Providers/KvTest.*:Providers/KvTornReadTest.*'
+    else
+      echo "==== kv-tests: not built ($kv_tests)"
+    fi
     ;;
   two-vm)
     # The VMs boot at different speeds: start each step on both nodes together

@@ -1,0 +1,282 @@
+#include "bench.hpp"
+
+#include <dirent.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "client.hpp"
+#include "fmt/format.h"
+#include "server.hpp"
+
+namespace rdmakit::kv {
+namespace {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+void pin(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    std::fprintf(stderr, "rdmakit-kv bench: cannot pin to cpu %d (not pinned)\n", cpu);
+}
+
+// CPU time (ns) of every thread of a process, from the scheduler's accounting.
+uint64_t process_cpu_ns(pid_t pid) {
+  uint64_t total = 0;
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(dir + "/" + e->d_name + "/schedstat");
+    uint64_t ns = 0;
+    if (f >> ns) total += ns;
+  }
+  closedir(d);
+  return total;
+}
+
+std::string key_of(uint64_t i) { return std::to_string(i); }
+
+std::string value_of(uint64_t key, uint32_t size) {
+  std::string v = fmt::format("{}:", key);
+  v.resize(std::max<size_t>(size, v.size()), 'v');
+  return v;
+}
+
+struct Phase {
+  const char* name = "";
+  std::vector<uint64_t> lat_ns{};
+  uint64_t wall_ns = 0;
+  uint64_t server_cpu_ns = 0;
+  uint64_t wrong = 0;
+};
+
+nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
+  std::sort(p.lat_ns.begin(), p.lat_ns.end());
+  auto pct = [&](double q) {
+    if (p.lat_ns.empty()) return 0.0;
+    const size_t i = std::min(p.lat_ns.size() - 1, size_t(q * double(p.lat_ns.size())));
+    return double(p.lat_ns[i]) / 1000.0;
+  };
+  const double ops_s = p.wall_ns == 0 ? 0 : double(ops) * 1e9 / double(p.wall_ns);
+  const double cpu_share =
+      p.wall_ns == 0 ? 0 : double(p.server_cpu_ns) / double(p.wall_ns);
+  out << fmt::format("{:<10} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} {:>14.2f} {:>8}\n",
+                     p.name, ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, p.wrong);
+  return {{"phase", p.name},
+          {"ops", ops},
+          {"ops_per_s", ops_s},
+          {"p50_us", pct(0.5)},
+          {"p99_us", pct(0.99)},
+          {"p999_us", pct(0.999)},
+          {"server_cpu_s", double(p.server_cpu_ns) / 1e9},
+          {"server_cpu_share", cpu_share},
+          {"wrong", p.wrong}};
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  std::fflush(stdout);
+  const pid_t server_pid = fork();
+  if (server_pid < 0) return 1;
+  if (server_pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench
+    pin(o.server_cpu);
+    int rc = 0;
+    try {
+      ServerOptions so;
+      so.address = "127.0.0.1:0";
+      so.provider = o.provider;
+      so.quiet = true;
+      so.table.capacity = o.keys;
+      Server server(so);
+      const uint16_t port = server.port();
+      if (write(fds[1], &port, sizeof port) != sizeof port) _exit(1);
+      static std::atomic<bool> stop{false};
+      signal(SIGTERM, [](int) { stop = true; });
+      server.run(stop);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rdmakit-kv bench server: %s\n", e.what());
+      rc = 1;
+    }
+    _exit(rc);
+  }
+  close(fds[1]);
+  uint16_t port = 0;
+  const bool got_port = read(fds[0], &port, sizeof port) == sizeof port;
+  close(fds[0]);
+  pid_t hog_pid = -1;
+  if (got_port && o.server_busy) {
+    hog_pid = fork();
+    if (hog_pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a hog left behind would eat a core
+      pin(o.server_cpu);
+      volatile uint64_t spin = 0;
+      for (;;) spin = spin + 1;
+    }
+  }
+  pin(o.client_cpu);
+
+  int rc = 0;
+  std::vector<Phase> phases(3);
+  phases[0].name = "put";
+  phases[1].name = "get_rpc";
+  phases[2].name = "get_read";
+  std::string provider = "?";
+  try {
+    if (!got_port) throw std::runtime_error("the server did not start");
+    const int threads = std::max(1, o.threads);
+    std::vector<std::vector<uint64_t>> lat(threads);
+    std::vector<uint64_t> wrong(threads);
+    std::vector<uint64_t> retries(threads);
+    std::vector<std::string> errors(threads);
+    std::atomic<bool> failed{false};
+    // Start and end of each phase; the main thread reads the clock and the
+    // server's CPU time between them.
+    std::barrier sync(threads + 1);
+    std::vector<std::thread> workers;
+    workers.reserve(threads);
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        // A client is single-owner: it is created, used and destroyed here.
+        std::unique_ptr<Client> c;
+        try {
+          ClientOptions co;
+          co.address = fmt::format("127.0.0.1:{}", port);
+          co.provider = o.provider;
+          co.timeout = std::chrono::seconds(10);
+          c = std::make_unique<Client>(co);
+          if (t == 0) {
+            provider = c->provider_name();
+            // Every key exists before the GET phases, whatever N and K are.
+            for (uint64_t k = 0; k < o.keys; ++k)
+              c->put(key_of(k), value_of(k, o.value_size));
+          }
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+          failed = true;
+        }
+        sync.arrive_and_wait();  // clients ready
+        std::string value;
+        for (size_t ph = 0; ph < phases.size(); ++ph) {
+          const uint64_t share =
+              o.ops / threads + (uint64_t(t) < o.ops % threads ? 1 : 0);
+          lat[t].clear();
+          lat[t].reserve(share);
+          wrong[t] = 0;
+          sync.arrive_and_wait();  // phase start
+          try {
+            for (uint64_t i = 0; i < share && !failed; ++i) {
+              const uint64_t k = (i * threads + t) % o.keys;
+              const std::string key = key_of(k);
+              const uint64_t t0 = now_ns();
+              KvStatus s;
+              if (ph == 0) {
+                s = c->put(key, value_of(k, o.value_size));
+              } else {
+                s = c->get(key, &value, ph == 1 ? GetMode::kRpc : GetMode::kRead);
+              }
+              lat[t].push_back(now_ns() - t0);
+              if (s != KvStatus::kOk || (ph > 0 && value != value_of(k, o.value_size)))
+                ++wrong[t];
+            }
+          } catch (const std::exception& e) {
+            if (errors[t].empty()) errors[t] = e.what();
+            failed = true;
+          }
+          sync.arrive_and_wait();  // phase end
+          sync.arrive_and_wait();  // results collected
+        }
+        if (c) retries[t] = c->read_stats().retries;
+      });
+    }
+    sync.arrive_and_wait();
+    for (Phase& p : phases) {
+      sync.arrive_and_wait();
+      const uint64_t cpu0 = process_cpu_ns(server_pid);
+      const uint64_t t0 = now_ns();
+      sync.arrive_and_wait();
+      p.wall_ns = now_ns() - t0;
+      p.server_cpu_ns = process_cpu_ns(server_pid) - cpu0;
+      for (int t = 0; t < threads; ++t) {
+        p.lat_ns.insert(p.lat_ns.end(), lat[t].begin(), lat[t].end());
+        p.wrong += wrong[t];
+      }
+      sync.arrive_and_wait();
+    }
+    for (auto& w : workers) w.join();
+    for (int t = 0; t < threads; ++t)
+      if (!errors[t].empty()) throw std::runtime_error(errors[t]);
+    uint64_t read_retries = 0;
+    for (uint64_t r : retries) read_retries += r;
+
+    std::cout << fmt::format(
+        "rdmakit-kv bench: provider {}, {} ops per phase, {} keys, {} B values, {} "
+        "client "
+        "threads (cpu {}), server cpu {}{}\n",
+        provider, o.ops, o.keys, o.value_size, threads, o.client_cpu, o.server_cpu,
+        o.server_busy ? ", server core BUSY (CPU hog)" : "");
+    std::cout << fmt::format("{:<10} {:>12} {:>9} {:>9} {:>9} {:>14} {:>8}\n", "phase",
+                             "ops/s", "p50 us", "p99 us", "p99.9 us", "server cpu/s",
+                             "wrong");
+    nlohmann::json j = {{"tool", "rdmakit-kv bench"},
+                        {"provider", provider},
+                        {"ops", o.ops},
+                        {"keys", o.keys},
+                        {"value_size", o.value_size},
+                        {"threads", threads},
+                        {"server_busy", o.server_busy},
+                        {"read_retries", read_retries}};
+    for (auto& p : phases) {
+      j["phases"].push_back(summarize(p, o.ops, std::cout));
+      if (p.wrong != 0) rc = 1;
+    }
+    const double rpc = j["phases"][1]["ops_per_s"];
+    const double rd = j["phases"][2]["ops_per_s"];
+    j["read_over_rpc"] = rpc > 0 ? rd / rpc : 0.0;
+    std::cout << fmt::format("READ GET / RPC GET ops/s: {:.2f}x\n",
+                             rpc > 0 ? rd / rpc : 0.0);
+    if (o.json == "-") {
+      std::cout << j.dump() << '\n';
+    } else if (!o.json.empty()) {
+      std::ofstream(o.json) << j.dump(2) << '\n';
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rdmakit-kv bench: %s\n", e.what());
+    rc = 1;
+  }
+  if (hog_pid > 0) {
+    kill(hog_pid, SIGKILL);
+    waitpid(hog_pid, nullptr, 0);
+  }
+  kill(server_pid, SIGTERM);
+  int status = 0;
+  waitpid(server_pid, &status, 0);
+  return rc;
+}
+
+}  // namespace rdmakit::kv

@@ -1,0 +1,225 @@
+#include "client.hpp"
+
+#include <cerrno>
+
+#include "fmt/format.h"
+
+namespace rdmakit::kv {
+namespace {
+
+constexpr size_t kSendOffset = 0;
+constexpr size_t kRecvOffset = (kMaxRequest + 63) / 64 * 64;
+constexpr size_t kReadOffset = kRecvOffset + (kMaxResponse + 63) / 64 * 64;
+constexpr size_t kNeighborhoodBytes = kNeighborhood * kSlotSize;
+constexpr size_t kBufferBytes = kReadOffset + kNeighborhoodBytes + kBlockSize;
+
+constexpr uint64_t kSendId = 1;
+constexpr uint64_t kRecvId = 2;
+constexpr uint64_t kReadId = 3;
+
+}  // namespace
+
+Client::Client(const ClientOptions& options) : options_(options) {
+  ContextOptions context_options;
+  context_options.provider = options.provider;
+  ctx_ = Context::open(context_options);
+  cq_ = ctx_->create_cq(CqOptions{.capacity = 64});
+  mr_ = ctx_->allocate(kBufferBytes, kAccessLocalWrite);
+  qp_ = ctx_->connect(options.address,
+                      QpOptions{.send_cq = cq_.get(),
+                                .recv_cq = cq_.get(),
+                                .max_send_wr = 8,
+                                .max_recv_wr = 8,
+                                // The server adopts a new connection within
+                                // its loop's tick; our first SEND may wait.
+                                .rnr_timeout = options.timeout},
+                      {}, options.timeout);
+  auto info = TableInfo::deserialize(qp_->peer_private_data());
+  if (!info)
+    throw Error("connect", ctx_->provider_name(), options.address, EPROTO,
+                "the server's reply is not an rdmakit-kv table descriptor");
+  table_ = *info;
+  if (!qp_->post_recv({.wr_id = kRecvId,
+                       .addr = mr_->data() + kRecvOffset,
+                       .length = static_cast<uint32_t>(kMaxResponse),
+                       .lkey = mr_->lkey()})
+           .ok())
+    throw Error("post_recv", ctx_->provider_name(), options.address, EIO,
+                "cannot post the reply buffer");
+}
+
+Client::~Client() = default;
+
+void Client::fail(const std::string& what) {
+  broken_ = fmt::format("rdmakit-kv: {} (server {}, provider {})", what, options_.address,
+                        ctx_->provider_name());
+  throw ClientError(broken_);
+}
+
+Completion Client::await(uint64_t wr_id, const char* what) {
+  std::chrono::steady_clock::time_point deadline{};  // read only once we have to wait
+  for (;;) {
+    if (wr_id == kSendId && send_done_) break;
+    if (wr_id == kRecvId && recv_done_) break;
+    Completion c;
+    if (cq_->poll({&c, 1}) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (deadline == std::chrono::steady_clock::time_point{})
+        deadline = now + options_.timeout;
+      if (now >= deadline || cq_->wait({&c, 1}, deadline - now) == 0)
+        fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
+    }
+    if (!c.ok())
+      fail(fmt::format("{} failed: {} (the server is gone or refused the request)", what,
+                       status_name(c.status)));
+    if (c.wr_id == kSendId) send_done_ = true;
+    if (c.wr_id == kRecvId) {
+      recv_done_ = true;
+      recv_len_ = c.byte_len;
+    }
+    if (c.wr_id == wr_id && wr_id == kReadId) return c;
+  }
+  return {};
+}
+
+KvStatus Client::check_local(std::string_view key, std::string_view value,
+                             std::string* why) const {
+  KvStatus s = KvStatus::kOk;
+  std::string text;
+  if (key.empty() || key.size() > kMaxKey) {
+    s = KvStatus::kKeyTooLong;
+    text = fmt::format("key of {} bytes (1..{} allowed)", key.size(), kMaxKey);
+  } else if (value.size() > kMaxValue) {
+    s = KvStatus::kValueTooLong;
+    text = fmt::format("value of {} bytes (at most {})", value.size(), kMaxValue);
+  }
+  if (why != nullptr) *why = text;
+  return s;
+}
+
+KvStatus Client::rpc(Op op, std::string_view key, std::string_view value,
+                     std::string* payload) {
+  if (!broken_.empty()) throw ClientError(broken_);
+  const uint64_t id = next_id_++;
+  const size_t len =
+      encode_request({mr_->data() + kSendOffset, kMaxRequest}, op, id, key, value);
+  const bool inl = options_.inline_sends && len <= qp_->max_inline();
+  send_done_ = recv_done_ = false;
+  const PostResult r =
+      qp_->post_send({.wr_id = kSendId,
+                      .opcode = Opcode::kSend,
+                      .flags = static_cast<uint8_t>(kSignaled | (inl ? kInline : 0)),
+                      .length = static_cast<uint32_t>(len),
+                      .local_addr = mr_->data() + kSendOffset,
+                      .lkey = mr_->lkey()});
+  if (!r.ok())
+    fail(fmt::format("{} not posted: {}", op_name(op), post_status_name(r.status)));
+  const std::string what = std::string(op_name(op)) + " request";
+  await(kSendId, what.c_str());
+  await(kRecvId, what.c_str());
+  auto resp = parse_response({mr_->data() + kRecvOffset, recv_len_});
+  if (!resp || resp->id != id)
+    fail(fmt::format("{}: malformed or unexpected reply ({} bytes)", what, recv_len_));
+  payload->assign(resp->payload);
+  if (resp->epoch != table_.epoch) table_stale_ = true;
+  if (!qp_->post_recv({.wr_id = kRecvId,
+                       .addr = mr_->data() + kRecvOffset,
+                       .length = static_cast<uint32_t>(kMaxResponse),
+                       .lkey = mr_->lkey()})
+           .ok())
+    fail("cannot repost the reply buffer");
+  return resp->status;
+}
+
+KvStatus Client::put(std::string_view key, std::string_view value, std::string* why) {
+  if (KvStatus s = check_local(key, value, why); s != KvStatus::kOk) return s;
+  std::string payload;
+  const KvStatus s = rpc(Op::kPut, key, value, &payload);
+  if (why != nullptr) *why = payload;
+  return s;
+}
+
+KvStatus Client::del(std::string_view key, std::string* why) {
+  if (KvStatus s = check_local(key, {}, why); s != KvStatus::kOk) return s;
+  std::string payload;
+  const KvStatus s = rpc(Op::kDel, key, {}, &payload);
+  if (why != nullptr) *why = payload;
+  return s;
+}
+
+KvStatus Client::get(std::string_view key, std::string* value, GetMode mode,
+                     std::string* why) {
+  if (KvStatus s = check_local(key, {}, why); s != KvStatus::kOk) return s;
+  if (mode == GetMode::kRead) return get_by_read(key, value);
+  std::string payload;
+  const KvStatus s = rpc(Op::kGet, key, {}, &payload);
+  if (s == KvStatus::kOk) {
+    *value = std::move(payload);
+  } else if (why != nullptr) {
+    *why = payload;
+  }
+  return s;
+}
+
+void Client::refresh_table() {
+  std::string payload;
+  const KvStatus s = rpc(Op::kTable, {}, {}, &payload);
+  auto info = TableInfo::deserialize(
+      {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
+  if (s != KvStatus::kOk || !info)
+    fail(fmt::format("TABLE request answered {} with an unusable descriptor",
+                     kv_status_name(s)));
+  if (info->epoch != table_.epoch) ++stats_.table_moves;
+  table_ = *info;
+  table_stale_ = false;
+}
+
+void Client::read(uint64_t offset, uint32_t len, size_t at) {
+  if (!broken_.empty()) throw ClientError(broken_);
+  ++stats_.reads;
+  const PostResult r = qp_->post_send({.wr_id = kReadId,
+                                       .opcode = Opcode::kRead,
+                                       .flags = kSignaled,
+                                       .length = len,
+                                       .local_addr = mr_->data() + kReadOffset + at,
+                                       .lkey = mr_->lkey(),
+                                       .remote_addr = table_.region.addr_at(offset),
+                                       .rkey = table_.region.rkey});
+  if (!r.ok()) fail(fmt::format("READ not posted: {}", post_status_name(r.status)));
+  await(kReadId, "READ of the table");
+}
+
+KvStatus Client::get_by_read(std::string_view key, std::string* value) {
+  const uint64_t hash = key_hash(key);
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  for (uint64_t attempt = 0;; ++attempt) {
+    if (table_stale_) refresh_table();
+    if (attempt > 0 && (attempt & 63) == 0 && std::chrono::steady_clock::now() > deadline)
+      fail(fmt::format("READ-GET: the key's slots kept changing for {} ms ({} retries)",
+                       options_.timeout.count(), attempt));
+    const uint64_t home = table_.home_bucket(hash);
+    read(table_.slot_offset(home), static_cast<uint32_t>(kNeighborhoodBytes), 0);
+    const ProbeResult p =
+        probe_neighborhood({mr_->data() + kReadOffset, kNeighborhoodBytes}, key, value);
+    switch (p.probe) {
+      case Probe::kFound: return KvStatus::kOk;
+      case Probe::kAbsent: return KvStatus::kNotFound;
+      case Probe::kRetry: ++stats_.retries; continue;
+      case Probe::kMoved: table_stale_ = true; continue;
+      case Probe::kIndirect: break;
+    }
+    if (p.block >= table_.block_count ||
+        p.value_len > kMaxValue) {  // never in a checked slot
+      ++stats_.retries;
+      continue;
+    }
+    const uint32_t len = static_cast<uint32_t>(kBlockHeader + key.size() + p.value_len);
+    read(table_.block_offset(p.block), len, kNeighborhoodBytes);
+    if (verify_block({mr_->data() + kReadOffset + kNeighborhoodBytes, len}, key, p.seq,
+                     value))
+      return KvStatus::kOk;
+    ++stats_.retries;  // the block was reused since the slot was copied
+  }
+}
+
+}  // namespace rdmakit::kv

@@ -1,0 +1,86 @@
+#pragma once
+// rdmakit-kv client: PUT/DEL/GET as messages, and GET as one-sided READs of
+// the server's table (one READ of the key's neighborhood; a second for a long
+// entry). One client per thread.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "protocol.hpp"
+#include "rdmakit/rdmakit.hpp"
+#include "table_layout.hpp"
+
+namespace rdmakit::kv {
+
+// The connection failed (server gone, no reply in time): every later call
+// throws it too. Its message names the request, the status, provider and peer.
+class ClientError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ClientOptions {
+  std::string address = "127.0.0.1:7471";
+  ProviderKind provider = ProviderKind::kAuto;
+  bool inline_sends = false;                // -i: requests that fit go INLINE
+  std::chrono::milliseconds timeout{5000};  // per request, and connect
+};
+
+enum class GetMode { kRpc, kRead };
+
+struct ReadStats {
+  uint64_t reads = 0;        // READ work requests posted
+  uint64_t retries = 0;      // snapshots rejected (being written, torn, stale block)
+  uint64_t table_moves = 0;  // new tables learnt
+};
+
+class Client {
+ public:
+  explicit Client(const ClientOptions& options);  // connects; throws Error
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The server's answer; *why gets its reason text for an error.
+  KvStatus put(std::string_view key, std::string_view value, std::string* why = nullptr);
+  KvStatus get(std::string_view key, std::string* value, GetMode mode,
+               std::string* why = nullptr);
+  KvStatus del(std::string_view key, std::string* why = nullptr);
+  // Fetches the server's current table (a new epoch after growth).
+  void refresh_table();
+
+  const TableInfo& table() const noexcept { return table_; }
+  const ReadStats& read_stats() const noexcept { return stats_; }
+  const char* provider_name() const noexcept { return ctx_->provider_name(); }
+  const std::string& address() const noexcept { return options_.address; }
+
+ private:
+  KvStatus rpc(Op op, std::string_view key, std::string_view value, std::string* payload);
+  KvStatus get_by_read(std::string_view key, std::string* value);
+  // Runs one READ of len bytes at offset of the table into read_buf_ + at.
+  void read(uint64_t offset, uint32_t len, size_t at);
+  // Waits for the completion with wr_id; throws ClientError on error/timeout.
+  Completion await(uint64_t wr_id, const char* what);
+  [[noreturn]] void fail(const std::string& what);
+  KvStatus check_local(std::string_view key, std::string_view value,
+                       std::string* why) const;
+
+  ClientOptions options_;
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<CompletionQueue> cq_;
+  std::unique_ptr<MemoryRegion> mr_;
+  std::unique_ptr<QueuePair> qp_;  // destroyed before mr_ and cq_
+  TableInfo table_;
+  bool table_stale_ = false;
+  std::string broken_;  // set once the connection failed
+  uint64_t next_id_ = 1;
+  bool send_done_ = false;
+  bool recv_done_ = false;
+  uint32_t recv_len_ = 0;
+  ReadStats stats_;
+};
+
+}  // namespace rdmakit::kv

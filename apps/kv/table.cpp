@@ -1,0 +1,295 @@
+#include "table.hpp"
+
+#include <atomic>
+#include <bit>
+#include <cstring>
+
+#include "fmt/format.h"
+
+// Under TSan: the table's bytes are read by peers outside the C++ memory model
+// (a NIC's DMA; on tcp, send(2) from the provider's progress thread), checked
+// by the entry checksums rather than ordered by atomics, so the server's table
+// stores are not recorded as racing those reads.
+#if defined(__SANITIZE_THREAD__)
+#define RDMAKIT_KV_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RDMAKIT_KV_TSAN 1
+#endif
+#endif
+#ifdef RDMAKIT_KV_TSAN
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+#define KV_PUBLISH_BEGIN() AnnotateIgnoreWritesBegin(__FILE__, __LINE__)
+#define KV_PUBLISH_END() AnnotateIgnoreWritesEnd(__FILE__, __LINE__)
+#else
+#define KV_PUBLISH_BEGIN() ((void)0)
+#define KV_PUBLISH_END() ((void)0)
+#endif
+
+namespace rdmakit::kv {
+namespace {
+
+// Publishes `next` (check already computed for next.version, which is even)
+// into the table slot `dst`.
+//
+// Memory ordering. A reader's copy has no order at all: a NIC's DMA, shm's
+// memcpy from the mapping and tcp's send(2) may read the slot's bytes in any
+// order and interleaved with these stores. So the odd version is only a hint
+// that makes most racing readers fail fast; what makes a torn copy impossible
+// to accept is the check: it covers every byte after it and is seeded with the
+// even version, so a copy mixing bytes of two states (or of a state half
+// written) matches neither state's check (xxh3, 2^-64). Staleness is ruled out
+// by order on this side only: every store of a PUT is done before the server
+// posts the PUT's reply (program order; the provider publishes the SEND with a
+// release store or a syscall, verbs rings the doorbell after a write barrier),
+// so a READ the client issues after it saw the reply cannot copy older bytes.
+void publish_slot(Slot* dst, const Slot& next) {
+  std::atomic_ref<uint64_t> version(dst->version);
+  KV_PUBLISH_BEGIN();
+  version.store(next.version - 1, std::memory_order_relaxed);
+  // Keeps the compiler from sinking the odd version below the content stores.
+  // x86 keeps stores in order; a weakly ordered CPU may show the odd version
+  // late, which only means a racing reader is caught by the check instead.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(reinterpret_cast<std::byte*>(dst) + sizeof(uint64_t),
+              reinterpret_cast<const std::byte*>(&next) + sizeof(uint64_t),
+              sizeof(Slot) - sizeof(uint64_t));
+  version.store(next.version, std::memory_order_release);
+  KV_PUBLISH_END();
+}
+
+Slot next_slot(const Slot& current) {
+  Slot s{};
+  s.version = (current.version | 1) + 1;  // next even version
+  s.block = kNoBlock;
+  return s;
+}
+
+void seal(Slot& s) { s.check = slot_check(s); }
+
+uint64_t round_pow2(uint64_t v) { return std::bit_ceil(std::max<uint64_t>(v, 16)); }
+
+}  // namespace
+
+Table::Table(Context& ctx, const TableOptions& options) : ctx_(ctx), options_(options) {
+  const uint64_t buckets =
+      std::min(round_pow2(options.capacity * 2), options.max_buckets);
+  current_ = make_generation(buckets, std::max<uint64_t>(options.blocks, 1), 1);
+}
+
+Table::~Table() = default;
+
+Table::Generation Table::make_generation(uint64_t buckets, uint64_t blocks,
+                                         uint32_t epoch) {
+  Generation g;
+  TableInfo& t = g.info;
+  t.epoch = epoch;
+  t.buckets = buckets;
+  t.slot_count = buckets + kNeighborhood - 1;
+  t.blocks_offset = (kTableHeader + t.slot_count * kSlotSize + 4095) / 4096 * 4096;
+  t.block_count = blocks;
+  const uint64_t bytes = t.blocks_offset + blocks * kBlockSize;
+  g.mr = ctx_.allocate(bytes, kAccessLocalWrite | kAccessRemoteRead);
+  t.region = g.mr->remote();
+  // Every slot starts as a sealed empty entry, so a READ of a never-written
+  // slot verifies like any other.
+  Slot empty{};
+  empty.version = 2;
+  empty.block = kNoBlock;
+  seal(empty);
+  KV_PUBLISH_BEGIN();
+  for (uint64_t i = 0; i < t.slot_count; ++i)
+    std::memcpy(slot(g, i), &empty, sizeof empty);
+  TableHeader h{};
+  h.magic = kTableMagic;
+  h.epoch = epoch;
+  h.buckets = buckets;
+  h.slot_count = t.slot_count;
+  h.block_count = blocks;
+  h.blocks_offset = t.blocks_offset;
+  std::memcpy(g.mr->data(), &h, sizeof h);
+  KV_PUBLISH_END();
+  g.free_blocks.reserve(blocks);
+  for (uint64_t b = blocks; b-- > 0;) g.free_blocks.push_back(static_cast<uint32_t>(b));
+  return g;
+}
+
+Slot* Table::slot(const Generation& g, uint64_t index) const noexcept {
+  return reinterpret_cast<Slot*>(g.mr->data() + g.info.slot_offset(index));
+}
+
+std::byte* Table::block(const Generation& g, uint32_t index) const noexcept {
+  return g.mr->data() + g.info.block_offset(index);
+}
+
+int64_t Table::find(const Generation& g, std::string_view key, uint64_t hash) const {
+  const uint64_t home = g.info.home_bucket(hash);
+  for (uint64_t i = home; i < home + kNeighborhood; ++i) {
+    const Slot* s = slot(g, i);
+    if (s->key_hash != hash || s->key_len != key.size()) continue;
+    const std::byte* k = nullptr;
+    if (s->state == uint32_t(SlotState::kInline)) {
+      k = s->data;
+    } else if (s->state == uint32_t(SlotState::kIndirect)) {
+      k = block(g, s->block) + kBlockHeader;
+    } else {
+      continue;
+    }
+    if (std::memcmp(k, key.data(), key.size()) == 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view value,
+                           uint64_t seq) {
+  const uint64_t hash = key_hash(key);
+  int64_t index = find(g, key, hash);
+  const bool existing = index >= 0;
+  if (!existing) {
+    const uint64_t home = g.info.home_bucket(hash);
+    for (uint64_t i = home; i < home + kNeighborhood && index < 0; ++i)
+      if (slot(g, i)->state == uint32_t(SlotState::kEmpty))
+        index = static_cast<int64_t>(i);
+    if (index < 0) return PutOutcome::kFullNeighborhood;
+  }
+  Slot* dst = slot(g, static_cast<uint64_t>(index));
+  const bool long_entry = key.size() + value.size() > kInlineBytes;
+  if (long_entry && g.free_blocks.empty()) return PutOutcome::kFullBlocks;
+
+  Slot next = next_slot(*dst);
+  next.seq = seq;
+  next.key_hash = hash;
+  next.key_len = static_cast<uint32_t>(key.size());
+  next.value_len = static_cast<uint32_t>(value.size());
+  if (long_entry) {
+    // A fresh block, never the one a reader may be copying for the old entry.
+    next.block = g.free_blocks.back();
+    g.free_blocks.pop_back();
+    std::byte* b = block(g, next.block);
+    BlockHeader h{};
+    h.seq = seq;
+    h.key_len = next.key_len;
+    h.value_len = next.value_len;
+    KV_PUBLISH_BEGIN();
+    std::memcpy(b + kBlockHeader, key.data(), key.size());
+    if (!value.empty())
+      std::memcpy(b + kBlockHeader + key.size(), value.data(), value.size());
+    h.check = block_check(h, b + kBlockHeader);
+    std::memcpy(b, &h, sizeof h);
+    KV_PUBLISH_END();
+    next.state = uint32_t(SlotState::kIndirect);
+  } else {
+    std::memcpy(next.data, key.data(), key.size());
+    if (!value.empty()) std::memcpy(next.data + key.size(), value.data(), value.size());
+    next.state = uint32_t(SlotState::kInline);
+  }
+  const uint32_t old_block =
+      dst->state == uint32_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+  seal(next);
+  publish_slot(dst, next);
+  // A reader still holding the old slot fails the block's seq check from here.
+  if (old_block != kNoBlock) g.free_blocks.push_back(old_block);
+  if (!existing) ++size_;
+  return PutOutcome::kOk;
+}
+
+PutOutcome Table::put(std::string_view key, std::string_view value) {
+  for (;;) {
+    const PutOutcome r = put_into(current_, key, value, ++seq_);
+    if (r == PutOutcome::kOk || !options_.grow) return r;
+    const bool more_slots = r == PutOutcome::kFullNeighborhood;
+    if (!grow(more_slots, !more_slots)) return r;
+  }
+}
+
+bool Table::get(std::string_view key, std::string* value) const {
+  const int64_t i = find(current_, key, key_hash(key));
+  if (i < 0) return false;
+  const Slot* s = slot(current_, static_cast<uint64_t>(i));
+  const std::byte* v = s->state == uint32_t(SlotState::kInline)
+                           ? s->data + s->key_len
+                           : block(current_, s->block) + kBlockHeader + s->key_len;
+  value->assign(reinterpret_cast<const char*>(v), s->value_len);
+  return true;
+}
+
+bool Table::erase(std::string_view key) {
+  const int64_t i = find(current_, key, key_hash(key));
+  if (i < 0) return false;
+  Slot* dst = slot(current_, static_cast<uint64_t>(i));
+  const uint32_t old_block =
+      dst->state == uint32_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+  Slot next = next_slot(*dst);
+  next.seq = ++seq_;
+  seal(next);
+  publish_slot(dst, next);
+  if (old_block != kNoBlock) current_.free_blocks.push_back(old_block);
+  --size_;
+  return true;
+}
+
+bool Table::grow(bool more_slots, bool more_blocks) {
+  uint64_t buckets = current_.info.buckets * (more_slots ? 2 : 1);
+  uint64_t blocks = current_.info.block_count * (more_blocks ? 2 : 1);
+  for (;;) {
+    if (buckets > options_.max_buckets || blocks > options_.max_blocks) return false;
+    Generation g = make_generation(buckets, blocks, current_.info.epoch + 1);
+    bool ok = true;
+    std::string key;
+    std::string value;
+    for (uint64_t i = 0; i < current_.info.slot_count && ok; ++i) {
+      const Slot* s = slot(current_, i);
+      if (s->state != uint32_t(SlotState::kInline) &&
+          s->state != uint32_t(SlotState::kIndirect))
+        continue;
+      const std::byte* k = s->state == uint32_t(SlotState::kInline)
+                               ? s->data
+                               : block(current_, s->block) + kBlockHeader;
+      key.assign(reinterpret_cast<const char*>(k), s->key_len);
+      value.assign(reinterpret_cast<const char*>(k) + s->key_len, s->value_len);
+      const PutOutcome r = put_into(g, key, value, s->seq);
+      if (r == PutOutcome::kFullNeighborhood) {
+        buckets *= 2;
+        ok = false;
+      } else if (r == PutOutcome::kFullBlocks) {
+        blocks *= 2;
+        ok = false;
+      }
+    }
+    if (!ok) continue;
+    retire(current_);
+    retired_.push_back(std::move(current_.mr));
+    current_ = std::move(g);
+    return true;
+  }
+}
+
+void Table::retire(Generation& g) {
+  // Before the new table takes any write: a reader of the old one sees kMoved
+  // (or the entries as they were, which are still current until then).
+  for (uint64_t i = 0; i < g.info.slot_count; ++i) {
+    Slot* dst = slot(g, i);
+    Slot next = next_slot(*dst);
+    next.state = uint32_t(SlotState::kMoved);
+    seal(next);
+    publish_slot(dst, next);
+  }
+  auto* h = reinterpret_cast<TableHeader*>(g.mr->data());
+  KV_PUBLISH_BEGIN();
+  std::atomic_ref<uint32_t>(h->retired).store(1, std::memory_order_release);
+  KV_PUBLISH_END();
+}
+
+std::string Table::full_reason(PutOutcome outcome) const {
+  const TableInfo& t = current_.info;
+  if (outcome == PutOutcome::kFullBlocks)
+    return fmt::format("table full: all {} long-entry blocks in use{}", t.block_count,
+                       options_.grow ? "" : " (growth disabled)");
+  return fmt::format(
+      "table full: the key's {}-slot neighborhood is taken ({} keys, {} buckets{})",
+      kNeighborhood, size_, t.buckets,
+      options_.grow ? ", at the growth limit" : ", growth disabled");
+}
+
+}  // namespace rdmakit::kv
