@@ -8,6 +8,7 @@
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
 //       [--inline N] [--bind ADDR]
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -18,9 +19,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <thread>
-#include <fcntl.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmakit/stream/stream.hpp"
@@ -64,8 +64,8 @@ StreamOptions options_for(const Args& a) {
     so.tx_buffer = 4u << 20;
     so.recv_credits = 128;
     // shm: writes of up to 64 KiB go straight from the caller's buffer.
-    so.max_inline = a.provider == "shm" ? static_cast<uint32_t>(std::min<size_t>(a.size, 65536))
-                                        : 64;
+    so.max_inline =
+        a.provider == "shm" ? static_cast<uint32_t>(std::min<size_t>(a.size, 65536)) : 64;
   }
   if (a.rx_ring != 0) so.rx_ring = a.rx_ring;
   if (a.tx_buffer != 0) so.tx_buffer = a.tx_buffer;
@@ -133,7 +133,8 @@ int server(const Args& a, int port_fd) {
       const ssize_t rc = s.read(buf.data(), buf.size());
       if (rc <= 0) break;
       for (ssize_t i = 0; i < rc && total + static_cast<size_t>(i) < a.size; ++i)
-        checked = checked && buf[static_cast<size_t>(i)] == pattern(total + static_cast<size_t>(i));
+        checked = checked &&
+                  buf[static_cast<size_t>(i)] == pattern(total + static_cast<size_t>(i));
       total += static_cast<size_t>(rc);
     }
     expect_total = total;
@@ -165,7 +166,8 @@ int client(const Args& a, uint16_t port) {
     const size_t rss1 = rss_bytes();
     std::printf(
         "{\"test\":\"stream_idle\",\"provider\":\"%s\",\"streams\":%d,\"rx_ring\":%u,"
-        "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":%.1f,"
+        "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":"
+        "%.1f,"
         "\"fds_per_stream\":%.2f}\n",
         prov, a.streams, so.rx_ring, so.tx_buffer,
         static_cast<double>(streams[0]->memory_bytes()) / 1024.0,
@@ -180,15 +182,17 @@ int client(const Args& a, uint16_t port) {
     const auto end = Clock::now() + std::chrono::duration<double>(a.seconds);
     std::vector<double> batches;
     for (int w = 0; w < 1000; ++w) {  // warm-up
-      if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size)) return 1;
+      if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+        return 1;
     }
     while (Clock::now() < end) {
       const auto t0 = Clock::now();
       for (int i = 0; i < 100; ++i) {
-        if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size)) return 1;
+        if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+          return 1;
       }
-      batches.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
-                        200.0);
+      batches.push_back(
+          std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 200.0);
     }
     std::sort(batches.begin(), batches.end());
     std::printf(
@@ -213,7 +217,8 @@ int client(const Args& a, uint16_t port) {
   s->shutdown(SHUT_WR);
   uint64_t received = 0;
   bool checked = false;
-  if (!read_full(*s, &received, sizeof received) || !read_full(*s, &checked, sizeof checked))
+  if (!read_full(*s, &received, sizeof received) ||
+      !read_full(*s, &checked, sizeof checked))
     return 1;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf(
@@ -230,8 +235,9 @@ int client(const Args& a, uint16_t port) {
 int main(int argc, char** argv) try {
   Args a;
   CLI::App app{"rdmakit-stream-bench: stream latency, bandwidth and idle cost"};
-  app.add_option("test", a.test, "lat, bw or idle")->required()->check(
-      CLI::IsMember({"lat", "bw", "idle"}));
+  app.add_option("test", a.test, "lat, bw or idle")
+      ->required()
+      ->check(CLI::IsMember({"lat", "bw", "idle"}));
   app.add_option("--provider", a.provider, "shm, tcp or verbs");
   app.add_option("-s,--size", a.size, "Message (lat) or write (bw) size");
   app.add_option("-D,--seconds", a.seconds, "Duration");

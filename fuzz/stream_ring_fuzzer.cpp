@@ -61,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const Flow before = f;
         if (f.on_message(a, b) != Flow::Result::kOk) {
           // Rejected: nothing changed (the stream fails as a whole).
-          check(f.rx_written == before.rx_written && f.peer_consumed == before.peer_consumed &&
+          check(f.rx_written == before.rx_written &&
+                f.peer_consumed == before.peer_consumed &&
                 f.msg_credits == before.msg_credits);
           return 0;
         }

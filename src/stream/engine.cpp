@@ -58,8 +58,8 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
   ctx = Context::open(copts);
   const uint64_t per_stream = 3ull * options.stream.recv_credits + 8;
   CqOptions cqo;
-  cqo.capacity = static_cast<uint32_t>(
-      std::max<uint64_t>(4096, per_stream * options.max_streams));
+  cqo.capacity =
+      static_cast<uint32_t>(std::max<uint64_t>(4096, per_stream * options.max_streams));
   cqo.spin = std::chrono::nanoseconds(0);
   cq = ctx->create_cq(cqo);
   slots.resize(options.max_streams);
@@ -118,15 +118,15 @@ std::shared_ptr<StreamCore> EngineImpl::make_core(const StreamOptions& o) {
   return core;
 }
 
-void EngineImpl::start(const std::shared_ptr<StreamCore>& core, std::unique_ptr<QueuePair> qp,
-                       const wire::Hello& peer) {
+void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
+                       std::unique_ptr<QueuePair> qp, const wire::Hello& peer) {
   std::unique_lock lock(mu);
   if (free_slots.empty()) {
     lock.unlock();
     qp.reset();
     throw Error("stream start", ctx->provider_name(), core->peer, EMFILE,
-                "engine already holds max_streams=" + std::to_string(options.max_streams) +
-                    " streams");
+                "engine already holds max_streams=" +
+                    std::to_string(options.max_streams) + " streams");
   }
   StreamCore& s = *core;
   s.slot = free_slots.back();
@@ -208,10 +208,11 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   ++s.flow.rx_unreported;
   if (!c.has_imm() || c.opcode != Opcode::kRecvWriteWithImm ||
       s.flow.on_message(c.imm, c.byte_len) != wire::Flow::Result::kOk) {
-    std::fprintf(stderr,
-                 "rdmakit stream: protocol violation from %s (%s): imm 0x%08x byte_len %u; "
-                 "stream reset\n",
-                 s.peer.c_str(), ctx->provider_name(), c.imm, c.byte_len);
+    std::fprintf(
+        stderr,
+        "rdmakit stream: protocol violation from %s (%s): imm 0x%08x byte_len %u; "
+        "stream reset\n",
+        s.peer.c_str(), ctx->provider_name(), c.imm, c.byte_len);
     fail(s, EPROTO, Status::kSuccess);
     return;
   }
@@ -279,7 +280,8 @@ void EngineImpl::pump(StreamCore& s) noexcept {
   if ((unacked >= s.flow.rx_size / 2 || s.flow.rx_unreported >= s.opt.recv_credits / 2) &&
       s.flow.msg_credits >= kCreditReserve) {
     const uint32_t msgs = s.flow.rx_unreported;
-    if (post_message(s, wire::encode(wire::Op::kCredit, msgs, static_cast<uint32_t>(unacked)))) {
+    if (post_message(
+            s, wire::encode(wire::Op::kCredit, msgs, static_cast<uint32_t>(unacked)))) {
       s.flow.rx_unreported -= msgs;
       s.flow.rx_acked += unacked;
     }
@@ -324,7 +326,8 @@ void EngineImpl::close(StreamCore& s) noexcept {
 
 void EngineImpl::maybe_finalize(StreamCore& s) noexcept {
   if (!s.closed) return;
-  const bool drained = s.fin_sent && s.tx_freed == s.tx_staged && s.sends_outstanding == 0;
+  const bool drained =
+      s.fin_sent && s.tx_freed == s.tx_staged && s.sends_outstanding == 0;
   if (s.err == 0 && !drained) return;
   const uint32_t slot = s.slot;
   if (slots[slot].get() != &s) return;
@@ -342,12 +345,12 @@ void EngineImpl::timers(Clock::time_point now) noexcept {
       if (s.closed && now >= s.linger_deadline) {
         fail(s, ETIMEDOUT, Status::kSuccess);
       } else if (now - s.last_rx >= s.opt.peer_timeout) {
-        std::fprintf(stderr,
-                     "rdmakit stream: peer %s (%s) silent for %lld ms: ETIMEDOUT\n",
-                     s.peer.c_str(), ctx->provider_name(),
-                     static_cast<long long>(
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_rx)
-                             .count()));
+        std::fprintf(
+            stderr, "rdmakit stream: peer %s (%s) silent for %lld ms: ETIMEDOUT\n",
+            s.peer.c_str(), ctx->provider_name(),
+            static_cast<long long>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_rx)
+                    .count()));
         fail(s, ETIMEDOUT, Status::kSuccess);
       } else if (now - s.last_tx >= s.opt.keepalive &&
                  s.flow.msg_credits >= kCreditReserve) {
@@ -385,7 +388,8 @@ void EngineImpl::progress_loop() noexcept {
       armed = true;
       progress_ = Progress::kSleepArmed;
       timeout_ms = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(next_timers - now).count() +
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_timers - now)
+              .count() +
           1);
     }
     lock.unlock();

@@ -35,7 +35,8 @@ class EngineImpl;
 
 class StreamCore {
  public:
-  StreamCore(EngineImpl& engine, const StreamOptions& options) : engine(engine), opt(options) {}
+  StreamCore(EngineImpl& engine, const StreamOptions& options)
+      : engine(engine), opt(options) {}
 
   EngineImpl& engine;
   StreamOptions opt;
@@ -59,10 +60,10 @@ class StreamCore {
   bool nonblocking = false;
   std::chrono::milliseconds read_timeout{0};
   std::chrono::milliseconds write_timeout{0};
-  bool wr_shut = false;   // shutdown(SHUT_WR) or close(): FIN after the data
+  bool wr_shut = false;  // shutdown(SHUT_WR) or close(): FIN after the data
   bool fin_sent = false;
   bool rd_shut = false;
-  bool closed = false;    // the handle is gone; finalize when drained
+  bool closed = false;  // the handle is gone; finalize when drained
   int err = 0;
   Status err_status = Status::kSuccess;
   Clock::time_point last_rx;

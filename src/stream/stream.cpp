@@ -30,9 +30,10 @@ std::vector<std::byte> hello_bytes(const StreamCore& core) {
 wire::Hello peer_hello(EngineImpl& e, const QueuePair& qp, const char* op) {
   auto h = wire::Hello::parse(qp.peer_private_data());
   if (!h || h->ring.provider != e.ctx->provider())
-    throw Error(op, e.ctx->provider_name(), qp.peer(), EPROTO,
-                "peer's private data is not a stream hello (version 1, ring 4 KiB .. 2 MiB, "
-                "8 .. 255 credits)");
+    throw Error(
+        op, e.ctx->provider_name(), qp.peer(), EPROTO,
+        "peer's private data is not a stream hello (version 1, ring 4 KiB .. 2 MiB, "
+        "8 .. 255 credits)");
   return *h;
 }
 
@@ -104,7 +105,8 @@ Clock::time_point deadline_after(std::chrono::milliseconds t) {
 
 // ------------------------------------------------------------------ Engine
 
-Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) noexcept : impl_(std::move(impl)) {}
+Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) noexcept
+    : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 std::shared_ptr<Engine> Engine::create(const EngineOptions& options) {
@@ -253,8 +255,8 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       wr.flags = kSignaled | kInline;
       wr.length = static_cast<uint32_t>(len);
       wr.local_addr = src;
-      wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported,
-                            static_cast<uint32_t>(len));
+      wr.imm =
+          wire::encode(wire::Op::kData, s.flow.rx_unreported, static_cast<uint32_t>(len));
       wr.remote_addr = s.peer_ring.addr + poff;
       wr.rkey = s.peer_ring.rkey;
       if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors

@@ -39,7 +39,9 @@ constexpr uint32_t encode(Op op, uint32_t msgs, uint32_t value) noexcept {
          (value & kValueMask);
 }
 constexpr uint32_t op_bits(uint32_t imm) noexcept { return imm >> kOpShift; }
-constexpr uint32_t msgs_of(uint32_t imm) noexcept { return (imm >> kMsgShift) & kMsgMask; }
+constexpr uint32_t msgs_of(uint32_t imm) noexcept {
+  return (imm >> kMsgShift) & kMsgMask;
+}
 constexpr uint32_t value_of(uint32_t imm) noexcept { return imm & kValueMask; }
 
 // Connection private data, both directions (little-endian, 48 bytes).
@@ -84,16 +86,16 @@ static_assert(Hello::kSize <= 192, "fits the core's private data");
 //   peer_consumed <= tx_sent,  msg_credits <= peer_credits.
 struct Flow {
   uint32_t rx_size = 0;
-  uint64_t rx_written = 0;  // bytes the peer put in our ring
-  uint64_t rx_read = 0;     // bytes the application consumed
-  uint64_t rx_acked = 0;    // consumed bytes reported to the peer
+  uint64_t rx_written = 0;     // bytes the peer put in our ring
+  uint64_t rx_read = 0;        // bytes the application consumed
+  uint64_t rx_acked = 0;       // consumed bytes reported to the peer
   uint32_t rx_unreported = 0;  // receives reposted, not yet reported
 
   uint32_t peer_ring = 0;
-  uint32_t peer_credits = 0;  // receives the peer posts
-  uint64_t tx_sent = 0;       // bytes written into the peer's ring
-  uint64_t peer_consumed = 0; // bytes the peer reported consumed
-  uint32_t msg_credits = 0;   // messages we may still send
+  uint32_t peer_credits = 0;   // receives the peer posts
+  uint64_t tx_sent = 0;        // bytes written into the peer's ring
+  uint64_t peer_consumed = 0;  // bytes the peer reported consumed
+  uint32_t msg_credits = 0;    // messages we may still send
 
   bool fin_received = false;
   bool rst_received = false;
@@ -105,7 +107,8 @@ struct Flow {
   Result on_message(uint32_t imm, uint32_t byte_len) noexcept {
     const uint32_t msgs = msgs_of(imm);
     const uint32_t value = value_of(imm);
-    if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits) return Result::kViolation;
+    if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits)
+      return Result::kViolation;
     switch (op_bits(imm)) {
       case static_cast<uint32_t>(Op::kData):
         if (byte_len != value || value == 0) return Result::kViolation;
@@ -129,8 +132,7 @@ struct Flow {
           return Result::kViolation;
         }
         break;
-      default:
-        return Result::kViolation;
+      default: return Result::kViolation;
     }
     msg_credits += msgs;
     return Result::kOk;

@@ -1,5 +1,7 @@
 // Streams end to end: two processes per case (tests/support/harness.hpp), on
 // every provider in RDMAKIT_TEST_PROVIDERS (default here: shm,tcp).
+#include "rdmakit/stream/stream.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,7 +19,6 @@
 
 #include "harness.hpp"
 #include "helpers.hpp"
-#include "rdmakit/stream/stream.hpp"
 
 namespace rdmakit::test {
 namespace {
@@ -64,7 +65,8 @@ std::unique_ptr<Stream> connect_retry(Engine& engine, const std::string& address
     try {
       return engine.connect(address, so);
     } catch (const Error& e) {
-      if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > until) throw;
+      if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > until)
+        throw;
       std::this_thread::sleep_for(50ms);
     }
   }
@@ -84,11 +86,13 @@ Connected dial(RoleEnv& env, StreamOptions so = {}) {
 // Blocking helpers that fail the test on short transfers.
 void write_all(Stream& s, const void* data, size_t len) {
   const auto rc = s.write(data, len);
-  ASSERT_EQ(rc, static_cast<ssize_t>(len)) << "write: " << std::strerror(static_cast<int>(-rc));
+  ASSERT_EQ(rc, static_cast<ssize_t>(len))
+      << "write: " << std::strerror(static_cast<int>(-rc));
 }
 void read_exact(Stream& s, void* data, size_t len) {
   const auto rc = s.read(data, len, Stream::kWaitAll);
-  ASSERT_EQ(rc, static_cast<ssize_t>(len)) << "read: " << (rc < 0 ? std::strerror(static_cast<int>(-rc)) : "short");
+  ASSERT_EQ(rc, static_cast<ssize_t>(len))
+      << "read: " << (rc < 0 ? std::strerror(static_cast<int>(-rc)) : "short");
 }
 
 // Sends `total` pattern bytes in random chunks with random iovec splits.
@@ -119,7 +123,8 @@ void recv_pattern(Stream& s, size_t total, uint64_t seed) {
   while (off < total) {
     const size_t chunk = std::min<size_t>(total - off, 1 + rng() % 50000);
     const ssize_t rc = s.read(data.data() + off, chunk);
-    ASSERT_GT(rc, 0) << "read at " << off << ": " << (rc < 0 ? std::strerror(static_cast<int>(-rc)) : "EOF");
+    ASSERT_GT(rc, 0) << "read at " << off << ": "
+                     << (rc < 0 ? std::strerror(static_cast<int>(-rc)) : "EOF");
     off += static_cast<size_t>(rc);
   }
   ASSERT_TRUE(check_pattern(data.data(), total, seed));
@@ -310,7 +315,8 @@ TEST_P(StreamTest, PeerStoppedGivesTimeout) {
         const ssize_t rc = cli.s->read(&c, 1);
         const auto waited = std::chrono::steady_clock::now() - t0;
         EXPECT_EQ(rc, -ETIMEDOUT);
-        EXPECT_EQ(cli.s->error_status(), Status::kSuccess);  // our keepalive timer, not the QP
+        EXPECT_EQ(cli.s->error_status(),
+                  Status::kSuccess);  // our keepalive timer, not the QP
         EXPECT_GE(waited, 700ms);
         EXPECT_LT(waited, 3s);
       },
@@ -372,7 +378,8 @@ TEST_P(StreamTest, EpollLevelAndEdgeTriggered) {
         // Writability: fill until EAGAIN (the client does not read yet).
         std::vector<char> junk(4096, 'j');
         size_t sent = 0;
-        for (int round = 0; round < 2; ++round) {  // the 2nd after in-flight sends completed
+        for (int round = 0; round < 2;
+             ++round) {  // the 2nd after in-flight sends completed
           for (int i = 0; i < 1000; ++i) {
             const ssize_t rc = s.write(junk.data(), junk.size());
             if (rc == -EAGAIN) break;
@@ -458,7 +465,8 @@ TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
           auto bad = listener->accept(scaled(10s));
           // Not reading: the ring-overflow lie needs the ring to stay full.
           const auto until = std::chrono::steady_clock::now() + scaled(10s);
-          while (!(bad->poll_events() & POLLERR) && std::chrono::steady_clock::now() < until)
+          while (!(bad->poll_events() & POLLERR) &&
+                 std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(1ms);
           EXPECT_EQ(bad->error(), EPROTO) << "lie " << lie;
           char buf[64];
@@ -491,10 +499,10 @@ TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
           int times;
         };
         const Lie lies[5] = {
-            {D | 100, 10, 1},             // says 100 bytes, wrote 10
-            {D | 4000, 4000, 9},          // 36000 bytes into a 32 KiB ring
-            {C | 5000, 0, 1},             // credits for bytes never sent
-            {3u << 30, 0, 1},             // op 3
+            {D | 100, 10, 1},              // says 100 bytes, wrote 10
+            {D | 4000, 4000, 9},           // 36000 bytes into a 32 KiB ring
+            {C | 5000, 0, 1},              // credits for bytes never sent
+            {3u << 30, 0, 1},              // op 3
             {X | (200u << 22) | 3, 0, 1},  // returns 200 receives of 16
         };
         for (const Lie& lie : lies) {
@@ -563,7 +571,8 @@ TEST_P(StreamTest, ThousandConcurrentStreams) {
         auto listener = engine->listen(env.listen_address());
         env.publish_port(listener->port());
         std::vector<std::unique_ptr<Stream>> streams;
-        for (int i = 0; i < kStreams; ++i) streams.push_back(listener->accept(scaled(20s)));
+        for (int i = 0; i < kStreams; ++i)
+          streams.push_back(listener->accept(scaled(20s)));
         for (auto& s : streams) {
           uint32_t v = 0;
           read_exact(*s, &v, sizeof v);
@@ -580,15 +589,16 @@ TEST_P(StreamTest, ThousandConcurrentStreams) {
         const size_t rss0 = rss_bytes();
         std::vector<std::unique_ptr<Stream>> streams;
         for (int i = 0; i < kStreams; ++i)
-          streams.push_back(connect_retry(*engine, env.server_address(), StreamOptions{}));
+          streams.push_back(
+              connect_retry(*engine, env.server_address(), StreamOptions{}));
         const size_t fds1 = open_fds();
         const size_t rss1 = rss_bytes();
-        std::printf("[ streams  ] %s: %d idle streams: %.1f fds and %.1f KiB resident per stream "
-                    "(configured buffers+queues %.1f KiB)\n",
-                    env.provider().c_str(), kStreams,
-                    static_cast<double>(fds1 - fds0) / kStreams,
-                    static_cast<double>(rss1 - rss0) / kStreams / 1024.0,
-                    static_cast<double>(streams[0]->memory_bytes()) / 1024.0);
+        std::printf(
+            "[ streams  ] %s: %d idle streams: %.1f fds and %.1f KiB resident per stream "
+            "(configured buffers+queues %.1f KiB)\n",
+            env.provider().c_str(), kStreams, static_cast<double>(fds1 - fds0) / kStreams,
+            static_cast<double>(rss1 - rss0) / kStreams / 1024.0,
+            static_cast<double>(streams[0]->memory_bytes()) / 1024.0);
         EXPECT_EQ(engine->stream_count(), static_cast<size_t>(kStreams));
         for (int i = 0; i < kStreams; ++i) {
           const uint32_t v = static_cast<uint32_t>(i);

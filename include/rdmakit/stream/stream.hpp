@@ -80,7 +80,8 @@ class Engine {
   // Throws Error (ECONNREFUSED, ETIMEDOUT, EPROTO for a peer that is not a
   // stream endpoint, EMFILE past max_streams).
   std::unique_ptr<Stream> connect(const std::string& address);
-  std::unique_ptr<Stream> connect(const std::string& address, const StreamOptions& options);
+  std::unique_ptr<Stream> connect(const std::string& address,
+                                  const StreamOptions& options);
   std::unique_ptr<StreamListener> listen(const std::string& address);
 
   Context& context() noexcept;
@@ -150,7 +151,8 @@ class Stream {
   bool nonblocking() const noexcept;
   // Blocking calls give up after this long with -EAGAIN (0 = no limit), as
   // SO_RCVTIMEO / SO_SNDTIMEO.
-  void set_timeouts(std::chrono::milliseconds read, std::chrono::milliseconds write) noexcept;
+  void set_timeouts(std::chrono::milliseconds read,
+                    std::chrono::milliseconds write) noexcept;
 
   // A kernel fd whose POLLIN / POLLOUT mirror poll_events(): usable with
   // epoll (level or edge triggered), poll and select. Created on first call;
