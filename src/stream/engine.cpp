@@ -61,6 +61,8 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
   cqo.capacity =
       static_cast<uint32_t>(std::max<uint64_t>(4096, per_stream * options.max_streams));
   cqo.spin = std::chrono::nanoseconds(0);
+  const uint32_t wanted = cqo.capacity;
+  std::string refusal;
   for (;;) {
     try {
       cq = ctx->create_cq(cqo);
@@ -69,14 +71,20 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
       // A device's CQ size limit (rxe: 32767): a smaller shared CQ admits
       // fewer streams (connect/accept then fail with the core's error).
       if (e.sys_errno() != EINVAL || cqo.capacity <= 4096) throw;
+      if (refusal.empty()) refusal = e.what();
       cqo.capacity = std::max<uint32_t>(4096, cqo.capacity / 2);
-      std::fprintf(stderr,
-                   "rdmakit stream: %s; using a shared completion queue of %u entries "
-                   "(about %llu streams of %u credits)\n",
-                   e.what(), cqo.capacity,
-                   static_cast<unsigned long long>(cqo.capacity / per_stream),
-                   options.stream.recv_credits);
     }
+  }
+  static std::atomic<bool> said{false};
+  if (!refusal.empty() && !said.exchange(true)) {
+    std::fprintf(
+        stderr,
+        "rdmakit stream: a shared completion queue of %u entries was refused (%s); "
+        "using %u entries: about %llu streams of %u credits per engine (said once "
+        "per process)\n",
+        wanted, refusal.c_str(), cqo.capacity,
+        static_cast<unsigned long long>(cqo.capacity / per_stream),
+        options.stream.recv_credits);
   }
   slots.resize(options.max_streams);
   slot_gen.assign(options.max_streams, 0);

@@ -272,13 +272,15 @@ TEST_P(StreamTest, PeerKilledGivesConnectionReset) {
       [](RoleEnv& env) {
         auto srv = serve(env, fast_liveness());
         write_all(*srv.s, "x", 1);
-        std::this_thread::sleep_for(100ms);
+        char ack;
+        read_exact(*srv.s, &ack, 1);  // the client holds everything we sent
         ::kill(::getpid(), SIGKILL);
       },
       [](RoleEnv& env) {
         auto cli = dial(env, fast_liveness());
         char c;
         EXPECT_EQ(cli.s->read(&c, 1), 1);
+        write_all(*cli.s, "a", 1);
         const auto t0 = std::chrono::steady_clock::now();
         const ssize_t rc = cli.s->read(&c, 1);
         const auto waited = std::chrono::steady_clock::now() - t0;
