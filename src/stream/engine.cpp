@@ -12,7 +12,7 @@
 namespace rdmakit::stream::detail {
 
 namespace {
-constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^28 (wr_id)
+constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
 constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
 constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
 }  // namespace
@@ -202,11 +202,11 @@ void EngineImpl::dispatch(const Completion& c) noexcept {
   StreamCore& s = *keep;
   const uint64_t kind = (c.wr_id >> 28) & 0xF;
   if (kind == kWrSend) {
-    if (s.sends_outstanding > 0) --s.sends_outstanding;
+    s.sends_outstanding -= std::min(s.sends_outstanding, wr_count(c.wr_id));
     if (!c.ok()) {
       fail(s, ECONNRESET, c.status);
     } else {
-      s.tx_freed += c.wr_id & 0x0FFFFFFFu;
+      s.tx_freed += wr_bytes(c.wr_id);
     }
   } else if (kind == kWrRecv) {
     if (!c.ok()) {
@@ -223,7 +223,7 @@ void EngineImpl::dispatch(const Completion& c) noexcept {
 
 void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   if (s.err != 0) return;
-  s.last_rx = Clock::now();
+  ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
   const RecvWr again{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0};
   if (!s.qp->post_recv(again).ok()) {
     fail(s, ECONNRESET, Status::kGeneralError);
@@ -250,7 +250,7 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
 bool EngineImpl::post_message(StreamCore& s, uint32_t imm) noexcept {
   if (s.sends_outstanding >= s.send_depth || s.flow.msg_credits == 0) return false;
   SendWr wr;
-  wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, 0);
+  wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, 0, s.unsignaled + 1);
   wr.opcode = Opcode::kWriteWithImm;
   wr.flags = kSignaled;
   wr.length = 0;
@@ -258,9 +258,10 @@ bool EngineImpl::post_message(StreamCore& s, uint32_t imm) noexcept {
   wr.remote_addr = s.peer_ring.addr;
   wr.rkey = s.peer_ring.rkey;
   if (!s.qp->post_send(wr).ok()) return false;
+  s.unsignaled = 0;
   --s.flow.msg_credits;
   ++s.sends_outstanding;
-  s.last_tx = Clock::now();
+  ++s.tx_msgs;
   return true;
 }
 
@@ -277,7 +278,7 @@ void EngineImpl::pump(StreamCore& s) noexcept {
         std::min({s.tx_staged - s.tx_posted, room, s.opt.tx_buffer - toff,
                   s.flow.peer_ring - poff, static_cast<uint64_t>(kMaxChunk)}));
     SendWr wr;
-    wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, n);
+    wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, n, s.unsignaled + 1);
     wr.opcode = Opcode::kWriteWithImm;
     wr.flags = kSignaled;
     wr.length = n;
@@ -293,13 +294,14 @@ void EngineImpl::pump(StreamCore& s) noexcept {
       return;
     }
     s.flow.take_unreported();
+    s.unsignaled = 0;
     s.tx_posted += n;
     s.flow.tx_sent += n;
     --s.flow.msg_credits;
     ++s.sends_outstanding;
     sent = true;
   }
-  if (sent) s.last_tx = Clock::now();
+  if (sent) ++s.tx_msgs;
   const uint64_t unacked = s.flow.rx_read - s.flow.rx_acked;
   if ((unacked >= s.flow.rx_size / 2 || s.flow.rx_unreported >= s.opt.recv_credits / 2) &&
       s.flow.msg_credits >= kCreditReserve) {
@@ -365,6 +367,14 @@ void EngineImpl::timers(Clock::time_point now) noexcept {
     if (!slots[i]) continue;
     const std::shared_ptr<StreamCore> keep = slots[i];
     StreamCore& s = *keep;
+    if (s.rx_msgs != s.rx_seen) {
+      s.rx_seen = s.rx_msgs;
+      s.last_rx = now;
+    }
+    if (s.tx_msgs != s.tx_seen) {
+      s.tx_seen = s.tx_msgs;
+      s.last_tx = now;
+    }
     if (s.err == 0) {
       if (s.closed && now >= s.linger_deadline) {
         fail(s, ETIMEDOUT, Status::kSuccess);

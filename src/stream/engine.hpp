@@ -22,14 +22,22 @@ namespace rdmakit::stream::detail {
 
 using Clock = std::chrono::steady_clock;
 
-// wr_id: [slot:24][generation:8][kind:4][bytes:28]. Completions are routed by
-// slot and checked against the generation, so a completion of a stream that
-// was already destroyed is dropped, never applied to its successor.
+// wr_id: [slot:24][generation:8][kind:4][count:7][bytes:21]. Completions are
+// routed by slot and checked against the generation, so a completion of a
+// stream that was already destroyed is dropped, never applied to its
+// successor. A send completion retires `count` sends (itself and the
+// unsignaled inline sends before it) and frees `bytes` of the send buffer.
 enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2 };
-constexpr uint64_t make_wr_id(uint32_t slot, uint8_t gen, WrKind kind, uint32_t bytes) {
+constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
+static_assert(kSignalEvery < 128, "count fits its 7 bits");
+constexpr uint64_t make_wr_id(uint32_t slot, uint8_t gen, WrKind kind, uint32_t bytes,
+                              uint32_t count = 1) {
   return (static_cast<uint64_t>(slot) << 40) | (static_cast<uint64_t>(gen) << 32) |
-         (static_cast<uint64_t>(kind) << 28) | (bytes & 0x0FFFFFFFu);
+         (static_cast<uint64_t>(kind) << 28) |
+         (static_cast<uint64_t>(count & 0x7F) << 21) | (bytes & 0x1FFFFFu);
 }
+constexpr uint32_t wr_bytes(uint64_t wr_id) { return wr_id & 0x1FFFFFu; }
+constexpr uint32_t wr_count(uint64_t wr_id) { return (wr_id >> 21) & 0x7F; }
 
 class EngineImpl;
 
@@ -54,7 +62,8 @@ class StreamCore {
   uint64_t tx_staged = 0;
   uint64_t tx_posted = 0;
   uint64_t tx_freed = 0;
-  uint32_t sends_outstanding = 0;
+  uint32_t sends_outstanding = 0;  // posted, not yet retired by a completion
+  uint32_t unsignaled = 0;         // inline sends since the last signaled one
   uint32_t send_depth = 0;
 
   bool nonblocking = false;
@@ -66,6 +75,12 @@ class StreamCore {
   bool closed = false;  // the handle is gone; finalize when drained
   int err = 0;
   Status err_status = Status::kSuccess;
+  // Liveness: message counts on the data path, turned into times by the
+  // timers (resolution: one tick), so no message pays a clock read.
+  uint64_t rx_msgs = 0;
+  uint64_t tx_msgs = 0;
+  uint64_t rx_seen = 0;
+  uint64_t tx_seen = 0;
   Clock::time_point last_rx;
   Clock::time_point last_tx;
   Clock::time_point linger_deadline{};
@@ -150,7 +165,8 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
       progress_ = Progress::kRunning;
       kick();
     }
-    while (!pred() && Clock::now() < spin_until) {
+    for (uint32_t spins = 1; !pred(); ++spins) {
+      if (spins % 64 == 0 && Clock::now() >= spin_until) break;
       drain();
       if (pred()) break;
       lock.unlock();

@@ -249,10 +249,14 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       auto [src, len] =
           cur.piece(std::min<uint64_t>({room, s.flow.peer_ring - poff, max_inline}));
       if (len == 0) break;
+      // Selective signaling: one completion per kSignalEvery inline sends.
+      const bool signal = s.unsignaled + 1 >= detail::kSignalEvery ||
+                          s.sends_outstanding + 2 >= s.send_depth;
       SendWr wr;
-      wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSend, 0);
+      wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSend, 0,
+                                    signal ? s.unsignaled + 1 : 0);
       wr.opcode = Opcode::kWriteWithImm;
-      wr.flags = kSignaled | kInline;
+      wr.flags = signal ? (kSignaled | kInline) : kInline;
       wr.length = static_cast<uint32_t>(len);
       wr.local_addr = src;
       wr.imm =
@@ -260,11 +264,12 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       wr.remote_addr = s.peer_ring.addr + poff;
       wr.rkey = s.peer_ring.rkey;
       if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors
+      s.unsignaled = signal ? 0 : s.unsignaled + 1;
       s.flow.take_unreported();
       s.flow.tx_sent += len;
       --s.flow.msg_credits;
       ++s.sends_outstanding;
-      s.last_tx = Clock::now();
+      ++s.tx_msgs;
       cur.advance(len);
       done += len;
     }
