@@ -222,7 +222,10 @@ void EngineImpl::dispatch(const Completion& c) noexcept {
 }
 
 void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
-  if (s.err != 0) return;
+  // A send may fail (the peer closed and left) while its last data and FIN
+  // still wait in our completion queue: those are still delivered. Only a
+  // peer that broke the protocol is not listened to any more.
+  if (s.err == EPROTO) return;
   ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
   const RecvWr again{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0};
   if (!s.qp->post_recv(again).ok()) {
@@ -240,10 +243,7 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
     fail(s, EPROTO, Status::kSuccess);
     return;
   }
-  if (s.flow.rst_received) {
-    fail(s, ECONNRESET, Status::kSuccess);
-    return;
-  }
+  if (s.flow.rst_received) fail(s, ECONNRESET, Status::kSuccess);
   if (s.rd_shut) s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
 }
 
