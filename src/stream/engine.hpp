@@ -142,6 +142,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   void progress_loop() noexcept;
   void kick() noexcept;
 
+  std::array<Completion, 32> batch_;
   enum class Progress { kRunning, kSleepArmed, kSleepUnarmed };
   Progress progress_ = Progress::kRunning;
   uint32_t spinning_ = 0;
