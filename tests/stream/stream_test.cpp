@@ -380,15 +380,17 @@ TEST_P(StreamTest, EpollLevelAndEdgeTriggered) {
         // Writability: fill until EAGAIN (the client does not read yet).
         std::vector<char> junk(4096, 'j');
         size_t sent = 0;
-        for (int round = 0; round < 2;
-             ++round) {  // the 2nd after in-flight sends completed
+        // Until a write says EAGAIN and the state holds: sends in flight free
+        // buffer space when their completions are processed.
+        for (int round = 0; round < 100; ++round) {
           for (int i = 0; i < 1000; ++i) {
             const ssize_t rc = s.write(junk.data(), junk.size());
             if (rc == -EAGAIN) break;
             ASSERT_GT(rc, 0);
             sent += static_cast<size_t>(rc);
           }
-          if (round == 0) std::this_thread::sleep_for(100ms);
+          std::this_thread::sleep_for(20ms);
+          if (!(s.poll_events() & POLLOUT)) break;
         }
         EXPECT_EQ(s.write(junk.data(), 1), -EAGAIN);
         EXPECT_FALSE(s.poll_events() & POLLOUT);
@@ -422,8 +424,12 @@ TEST_P(StreamTest, EpollLevelAndEdgeTriggered) {
         read_exact(*cli.s, &c, 1);
         std::vector<char> hundred(100, 'h');
         write_all(*cli.s, hundred.data(), hundred.size());
-        std::this_thread::sleep_for(
-            scaled(500ms));  // the server fills the stream meanwhile
+        // The server fills the stream until it is not writable, then checks
+        // that: once the filling has begun, give it time before reading.
+        const auto until = std::chrono::steady_clock::now() + scaled(10s);
+        while (cli.s->available() < 4096 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(5ms);
+        std::this_thread::sleep_for(scaled(1500ms));
         // Read the junk until the final marker.
         char buf[4096];
         for (;;) {
