@@ -6,7 +6,7 @@
 #   memory and fds per idle stream (1,000 streams, shm and tcp)
 # Usage: bench/stream_compare.sh [BUILD_DIR]   (default: build)
 #   RDMAKIT_BENCH_CPUS=0,1  RDMAKIT_BENCH_SECONDS=2  RDMAKIT_BENCH_NOTE="loaded machine"
-# Writes bench/results/streams-<UTC time>.{jsonl,md}.
+# Writes bench/results/streams-<UTC time>/{raw.jsonl,summary.md,stderr.log}.
 set -u
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -20,8 +20,9 @@ for b in "$perf" "$sbench" "$floors"; do
   [ -x "$b" ] || { echo "missing $b (ninja -C $build rdmakit-perf rdmakit-stream-bench rdmakit-floors)"; exit 1; }
 done
 stamp=$(date -u +%Y%m%d-%H%M%S)
-out=bench/results/streams-$stamp
-mkdir -p bench/results
+dir=bench/results/streams-$stamp
+mkdir -p "$dir"
+out=$dir/run
 : >"$out.jsonl"
 export RDMAKIT_LOG=${RDMAKIT_LOG:-warn}
 run() {  # run LABEL CMD... : one JSON line (the last the command printed) tagged with LABEL
@@ -43,9 +44,9 @@ run core_shm_write_bw_64k "$perf" write_bw --loopback --provider shm -s 65536 -D
 run stream_shm_idle "$sbench" idle --provider shm --streams 1000 --cpus "$cpus"
 run stream_tcp_idle "$sbench" idle --provider tcp --streams 1000 --cpus "$cpus"
 
-python3 - "$out" "$note" <<'PY'
+python3 - "$out" "$note" "$(nproc) cpus, $(uptime | sed 's/.*load/load/')" <<'PY'
 import json, sys
-out, note = sys.argv[1], sys.argv[2]
+out, note, machine = sys.argv[1], sys.argv[2], sys.argv[3]
 r = {}
 for line in open(out + ".jsonl"):
     j = json.loads(line)
@@ -70,8 +71,9 @@ ratio("tcp 1 MiB streaming (MB/s): stream / core write_bw", g("stream_tcp_bw_1m"
 ratio("shm 64 KiB streaming (MB/s): stream / core write_bw", g("stream_shm_bw_64k", "bw_MBps"),
       g("core_shm_write_bw_64k", "bw_avg_MBps"), 0.0, "higher")
 with open(out + ".md", "w") as f:
-    f.write("# Streams vs core and floors (%s)\n\n" % out.split("/")[-1])
+    f.write("# Streams vs core and floors (%s)\n\n" % out.split("/")[-2])
     if note: f.write("**Note:** %s\n\n" % note)
+    f.write("Machine: %s (at the end of the run)\n\n" % machine)
     f.write("| comparison | stream | baseline | ratio | goal | |\n|---|---|---|---|---|---|\n")
     for name, a, b, q, goal, verdict in rows:
         fmt = lambda v: "-" if v is None else ("%.3f" % v if v < 100 else "%.0f" % v)
@@ -84,3 +86,7 @@ with open(out + ".md", "w") as f:
                 j.get("resident_KiB_per_stream", "-"), j.get("fds_per_stream", "-")))
 print(open(out + ".md").read())
 PY
+mv "$out.jsonl" "$dir/raw.jsonl"
+mv "$out.md" "$dir/summary.md"
+if [ -s "$out.log" ]; then mv "$out.log" "$dir/stderr.log"; else rm -f "$out.log"; fi
+echo "written: $dir"
