@@ -1,0 +1,281 @@
+// rdmakit-stream-bench: streams measured the way rdmakit-perf measures the
+// core, two pinned processes on one host (fork), one JSON object per line.
+//   lat   ping-pong of --size bytes (blocking read/write with busy-poll):
+//         half round trip, median of batches of 100 exchanges
+//   bw    one direction, --size byte writes for --seconds: MB/s (10^6) at
+//         the reader, every byte checked against a pattern on the first pass
+//   idle  --streams idle streams: resident KiB and fds per stream (client)
+//   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
+//       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
+//       [--inline N] [--bind ADDR]
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmakit/stream/stream.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using rdmakit::stream::Engine;
+using rdmakit::stream::EngineOptions;
+using rdmakit::stream::Stream;
+using rdmakit::stream::StreamOptions;
+
+struct Args {
+  std::string test;
+  std::string provider = "shm";
+  size_t size = 16;
+  double seconds = 2.0;
+  std::vector<int> cpus{0, 1};
+  int streams = 1000;
+  uint32_t rx_ring = 0;  // 0: per-test default
+  uint32_t tx_buffer = 0;
+  uint32_t max_inline = 0;
+  std::string bind = "127.0.0.1";
+};
+
+void pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)sched_setaffinity(0, sizeof set, &set);
+}
+
+StreamOptions options_for(const Args& a) {
+  StreamOptions so;
+  if (a.test == "lat") {
+    so.busy_poll = 1s;
+  } else if (a.test == "bw") {
+    so.busy_poll = 1s;
+    so.rx_ring = 2u << 20;
+    so.tx_buffer = 4u << 20;
+    so.recv_credits = 128;
+    // shm: writes of up to 64 KiB go straight from the caller's buffer.
+    so.max_inline =
+        a.provider == "shm" ? static_cast<uint32_t>(std::min<size_t>(a.size, 65536)) : 64;
+  }
+  if (a.rx_ring != 0) so.rx_ring = a.rx_ring;
+  if (a.tx_buffer != 0) so.tx_buffer = a.tx_buffer;
+  if (a.max_inline != 0) so.max_inline = a.max_inline;
+  return so;
+}
+
+std::shared_ptr<Engine> make_engine(const Args& a, const StreamOptions& so) {
+  EngineOptions eo;
+  eo.provider = rdmakit::parse_provider(a.provider);
+  eo.stream = so;
+  eo.max_streams = static_cast<uint32_t>(std::max(a.streams, 1) + 8);
+  return Engine::create(eo);
+}
+
+bool read_full(Stream& s, void* p, size_t n) {
+  return s.read(p, n, Stream::kWaitAll) == static_cast<ssize_t>(n);
+}
+bool write_full(Stream& s, const void* p, size_t n) {
+  return s.write(p, n) == static_cast<ssize_t>(n);
+}
+
+uint8_t pattern(size_t i) { return static_cast<uint8_t>((i * 131u + (i >> 12)) & 0xFF); }
+
+size_t open_fds() {
+  size_t n = 0;
+  for (int fd = 0; fd < 65536; ++fd)
+    if (::fcntl(fd, F_GETFD) >= 0) ++n;
+  return n;
+}
+size_t rss_bytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// ------------------------------------------------------------------ roles
+
+int server(const Args& a, int port_fd) {
+  pin(a.cpus[1]);
+  const StreamOptions so = options_for(a);
+  auto engine = make_engine(a, so);
+  auto listener = engine->listen(a.bind + ":0");
+  const uint16_t port = listener->port();
+  if (::write(port_fd, &port, sizeof port) != sizeof port) return 1;
+  const int n = a.test == "idle" ? a.streams : 1;
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < n; ++i) streams.push_back(listener->accept(30s));
+  Stream& s = *streams[0];
+  std::vector<uint8_t> buf(std::max<size_t>(a.size, 64));
+  if (a.test == "lat") {
+    for (;;) {
+      if (!read_full(s, buf.data(), a.size)) return 0;  // client done: EOF
+      if (!write_full(s, buf.data(), a.size)) return 1;
+    }
+  }
+  if (a.test == "bw") {
+    size_t total = 0;
+    bool checked = true;
+    uint64_t expect_total = 0;
+    for (;;) {
+      const ssize_t rc = s.read(buf.data(), buf.size());
+      if (rc <= 0) break;
+      for (ssize_t i = 0; i < rc && total + static_cast<size_t>(i) < a.size; ++i)
+        checked = checked &&
+                  buf[static_cast<size_t>(i)] == pattern(total + static_cast<size_t>(i));
+      total += static_cast<size_t>(rc);
+    }
+    expect_total = total;
+    // Report the count back so the client can print the reader's figure.
+    (void)write_full(s, &expect_total, sizeof expect_total);
+    (void)write_full(s, &checked, sizeof checked);
+    s.shutdown(SHUT_WR);
+    return 0;
+  }
+  // idle: wait for the client to finish measuring.
+  char c;
+  (void)s.read(&c, 1);
+  return 0;
+}
+
+int client(const Args& a, uint16_t port) {
+  pin(a.cpus[0]);
+  const StreamOptions so = options_for(a);
+  auto engine = make_engine(a, so);
+  const std::string address = a.bind + ":" + std::to_string(port);
+  const char* prov = a.provider.c_str();
+  if (a.test == "idle") {
+    const size_t fds0 = open_fds();
+    const size_t rss0 = rss_bytes();
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (int i = 0; i < a.streams; ++i) streams.push_back(engine->connect(address, so));
+    std::this_thread::sleep_for(200ms);
+    const size_t fds1 = open_fds();
+    const size_t rss1 = rss_bytes();
+    std::printf(
+        "{\"test\":\"stream_idle\",\"provider\":\"%s\",\"streams\":%d,\"rx_ring\":%u,"
+        "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":"
+        "%.1f,"
+        "\"fds_per_stream\":%.2f}\n",
+        prov, a.streams, so.rx_ring, so.tx_buffer,
+        static_cast<double>(streams[0]->memory_bytes()) / 1024.0,
+        static_cast<double>(rss1 - rss0) / a.streams / 1024.0,
+        static_cast<double>(fds1 - fds0) / a.streams);
+    (void)streams[0]->write("x", 1);
+    return 0;
+  }
+  auto s = engine->connect(address, so);
+  std::vector<uint8_t> buf(a.size);
+  if (a.test == "lat") {
+    const auto end = Clock::now() + std::chrono::duration<double>(a.seconds);
+    std::vector<double> batches;
+    for (int w = 0; w < 1000; ++w) {  // warm-up
+      if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+        return 1;
+    }
+    while (Clock::now() < end) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 100; ++i) {
+        if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+          return 1;
+      }
+      batches.push_back(
+          std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 200.0);
+    }
+    std::sort(batches.begin(), batches.end());
+    std::printf(
+        "{\"test\":\"stream_lat\",\"provider\":\"%s\",\"size\":%zu,\"exchanges\":%zu,"
+        "\"half_rtt_us\":%.3f,\"best_half_rtt_us\":%.3f}\n",
+        prov, a.size, batches.size() * 100, batches[batches.size() / 2] / 1000.0,
+        batches.front() / 1000.0);
+    return 0;
+  }
+  // bw
+  for (size_t i = 0; i < a.size; ++i) buf[i] = pattern(i);
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(a.seconds);
+  uint64_t sent = 0;
+  while (Clock::now() < end) {
+    if (!write_full(*s, buf.data(), a.size)) return 1;
+    sent += a.size;
+    if (sent == a.size) {
+      for (size_t i = 0; i < a.size; ++i) buf[i] = 0;  // later writes: only counted
+    }
+  }
+  s->shutdown(SHUT_WR);
+  uint64_t received = 0;
+  bool checked = false;
+  if (!read_full(*s, &received, sizeof received) ||
+      !read_full(*s, &checked, sizeof checked))
+    return 1;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf(
+      "{\"test\":\"stream_bw\",\"provider\":\"%s\",\"size\":%zu,\"bytes\":%llu,"
+      "\"seconds\":%.3f,\"bw_MBps\":%.1f,\"verified\":%s}\n",
+      prov, a.size, static_cast<unsigned long long>(received), secs,
+      static_cast<double>(received) / secs / 1e6,
+      checked && received == sent ? "true" : "false");
+  return checked && received == sent ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args a;
+  CLI::App app{"rdmakit-stream-bench: stream latency, bandwidth and idle cost"};
+  app.add_option("test", a.test, "lat, bw or idle")
+      ->required()
+      ->check(CLI::IsMember({"lat", "bw", "idle"}));
+  app.add_option("--provider", a.provider, "shm, tcp or verbs");
+  app.add_option("-s,--size", a.size, "Message (lat) or write (bw) size");
+  app.add_option("-D,--seconds", a.seconds, "Duration");
+  app.add_option("--cpus", a.cpus, "Client and server CPU")->delimiter(',')->expected(2);
+  app.add_option("--streams", a.streams, "idle: number of streams");
+  app.add_option("--rx-ring", a.rx_ring, "Receive ring bytes");
+  app.add_option("--tx-buffer", a.tx_buffer, "Send buffer bytes");
+  app.add_option("--inline", a.max_inline, "max_inline");
+  app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
+  CLI11_PARSE(app, argc, argv);
+  if (a.size == 0) a.size = 1;
+  if (a.test == "idle") {
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  int fds[2];
+  if (::pipe(fds) != 0) return 1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int rc = 1;
+    try {
+      rc = server(a, fds[1]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rdmakit-stream-bench server: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  uint16_t port = 0;
+  if (::read(fds[0], &port, sizeof port) != sizeof port) return 1;
+  int rc = client(a, port);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  return rc;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "rdmakit-stream-bench: %s\n", e.what());
+  return 1;
+}

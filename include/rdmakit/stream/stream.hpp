@@ -1,0 +1,181 @@
+#pragma once
+// Byte streams with socket semantics over any rdmakit provider.
+//
+//   auto engine = stream::Engine::create({.provider = ProviderKind::kShm});
+//   auto listener = engine->listen("127.0.0.1:0");          // server
+//   auto s = listener->accept(5s);
+//   auto c = engine->connect("127.0.0.1:" + port);           // client
+//   c->write(buf, n);  s->read(buf, n);
+//
+// Control path (Engine::create, connect, listen, accept) throws
+// rdmakit::Error. The data path (read/write/readv/writev/shutdown/close/
+// poll_events) never throws and returns socket-style values: a byte count
+// >= 0, or a negative errno (-EAGAIN, -ECONNRESET, -EPIPE, -ETIMEDOUT,
+// -EPROTO, ...); error_status() names the rdmakit Status behind an error.
+//
+// An Engine owns one Context, one completion queue shared by all its streams
+// and one progress thread (credits, keepalive, close-with-queued-data,
+// readiness while no application thread polls). Streams of one engine may be
+// used from any threads; calls are serialized by the engine. See
+// docs/streams.md for the ring format, flow control and readiness rules.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rdmakit/rdmakit.hpp"
+
+namespace rdmakit::stream {
+
+namespace detail {
+class EngineImpl;
+class StreamCore;
+}  // namespace detail
+
+struct StreamOptions {
+  // Receive ring the peer WRITEs into (4 KiB .. 2 MiB).
+  uint32_t rx_ring = 32 * 1024;
+  // Send buffer: write() copies here when the data cannot go out at once.
+  uint32_t tx_buffer = 16 * 1024;
+  // Writes up to this size go out straight from the caller's buffer when the
+  // peer has room (provider limits apply: tcp 4 KiB). Costs max_inline bytes
+  // per send-queue slot on shm.
+  uint32_t max_inline = 64;
+  // Receives posted per stream (message credits, 8 .. 255).
+  uint32_t recv_credits = 32;
+  // Blocking calls poll this long before sleeping (0: sleep at once).
+  std::chrono::nanoseconds busy_poll{0};
+  // Idle streams send a keepalive this often; a peer heard from for no
+  // longer than peer_timeout is declared dead (ETIMEDOUT).
+  std::chrono::milliseconds keepalive{1000};
+  std::chrono::milliseconds peer_timeout{5000};
+  // close() keeps delivering queued data this long, then resets.
+  std::chrono::milliseconds linger{10000};
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+struct EngineOptions {
+  ProviderKind provider = ProviderKind::kAuto;
+  uint32_t max_streams = 1024;  // sizes the shared completion queue
+  StreamOptions stream;         // defaults for connect/accept
+};
+
+class Stream;
+class StreamListener;
+
+class Engine {
+ public:
+  // Throws Error (provider unavailable, options out of range).
+  static std::shared_ptr<Engine> create(const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Throws Error (ECONNREFUSED, ETIMEDOUT, EPROTO for a peer that is not a
+  // stream endpoint, EMFILE past max_streams).
+  std::unique_ptr<Stream> connect(const std::string& address);
+  std::unique_ptr<Stream> connect(const std::string& address,
+                                  const StreamOptions& options);
+  std::unique_ptr<StreamListener> listen(const std::string& address);
+
+  Context& context() noexcept;
+  ProviderKind provider() const noexcept;
+  // Streams alive in the engine, including closed ones still draining.
+  size_t stream_count() const noexcept;
+
+ private:
+  friend class StreamListener;
+  explicit Engine(std::shared_ptr<detail::EngineImpl> impl) noexcept;
+  std::shared_ptr<detail::EngineImpl> impl_;
+};
+
+class StreamListener {
+ public:
+  ~StreamListener();
+  StreamListener(const StreamListener&) = delete;
+  StreamListener& operator=(const StreamListener&) = delete;
+
+  // Throws Error(ETIMEDOUT) after timeout, Error(EPROTO) for a connecting
+  // peer that is not a stream endpoint.
+  std::unique_ptr<Stream> accept(std::chrono::milliseconds timeout);
+  std::unique_ptr<Stream> accept(std::chrono::milliseconds timeout,
+                                 const StreamOptions& options);
+  std::string address() const;
+  uint16_t port() const;
+
+ private:
+  friend class Engine;
+  StreamListener(std::shared_ptr<detail::EngineImpl> engine,
+                 std::unique_ptr<Listener> listener) noexcept;
+  std::shared_ptr<detail::EngineImpl> engine_;
+  std::unique_ptr<Listener> listener_;
+};
+
+class Stream {
+ public:
+  // Flags for read/write (the MSG_* values of <sys/socket.h>).
+  static constexpr int kPeek = MSG_PEEK;
+  static constexpr int kDontWait = MSG_DONTWAIT;
+  static constexpr int kWaitAll = MSG_WAITALL;
+
+  // Closes (as close()).
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Bytes read (0 = end of stream), or -errno.
+  ssize_t read(void* buf, size_t len, int flags = 0) noexcept;
+  ssize_t readv(const iovec* iov, int iovcnt, int flags = 0) noexcept;
+  // Bytes accepted (all of them when blocking), or -errno; -EPIPE after
+  // shutdown(SHUT_WR).
+  ssize_t write(const void* buf, size_t len, int flags = 0) noexcept;
+  ssize_t writev(const iovec* iov, int iovcnt, int flags = 0) noexcept;
+  // Bytes that read() returns at once.
+  size_t available() const noexcept;
+
+  // SHUT_RD, SHUT_WR or SHUT_RDWR; 0 or -errno. SHUT_WR sends end-of-stream
+  // after the queued data; the other direction keeps working.
+  int shutdown(int how) noexcept;
+  // Queued data is still delivered (up to StreamOptions::linger) after
+  // close() returns; the stream object is then unusable. Never blocks.
+  int close() noexcept;
+
+  // Non-blocking mode: calls return -EAGAIN instead of waiting.
+  void set_nonblocking(bool on) noexcept;
+  bool nonblocking() const noexcept;
+  // Blocking calls give up after this long with -EAGAIN (0 = no limit), as
+  // SO_RCVTIMEO / SO_SNDTIMEO.
+  void set_timeouts(std::chrono::milliseconds read,
+                    std::chrono::milliseconds write) noexcept;
+
+  // A kernel fd whose POLLIN / POLLOUT mirror poll_events(): usable with
+  // epoll (level or edge triggered), poll and select. Created on first call;
+  // owned by the stream. -errno if it cannot be created.
+  int fd() noexcept;
+  // POLLIN, POLLOUT, POLLHUP (peer closed its direction), POLLERR.
+  short poll_events() const noexcept;
+
+  // The error that ended the stream (0 while healthy) and its cause.
+  int error() const noexcept;
+  Status error_status() const noexcept;
+
+  const std::string& peer() const noexcept;
+  // Resident bytes this stream holds (rings, buffers, queue slots).
+  size_t memory_bytes() const noexcept;
+
+ private:
+  friend class Engine;
+  friend class StreamListener;
+  Stream(std::shared_ptr<detail::EngineImpl> engine,
+         std::shared_ptr<detail::StreamCore> core) noexcept;
+  std::shared_ptr<detail::EngineImpl> engine_;
+  std::shared_ptr<detail::StreamCore> core_;
+};
+
+}  // namespace rdmakit::stream

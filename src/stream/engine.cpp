@@ -1,0 +1,445 @@
+// The engine: one context, one shared completion queue, one progress thread,
+// and the protocol of every stream on it (see wire.hpp, docs/streams.md).
+#include "stream/engine.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+namespace rdmakit::stream::detail {
+
+namespace {
+constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
+constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
+constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
+}  // namespace
+
+short StreamCore::events() const noexcept {
+  short ev = 0;
+  if (readable()) ev |= POLLIN;
+  if (writable()) ev |= POLLOUT;
+  if (flow.fin_received) ev |= POLLRDHUP;
+  if (err != 0 || (flow.fin_received && fin_sent)) ev |= POLLHUP;
+  if (err != 0) ev |= POLLERR;
+  return ev;
+}
+
+size_t StreamCore::memory_bytes() const noexcept {
+  // Buffers plus the queue slots the provider keeps per QP (send: request +
+  // inline copy; receive: one entry each), as configured.
+  return static_cast<size_t>(opt.rx_ring) + opt.tx_buffer +
+         static_cast<size_t>(send_depth) * (sizeof(SendWr) + opt.max_inline) +
+         static_cast<size_t>(opt.recv_credits) * sizeof(RecvWr) + sizeof(StreamCore);
+}
+
+void EngineImpl::validate(const StreamOptions& o) {
+  auto bad = [](const std::string& what) {
+    throw Error("stream options", "stream", "", EINVAL, what);
+  };
+  if (o.rx_ring < wire::kMinRing || o.rx_ring > wire::kMaxRing)
+    bad("rx_ring must be 4 KiB .. 2 MiB, got " + std::to_string(o.rx_ring));
+  if (o.tx_buffer < 1024 || o.tx_buffer > (64u << 20))
+    bad("tx_buffer must be 1 KiB .. 64 MiB, got " + std::to_string(o.tx_buffer));
+  if (o.recv_credits < wire::kMinCredits || o.recv_credits > wire::kMaxCredits)
+    bad("recv_credits must be 8 .. 255, got " + std::to_string(o.recv_credits));
+  if (o.keepalive.count() <= 0 || o.peer_timeout <= o.keepalive)
+    bad("keepalive must be > 0 and below peer_timeout");
+}
+
+EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
+  validate(options.stream);
+  if (options.max_streams == 0 || options.max_streams > (1u << 20))
+    throw Error("stream engine", "stream", "", EINVAL, "max_streams must be 1 .. 2^20");
+  ContextOptions copts;
+  copts.provider = options.provider;  // only this field: provider specifics stay default
+  ctx = Context::open(copts);
+  const uint64_t per_stream = 3ull * options.stream.recv_credits + 8;
+  CqOptions cqo;
+  cqo.capacity =
+      static_cast<uint32_t>(std::max<uint64_t>(4096, per_stream * options.max_streams));
+  cqo.spin = std::chrono::nanoseconds(0);
+  const uint32_t wanted = cqo.capacity;
+  std::string refusal;
+  for (;;) {
+    try {
+      cq = ctx->create_cq(cqo);
+      break;
+    } catch (const Error& e) {
+      // A device's CQ size limit (rxe: 32767): a smaller shared CQ admits
+      // fewer streams (connect/accept then fail with the core's error).
+      if (e.sys_errno() != EINVAL || cqo.capacity <= 4096) throw;
+      if (refusal.empty()) refusal = e.what();
+      cqo.capacity = std::max<uint32_t>(4096, cqo.capacity / 2);
+    }
+  }
+  static std::atomic<bool> said{false};
+  if (!refusal.empty() && !said.exchange(true)) {
+    std::fprintf(
+        stderr,
+        "rdmakit stream: a shared completion queue of %u entries was refused (%s); "
+        "using %u entries: about %llu streams of %u credits per engine (said once "
+        "per process)\n",
+        wanted, refusal.c_str(), cqo.capacity,
+        static_cast<unsigned long long>(cqo.capacity / per_stream),
+        options.stream.recv_credits);
+  }
+  slots.resize(options.max_streams);
+  slot_gen.assign(options.max_streams, 0);
+  free_slots.reserve(options.max_streams);
+  for (uint32_t i = options.max_streams; i > 0; --i) free_slots.push_back(i - 1);
+  kick_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (kick_fd_ < 0)
+    throw Error("stream engine", ctx->provider_name(), "", errno, "eventfd");
+  tick_ = std::clamp(options.stream.keepalive / 4, std::chrono::milliseconds(5),
+                     std::chrono::milliseconds(100));
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+EngineImpl::~EngineImpl() {
+  // Closed streams still delivering queued data: give them their linger.
+  const auto deadline = Clock::now() + options.stream.linger;
+  {
+    std::unique_lock lock(mu);
+    while (live > 0 && Clock::now() < deadline) {
+      lock.unlock();
+      ::usleep(1000);
+      lock.lock();
+    }
+    stop_ = true;
+  }
+  kick();
+  thread_.join();
+  slots.clear();  // QPs and regions before the CQ and the context
+  cq.reset();
+  ctx.reset();
+  if (kick_fd_ >= 0) ::close(kick_fd_);
+}
+
+QpOptions EngineImpl::qp_options(const StreamOptions& o) const {
+  QpOptions q;
+  q.send_cq = cq.get();
+  q.recv_cq = cq.get();
+  q.max_send_wr = 2 * o.recv_credits + 8;
+  q.max_recv_wr = o.recv_credits;
+  q.max_inline = o.max_inline;
+  q.rnr_timeout = std::max<std::chrono::milliseconds>(o.connect_timeout,
+                                                      std::chrono::milliseconds(1000));
+  q.peer_timeout = o.peer_timeout;
+  q.thread_safe = true;  // application threads and the progress thread post
+  return q;
+}
+
+std::shared_ptr<StreamCore> EngineImpl::make_core(const StreamOptions& o) {
+  validate(o);
+  auto core = std::make_shared<StreamCore>(*this, o);
+  core->rx = ctx->allocate(o.rx_ring, kAccessLocalWrite | kAccessRemoteWrite);
+  core->tx = ctx->allocate(o.tx_buffer, kAccessLocalWrite);
+  core->flow.rx_size = o.rx_ring;
+  core->send_depth = 2 * o.recv_credits + 8;
+  return core;
+}
+
+void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
+                       std::unique_ptr<QueuePair> qp, const wire::Hello& peer) {
+  std::unique_lock lock(mu);
+  if (free_slots.empty()) {
+    lock.unlock();
+    qp.reset();
+    throw Error("stream start", ctx->provider_name(), core->peer, EMFILE,
+                "engine already holds max_streams=" +
+                    std::to_string(options.max_streams) + " streams");
+  }
+  StreamCore& s = *core;
+  s.slot = free_slots.back();
+  free_slots.pop_back();
+  s.gen = ++slot_gen[s.slot];
+  s.peer = qp->peer();
+  s.qp = std::move(qp);
+  s.peer_ring = peer.ring;
+  s.flow.peer_ring = static_cast<uint32_t>(peer.ring.length);
+  s.flow.peer_credits = peer.recv_credits;
+  s.flow.msg_credits = peer.recv_credits;
+  s.last_rx = s.last_tx = Clock::now();
+  s.send_depth = s.qp->options().max_send_wr;
+  std::vector<RecvWr> recvs(s.opt.recv_credits,
+                            RecvWr{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0});
+  const PostResult r = s.qp->post_recv(recvs);
+  slots[s.slot] = core;
+  ++live;
+  if (!r.ok()) fail(s, ECONNRESET, Status::kGeneralError);
+}
+
+void EngineImpl::kick() noexcept {
+  const uint64_t one = 1;
+  (void)::write(kick_fd_, &one, sizeof one);
+}
+
+void EngineImpl::before_would_block() noexcept {
+  // An event-loop caller sleeps next: someone must be armed on the CQ.
+  if (progress_ == Progress::kSleepUnarmed) {
+    progress_ = Progress::kRunning;
+    kick();
+  }
+}
+
+void EngineImpl::drain() noexcept {
+  // batch_ is a member: a local array of Completions would be initialized
+  // (2 KiB of stores) on every poll of a spinning reader.
+  for (;;) {
+    const int n = cq->poll(batch_);
+    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+    if (n < static_cast<int>(batch_.size())) return;
+  }
+}
+
+void EngineImpl::dispatch(const Completion& c) noexcept {
+  const uint64_t slot = c.wr_id >> 40;
+  const auto gen = static_cast<uint8_t>(c.wr_id >> 32);
+  if (slot >= slots.size() || !slots[slot] || slots[slot]->gen != gen) return;
+  // Only a closed stream can be finalized (dropped from its slot) below: hold
+  // a reference then, and spare the atomic count on every other completion.
+  std::shared_ptr<StreamCore> keep;
+  if (slots[slot]->closed) keep = slots[slot];
+  StreamCore& s = *slots[slot];
+  const uint64_t kind = (c.wr_id >> 28) & 0xF;
+  if (kind == kWrSend) {
+    s.sends_outstanding -= std::min(s.sends_outstanding, wr_count(c.wr_id));
+    if (!c.ok()) {
+      fail(s, ECONNRESET, c.status);
+    } else {
+      s.tx_freed += wr_bytes(c.wr_id);
+    }
+  } else if (kind == kWrRecv) {
+    if (!c.ok()) {
+      // After the peer's FIN its QP may go away: that is its close, not an error.
+      if (!s.flow.fin_received) fail(s, ECONNRESET, c.status);
+    } else {
+      on_recv(s, c);
+    }
+  }
+  pump(s);
+  update(s);
+  maybe_finalize(s);
+}
+
+void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
+  // A send may fail (the peer closed and left) while its last data and FIN
+  // still wait in our completion queue: those are still delivered. Only a
+  // peer that broke the protocol is not listened to any more.
+  if (s.err == EPROTO) return;
+  ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
+  const RecvWr again{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0};
+  if (!s.qp->post_recv(again).ok()) {
+    fail(s, ECONNRESET, Status::kGeneralError);
+    return;
+  }
+  ++s.flow.rx_unreported;
+  if (!c.has_imm() || c.opcode != Opcode::kRecvWriteWithImm ||
+      s.flow.on_message(c.imm, c.byte_len) != wire::Flow::Result::kOk) {
+    std::fprintf(
+        stderr,
+        "rdmakit stream: protocol violation from %s (%s): imm 0x%08x byte_len %u; "
+        "stream reset\n",
+        s.peer.c_str(), ctx->provider_name(), c.imm, c.byte_len);
+    fail(s, EPROTO, Status::kSuccess);
+    return;
+  }
+  if (s.flow.rst_received) fail(s, ECONNRESET, Status::kSuccess);
+  if (s.rd_shut) s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
+}
+
+bool EngineImpl::post_message(StreamCore& s, uint32_t imm) noexcept {
+  if (s.sends_outstanding >= s.send_depth || s.flow.msg_credits == 0) return false;
+  SendWr wr;
+  wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, 0, s.unsignaled + 1);
+  wr.opcode = Opcode::kWriteWithImm;
+  wr.flags = kSignaled;
+  wr.length = 0;
+  wr.imm = imm;
+  wr.remote_addr = s.peer_ring.addr;
+  wr.rkey = s.peer_ring.rkey;
+  if (!s.qp->post_send(wr).ok()) return false;
+  s.unsignaled = 0;
+  --s.flow.msg_credits;
+  ++s.sends_outstanding;
+  ++s.tx_msgs;
+  return true;
+}
+
+void EngineImpl::pump(StreamCore& s) noexcept {
+  if (s.err != 0 || !s.qp) return;
+  bool sent = false;
+  while (s.tx_posted < s.tx_staged && s.flow.msg_credits >= kDataReserve &&
+         s.sends_outstanding < s.send_depth) {
+    const uint64_t room = s.flow.peer_room();
+    if (room == 0) break;
+    const uint64_t toff = s.tx_posted % s.opt.tx_buffer;
+    const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
+    const auto n = static_cast<uint32_t>(
+        std::min({s.tx_staged - s.tx_posted, room, s.opt.tx_buffer - toff,
+                  s.flow.peer_ring - poff, static_cast<uint64_t>(kMaxChunk)}));
+    SendWr wr;
+    wr.wr_id = make_wr_id(s.slot, s.gen, kWrSend, n, s.unsignaled + 1);
+    wr.opcode = Opcode::kWriteWithImm;
+    wr.flags = kSignaled;
+    wr.length = n;
+    wr.local_addr = s.tx->data() + toff;
+    wr.lkey = s.tx->lkey();
+    wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported, n);
+    wr.remote_addr = s.peer_ring.addr + poff;
+    wr.rkey = s.peer_ring.rkey;
+    const PostResult r = s.qp->post_send(wr);
+    if (!r.ok()) {
+      if (r.status == PostStatus::kQueueFull) break;
+      fail(s, ECONNRESET, Status::kGeneralError);
+      return;
+    }
+    s.flow.take_unreported();
+    s.unsignaled = 0;
+    s.tx_posted += n;
+    s.flow.tx_sent += n;
+    --s.flow.msg_credits;
+    ++s.sends_outstanding;
+    sent = true;
+  }
+  if (sent) ++s.tx_msgs;
+  const uint64_t unacked = s.flow.rx_read - s.flow.rx_acked;
+  if ((unacked >= s.flow.rx_size / 2 || s.flow.rx_unreported >= s.opt.recv_credits / 2) &&
+      s.flow.msg_credits >= kCreditReserve) {
+    const uint32_t msgs = s.flow.rx_unreported;
+    if (post_message(
+            s, wire::encode(wire::Op::kCredit, msgs, static_cast<uint32_t>(unacked)))) {
+      s.flow.rx_unreported -= msgs;
+      s.flow.rx_acked += unacked;
+    }
+  }
+  if (s.wr_shut && !s.fin_sent && s.tx_posted == s.tx_staged && s.flow.msg_credits >= 1) {
+    const uint32_t msgs = s.flow.rx_unreported;
+    if (post_message(s, wire::encode(wire::Op::kCtrl, msgs, wire::kFin))) {
+      s.flow.rx_unreported -= msgs;
+      s.fin_sent = true;
+    }
+  }
+}
+
+void EngineImpl::fail(StreamCore& s, int err, Status status) noexcept {
+  if (s.err != 0) return;
+  // Tell a live peer (a timeout or a protocol violation leaves our QP up).
+  if (err != ECONNRESET && s.qp && s.flow.msg_credits >= 1)
+    (void)post_message(s, wire::encode(wire::Op::kCtrl, 0, wire::kRst));
+  s.err = err;
+  s.err_status = status;
+  // Bytes from a peer that broke the protocol are not delivered.
+  if (err == EPROTO) s.flow.rx_read = s.flow.rx_written;
+  update(s);
+}
+
+void EngineImpl::update(StreamCore& s) noexcept {
+  if (s.readiness.is_open()) s.readiness.set(s.readable(), s.writable());
+  if (s.waiters > 0) s.cv.notify_all();
+}
+
+void EngineImpl::close(StreamCore& s) noexcept {
+  s.closed = true;
+  s.wr_shut = true;
+  s.rd_shut = true;
+  s.flow.rx_read = s.flow.rx_written;
+  s.linger_deadline = Clock::now() + s.opt.linger;
+  s.readiness.close();
+  pump(s);
+  if (s.waiters > 0) s.cv.notify_all();
+  maybe_finalize(s);
+}
+
+void EngineImpl::maybe_finalize(StreamCore& s) noexcept {
+  if (!s.closed) return;
+  const bool drained =
+      s.fin_sent && s.tx_freed == s.tx_staged && s.sends_outstanding == 0;
+  if (s.err == 0 && !drained) return;
+  const uint32_t slot = s.slot;
+  if (slots[slot].get() != &s) return;
+  free_slots.push_back(slot);
+  --live;
+  slots[slot].reset();  // destroys the QP, then the regions
+}
+
+void EngineImpl::timers(Clock::time_point now) noexcept {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!slots[i]) continue;
+    const std::shared_ptr<StreamCore> keep = slots[i];
+    StreamCore& s = *keep;
+    if (s.rx_msgs != s.rx_seen) {
+      s.rx_seen = s.rx_msgs;
+      s.last_rx = now;
+    }
+    if (s.tx_msgs != s.tx_seen) {
+      s.tx_seen = s.tx_msgs;
+      s.last_tx = now;
+    }
+    if (s.err == 0) {
+      if (s.closed && now >= s.linger_deadline) {
+        fail(s, ETIMEDOUT, Status::kSuccess);
+      } else if (now - s.last_rx >= s.opt.peer_timeout) {
+        std::fprintf(
+            stderr, "rdmakit stream: peer %s (%s) silent for %lld ms: ETIMEDOUT\n",
+            s.peer.c_str(), ctx->provider_name(),
+            static_cast<long long>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_rx)
+                    .count()));
+        fail(s, ETIMEDOUT, Status::kSuccess);
+      } else if (now - s.last_tx >= s.opt.keepalive &&
+                 s.flow.msg_credits >= kCreditReserve) {
+        const uint32_t msgs = s.flow.rx_unreported;
+        if (post_message(s, wire::encode(wire::Op::kCtrl, msgs, wire::kKeepalive)))
+          s.flow.rx_unreported -= msgs;
+      }
+    }
+    pump(s);
+    maybe_finalize(s);
+  }
+}
+
+void EngineImpl::progress_loop() noexcept {
+  std::unique_lock lock(mu);
+  auto next_timers = Clock::now() + tick_;
+  uint64_t seen_epoch = spin_epoch_;
+  while (!stop_) {
+    drain();
+    const auto now = Clock::now();
+    if (now >= next_timers) {
+      timers(now);
+      next_timers = now + tick_;
+    }
+    bool armed = false;
+    int timeout_ms;
+    if (spinning_ > 0 || spin_epoch_ != seen_epoch) {
+      // Application threads poll the CQ themselves: stay off it (arming
+      // would make every peer message a wake-up syscall) and look again soon.
+      seen_epoch = spin_epoch_;
+      progress_ = Progress::kSleepUnarmed;
+      timeout_ms = 2;
+    } else {
+      if (!cq->arm()) continue;  // completions pending
+      armed = true;
+      progress_ = Progress::kSleepArmed;
+      timeout_ms = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_timers - now)
+              .count() +
+          1);
+    }
+    lock.unlock();
+    pollfd fds[2] = {{kick_fd_, POLLIN, 0}, {cq->fd(), POLLIN, 0}};
+    (void)::poll(fds, armed ? 2 : 1, timeout_ms);
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t v;
+      (void)::read(kick_fd_, &v, sizeof v);
+    }
+    lock.lock();
+    progress_ = Progress::kRunning;
+  }
+}
+
+}  // namespace rdmakit::stream::detail

@@ -1,0 +1,192 @@
+#pragma once
+// Internal state of streams and of the engine that drives them. Everything
+// here is guarded by EngineImpl::mu.
+#include <poll.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmakit/rdmakit.hpp"
+#include "rdmakit/stream/stream.hpp"
+#include "stream/readiness.hpp"
+#include "stream/wire.hpp"
+
+namespace rdmakit::stream::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// wr_id: [slot:24][generation:8][kind:4][count:7][bytes:21]. Completions are
+// routed by slot and checked against the generation, so a completion of a
+// stream that was already destroyed is dropped, never applied to its
+// successor. A send completion retires `count` sends (itself and the
+// unsignaled inline sends before it) and frees `bytes` of the send buffer.
+enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2 };
+constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
+static_assert(kSignalEvery < 128, "count fits its 7 bits");
+constexpr uint64_t make_wr_id(uint32_t slot, uint8_t gen, WrKind kind, uint32_t bytes,
+                              uint32_t count = 1) {
+  return (static_cast<uint64_t>(slot) << 40) | (static_cast<uint64_t>(gen) << 32) |
+         (static_cast<uint64_t>(kind) << 28) |
+         (static_cast<uint64_t>(count & 0x7F) << 21) | (bytes & 0x1FFFFFu);
+}
+constexpr uint32_t wr_bytes(uint64_t wr_id) { return wr_id & 0x1FFFFFu; }
+constexpr uint32_t wr_count(uint64_t wr_id) { return (wr_id >> 21) & 0x7F; }
+
+class EngineImpl;
+
+class StreamCore {
+ public:
+  StreamCore(EngineImpl& engine, const StreamOptions& options)
+      : engine(engine), opt(options) {}
+
+  EngineImpl& engine;
+  StreamOptions opt;
+  uint32_t slot = 0;
+  uint8_t gen = 0;
+  std::string peer;
+
+  std::unique_ptr<MemoryRegion> rx;  // our ring, remote-writable
+  std::unique_ptr<MemoryRegion> tx;  // send buffer, local only
+  std::unique_ptr<QueuePair> qp;
+  RemoteRegion peer_ring;
+  wire::Flow flow;
+
+  // Send buffer: [tx_freed, tx_posted) in flight, [tx_posted, tx_staged) queued.
+  uint64_t tx_staged = 0;
+  uint64_t tx_posted = 0;
+  uint64_t tx_freed = 0;
+  uint32_t sends_outstanding = 0;  // posted, not yet retired by a completion
+  uint32_t unsignaled = 0;         // inline sends since the last signaled one
+  uint32_t send_depth = 0;
+
+  bool nonblocking = false;
+  std::chrono::milliseconds read_timeout{0};
+  std::chrono::milliseconds write_timeout{0};
+  bool wr_shut = false;  // shutdown(SHUT_WR) or close(): FIN after the data
+  bool fin_sent = false;
+  bool rd_shut = false;
+  bool closed = false;  // the handle is gone; finalize when drained
+  int err = 0;
+  Status err_status = Status::kSuccess;
+  // Liveness: message counts on the data path, turned into times by the
+  // timers (resolution: one tick), so no message pays a clock read.
+  uint64_t rx_msgs = 0;
+  uint64_t tx_msgs = 0;
+  uint64_t rx_seen = 0;
+  uint64_t tx_seen = 0;
+  Clock::time_point last_rx;
+  Clock::time_point last_tx;
+  Clock::time_point linger_deadline{};
+
+  Readiness readiness;
+  std::condition_variable cv;
+  uint32_t waiters = 0;
+
+  // --- called with the engine lock held
+  bool readable() const noexcept {
+    return flow.available() > 0 || flow.fin_received || rd_shut || err != 0;
+  }
+  uint64_t tx_free() const noexcept { return opt.tx_buffer - (tx_staged - tx_freed); }
+  bool writable() const noexcept { return err != 0 || wr_shut || tx_free() > 0; }
+  short events() const noexcept;
+  size_t memory_bytes() const noexcept;
+};
+
+class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
+ public:
+  explicit EngineImpl(const EngineOptions& options);
+  ~EngineImpl();
+
+  // Control path.
+  std::shared_ptr<StreamCore> make_core(const StreamOptions& options);  // buffers
+  void start(const std::shared_ptr<StreamCore>& core, std::unique_ptr<QueuePair> qp,
+             const wire::Hello& peer);  // registers and posts receives
+  QpOptions qp_options(const StreamOptions& options) const;
+  static void validate(const StreamOptions& options);
+
+  // Data path helpers (lock held).
+  void pump(StreamCore& s) noexcept;
+  void fail(StreamCore& s, int err, Status status) noexcept;
+  void update(StreamCore& s) noexcept;  // readiness fd + waiters
+  // Waits until pred() or the deadline; spins first when busy_poll is set.
+  // Returns false on timeout.
+  template <class Pred>
+  bool wait(std::unique_lock<std::mutex>& lock, StreamCore& s, Clock::time_point deadline,
+            Pred pred);
+  void before_would_block() noexcept;  // the caller is about to return EAGAIN
+  void close(StreamCore& s) noexcept;
+  bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
+
+  std::mutex mu;
+  EngineOptions options;
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<CompletionQueue> cq;
+  std::vector<std::shared_ptr<StreamCore>> slots;
+  std::vector<uint8_t> slot_gen;
+  std::vector<uint32_t> free_slots;
+  size_t live = 0;
+
+ private:
+  void drain() noexcept;  // polls the CQ until empty, dispatches
+  void dispatch(const Completion& c) noexcept;
+  void on_recv(StreamCore& s, const Completion& c) noexcept;
+  void timers(Clock::time_point now) noexcept;
+  void maybe_finalize(StreamCore& s) noexcept;
+  void progress_loop() noexcept;
+  void kick() noexcept;
+
+  std::array<Completion, 32> batch_;
+  enum class Progress { kRunning, kSleepArmed, kSleepUnarmed };
+  Progress progress_ = Progress::kRunning;
+  uint32_t spinning_ = 0;
+  uint64_t spin_epoch_ = 0;
+  bool stop_ = false;
+  int kick_fd_ = -1;
+  std::chrono::milliseconds tick_{50};
+  std::thread thread_;
+};
+
+template <class Pred>
+bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
+                      Clock::time_point deadline, Pred pred) {
+  if (pred()) return true;
+  if (s.opt.busy_poll.count() > 0) {
+    const auto spin_until = std::min(deadline, Clock::now() + s.opt.busy_poll);
+    ++spinning_;
+    ++spin_epoch_;
+    if (progress_ == Progress::kSleepArmed) {
+      // Our polls disarm the CQ; the progress thread must not count on it.
+      progress_ = Progress::kRunning;
+      kick();
+    }
+    for (uint32_t spins = 1; !pred(); ++spins) {
+      if (spins % 64 == 0 && Clock::now() >= spin_until) break;
+      drain();
+      if (pred()) break;
+      lock.unlock();
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      lock.lock();
+    }
+    --spinning_;
+    if (pred()) return true;
+  }
+  if (progress_ == Progress::kSleepUnarmed) {
+    progress_ = Progress::kRunning;
+    kick();
+  }
+  ++s.waiters;
+  const bool ok = s.cv.wait_until(lock, deadline, pred);
+  --s.waiters;
+  return ok;
+}
+
+}  // namespace rdmakit::stream::detail

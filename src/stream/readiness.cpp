@@ -1,0 +1,68 @@
+#include "stream/readiness.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+
+namespace rdmakit::stream::detail {
+
+namespace {
+// Larger than a quarter of the smallest send buffer the kernel allows
+// (SOCK_MIN_SNDBUF, about 4.5 KiB) and below that buffer minus 32.
+constexpr size_t kBlockerSize = 2048;
+}  // namespace
+
+Readiness::~Readiness() { close(); }
+
+void Readiness::close() noexcept {
+  if (user_ >= 0) ::close(user_);
+  if (ours_ >= 0) ::close(ours_);
+  user_ = ours_ = -1;
+}
+
+int Readiness::open() noexcept {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) != 0)
+    return -errno;
+  const int tiny = 1;  // the kernel rounds up to its minimum
+  if (::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &tiny, sizeof tiny) != 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return -err;
+  }
+  user_ = fds[0];
+  ours_ = fds[1];
+  return 0;
+}
+
+void Readiness::set(bool readable, bool writable) noexcept {
+  if (user_ < 0) return;
+  if (readable != readable_) {
+    if (readable) {
+      const char byte = 1;
+      (void)::send(ours_, &byte, 1, MSG_DONTWAIT);
+    } else {
+      char drain[16];
+      while (::recv(user_, drain, sizeof drain, MSG_DONTWAIT) > 0) {
+      }
+    }
+    readable_ = readable;
+  }
+  if (writable != writable_) {
+    if (!writable) {
+      static const char blocker[kBlockerSize] = {};
+      (void)::send(user_, blocker, sizeof blocker, MSG_DONTWAIT);
+    } else {
+      static char drain[kBlockerSize];
+      while (::recv(ours_, drain, sizeof drain, MSG_DONTWAIT) > 0) {
+      }
+    }
+    writable_ = writable;
+  }
+}
+
+}  // namespace rdmakit::stream::detail

@@ -1,0 +1,391 @@
+// Public API: Engine, StreamListener, Stream (socket-style data path).
+#include "rdmakit/stream/stream.hpp"
+
+#include <limits.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "stream/engine.hpp"
+
+namespace rdmakit::stream {
+
+using detail::Clock;
+using detail::EngineImpl;
+using detail::StreamCore;
+
+namespace {
+
+std::vector<std::byte> hello_bytes(const StreamCore& core) {
+  wire::Hello h;
+  h.recv_credits = static_cast<uint16_t>(core.opt.recv_credits);
+  h.ring = core.rx->remote();
+  std::vector<std::byte> out(wire::Hello::kSize);
+  h.serialize(std::span<std::byte, wire::Hello::kSize>(out.data(), wire::Hello::kSize));
+  return out;
+}
+
+wire::Hello peer_hello(EngineImpl& e, const QueuePair& qp, const char* op) {
+  auto h = wire::Hello::parse(qp.peer_private_data());
+  if (!h || h->ring.provider != e.ctx->provider())
+    throw Error(
+        op, e.ctx->provider_name(), qp.peer(), EPROTO,
+        "peer's private data is not a stream hello (version 1, ring 4 KiB .. 2 MiB, "
+        "8 .. 255 credits)");
+  return *h;
+}
+
+// Total length of an iovec array, or -EINVAL.
+ssize_t iov_total(const iovec* iov, int iovcnt) {
+  if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt > 0 && iov == nullptr)) return -EINVAL;
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) {
+    if (iov[i].iov_len > static_cast<size_t>(SSIZE_MAX) - total) return -EINVAL;
+    total += iov[i].iov_len;
+  }
+  return static_cast<ssize_t>(total);
+}
+
+// Walks an iovec array from a byte offset.
+struct IovCursor {
+  const iovec* iov;
+  int cnt;
+  int i = 0;
+  size_t off = 0;
+  IovCursor(const iovec* v, int n, size_t skip) : iov(v), cnt(n) {
+    while (i < cnt && skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      ++i;
+    }
+    off = skip;
+  }
+  // Contiguous piece at the cursor (at most max bytes).
+  std::pair<std::byte*, size_t> piece(size_t max) {
+    while (i < cnt && off == iov[i].iov_len) {
+      ++i;
+      off = 0;
+    }
+    if (i == cnt) return {nullptr, 0};
+    return {static_cast<std::byte*>(iov[i].iov_base) + off,
+            std::min(max, iov[i].iov_len - off)};
+  }
+  void advance(size_t n) { off += n; }
+};
+
+// Ring <-> iovec copies, split at the ring's end.
+void ring_to_iov(const std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur,
+                 size_t n) {
+  while (n > 0) {
+    const uint64_t at = pos % size;
+    auto [dst, len] = cur.piece(std::min<uint64_t>(n, size - at));
+    std::memcpy(dst, ring + at, len);
+    cur.advance(len);
+    pos += len;
+    n -= len;
+  }
+}
+void iov_to_ring(std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur, size_t n) {
+  while (n > 0) {
+    const uint64_t at = pos % size;
+    auto [src, len] = cur.piece(std::min<uint64_t>(n, size - at));
+    std::memcpy(ring + at, src, len);
+    cur.advance(len);
+    pos += len;
+    n -= len;
+  }
+}
+
+Clock::time_point deadline_after(std::chrono::milliseconds t) {
+  return t.count() > 0 ? Clock::now() + t : Clock::time_point::max();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ Engine
+
+Engine::Engine(std::shared_ptr<detail::EngineImpl> impl) noexcept
+    : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+std::shared_ptr<Engine> Engine::create(const EngineOptions& options) {
+  return std::shared_ptr<Engine>(new Engine(std::make_shared<EngineImpl>(options)));
+}
+
+Context& Engine::context() noexcept { return *impl_->ctx; }
+ProviderKind Engine::provider() const noexcept { return impl_->ctx->provider(); }
+size_t Engine::stream_count() const noexcept {
+  std::lock_guard lock(impl_->mu);
+  return impl_->live;
+}
+
+std::unique_ptr<Stream> Engine::connect(const std::string& address) {
+  return connect(address, impl_->options.stream);
+}
+
+std::unique_ptr<Stream> Engine::connect(const std::string& address,
+                                        const StreamOptions& options) {
+  auto core = impl_->make_core(options);
+  const auto hello = hello_bytes(*core);
+  auto qp = impl_->ctx->connect(address, impl_->qp_options(options), hello,
+                                options.connect_timeout);
+  const wire::Hello peer = peer_hello(*impl_, *qp, "stream connect");
+  impl_->start(core, std::move(qp), peer);
+  return std::unique_ptr<Stream>(new Stream(impl_, core));
+}
+
+std::unique_ptr<StreamListener> Engine::listen(const std::string& address) {
+  return std::unique_ptr<StreamListener>(
+      new StreamListener(impl_, impl_->ctx->listen(address)));
+}
+
+// ---------------------------------------------------------------- Listener
+
+StreamListener::StreamListener(std::shared_ptr<detail::EngineImpl> engine,
+                               std::unique_ptr<Listener> listener) noexcept
+    : engine_(std::move(engine)), listener_(std::move(listener)) {}
+StreamListener::~StreamListener() = default;
+
+std::unique_ptr<Stream> StreamListener::accept(std::chrono::milliseconds timeout) {
+  return accept(timeout, engine_->options.stream);
+}
+
+std::unique_ptr<Stream> StreamListener::accept(std::chrono::milliseconds timeout,
+                                               const StreamOptions& options) {
+  auto core = engine_->make_core(options);
+  const auto hello = hello_bytes(*core);
+  auto qp = listener_->accept(engine_->qp_options(options), timeout, hello);
+  const wire::Hello peer = peer_hello(*engine_, *qp, "stream accept");
+  engine_->start(core, std::move(qp), peer);
+  return std::unique_ptr<Stream>(new Stream(engine_, core));
+}
+
+std::string StreamListener::address() const { return listener_->address(); }
+uint16_t StreamListener::port() const { return listener_->port(); }
+
+// ------------------------------------------------------------------ Stream
+
+Stream::Stream(std::shared_ptr<detail::EngineImpl> engine,
+               std::shared_ptr<detail::StreamCore> core) noexcept
+    : engine_(std::move(engine)), core_(std::move(core)) {}
+
+Stream::~Stream() { close(); }
+
+ssize_t Stream::read(void* buf, size_t len, int flags) noexcept {
+  const iovec v{buf, len};
+  return readv(&v, 1, flags);
+}
+
+ssize_t Stream::write(const void* buf, size_t len, int flags) noexcept {
+  const iovec v{const_cast<void*>(buf), len};
+  return writev(&v, 1, flags);
+}
+
+ssize_t Stream::readv(const iovec* iov, int iovcnt, int flags) noexcept {
+  if (!core_) return -EBADF;
+  const ssize_t total_or_err = iov_total(iov, iovcnt);
+  if (total_or_err < 0) return total_or_err;
+  const auto total = static_cast<size_t>(total_or_err);
+  EngineImpl& e = *engine_;
+  StreamCore& s = *core_;
+  std::unique_lock lock(e.mu);
+  if (total == 0) return 0;
+  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
+  const bool peek = (flags & MSG_PEEK) != 0;
+  const bool waitall = (flags & MSG_WAITALL) != 0 && !peek;
+  const auto deadline = deadline_after(s.read_timeout);
+  size_t got = 0;
+  for (;;) {
+    if (s.rd_shut) return static_cast<ssize_t>(got);
+    const uint64_t avail = s.flow.available();
+    if (avail > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, total - got));
+      IovCursor cur(iov, iovcnt, got);
+      ring_to_iov(s.rx->data(), s.flow.rx_size, s.flow.rx_read, cur, n);
+      got += n;
+      if (!peek) {
+        s.flow.rx_read += n;
+        e.pump(s);
+        e.update(s);
+      }
+      if (!waitall || got == total) return static_cast<ssize_t>(got);
+      continue;
+    }
+    if (s.flow.fin_received) return static_cast<ssize_t>(got);
+    if (s.err != 0) return got > 0 ? static_cast<ssize_t>(got) : -s.err;
+    if (dontwait) {
+      e.before_would_block();
+      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
+    }
+    if (!e.wait(lock, s, deadline, [&s] { return s.readable(); }))
+      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
+  }
+}
+
+ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
+  if (!core_) return -EBADF;
+  const ssize_t total_or_err = iov_total(iov, iovcnt);
+  if (total_or_err < 0) return total_or_err;
+  const auto total = static_cast<size_t>(total_or_err);
+  EngineImpl& e = *engine_;
+  StreamCore& s = *core_;
+  std::unique_lock lock(e.mu);
+  if (s.err != 0) return -s.err;
+  if (s.wr_shut) return -EPIPE;
+  if (total == 0) return 0;
+  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
+  const auto deadline = deadline_after(s.write_timeout);
+  const uint32_t max_inline = s.qp->max_inline();
+  size_t done = 0;
+  while (done < total) {
+    if (s.err != 0) break;
+    // Nothing queued: small pieces go out straight from the caller's memory.
+    IovCursor cur(iov, iovcnt, done);
+    while (s.tx_posted == s.tx_staged && done < total && total - done <= max_inline &&
+           s.flow.msg_credits >= 3 && s.sends_outstanding < s.send_depth) {
+      const uint64_t room = s.flow.peer_room();
+      const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
+      auto [src, len] =
+          cur.piece(std::min<uint64_t>({room, s.flow.peer_ring - poff, max_inline}));
+      if (len == 0) break;
+      // Selective signaling: one completion per kSignalEvery inline sends.
+      const bool signal = s.unsignaled + 1 >= detail::kSignalEvery ||
+                          s.sends_outstanding + 2 >= s.send_depth;
+      SendWr wr;
+      wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSend, 0,
+                                    signal ? s.unsignaled + 1 : 0);
+      wr.opcode = Opcode::kWriteWithImm;
+      wr.flags = signal ? (kSignaled | kInline) : kInline;
+      wr.length = static_cast<uint32_t>(len);
+      wr.local_addr = src;
+      wr.imm =
+          wire::encode(wire::Op::kData, s.flow.rx_unreported, static_cast<uint32_t>(len));
+      wr.remote_addr = s.peer_ring.addr + poff;
+      wr.rkey = s.peer_ring.rkey;
+      if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors
+      s.unsignaled = signal ? 0 : s.unsignaled + 1;
+      s.flow.take_unreported();
+      s.flow.tx_sent += len;
+      --s.flow.msg_credits;
+      ++s.sends_outstanding;
+      ++s.tx_msgs;
+      cur.advance(len);
+      done += len;
+    }
+    if (done == total) break;
+    const uint64_t free = s.tx_free();
+    if (free > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(free, total - done));
+      IovCursor at(iov, iovcnt, done);
+      iov_to_ring(s.tx->data(), s.opt.tx_buffer, s.tx_staged, at, n);
+      s.tx_staged += n;
+      done += n;
+      e.pump(s);
+      continue;
+    }
+    if (dontwait) {
+      e.before_would_block();
+      break;
+    }
+    if (!e.wait(lock, s, deadline, [&s] { return s.err != 0 || s.tx_free() > 0; })) break;
+  }
+  e.update(s);
+  if (done > 0) return static_cast<ssize_t>(done);
+  if (s.err != 0) return -s.err;
+  return -EAGAIN;
+}
+
+size_t Stream::available() const noexcept {
+  if (!core_) return 0;
+  std::lock_guard lock(engine_->mu);
+  return core_->rd_shut ? 0 : static_cast<size_t>(core_->flow.available());
+}
+
+int Stream::shutdown(int how) noexcept {
+  if (!core_) return -EBADF;
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
+  std::lock_guard lock(engine_->mu);
+  StreamCore& s = *core_;
+  if (how != SHUT_WR) {
+    s.rd_shut = true;
+    s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
+  }
+  if (how != SHUT_RD) s.wr_shut = true;
+  engine_->pump(s);
+  engine_->update(s);
+  return 0;
+}
+
+int Stream::close() noexcept {
+  if (!core_) return -EBADF;
+  {
+    std::lock_guard lock(engine_->mu);
+    engine_->close(*core_);
+  }
+  core_.reset();
+  return 0;
+}
+
+void Stream::set_nonblocking(bool on) noexcept {
+  if (!core_) return;
+  std::lock_guard lock(engine_->mu);
+  core_->nonblocking = on;
+}
+
+bool Stream::nonblocking() const noexcept {
+  if (!core_) return false;
+  std::lock_guard lock(engine_->mu);
+  return core_->nonblocking;
+}
+
+void Stream::set_timeouts(std::chrono::milliseconds read,
+                          std::chrono::milliseconds write) noexcept {
+  if (!core_) return;
+  std::lock_guard lock(engine_->mu);
+  core_->read_timeout = read;
+  core_->write_timeout = write;
+}
+
+int Stream::fd() noexcept {
+  if (!core_) return -EBADF;
+  std::lock_guard lock(engine_->mu);
+  StreamCore& s = *core_;
+  if (!s.readiness.is_open()) {
+    const int rc = s.readiness.open();
+    if (rc < 0) return rc;
+    s.readiness.set(s.readable(), s.writable());
+  }
+  return s.readiness.fd();
+}
+
+short Stream::poll_events() const noexcept {
+  if (!core_) return POLLNVAL;
+  std::lock_guard lock(engine_->mu);
+  return core_->events();
+}
+
+int Stream::error() const noexcept {
+  if (!core_) return EBADF;
+  std::lock_guard lock(engine_->mu);
+  return core_->err;
+}
+
+Status Stream::error_status() const noexcept {
+  if (!core_) return Status::kSuccess;
+  std::lock_guard lock(engine_->mu);
+  return core_->err_status;
+}
+
+const std::string& Stream::peer() const noexcept {
+  static const std::string none;
+  return core_ ? core_->peer : none;
+}
+
+size_t Stream::memory_bytes() const noexcept {
+  if (!core_) return 0;
+  std::lock_guard lock(engine_->mu);
+  return core_->memory_bytes();
+}
+
+}  // namespace rdmakit::stream

@@ -1,0 +1,150 @@
+#pragma once
+// The stream protocol: every message is a WRITE_WITH_IMM; the 32-bit
+// immediate says what it is. Data lands in the receiver's ring at offsets the
+// receiver computes itself (its own count of bytes received modulo the ring
+// size); nothing a peer sends is ever used as an address or an offset here.
+//
+//   bits 31..30  op      0 DATA, 1 CREDIT, 2 CTRL (3 is a protocol error)
+//   bits 29..22  msgs    receives the sender has reposted since it last said
+//   bits 21..0   value   DATA: bytes written (== the completion's byte_len)
+//                        CREDIT: ring bytes consumed since the last CREDIT
+//                        CTRL: 1 FIN, 2 RST, 3 KEEPALIVE
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+
+#include "rdmakit/memory.hpp"
+
+namespace rdmakit::stream::wire {
+
+enum class Op : uint32_t { kData = 0, kCredit = 1, kCtrl = 2 };
+enum Ctrl : uint32_t { kFin = 1, kRst = 2, kKeepalive = 3 };
+
+constexpr uint32_t kValueBits = 22;
+constexpr uint32_t kValueMask = (1u << kValueBits) - 1;
+constexpr uint32_t kMsgShift = 22;
+constexpr uint32_t kMsgMask = 0xFF;
+constexpr uint32_t kOpShift = 30;
+
+constexpr uint32_t kMinRing = 4096;
+constexpr uint32_t kMaxRing = 2u << 20;  // byte credits fit in value
+constexpr uint32_t kMinCredits = 8;
+constexpr uint32_t kMaxCredits = kMsgMask;  // fits in msgs
+static_assert(kMaxRing <= kValueMask, "a whole ring's credit fits one CREDIT");
+
+constexpr uint32_t encode(Op op, uint32_t msgs, uint32_t value) noexcept {
+  return (static_cast<uint32_t>(op) << kOpShift) | ((msgs & kMsgMask) << kMsgShift) |
+         (value & kValueMask);
+}
+constexpr uint32_t op_bits(uint32_t imm) noexcept { return imm >> kOpShift; }
+constexpr uint32_t msgs_of(uint32_t imm) noexcept {
+  return (imm >> kMsgShift) & kMsgMask;
+}
+constexpr uint32_t value_of(uint32_t imm) noexcept { return imm & kValueMask; }
+
+// Connection private data, both directions (little-endian, 48 bytes).
+struct Hello {
+  static constexpr uint32_t kMagic = 0x314b5352;  // "RSK1"
+  static constexpr uint8_t kVersion = 1;
+  static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
+  uint16_t recv_credits = 0;
+  RemoteRegion ring;
+
+  void serialize(std::span<std::byte, kSize> out) const noexcept {
+    std::memset(out.data(), 0, kSize);
+    const uint32_t magic = kMagic;
+    std::memcpy(out.data(), &magic, 4);
+    out[4] = std::byte{kVersion};
+    std::memcpy(out.data() + 6, &recv_credits, 2);
+    ring.serialize(out.subspan<16, RemoteRegion::kSerializedSize>());
+  }
+  // nullopt for anything that is not a well-formed hello within limits.
+  static std::optional<Hello> parse(std::span<const std::byte> in) noexcept {
+    if (in.size() < kSize) return std::nullopt;
+    uint32_t magic = 0;
+    std::memcpy(&magic, in.data(), 4);
+    if (magic != kMagic || in[4] != std::byte{kVersion}) return std::nullopt;
+    Hello h;
+    std::memcpy(&h.recv_credits, in.data() + 6, 2);
+    auto ring = RemoteRegion::deserialize(in.subspan(16, RemoteRegion::kSerializedSize));
+    if (!ring) return std::nullopt;
+    h.ring = *ring;
+    if (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits) return std::nullopt;
+    if (h.ring.length < kMinRing || h.ring.length > kMaxRing) return std::nullopt;
+    if ((h.ring.access & kAccessRemoteWrite) == 0) return std::nullopt;
+    return h;
+  }
+};
+static_assert(Hello::kSize <= 192, "fits the core's private data");
+
+// Receive-side and credit accounting of one stream: what the peer may send
+// and what it has told us. Pure arithmetic, so the fuzzer drives it with
+// arbitrary (imm, byte_len) records. Every accept keeps the invariants
+//   rx_read <= rx_written <= rx_read + rx_size
+//   peer_consumed <= tx_sent,  msg_credits <= peer_credits.
+struct Flow {
+  uint32_t rx_size = 0;
+  uint64_t rx_written = 0;     // bytes the peer put in our ring
+  uint64_t rx_read = 0;        // bytes the application consumed
+  uint64_t rx_acked = 0;       // consumed bytes reported to the peer
+  uint32_t rx_unreported = 0;  // receives reposted, not yet reported
+
+  uint32_t peer_ring = 0;
+  uint32_t peer_credits = 0;   // receives the peer posts
+  uint64_t tx_sent = 0;        // bytes written into the peer's ring
+  uint64_t peer_consumed = 0;  // bytes the peer reported consumed
+  uint32_t msg_credits = 0;    // messages we may still send
+
+  bool fin_received = false;
+  bool rst_received = false;
+
+  enum class Result { kOk, kViolation };
+
+  // One received message. Returns kViolation for a record no honest peer
+  // sends: then nothing was changed and the stream must be failed.
+  Result on_message(uint32_t imm, uint32_t byte_len) noexcept {
+    const uint32_t msgs = msgs_of(imm);
+    const uint32_t value = value_of(imm);
+    if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits)
+      return Result::kViolation;
+    switch (op_bits(imm)) {
+      case static_cast<uint32_t>(Op::kData):
+        if (byte_len != value || value == 0) return Result::kViolation;
+        if (fin_received) return Result::kViolation;
+        if (rx_written + value - rx_read > rx_size) return Result::kViolation;
+        rx_written += value;
+        break;
+      case static_cast<uint32_t>(Op::kCredit):
+        if (byte_len != 0) return Result::kViolation;
+        if (peer_consumed + value > tx_sent) return Result::kViolation;
+        peer_consumed += value;
+        break;
+      case static_cast<uint32_t>(Op::kCtrl):
+        if (byte_len != 0) return Result::kViolation;
+        if (value == kFin) {
+          if (fin_received) return Result::kViolation;
+          fin_received = true;
+        } else if (value == kRst) {
+          rst_received = true;
+        } else if (value != kKeepalive) {
+          return Result::kViolation;
+        }
+        break;
+      default: return Result::kViolation;
+    }
+    msg_credits += msgs;
+    return Result::kOk;
+  }
+
+  uint64_t available() const noexcept { return rx_written - rx_read; }
+  uint64_t peer_room() const noexcept { return peer_consumed + peer_ring - tx_sent; }
+  uint32_t take_unreported() noexcept {
+    const uint32_t n = rx_unreported;
+    rx_unreported = 0;
+    return n;
+  }
+};
+
+}  // namespace rdmakit::stream::wire
