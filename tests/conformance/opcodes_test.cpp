@@ -497,5 +497,50 @@ TEST_P(OpcodeTest, PostValidationAndQueueLimits) {
   run(server, client);
 }
 
+// INLINE names where an outgoing payload comes from; READ and the atomics
+// have none, so, as ibv_post_send does, every provider refuses them at post.
+TEST_P(OpcodeTest, InlineWithoutOutgoingPayloadIsRefusedAtPost) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
+    fill_pattern(target.data(), 4096, 31);
+    const auto reply = pack_regions({target.mr->remote()});
+    auto listener = env.listen(*ctx);
+    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    auto ctl = Control::accept(*ctx, *listener);
+    ASSERT_TRUE(ctl->expect("done"));
+    EXPECT_TRUE(check_pattern(target.data(), 4096, 31)) << "a refused request ran";
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Endpoint ep = connect_endpoint(env, *ctx);
+    auto ctl = Control::connect(env, *ctx);
+    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
+
+    SendWr read = rdma_wr(Opcode::kRead, 1, *local.mr, 0, 16, rr, 0);
+    SendWr fetch_add = atomic_wr(Opcode::kFetchAdd, 2, *local.mr, 0, rr, 0, 1);
+    SendWr compare_swap = atomic_wr(Opcode::kCompareSwap, 3, *local.mr, 0, rr, 0, 0, 1);
+    for (SendWr* wr : {&read, &fetch_add, &compare_swap}) {
+      wr->flags |= kInline;
+      const PostResult r = ep.qp->post_send(*wr);
+      EXPECT_EQ(r.status, PostStatus::kInvalidArgument)
+          << "INLINE " << opcode_name(wr->opcode) << ": " << post_status_name(r.status);
+      EXPECT_EQ(r.posted, 0u);
+    }
+    EXPECT_TRUE(expect_quiet(*ep.send_cq, milliseconds(50)));
+    // The QP is unharmed: the same READ without INLINE runs.
+    read.flags &= static_cast<uint8_t>(~kInline);
+    ASSERT_TRUE(post(*ep.qp, read));
+    Completion c;
+    ASSERT_TRUE(wait_one(*ep.send_cq, &c));
+    EXPECT_EQ(c.wr_id, 1u);
+    EXPECT_EQ(c.status, Status::kSuccess);
+    EXPECT_EQ(ep.qp->state(), QpState::kConnected);
+    ASSERT_TRUE(ctl->send("done"));
+  };
+  run(server, client);
+}
+
 }  // namespace
 }  // namespace rdmakit::test

@@ -16,6 +16,7 @@
 
 #include "core/address.hpp"
 #include "core/log.hpp"
+#include "core/work_request.hpp"
 #include "providers/shm/asymmetric_fence.hpp"
 #include "providers/shm/shm_completion_queue.hpp"
 #include "providers/shm/shm_context.hpp"
@@ -27,13 +28,9 @@
 namespace rdmakit::shm {
 namespace {
 
+using core::is_sink;
+
 static_assert(kSlotInline <= kSmallCopyMax, "inline slot payloads use small_copy");
-
-bool is_sink(Opcode op) {
-  return op == Opcode::kRead || op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
-}
-
-bool valid_send_opcode(Opcode op) { return op <= Opcode::kFetchAdd; }
 
 // Snapshot of a live region entry, or false if key does not name one.
 struct EntryView {
@@ -419,17 +416,12 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
       result.status = PostStatus::kQueueFull;
       break;
     }
-    if (!valid_send_opcode(wr.opcode) ||
-        ((wr.opcode == Opcode::kCompareSwap || wr.opcode == Opcode::kFetchAdd) &&
-         wr.length != 8)) {
-      result.status = PostStatus::kInvalidArgument;
+    if (const PostStatus bad = core::validate_send(wr, options_.max_inline);
+        bad != PostStatus::kOk) {
+      result.status = bad;
       break;
     }
-    const bool inline_payload = (wr.flags & kInline) != 0 && !is_sink(wr.opcode);
-    if (inline_payload && wr.length > options_.max_inline) {
-      result.status = PostStatus::kInlineTooLarge;
-      break;
-    }
+    const bool inline_payload = (wr.flags & kInline) != 0;
     if (direct) {
       Status status = Status::kSuccess;
       if (execute(wr, &status) == Exec::kDone) {
@@ -788,7 +780,7 @@ Status ShmQueuePair::copy_from_peer(const Target& target, void* dst,
 }
 
 Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept {
-  if (wr.remote_addr % 8 != 0) return Status::kRemoteInvalidRequestError;
+  if (!core::atomic_aligned(wr.remote_addr)) return Status::kRemoteInvalidRequestError;
   Target target = resolve(wr.rkey, wr.remote_addr, 8, kAccessRemoteAtomic, true);
   if (target.status != Status::kSuccess) return target.status;
   if (target.mapped != nullptr && target.writable) {

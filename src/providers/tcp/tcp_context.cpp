@@ -14,6 +14,8 @@
 #include <cstring>
 
 #include "core/address.hpp"
+#include "core/deadline.hpp"
+#include "core/fd.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
 #include "providers/tcp/tcp_provider.hpp"
@@ -22,7 +24,8 @@
 namespace rdmakit::tcp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using core::Clock;
+using core::ms_left;
 // Per accepted client: its HELLO (sent right after its connect) and our
 // answer must make it within this, so a silent client costs accept() this
 // much and not the whole deadline of the clients queued behind it.
@@ -47,26 +50,6 @@ class TcpMr final : public MemoryRegion {
   MrEntry* entry_;
   bool mapped_;
 };
-
-std::string sockaddr_string(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-  }
-  return core::HostPort{host, port}.to_string();
-}
-
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
 
 // Blocking-with-deadline I/O on a non-blocking socket (handshake only).
 int io_all(int fd, std::byte* buf, size_t len, bool write, Clock::time_point deadline) {
@@ -201,9 +184,12 @@ void check_qp_options(const Engine& engine, const QpOptions& requested, const ch
 
 class TcpListener final : public Listener {
  public:
-  TcpListener(std::shared_ptr<Engine> engine, int fd, std::string address, uint16_t port)
-      : engine_(std::move(engine)), fd_(fd), address_(std::move(address)), port_(port) {}
-  ~TcpListener() override { ::close(fd_); }
+  TcpListener(std::shared_ptr<Engine> engine, core::Fd fd, std::string address,
+              uint16_t port)
+      : engine_(std::move(engine)),
+        fd_(std::move(fd)),
+        address_(std::move(address)),
+        port_(port) {}
 
   std::unique_ptr<QueuePair> accept(const QpOptions& requested,
                                     std::chrono::milliseconds timeout,
@@ -217,9 +203,9 @@ class TcpListener final : public Listener {
     for (;;) {
       sockaddr_storage ss{};
       socklen_t sl = sizeof ss;
-      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &sl,
-                               SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
+      core::Fd fd(::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &sl,
+                            SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           throw Error("accept", "tcp", address_, errno, "accept failed");
@@ -229,42 +215,41 @@ class TcpListener final : public Listener {
           throw Error("accept", "tcp", address_, ETIMEDOUT,
                       "no connection request in time");
         }
-        pollfd pfd{fd_, POLLIN, 0};
+        pollfd pfd{fd_.get(), POLLIN, 0};
         ::poll(&pfd, 1, left);
         continue;
       }
-      const std::string peer = sockaddr_string(ss);
+      const std::string peer =
+          core::sockaddr_string(reinterpret_cast<const sockaddr*>(&ss));
       Hello hello;
       std::vector<std::byte> pdata;
       const char* why = "";
       // A client that connects and says nothing must not hold the whole
       // deadline: the ones queued behind it would fail too.
       const auto hs_deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
-      int err = read_hello(fd, hs_deadline, &hello, &pdata, &why);
+      int err = read_hello(fd.get(), hs_deadline, &hello, &pdata, &why);
       if (err == 0) {
         auto frame = encode_hello_frame(options, reply);
-        err = io_all(fd, frame.data(), frame.size(), true, hs_deadline);
+        err = io_all(fd.get(), frame.data(), frame.size(), true, hs_deadline);
         why = "could not answer the handshake";
       }
       if (err != 0) {
         // One bad client must not take the listener down: log and go on
         // until the deadline.
-        ::close(fd);
+        fd.reset();
         core::log().warn("tcp: accept from {}: {} ({})", peer, why, std::strerror(err));
         if (ms_left(deadline) == 0) {
           throw Error("accept", "tcp", peer, err == EPROTO ? EPROTO : ETIMEDOUT, why);
         }
         continue;
       }
-      tune_socket(fd, options);
+      tune_socket(fd.get(), options);
       core::log().debug("tcp: accepted {} on {}", peer, address_);
-      try {
-        return std::make_unique<TcpQp>(engine_, fd, options, hello, peer,
-                                       std::move(pdata));
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
+      // The queue pair owns the socket once constructed.
+      auto qp = std::make_unique<TcpQp>(engine_, fd.get(), options, hello, peer,
+                                        std::move(pdata));
+      fd.release();
+      return qp;
     }
   }
   std::string address() const override { return address_; }
@@ -272,7 +257,7 @@ class TcpListener final : public Listener {
 
  private:
   std::shared_ptr<Engine> engine_;
-  int fd_;
+  core::Fd fd_;
   std::string address_;
   uint16_t port_;
 };
@@ -344,29 +329,30 @@ std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
   addrinfo* res = resolve(hp, true, "listen", address);
   int err = EADDRNOTAVAIL;
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    const int fd =
-        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    core::Fd fd(
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd) {
       err = errno;
       continue;
     }
     const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
+        ::listen(fd.get(), 128) != 0) {
       err = errno;
-      ::close(fd);
       continue;
     }
     ::freeaddrinfo(res);
     sockaddr_storage ss{};
     socklen_t sl = sizeof ss;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
-    const std::string bound = sockaddr_string(ss);
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
+    const std::string bound =
+        core::sockaddr_string(reinterpret_cast<const sockaddr*>(&ss));
     const uint16_t port = ss.ss_family == AF_INET
                               ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
                               : ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     core::log().info("tcp: listening on {}", bound);
-    return std::make_unique<TcpListener>(engine_, fd, bound, port);
+    return std::make_unique<TcpListener>(engine_, std::move(fd), bound, port);
   }
   ::freeaddrinfo(res);
   throw Error("listen", "tcp", address, err, "cannot bind");
@@ -385,16 +371,16 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
   const auto deadline = Clock::now() + timeout;
   addrinfo* res = resolve(hp, false, "connect", address);
   int err = EHOSTUNREACH;
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+  core::Fd fd;
+  for (addrinfo* ai = res; ai != nullptr && !fd; ai = ai->ai_next) {
+    fd.reset(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd) {
       err = errno;
       continue;
     }
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
+      pollfd pfd{fd.get(), POLLOUT, 0};
       rc = ::poll(&pfd, 1, ms_left(deadline));
       if (rc == 0) {
         errno = ETIMEDOUT;
@@ -402,38 +388,32 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
       } else {
         int so = 0;
         socklen_t sl = sizeof so;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so, &sl);
         errno = so;
         rc = so == 0 ? 0 : -1;
       }
     }
     if (rc != 0) {
       err = errno;
-      ::close(fd);
-      fd = -1;
+      fd.reset();
     }
   }
   ::freeaddrinfo(res);
-  if (fd < 0) throw Error("connect", "tcp", address, err, "cannot connect");
+  if (!fd) throw Error("connect", "tcp", address, err, "cannot connect");
   auto frame = encode_hello_frame(options, private_data);
   Hello hello;
   std::vector<std::byte> pdata;
   const char* why = "could not send the handshake";
-  err = io_all(fd, frame.data(), frame.size(), true, deadline);
-  if (err == 0) err = read_hello(fd, deadline, &hello, &pdata, &why);
-  if (err != 0) {
-    ::close(fd);
-    throw Error("connect", "tcp", address, err, why);
-  }
-  tune_socket(fd, options);
+  err = io_all(fd.get(), frame.data(), frame.size(), true, deadline);
+  if (err == 0) err = read_hello(fd.get(), deadline, &hello, &pdata, &why);
+  if (err != 0) throw Error("connect", "tcp", address, err, why);
+  tune_socket(fd.get(), options);
   core::log().debug("tcp: connected to {}", address);
-  try {
-    return std::make_unique<TcpQp>(engine_, fd, options, hello, address,
-                                   std::move(pdata));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  // The queue pair owns the socket once constructed.
+  auto qp = std::make_unique<TcpQp>(engine_, fd.get(), options, hello, address,
+                                    std::move(pdata));
+  fd.release();
+  return qp;
 }
 
 std::unique_ptr<QueuePair> TcpContext::adopt(int fd, const QpOptions& options,

@@ -145,18 +145,17 @@ bool MrTable::check_local(uint32_t lkey, const void* addr, uint64_t len,
 Engine::Engine(bool progress_thread)
     : qp_num_((static_cast<uint32_t>(std::random_device{}()) & 0xffffu) | 0x10000u),
       with_thread_(progress_thread) {
-  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) {
-    const int err = errno;
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  const int epoll_err = errno;
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_fd_ || !wake_fd_.get()) {
+    const int err = !epoll_fd_ ? epoll_err : errno;
     throw Error("Context::open", "tcp", "", err, "epoll/eventfd");
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = 0;  // qp numbers are never 0
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
   if (with_thread_) thread_ = std::thread([this] { run(); });
   core::log().debug("tcp: engine up ({} progress thread)",
                     with_thread_ ? "with" : "without");
@@ -166,13 +165,13 @@ Engine::~Engine() {
   stop_.store(true);
   kick();
   if (thread_.joinable()) thread_.join();
-  ::close(epoll_fd_);
-  ::close(wake_fd_);
+  epoll_fd_.reset();
+  wake_fd_.reset();
 }
 
 void Engine::kick() noexcept {
   const uint64_t one = 1;
-  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof one);
+  [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
 }
 
 void Engine::add_qp(TcpQp* qp) {
@@ -182,7 +181,7 @@ void Engine::add_qp(TcpQp* qp) {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLONESHOT;
     ev.data.u64 = qp->qp_num();
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, qp->socket_fd(), &ev) == 0) {
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, qp->socket_fd(), &ev) == 0) {
       qp->ep_armed = true;
     }
   }
@@ -192,7 +191,7 @@ void Engine::remove_qp(TcpQp* qp) noexcept {
   // Taking mu_ also waits for the thread to finish serving this QP.
   std::lock_guard lock(mu_);
   if (qp->socket_fd() >= 0)
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
   std::erase(qps_, qp);
 }
 
@@ -200,14 +199,14 @@ void Engine::run() noexcept {
   epoll_event events[64];
   int timeout_ms = 5;
   while (!stop_.load(std::memory_order_relaxed)) {
-    const int n = ::epoll_wait(epoll_fd_, events, 64, timeout_ms);
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, timeout_ms);
     std::lock_guard lock(mu_);
     const int64_t now = now_ns();
     bool busy = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == 0) {
         uint64_t drained;
-        [[maybe_unused]] auto r = ::read(wake_fd_, &drained, sizeof drained);
+        [[maybe_unused]] auto r = ::read(wake_fd_.get(), &drained, sizeof drained);
         continue;
       }
       // Look the QP up by number: an event may outlive its QP.
@@ -219,7 +218,7 @@ void Engine::run() noexcept {
         }
       }
     }
-    for (TcpQp* qp : qps_) busy |= qp->thread_service(now, epoll_fd_);
+    for (TcpQp* qp : qps_) busy |= qp->thread_service(now, epoll_fd_.get());
     // A fast tick while some QP is skipped, stalled or blocked on output;
     // otherwise a slow one that still drives heartbeats and timeouts.
     timeout_ms = busy ? 1 : 5;
@@ -232,8 +231,9 @@ TcpCq::TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options)
     : CompletionQueue(options),
       engine_(std::move(engine)),
       ring_(std::max<uint32_t>(options.capacity, 1)) {
-  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (event_fd_ < 0) throw Error("create_cq", "tcp", "", errno, "eventfd");
+  budget_ = core::CqBudget(ring_.size());
+  event_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!event_fd_.get()) throw Error("create_cq", "tcp", "", errno, "eventfd");
 }
 
 TcpCq::~TcpCq() {
@@ -242,7 +242,7 @@ TcpCq::~TcpCq() {
     core::log().error("tcp: completion queue destroyed before {} queue pair(s)",
                       qps_.size());
   }
-  ::close(event_fd_);
+  event_fd_.reset();
 }
 
 bool TcpCq::has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept {
@@ -251,7 +251,8 @@ bool TcpCq::has_room(uint32_t depth, uint32_t srq_depth, TcpSrq* srq) noexcept {
   for (const auto& entry : srqs_) {
     if (srq != nullptr && entry.first == srq) need -= srq_depth;  // counted once per SRQ
   }
-  return committed_ + orphans_.load(std::memory_order_relaxed) + need <= ring_.size();
+  return budget_.committed() + orphans_.load(std::memory_order_relaxed) + need <=
+         budget_.capacity();
 }
 
 void TcpCq::reserve(uint32_t depth, TcpSrq* srq, const char* op,
@@ -267,15 +268,7 @@ void TcpCq::reserve(uint32_t depth, TcpSrq* srq, const char* op,
   }
   // A destroyed QP's unpolled completions still occupy the ring.
   const uint64_t orphans = orphans_.load(std::memory_order_relaxed);
-  if (committed_ + orphans + depth > ring_.size()) {
-    throw Error(op, "tcp", peer, EINVAL,
-                "completion queue capacity " + std::to_string(ring_.size()) +
-                    " is smaller than the queue depths attached to it (" +
-                    std::to_string(committed_ + depth) + ") plus " +
-                    std::to_string(orphans) +
-                    " unpolled completions of destroyed queue pairs");
-  }
-  committed_ += depth;
+  budget_.charge(depth, op, "tcp", peer, orphans);
   if (srq != nullptr) srqs_.emplace_back(srq, 1);
 }
 
@@ -287,7 +280,7 @@ void TcpCq::unreserve(uint32_t depth, TcpSrq* srq) noexcept {
     if (it == srqs_.end() || --it->second != 0) return;
     srqs_.erase(it);
   }
-  committed_ -= std::min<uint64_t>(committed_, depth);
+  budget_.refund(depth);
 }
 
 void TcpCq::attach(TcpQp* qp) {
@@ -338,7 +331,7 @@ void TcpCq::push(const CqEntry& entry) noexcept {
   ring_lock_.unlock();
   if (armed_.exchange(false, std::memory_order_seq_cst)) {
     const uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(event_fd_, &one, sizeof one);
+    [[maybe_unused]] auto r = ::write(event_fd_.get(), &one, sizeof one);
   }
 }
 
@@ -375,7 +368,7 @@ int TcpCq::poll(std::span<Completion> out) noexcept {
 
 bool TcpCq::arm() noexcept {
   uint64_t drained;
-  [[maybe_unused]] auto r = ::read(event_fd_, &drained, sizeof drained);
+  [[maybe_unused]] auto r = ::read(event_fd_.get(), &drained, sizeof drained);
   armed_.store(true, std::memory_order_seq_cst);
   ring_lock_.lock();
   const bool pending = head_ != tail_;

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cq_budget.hpp"
+#include "core/fd.hpp"
 #include "providers/tcp/wire.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
@@ -119,8 +121,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<uint32_t> qp_num_;
   std::mutex mu_;  // guards qps_; held by the thread while it serves them
   std::vector<TcpQp*> qps_;
-  int epoll_fd_ = -1;
-  int wake_fd_ = -1;
+  core::Fd epoll_fd_;
+  core::Fd wake_fd_;
   bool with_thread_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -146,7 +148,7 @@ class TcpCq final : public CompletionQueue {
   TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options);
   ~TcpCq() override;
   int poll(std::span<Completion> out) noexcept override;
-  int fd() const noexcept override { return event_fd_; }
+  int fd() const noexcept override { return event_fd_.get(); }
   bool arm() noexcept override;
 
   // Producer side (any thread, under the producing QP's lock).
@@ -183,12 +185,12 @@ class TcpCq final : public CompletionQueue {
   std::vector<CqEntry> ring_;
   uint64_t head_ = 0, tail_ = 0;
   uint64_t overflows_ = 0;
-  int event_fd_ = -1;
+  core::Fd event_fd_;
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> last_poll_ns_{0};
   std::mutex attach_mu_;  // QP create/destroy vs poll (poll only try_locks)
   std::vector<TcpQp*> qps_;
-  uint64_t committed_ = 0;                          // reserved depths (under attach_mu_)
+  core::CqBudget budget_{0};                        // reserved depths (under attach_mu_)
   std::atomic<uint64_t> orphans_{0};                // destroyed QPs' unpolled entries
   std::vector<std::pair<TcpSrq*, uint32_t>> srqs_;  // SRQ -> QPs counted once
 };
@@ -249,7 +251,7 @@ class TcpQp final : public QueuePair {
   bool rnr_stalled() const noexcept {
     return hint_stalled_.load(std::memory_order_relaxed);
   }
-  int socket_fd() const noexcept { return fd_; }
+  int socket_fd() const noexcept { return fd_.get(); }
   bool wants_service() const noexcept { return skipped_.load(std::memory_order_seq_cst); }
   // Epoll bookkeeping, touched only by the engine thread under its mutex.
   bool ep_armed = false;
@@ -318,7 +320,7 @@ class TcpQp final : public QueuePair {
   TcpCq* send_cq_;
   TcpCq* recv_cq_;
   TcpSrq* srq_;
-  int fd_;
+  core::Fd fd_;
   Hello peer_hello_;
   SpinLock mu_;
   std::atomic<QpState> state_{QpState::kConnected};

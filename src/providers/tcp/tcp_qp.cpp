@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "core/work_request.hpp"
 #include "providers/tcp/tcp_provider.hpp"
 
 namespace rdmakit::tcp {
@@ -24,13 +25,8 @@ constexpr int kRxBudget = 256;  // frames/reads per progress call: bounded work
 // load), not gone: it is declared dead only after this many peer_timeouts.
 constexpr int64_t kSlowPeerFactor = 10;
 
-bool is_send_op(Opcode op) noexcept {
-  return op == Opcode::kSend || op == Opcode::kSendWithImm || op == Opcode::kWrite ||
-         op == Opcode::kWriteWithImm;
-}
-bool is_atomic(Opcode op) noexcept {
-  return op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
-}
+using core::is_atomic;
+using core::is_send_op;
 
 }  // namespace
 
@@ -130,7 +126,7 @@ TcpQp::~TcpQp() {
   if (recv_cq_ != send_cq_) recv_cq_->orphan(this);
   send_cq_->unreserve(options_.max_send_wr, nullptr);
   recv_cq_->unreserve(recv_depth(), srq_);
-  if (fd_ >= 0) ::close(fd_);
+  fd_.reset();
 }
 
 // ------------------------------------------------------------ driving
@@ -179,7 +175,7 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLONESHOT | (out ? EPOLLOUT : 0u);
     ev.data.u64 = qp_num();
-    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_, &ev) == 0) {
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_.get(), &ev) == 0) {
       ep_armed = true;
       ep_out = out;
     }
@@ -251,7 +247,7 @@ bool TcpQp::peer_host_alive() const noexcept {
   tcp_info info{};
   socklen_t len = sizeof info;
   // Not a TCP socket (socketpair in tests and the fuzzer): silence decides.
-  if (::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  if (::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
   // Milliseconds since the peer's kernel last acknowledged or sent anything.
   const int64_t heard_ms = std::min(info.tcpi_last_ack_recv, info.tcpi_last_data_recv);
   return heard_ms * 1'000'000 < peer_timeout_ns_;
@@ -295,7 +291,7 @@ void TcpQp::flush_tx(int64_t now) noexcept {
     // processing and the transmits they release; otherwise the receiving
     // core does, as it does for a sender asleep in a blocking send().
     // Measured +4-7% for 1 MiB WRITEs on loopback (docs/tcp-provider.md).
-    pollfd pfd{fd_, POLLOUT, 0};
+    pollfd pfd{fd_.get(), POLLOUT, 0};
     if (::poll(&pfd, 1, 0) != 1) return;
     tx_full_ = false;
   }
@@ -332,12 +328,12 @@ void TcpQp::flush_tx(int64_t now) noexcept {
           }
           buf = tx_stage_.get();
         }
-        w = ::send(fd_, buf, total, MSG_DONTWAIT | MSG_NOSIGNAL);
+        w = ::send(fd_.get(), buf, total, MSG_DONTWAIT | MSG_NOSIGNAL);
       } else {
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<size_t>(n);
-        w = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        w = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       }
       if (w < 0) {
         if (errno == EINTR) continue;
@@ -382,18 +378,11 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
   const uint32_t cap = static_cast<uint32_t>(sq_.size());
   for (const SendWr& wr : wrs) {
     const bool inl = (wr.flags & kInline) != 0;
-    PostStatus bad = PostStatus::kOk;
-    if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kFetchAdd)) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (is_atomic(wr.opcode) && (wr.length != 8 || inl)) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (wr.opcode == Opcode::kRead && inl) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (wr.length > kMaxPayload) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (inl && wr.length > options_.max_inline) {
-      bad = PostStatus::kInlineTooLarge;
-    } else if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= cap) {
+    PostStatus bad = core::validate_send(wr, options_.max_inline);
+    if (bad == PostStatus::kOk && wr.length > kMaxPayload) {
+      bad = PostStatus::kInvalidArgument;  // the wire format's limit
+    } else if (bad == PostStatus::kOk &&
+               sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= cap) {
       bad = PostStatus::kQueueFull;
     }
     if (bad != PostStatus::kOk) {
@@ -647,7 +636,7 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
   core::log().log(routine ? spdlog::level::info : spdlog::level::warn,
                   "tcp: qp {} peer {}: connection lost: {} ({})", qp_num(), peer(), why,
                   std::strerror(err));
-  ::shutdown(fd_, SHUT_RDWR);
+  ::shutdown(fd_.get(), SHUT_RDWR);
   abort_payload_sink();
   for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
     MrTable::release(tx_[i % tx_.size()].ref);
@@ -684,7 +673,7 @@ bool TcpQp::fill(int64_t now) noexcept {
   if (rx_drained_) return false;
   for (;;) {
     const size_t want = kStageSize - se_;
-    const ssize_t r = ::recv(fd_, stage_.get() + se_, want, MSG_DONTWAIT);
+    const ssize_t r = ::recv(fd_.get(), stage_.get() + se_, want, MSG_DONTWAIT);
     if (r > 0) {
       se_ += static_cast<uint32_t>(r);
       last_rx_ns_ = now;
@@ -745,7 +734,7 @@ void TcpQp::rx(int64_t now) noexcept {
         // Large payload: straight from the socket into the region/buffer.
         if (rx_drained_) return;
         const size_t want = static_cast<size_t>(std::min<uint64_t>(premain_, 1u << 30));
-        const ssize_t r = ::recv(fd_, pdst_, want, MSG_DONTWAIT);
+        const ssize_t r = ::recv(fd_.get(), pdst_, want, MSG_DONTWAIT);
         if (r > 0) {
           pdst_ += r;
           premain_ -= static_cast<uint64_t>(r);
@@ -950,7 +939,8 @@ TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept 
     }
     case WireOp::kCompareSwap:
     case WireOp::kFetchAdd: {
-      if (h.addr % 8 != 0) return reject(Status::kRemoteInvalidRequestError);
+      if (!core::atomic_aligned(h.addr))
+        return reject(Status::kRemoteInvalidRequestError);
       MrEntry* e = mrs_.acquire(h.rkey, h.addr, 8, kAccessRemoteAtomic);
       if (e == nullptr) return reject(Status::kRemoteAccessError);
       // Atomic against every other atomic on this address, whichever QP or

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "core/address.hpp"
+#include "core/deadline.hpp"
 #include "core/little_endian.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
@@ -25,7 +26,7 @@
 namespace rdmakit::verbs {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using core::Clock;
 
 // ---------------------------------------------------------------- addresses
 
@@ -54,22 +55,6 @@ SockAddr resolve(const core::HostPort& hp, bool passive, const char* operation,
   return out;
 }
 
-std::string sockaddr_text(const sockaddr* sa) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (sa == nullptr) return "?";
-  if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    return fmt::format("{}:{}", host, ntohs(in->sin_port));
-  }
-  if (sa->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    return fmt::format("[{}]:{}", host, ntohs(in6->sin6_port));
-  }
-  return "?";
-}
-
 // ---------------------------------------------------------------- rdma_cm events
 
 struct CmEvent {
@@ -81,11 +66,6 @@ struct CmEvent {
   uint8_t responder_resources = 0;
 };
 
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
-
 // Waits for the next event, copies what we need and acknowledges it at once
 // (an unacknowledged event blocks rdma_destroy_id and rdma_migrate_id).
 CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
@@ -94,7 +74,7 @@ CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
   pollfd pfd{channel->fd, POLLIN, 0};
   rdma_cm_event* event = nullptr;
   for (;;) {
-    const int rc = ::poll(&pfd, 1, remaining_ms(deadline));
+    const int rc = ::poll(&pfd, 1, core::ms_left(deadline));
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0)
       throw Error(operation, kProvider, peer, errno, "poll on the rdma_cm channel");
@@ -502,7 +482,7 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   // writes to its id's channel (a use-after-free when accept() threw).
   EventChannelHandle channel;
   CmIdHandle id(request.id);
-  const std::string peer = sockaddr_text(rdma_get_peer_addr(id.get()));
+  const std::string peer = core::sockaddr_string(rdma_get_peer_addr(id.get()));
   auto refuse = [&](int err, const std::string& why) {
     rdma_reject(id.get(), nullptr, 0);
     return Error("accept", kProvider, peer, err, why);
@@ -756,13 +736,13 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   }
   CmIdHandle id(raw);
   if (rdma_resolve_addr(id.get(), bind_src ? src.get() : nullptr, dst.get(),
-                        std::max(1, remaining_ms(deadline))) != 0) {
+                        std::max(1, core::ms_left(deadline))) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_resolve_addr");
   }
   expect_event(channel.get(), deadline, RDMA_CM_EVENT_ADDR_RESOLVED, "connect",
                "rdma_resolve_addr", address);
   check_device(*device_, id.get(), "connect", address);
-  if (rdma_resolve_route(id.get(), std::max(1, remaining_ms(deadline))) != 0) {
+  if (rdma_resolve_route(id.get(), std::max(1, core::ms_left(deadline))) != 0) {
     throw Error("connect", kProvider, address, errno, "rdma_resolve_route");
   }
   expect_event(channel.get(), deadline, RDMA_CM_EVENT_ROUTE_RESOLVED, "connect",

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cq_budget.hpp"
 #include "providers/verbs/verbs_device.hpp"
 #include "providers/verbs/verbs_objects.hpp"
 #include "rdmakit/context.hpp"
@@ -160,7 +161,7 @@ class VerbsCq final : public CompletionQueue {
   };
   std::vector<SrqUse> srqs_;
   QpCore* last_ = nullptr;
-  uint64_t committed_ = 0;  // sum of attached depths
+  core::CqBudget budget_{0};  // sum of attached depths
 };
 
 class VerbsMr final : public MemoryRegion {

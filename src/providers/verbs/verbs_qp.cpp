@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 
+#include "core/work_request.hpp"
 #include "providers/verbs/verbs_provider.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 
@@ -141,6 +142,13 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
   size_t n = std::min(wrs.size(), room);
   for (size_t i = 0; i < n; ++i) {
     const SendWr& in = wrs[i];
+    // Refused here, not by the device, so every provider refuses the same.
+    if (const PostStatus bad = core::validate_send(in, options().max_inline);
+        bad != PostStatus::kOk) {
+      status = bad;
+      n = i;
+      break;
+    }
     ibv_send_wr& wr = send_wrs_[i];
     ibv_sge& sge = send_sges_[i];
     wr = ibv_send_wr{};
@@ -151,9 +159,6 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
     wr.num_sge = in.length == 0 ? 0 : 1;
     wr.wr_id = core.send_posted + i;
     wr.next = i + 1 < n ? &send_wrs_[i + 1] : nullptr;
-    const bool is_atomic =
-        in.opcode == Opcode::kCompareSwap || in.opcode == Opcode::kFetchAdd;
-    bool valid = true;
     switch (in.opcode) {
       case Opcode::kSend: wr.opcode = IBV_WR_SEND; break;
       case Opcode::kSendWithImm: wr.opcode = IBV_WR_SEND_WITH_IMM; break;
@@ -161,11 +166,11 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
       case Opcode::kWriteWithImm: wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM; break;
       case Opcode::kRead: wr.opcode = IBV_WR_RDMA_READ; break;
       case Opcode::kCompareSwap: wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP; break;
-      case Opcode::kFetchAdd: wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; break;
-      default: valid = false; break;
+      default: wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; break;  // validated above
     }
-    if (is_atomic) {
-      valid = valid && in.length == 8 && in.remote_addr % 8 == 0;
+    // A misaligned atomic goes to the device as it is: the responder refuses
+    // it (REMOTE_INVALID_REQUEST_ERROR), as it does on the other providers.
+    if (core::is_atomic(in.opcode)) {
       wr.wr.atomic.remote_addr = in.remote_addr;
       wr.wr.atomic.rkey = in.rkey;
       wr.wr.atomic.compare_add = in.compare_add;
@@ -174,28 +179,10 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
       wr.wr.rdma.remote_addr = in.remote_addr;
       wr.wr.rdma.rkey = in.rkey;
     }
-    if (in.opcode == Opcode::kSendWithImm || in.opcode == Opcode::kWriteWithImm) {
-      wr.imm_data = htonl(in.imm);
-    }
+    if (core::has_imm(in.opcode)) wr.imm_data = htonl(in.imm);
     if (in.flags & kSignaled) wr.send_flags |= IBV_SEND_SIGNALED;
     if (in.flags & kFence) wr.send_flags |= IBV_SEND_FENCE;
-    if (in.flags & kInline) {
-      // Inline carries outgoing payload only.
-      valid =
-          valid && (in.opcode == Opcode::kSend || in.opcode == Opcode::kSendWithImm ||
-                    in.opcode == Opcode::kWrite || in.opcode == Opcode::kWriteWithImm);
-      if (valid && in.length > options().max_inline) {
-        status = PostStatus::kInlineTooLarge;
-        n = i;
-        break;
-      }
-      wr.send_flags |= IBV_SEND_INLINE;
-    }
-    if (!valid) {
-      status = PostStatus::kInvalidArgument;
-      n = i;
-      break;
-    }
+    if (in.flags & kInline) wr.send_flags |= IBV_SEND_INLINE;
     core.send_ring[(core.send_posted + i) & core.send_mask] = {in.wr_id, in.opcode};
   }
   if (n == 0) return {status, 0};
