@@ -245,7 +245,7 @@ class Session {
   void open() {
     ContextOptions co;
     co.provider = parse_provider(o_.provider);
-    co.device = o_.device;
+    co.verbs.device = o_.device;
     ctx_ = Context::open(co);
     ctrl_cq_ = ctx_->create_cq(CqOptions{.capacity = 64});
   }

@@ -838,7 +838,7 @@ std::shared_ptr<Device> open_device(const ContextOptions& options) {
   for (int i = 0; i < count && device->context == nullptr; ++i) {
     ibv_context* context = device->cm_devices.get()[i];
     const std::string name = ibv_get_device_name(context->device);
-    if (!options.device.empty() && name != options.device) {
+    if (!options.verbs.device.empty() && name != options.verbs.device) {
       seen += (seen.empty() ? "" : ", ") + name;
       continue;
     }
@@ -858,21 +858,21 @@ std::shared_ptr<Device> open_device(const ContextOptions& options) {
     device->info = std::move(info);
   }
   if (device->context == nullptr) {
-    throw Error(
-        "Context::open", kProvider, "", ENODEV,
-        options.device.empty()
-            ? fmt::format("no device with an ACTIVE port (seen: {})", seen)
-            : fmt::format("device {} is not usable (seen: {})", options.device, seen));
+    throw Error("Context::open", kProvider, "", ENODEV,
+                options.verbs.device.empty()
+                    ? fmt::format("no device with an ACTIVE port (seen: {})", seen)
+                    : fmt::format("device {} is not usable (seen: {})",
+                                  options.verbs.device, seen));
   }
   std::string why;
   const auto& gids = device->info.ports[device->port - 1].gids;
-  auto gid = choose_gid(gids, options.gid_index, &why);
+  auto gid = choose_gid(gids, options.verbs.gid_index, &why);
   if (!gid) {
     throw Error("Context::open", kProvider, "", EINVAL,
                 fmt::format("{} port {}: {}", device->name(), device->port, why));
   }
   device->gid = *gid;
-  device->gid_overridden = options.gid_index >= 0;
+  device->gid_overridden = options.verbs.gid_index >= 0;
   device->pd.reset(ibv_alloc_pd(device->context));
   if (!device->pd) {
     throw Error("ibv_alloc_pd", kProvider, "", errno, "device " + device->name());
