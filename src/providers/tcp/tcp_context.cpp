@@ -1,5 +1,7 @@
 // tcp provider control path: context, memory regions, listener, connect and
 // the handshake (one kHello frame each way, with limits and private data).
+#include "providers/tcp/tcp_context.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -18,7 +20,9 @@
 #include "core/fd.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
-#include "providers/tcp/tcp_provider.hpp"
+#include "providers/tcp/tcp_cq.hpp"
+#include "providers/tcp/tcp_qp.hpp"
+#include "providers/tcp/tcp_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::tcp {
