@@ -1,4 +1,4 @@
-#include "providers/shm/shm_completion_queue.hpp"
+#include "providers/shm/shm_cq.hpp"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 
 #include "providers/shm/asymmetric_fence.hpp"
-#include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_qp.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {

@@ -14,7 +14,7 @@ class ShmQueuePair;
 // Send-side completions are produced by the owning thread into a private
 // ring; receive-side completions are read straight from each attached QP's
 // shared receive ring. fd() is an epoll set of an eventfd (peers and the
-// service thread signal it when armed) and a timerfd (RNR retry pacing).
+// progress thread signal it when armed) and a timerfd (RNR retry pacing).
 class ShmCompletionQueue final : public CompletionQueue {
  public:
   explicit ShmCompletionQueue(const CqOptions& options);
