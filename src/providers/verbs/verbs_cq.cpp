@@ -15,21 +15,6 @@
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
-namespace {
-
-uint64_t ring_size(uint32_t depth) { return std::bit_ceil(std::max<uint64_t>(depth, 1)); }
-
-}  // namespace
-
-QpCore::QpCore(uint32_t qp_num_in, uint32_t send_depth_in, uint32_t recv_depth_in)
-    : qp_num(qp_num_in),
-      send_depth(send_depth_in),
-      recv_depth(recv_depth_in),
-      send_mask(ring_size(send_depth_in) - 1),
-      recv_mask(ring_size(recv_depth_in) - 1),
-      send_ring(ring_size(send_depth_in)),
-      recv_ring(ring_size(recv_depth_in)) {}
-
 VerbsCq::VerbsCq(std::shared_ptr<Device> device, const CqOptions& options)
     : CompletionQueue(options), device_(std::move(device)) {
   const auto max_cqe = static_cast<uint32_t>(device_->info.attr.max_cqe);

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 
@@ -23,7 +24,18 @@ PostStatus map_post_errno(int err) noexcept {
   return err == ENOMEM ? PostStatus::kQueueFull : PostStatus::kInvalidArgument;
 }
 
+uint64_t ring_size(uint32_t depth) { return std::bit_ceil(std::max<uint64_t>(depth, 1)); }
+
 }  // namespace
+
+QpCore::QpCore(uint32_t qp_num_in, uint32_t send_depth_in, uint32_t recv_depth_in)
+    : qp_num(qp_num_in),
+      send_depth(send_depth_in),
+      recv_depth(recv_depth_in),
+      send_mask(ring_size(send_depth_in) - 1),
+      recv_mask(ring_size(recv_depth_in) - 1),
+      send_ring(ring_size(send_depth_in)),
+      recv_ring(ring_size(recv_depth_in)) {}
 
 RetrySettings retry_settings(const QpOptions& options) noexcept {
   RetrySettings s;
@@ -92,7 +104,7 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts,
       recv_sges_(core_->recv_depth) {}
 
 VerbsQp::~VerbsQp() {
-  if (device_->monitor) device_->monitor->release(id_.get());
+  if (device_->progress_thread) device_->progress_thread->release(id_.get());
   // DREQ to the peer: its QP flushes promptly instead of timing out.
   rdma_disconnect(id_.get());
   qp_.reset();
