@@ -4,14 +4,18 @@
 //
 // Refused at post (PostStatus, nothing queued), as ibv_post_send does:
 //  - an opcode that is not a send opcode (kRecv, kRecvWriteWithImm, junk);
-//  - an atomic whose length is not 8;
+//  - an atomic whose length is not 8, or whose remote address is not 8-byte
+//    aligned (rxe refuses it in ibv_post_send with EINVAL; other devices
+//    complete it REMOTE_INVALID_REQUEST_ERROR and break the QP: checking it
+//    here makes every provider and every device agree, and the requester
+//    has all it needs to check);
 //  - kInline on a request that carries no outgoing payload (READ, atomics):
 //    inline describes the source of the bytes sent, a sink has none;
 //  - an inline payload larger than the QP's max_inline (kInlineTooLarge).
-// Everything that depends on the remote side (rkey, range, permission, an
-// atomic's 8-byte alignment) is the responder's to judge: it completes with
-// an error status, as on a NIC. Local keys are checked at execution and
-// complete with kLocalProtectionError.
+// What only the responder knows (rkey, range, permission) completes with an
+// error status, as on a NIC; responders still refuse a misaligned atomic
+// from a peer that skipped this check. Local keys are checked at execution
+// and complete with kLocalProtectionError.
 #include <cstdint>
 
 #include "rdmakit/status.hpp"
@@ -51,8 +55,10 @@ constexpr bool atomic_aligned(uint64_t remote_addr) noexcept {
 // The post-time check above; kOk if the request may be queued.
 constexpr PostStatus validate_send(const SendWr& wr, uint32_t max_inline) noexcept {
   if (!is_send_opcode(wr.opcode)) return PostStatus::kInvalidArgument;
-  if (is_atomic(wr.opcode) && wr.length != kAtomicLength)
+  if (is_atomic(wr.opcode) &&
+      (wr.length != kAtomicLength || !atomic_aligned(wr.remote_addr))) {
     return PostStatus::kInvalidArgument;
+  }
   if ((wr.flags & kInline) != 0) {
     if (!is_send_op(wr.opcode)) return PostStatus::kInvalidArgument;
     if (wr.length > max_inline) return PostStatus::kInlineTooLarge;

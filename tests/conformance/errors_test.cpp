@@ -325,51 +325,5 @@ TEST_P(ErrorTest, ReadPastLocalRegionIsLocalProtectionError) {
   run_local_fault(GetParam(), LocalFault::kReadPastRegionEnd);
 }
 
-// ------------------------------------------------------ misaligned atomic
-
-// An atomic whose remote address is not 8-byte aligned is accepted at post
-// and refused by the responder, as a NIC does (the alignment of the target
-// is the responder's to judge): REMOTE_INVALID_REQUEST_ERROR, the target
-// untouched, the QP in error.
-void run_misaligned_atomic(const std::string& provider, Opcode opcode) {
-  auto server = [](RoleEnv& env) {
-    auto ctx = env.open_context();
-    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
-    fill_pattern(target.data(), 4096, 55);
-    const auto reply = pack_regions({target.mr->remote()});
-    auto listener = env.listen(*ctx);
-    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
-    auto ctl = Control::accept(*ctx, *listener);
-    ASSERT_TRUE(ctl->expect("done"));
-    EXPECT_TRUE(check_pattern(target.data(), 4096, 55)) << "target was modified";
-  };
-  auto client = [opcode](RoleEnv& env) {
-    auto ctx = env.open_context();
-    Endpoint ep = connect_endpoint(env, *ctx);
-    auto ctl = Control::connect(env, *ctx);
-    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
-    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
-    ASSERT_TRUE(post(*ep.qp, recv_wr(701, *local.mr, 1024, 512)));
-    const SendWr wr = atomic_wr(opcode, 1, *local.mr, 0, rr, 4, 0, 1);
-    const PostResult r = ep.qp->post_send(wr);
-    ASSERT_TRUE(r.ok()) << "a misaligned atomic is the responder's to refuse: "
-                        << post_status_name(r.status);
-    Completion c;
-    ASSERT_TRUE(wait_one(*ep.send_cq, &c));
-    EXPECT_EQ(c.wr_id, 1u);
-    EXPECT_EQ(c.status, Status::kRemoteInvalidRequestError) << status_name(c.status);
-    expect_flushes(ep, *local.mr, rr, {701});
-    ASSERT_TRUE(ctl->send("done"));
-  };
-  run_roles(provider, server, client);
-}
-
-TEST_P(ErrorTest, MisalignedFetchAddIsRemoteInvalidRequest) {
-  run_misaligned_atomic(GetParam(), Opcode::kFetchAdd);
-}
-TEST_P(ErrorTest, MisalignedCompareSwapIsRemoteInvalidRequest) {
-  run_misaligned_atomic(GetParam(), Opcode::kCompareSwap);
-}
-
 }  // namespace
 }  // namespace rdmakit::test

@@ -180,8 +180,6 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
       case Opcode::kCompareSwap: wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP; break;
       default: wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; break;  // validated above
     }
-    // A misaligned atomic goes to the device as it is: the responder refuses
-    // it (REMOTE_INVALID_REQUEST_ERROR), as it does on the other providers.
     if (core::is_atomic(in.opcode)) {
       wr.wr.atomic.remote_addr = in.remote_addr;
       wr.wr.atomic.rkey = in.rkey;
