@@ -25,7 +25,7 @@ struct RdmaGid {
 
 struct RdmaPort {
   uint8_t port = 0;
-  std::string state;       // "PORT_ACTIVE", "PORT_DOWN", ...
+  std::string state;       // ibv_port_state_str(): "active", "down", ...
   std::string link_layer;  // "Ethernet", "InfiniBand"
   int active_mtu = 0;      // bytes
   int max_mtu = 0;
