@@ -1,6 +1,6 @@
 #pragma once
-// The tcp context: region registration, CQs, SRQs, listen and connect
-// (with the handshake of tcp_context.cpp).
+// The tcp context: region registration, CQs, SRQs, listen and connect (the
+// handshake is in tcp_handshake.cpp, accept in tcp_listener.cpp).
 #include <chrono>
 #include <memory>
 #include <span>
