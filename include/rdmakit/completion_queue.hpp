@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 
+#include "rdmakit/export.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
@@ -25,7 +26,7 @@ struct CqOptions {
   std::chrono::nanoseconds spin = std::chrono::microseconds(50);  // wait() budget
 };
 
-class CompletionQueue {
+class RDMAKIT_API CompletionQueue {
  public:
   virtual ~CompletionQueue() = default;
   CompletionQueue(const CompletionQueue&) = delete;

@@ -8,24 +8,28 @@
 #include <string>
 
 #include "rdmakit/completion_queue.hpp"
+#include "rdmakit/export.hpp"
 #include "rdmakit/memory.hpp"
+#include "rdmakit/provider.hpp"
 #include "rdmakit/queue_pair.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
 
 namespace rdmakit {
 
+// Options only the verbs provider reads.
+struct VerbsContextOptions {
+  std::string device;  // device name (default: the first usable one)
+  int gid_index = -1;  // -1: pick a RoCEv2 IPv4 GID automatically
+};
+
 struct ContextOptions {
   // kAuto: RDMAKIT_PROVIDER if set, else verbs when a usable device exists,
   // else shm. The choice and the reason are logged.
   ProviderKind provider = ProviderKind::kAuto;
-  std::string device;  // verbs: device name (default: first usable)
-  int gid_index = -1;  // verbs: -1 = pick a RoCEv2 IPv4 GID automatically
+  VerbsContextOptions verbs;
 };
 
-// Parses "shm", "tcp", "verbs", "auto"; throws Error on anything else.
-ProviderKind parse_provider(const std::string& name);
-
-class Listener {
+class RDMAKIT_API Listener {
  public:
   virtual ~Listener() = default;
   // Waits for one connection request, answers with reply_private_data and
@@ -38,7 +42,7 @@ class Listener {
   virtual uint16_t port() const = 0;
 };
 
-class Context {
+class RDMAKIT_API Context {
  public:
   static constexpr size_t kMaxPrivateData = 192;
 

@@ -5,9 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "rdmakit/export.hpp"
+
 namespace rdmakit {
 
-class Error : public std::runtime_error {
+class RDMAKIT_API Error : public std::runtime_error {
  public:
   Error(std::string operation, std::string provider, std::string peer, int sys_errno,
         const std::string& detail);

@@ -6,17 +6,16 @@
 #include <span>
 #include <vector>
 
+#include "rdmakit/export.hpp"
+#include "rdmakit/provider.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
 
-enum class ProviderKind : uint8_t { kAuto = 0, kShm = 1, kTcp = 2, kVerbs = 3 };
-const char* provider_name(ProviderKind kind) noexcept;
-
 // What a peer needs to WRITE/READ/atomically access a region: address in the
 // owner's address space, length and remote key. Serializes to a fixed-size,
 // versioned, little-endian blob for exchange in private data or messages.
-struct RemoteRegion {
+struct RDMAKIT_API RemoteRegion {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint32_t rkey = 0;
@@ -38,7 +37,7 @@ struct RemoteRegion {
 
 // A registered region. Destroying it deregisters: later remote accesses with
 // its rkey complete with REMOTE_ACCESS_ERROR.
-class MemoryRegion {
+class RDMAKIT_API MemoryRegion {
  public:
   virtual ~MemoryRegion() = default;
   MemoryRegion(const MemoryRegion&) = delete;

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "rdmakit/detail/owner_thread.hpp"
+#include "rdmakit/export.hpp"
 #include "rdmakit/memory.hpp"
-#include "rdmakit/owner_thread.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
@@ -34,9 +35,9 @@ struct QpOptions {
 };
 
 enum class QpState : uint8_t { kConnected, kError, kClosed };
-const char* qp_state_name(QpState state) noexcept;
+RDMAKIT_API const char* qp_state_name(QpState state) noexcept;
 
-class QueuePair {
+class RDMAKIT_API QueuePair {
  public:
   virtual ~QueuePair() = default;
   QueuePair(const QueuePair&) = delete;

@@ -17,7 +17,8 @@
 #include <cstdint>
 #include <span>
 
-#include "rdmakit/owner_thread.hpp"
+#include "rdmakit/detail/owner_thread.hpp"
+#include "rdmakit/export.hpp"
 #include "rdmakit/types.hpp"
 
 namespace rdmakit {
@@ -28,7 +29,7 @@ struct SrqOptions {
   bool thread_safe = false;
 };
 
-class SharedReceiveQueue {
+class RDMAKIT_API SharedReceiveQueue {
  public:
   virtual ~SharedReceiveQueue() = default;
   SharedReceiveQueue(const SharedReceiveQueue&) = delete;

@@ -3,6 +3,8 @@
 // mirror enum ibv_wc_status one to one so the verbs provider maps without loss.
 #include <cstdint>
 
+#include "rdmakit/export.hpp"
+
 namespace rdmakit {
 
 enum class Status : uint8_t {
@@ -24,7 +26,7 @@ enum class Status : uint8_t {
 };
 
 // "SUCCESS", "REMOTE_ACCESS_ERROR", ... Never null.
-const char* status_name(Status status) noexcept;
+RDMAKIT_API const char* status_name(Status status) noexcept;
 
 // Result of posting work requests (the errno of ibv_post_send, typed).
 enum class PostStatus : uint8_t {
@@ -36,7 +38,7 @@ enum class PostStatus : uint8_t {
   kNotConnected,     // QP was never connected or has been destroyed
 };
 
-const char* post_status_name(PostStatus status) noexcept;
+RDMAKIT_API const char* post_status_name(PostStatus status) noexcept;
 
 struct PostResult {
   PostStatus status = PostStatus::kOk;

@@ -3,6 +3,7 @@
 // translate them to ibv_send_wr / ibv_wc without allocation.
 #include <cstdint>
 
+#include "rdmakit/export.hpp"
 #include "rdmakit/status.hpp"
 
 namespace rdmakit {
@@ -30,7 +31,7 @@ enum class Opcode : uint8_t {
   kRecvWriteWithImm,  // consumed by WRITE_WITH_IMM (byte_len = bytes written)
 };
 
-const char* opcode_name(Opcode opcode) noexcept;
+RDMAKIT_API const char* opcode_name(Opcode opcode) noexcept;
 
 // SendWr::flags.
 enum SendFlags : uint8_t {

@@ -1,5 +1,9 @@
 #include "core/address.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cerrno>
 #include <charconv>
 
@@ -35,6 +39,22 @@ HostPort parse_host_port(const std::string& address, const char* operation,
   }
   out.port = static_cast<uint16_t>(port);
   return out;
+}
+
+std::string sockaddr_string(const sockaddr* sa) {
+  if (sa == nullptr) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return HostPort{host, ntohs(in->sin_port)}.to_string();
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    return HostPort{host, ntohs(in6->sin6_port)}.to_string();
+  }
+  return "?";
 }
 
 }  // namespace rdmakit::core

@@ -497,5 +497,95 @@ TEST_P(OpcodeTest, PostValidationAndQueueLimits) {
   run(server, client);
 }
 
+// INLINE names where an outgoing payload comes from; READ and the atomics
+// have none, so, as ibv_post_send does, every provider refuses them at post.
+TEST_P(OpcodeTest, InlineWithoutOutgoingPayloadIsRefusedAtPost) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
+    fill_pattern(target.data(), 4096, 31);
+    const auto reply = pack_regions({target.mr->remote()});
+    auto listener = env.listen(*ctx);
+    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    auto ctl = Control::accept(*ctx, *listener);
+    ASSERT_TRUE(ctl->expect("done"));
+    EXPECT_TRUE(check_pattern(target.data(), 4096, 31)) << "a refused request ran";
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Endpoint ep = connect_endpoint(env, *ctx);
+    auto ctl = Control::connect(env, *ctx);
+    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
+
+    SendWr read = rdma_wr(Opcode::kRead, 1, *local.mr, 0, 16, rr, 0);
+    SendWr fetch_add = atomic_wr(Opcode::kFetchAdd, 2, *local.mr, 0, rr, 0, 1);
+    SendWr compare_swap = atomic_wr(Opcode::kCompareSwap, 3, *local.mr, 0, rr, 0, 0, 1);
+    for (SendWr* wr : {&read, &fetch_add, &compare_swap}) {
+      wr->flags |= kInline;
+      const PostResult r = ep.qp->post_send(*wr);
+      EXPECT_EQ(r.status, PostStatus::kInvalidArgument)
+          << "INLINE " << opcode_name(wr->opcode) << ": " << post_status_name(r.status);
+      EXPECT_EQ(r.posted, 0u);
+    }
+    EXPECT_TRUE(expect_quiet(*ep.send_cq, milliseconds(50)));
+    // The QP is unharmed: the same READ without INLINE runs.
+    read.flags &= static_cast<uint8_t>(~kInline);
+    ASSERT_TRUE(post(*ep.qp, read));
+    Completion c;
+    ASSERT_TRUE(wait_one(*ep.send_cq, &c));
+    EXPECT_EQ(c.wr_id, 1u);
+    EXPECT_EQ(c.status, Status::kSuccess);
+    EXPECT_EQ(ep.qp->state(), QpState::kConnected);
+    ASSERT_TRUE(ctl->send("done"));
+  };
+  run(server, client);
+}
+
+// An atomic whose remote address is not 8-byte aligned is refused at post,
+// as rxe's ibv_post_send does, on every provider: nothing runs, the target
+// is untouched and the QP stays connected.
+TEST_P(OpcodeTest, MisalignedAtomicIsRefusedAtPost) {
+  auto server = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
+    fill_pattern(target.data(), 4096, 55);
+    const auto reply = pack_regions({target.mr->remote()});
+    auto listener = env.listen(*ctx);
+    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+    auto ctl = Control::accept(*ctx, *listener);
+    ASSERT_TRUE(ctl->expect("done"));
+    EXPECT_TRUE(check_pattern(target.data(), 64, 55))
+        << "a refused atomic modified the target";
+  };
+  auto client = [](RoleEnv& env) {
+    auto ctx = env.open_context();
+    Endpoint ep = connect_endpoint(env, *ctx);
+    auto ctl = Control::connect(env, *ctx);
+    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
+    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
+    for (const Opcode opcode : {Opcode::kFetchAdd, Opcode::kCompareSwap}) {
+      for (const uint64_t offset : {uint64_t{4}, uint64_t{1}, uint64_t{12}}) {
+        const SendWr wr = atomic_wr(opcode, 1, *local.mr, 0, rr, offset, 0, 1);
+        const PostResult r = ep.qp->post_send(wr);
+        EXPECT_EQ(r.status, PostStatus::kInvalidArgument)
+            << opcode_name(opcode) << " at offset " << offset << ": "
+            << post_status_name(r.status);
+        EXPECT_EQ(r.posted, 0u);
+      }
+    }
+    EXPECT_TRUE(expect_quiet(*ep.send_cq, milliseconds(50)));
+    EXPECT_EQ(ep.qp->state(), QpState::kConnected);
+    // The same atomic, aligned, runs.
+    ASSERT_TRUE(post(*ep.qp, atomic_wr(Opcode::kFetchAdd, 2, *local.mr, 0, rr, 64, 1)));
+    Completion c;
+    ASSERT_TRUE(wait_one(*ep.send_cq, &c));
+    EXPECT_EQ(c.wr_id, 2u);
+    EXPECT_EQ(c.status, Status::kSuccess);
+    ASSERT_TRUE(ctl->send("done"));
+  };
+  run(server, client);
+}
+
 }  // namespace
 }  // namespace rdmakit::test

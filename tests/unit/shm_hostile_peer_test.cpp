@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "providers/shm/shm_context.hpp"
-#include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_qp.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "shm_in_process.hpp"
 
@@ -109,12 +109,12 @@ class HandmadeAcceptor {
     if (!raw.ok) return;
     done_ = std::async(std::launch::async, [this, tamper = std::move(tamper)] {
       Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      PeerEnd victim_end = receive_hello(conn.get(), "accept", "victim", 5s);
+      PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim", 5s);
       auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
       const QpOptions options{.send_cq = evil_cq_.get(), .recv_cq = evil_cq_.get()};
       LocalEnd reply = prepare_local_end(evil_ctx, options);
       tamper(victim_end, reply);
-      send_hello(conn.get(), evil_ctx, reply, options, {}, true);
+      send_handshake(conn.get(), evil_ctx, reply, options, {}, true);
       std::this_thread::sleep_for(100ms);  // the victim maps what it got
     });
   }
@@ -265,10 +265,10 @@ TEST(ShmHostilePeerTest, PeerNotReadingRepliesDoesNotStallTheServiceThread) {
       0);
   QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
   LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
-  ASSERT_EQ(send_hello(sock.get(), dynamic_cast<ShmContext&>(*evil), local, evil_options,
-                       {}, true),
+  ASSERT_EQ(send_handshake(sock.get(), dynamic_cast<ShmContext&>(*evil), local,
+                           evil_options, {}, true),
             0);
-  PeerEnd victim_end = receive_hello(sock.get(), "connect", "victim", 5s);
+  PeerEnd victim_end = receive_handshake(sock.get(), "connect", "victim", 5s);
   auto victim_qp1 = first.get();
   const Request request{RequestOp::kGetRegion, 12345, 0, 0, 0};
   const auto flood_end = std::chrono::steady_clock::now() + 300ms;

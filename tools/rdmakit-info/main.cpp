@@ -5,19 +5,28 @@
 //   rdmakit-info [-v]     -v adds the less common device limits
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "rdmakit/rdmakit.hpp"
-#ifdef RDMAKIT_INFO_HAVE_VERBS
-#include "providers/verbs/verbs_device.hpp"
-#endif
 
 namespace {
 
-void print_providers() {
+std::string format_bytes(uint64_t bytes) {
+  if (bytes == UINT64_MAX) return "unlimited";
+  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0)
+    return fmt::format("{} GiB", bytes >> 30);
+  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0)
+    return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0)
+    return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+void print_providers(const rdmakit::RdmaDeviceList& list) {
   fmt::print("Providers\n");
   for (auto kind : {rdmakit::ProviderKind::kShm, rdmakit::ProviderKind::kTcp,
                     rdmakit::ProviderKind::kVerbs}) {
@@ -32,35 +41,21 @@ void print_providers() {
     }
     fmt::print("  {:<6} {}\n", rdmakit::provider_name(kind), status);
   }
-#ifdef RDMAKIT_INFO_HAVE_VERBS
-  std::string reason;
-  const bool usable = rdmakit::verbs::device_usable(&reason);
-  fmt::print("  auto   -> {}\n",
-             usable ? "verbs (a device has an ACTIVE port)" : "shm (" + reason + ")");
-#else
-  fmt::print("  auto   -> shm (built without the verbs provider)\n");
-#endif
+  fmt::print("  auto   -> {} ({})\n", rdmakit::provider_name(list.auto_choice),
+             list.auto_reason);
 }
 
-#ifdef RDMAKIT_INFO_HAVE_VERBS
-void print_devices(bool verbose) {
-  using namespace rdmakit::verbs;
-  std::vector<std::string> problems;
-  std::vector<DeviceInfo> devices;
-  std::string reason;
-  // Without the sysfs class libibverbs has nothing to list (and says so loudly).
-  if (device_usable(&reason) || reason.find("/sys/class") == std::string::npos) {
-    devices = list_devices(&problems);
-  }
-  for (const auto& p : problems) fmt::print("\n  problem: {}\n", p);
-  if (devices.empty()) {
-    fmt::print("\nNo RDMA devices ({}).\n", reason.empty() ? "none listed" : reason);
+void print_devices(const rdmakit::RdmaDeviceList& list, bool verbose) {
+  for (const auto& p : list.problems) fmt::print("\n  problem: {}\n", p);
+  if (list.devices.empty()) {
+    fmt::print("\nNo RDMA devices ({}).\n",
+               list.auto_reason.empty() ? "none listed" : list.auto_reason);
     return;
   }
-  for (const auto& d : devices) {
-    const auto& a = d.attr;
+  for (const auto& d : list.devices) {
+    const auto& a = d.limits;
     fmt::print("\nDevice {}  node GUID {}  fw {}  vendor 0x{:x} part {}\n", d.name,
-               d.node_guid, a.fw_ver, a.vendor_id, a.vendor_part_id);
+               d.node_guid, d.firmware, d.vendor_id, d.vendor_part_id);
     fmt::print(
         "  limits  max_qp {}  max_qp_wr {}  max_sge {}  max_cq {}  max_cqe {}  max_mr {}"
         "  max_mr_size {}\n",
@@ -69,8 +64,8 @@ void print_devices(bool verbose) {
     fmt::print(
         "          max_qp_rd_atom {}  max_qp_init_rd_atom {}  atomics {}  max_srq {}"
         "  max_srq_wr {}  max_pd {}\n",
-        a.max_qp_rd_atom, a.max_qp_init_rd_atom, atomic_cap_name(a.atomic_cap), a.max_srq,
-        a.max_srq_wr, a.max_pd);
+        a.max_qp_rd_atom, a.max_qp_init_rd_atom, a.atomics, a.max_srq, a.max_srq_wr,
+        a.max_pd);
     if (verbose) {
       fmt::print(
           "          max_mw {}  max_ah {}  max_fmr {}  max_mcast_grp {}  page_size_cap "
@@ -79,30 +74,25 @@ void print_devices(bool verbose) {
           a.device_cap_flags);
     }
     for (const auto& port : d.ports) {
-      const auto& pa = port.attr;
       fmt::print("  port {}  {}  link layer {}  MTU active {} max {}  lid {}  gids {}\n",
-                 port.port, ibv_port_state_str(pa.state), link_layer_name(pa.link_layer),
-                 mtu_bytes(pa.active_mtu), mtu_bytes(pa.max_mtu), pa.lid, pa.gid_tbl_len);
-      std::string why;
-      const auto chosen = choose_gid(port.gids, -1, &why);
+                 port.port, port.state, port.link_layer, port.active_mtu, port.max_mtu,
+                 port.lid, port.gid_table_len);
       fmt::print("    {:>5}  {:<7} {:<40} {:<10} {}\n", "GID", "type", "address",
                  "netdev", "");
       for (const auto& g : port.gids) {
         std::string address = g.address;
         if (g.ipv4_mapped) address = "::ffff:" + g.address + " (IPv4)";
-        const bool is_chosen = chosen && chosen->index == g.index;
-        fmt::print("    {:>5}  {:<7} {:<40} {:<10} {}\n", g.index, gid_type_name(g.type),
-                   address, g.netdev.empty() ? "-" : g.netdev,
-                   is_chosen ? "<- rdmakit default (" + why + ")" : "");
+        const bool is_chosen = port.chosen_gid == static_cast<int64_t>(g.index);
+        fmt::print("    {:>5}  {:<7} {:<40} {:<10} {}\n", g.index, g.type, address,
+                   g.netdev.empty() ? "-" : g.netdev,
+                   is_chosen ? "<- rdmakit default (" + port.chosen_why + ")" : "");
       }
     }
   }
-  fmt::print("\nRLIMIT_MEMLOCK {}\n", memlock_limit_text());
-  size_t page = 0;
-  const size_t free_pages = free_huge_pages(&page);
-  fmt::print("Huge pages: {} free of {}\n", free_pages, format_bytes(page));
+  fmt::print("\nRLIMIT_MEMLOCK {}\n", list.memlock_limit);
+  fmt::print("Huge pages: {} free of {}\n", list.free_huge_pages,
+             format_bytes(list.huge_page_size));
 }
-#endif
 
 }  // namespace
 
@@ -112,13 +102,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: rdmakit-info [-v]\n");
     return 2;
   }
-  print_providers();
-#ifdef RDMAKIT_INFO_HAVE_VERBS
-  print_devices(verbose);
-#else
-  (void)verbose;
-  fmt::print(
-      "\nThis build has no verbs provider (libibverbs-dev / librdmacm-dev missing).\n");
-#endif
+  const rdmakit::RdmaDeviceList list = rdmakit::list_devices();
+  print_providers(list);
+  if (list.verbs_built) {
+    print_devices(list, verbose);
+  } else {
+    fmt::print(
+        "\nThis build has no verbs provider (libibverbs-dev / librdmacm-dev missing).\n");
+  }
   return 0;
 }

@@ -33,7 +33,7 @@ PerfRun::~PerfRun() {
 void PerfRun::open() {
   ContextOptions co;
   co.provider = parse_provider(o_.provider);
-  co.device = o_.device;
+  co.verbs.device = o_.device;
   ctx_ = Context::open(co);
   ctrl_.open(*ctx_);
 }

@@ -15,10 +15,10 @@
 
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
-#include "providers/shm/shm_completion_queue.hpp"
+#include "providers/shm/shm_cq.hpp"
 #include "providers/shm/shm_listener.hpp"
-#include "providers/shm/shm_memory_region.hpp"
-#include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_mr.hpp"
+#include "providers/shm/shm_qp.hpp"
 #include "providers/shm/shm_srq.hpp"
 #include "rdmakit/error.hpp"
 

@@ -20,7 +20,7 @@ class ShmMemoryRegion;
 
 // The shm protection domain: a region table in a memfd that peers map
 // read-only (so rkey checks and deregistration need no peer CPU), and a
-// service thread that hands out region descriptors, performs atomics on
+// progress thread that hands out region descriptors, performs atomics on
 // regions peers cannot map, and notices dead peers.
 class ShmContext final : public Context {
  public:

@@ -9,7 +9,7 @@
 namespace rdmakit::shm {
 
 struct Link {
-  Fd serve_socket;  // peer -> us: requests served by the service thread
+  Fd serve_socket;  // peer -> us: requests served by the progress thread
   Fd send_cq_wake;  // dups of the QP's CQ eventfds, so a dead peer
   Fd recv_cq_wake;  // wakes sleepers even mid-teardown
   std::atomic<bool> peer_gone{false};

@@ -12,7 +12,7 @@
 #include "core/address.hpp"
 #include "core/log.hpp"
 #include "providers/shm/shm_context.hpp"
-#include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_qp.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
@@ -86,9 +86,10 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
                                            &cred_len) == 0
                                   ? cred.pid
                                   : 0);
-  PeerEnd remote = receive_hello(conn.get(), "accept", peer, timeout);
+  PeerEnd remote = receive_handshake(conn.get(), "accept", peer, timeout);
   LocalEnd local = prepare_local_end(context_, options);
-  if (int rc = send_hello(conn.get(), context_, local, options, reply, true); rc != 0) {
+  if (int rc = send_handshake(conn.get(), context_, local, options, reply, true);
+      rc != 0) {
     throw Error("accept", "shm", peer, -rc, "sending handshake");
   }
   return std::make_unique<ShmQueuePair>(context_, options, std::move(local),

@@ -12,11 +12,6 @@
 
 namespace rdmakit::shm {
 
-void Fd::reset(int fd) noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 std::string abstract_name(uint16_t port) {
   return std::string(1, '\0') + "rdmakit-shm:" + std::to_string(port);
 }

@@ -1,6 +1,6 @@
 #pragma once
-// File-descriptor ownership and SOCK_SEQPACKET messages carrying descriptors
-// (SCM_RIGHTS): the control plane of the shm provider.
+// SOCK_SEQPACKET messages carrying descriptors (SCM_RIGHTS): the control
+// plane of the shm provider.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -8,26 +8,11 @@
 #include <string>
 #include <utility>
 
+#include "core/fd.hpp"
+
 namespace rdmakit::shm {
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept;
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
+using core::Fd;
 
 // Abstract-namespace name for a port: shm peers meet by port only.
 std::string abstract_name(uint16_t port);

@@ -1,5 +1,7 @@
-// tcp provider control path: context, memory regions, listener, connect and
-// the handshake (one kHello frame each way, with limits and private data).
+// The tcp context: memory regions, CQs, SRQs, listen and connect. The
+// handshake is in tcp_handshake.cpp, accept in tcp_listener.cpp.
+#include "providers/tcp/tcp_context.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -14,19 +16,22 @@
 #include <cstring>
 
 #include "core/address.hpp"
+#include "core/deadline.hpp"
+#include "core/fd.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
-#include "providers/tcp/tcp_provider.hpp"
+#include "providers/tcp/tcp_cq.hpp"
+#include "providers/tcp/tcp_handshake.hpp"
+#include "providers/tcp/tcp_listener.hpp"
+#include "providers/tcp/tcp_qp.hpp"
+#include "providers/tcp/tcp_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::tcp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-// Per accepted client: its HELLO (sent right after its connect) and our
-// answer must make it within this, so a silent client costs accept() this
-// much and not the whole deadline of the clients queued behind it.
-constexpr std::chrono::milliseconds kHandshakeTimeout{1000};
+using core::Clock;
+using core::ms_left;
 
 class TcpMr final : public MemoryRegion {
  public:
@@ -48,251 +53,7 @@ class TcpMr final : public MemoryRegion {
   bool mapped_;
 };
 
-std::string sockaddr_string(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-  }
-  return core::HostPort{host, port}.to_string();
-}
-
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
-
 // Blocking-with-deadline I/O on a non-blocking socket (handshake only).
-int io_all(int fd, std::byte* buf, size_t len, bool write, Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < len) {
-    const ssize_t r =
-        write ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-              : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
-    if (r > 0) {
-      done += static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0) return ECONNRESET;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-    const int left = ms_left(deadline);
-    if (left == 0) return ETIMEDOUT;
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    ::poll(&pfd, 1, left);
-  }
-  return 0;
-}
-
-void tune_socket(int fd, const QpOptions& o) {
-  const int one = 1;
-  // Latency: small frames leave at once; batching is done by us (sendmsg).
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  // Unacknowledged data to a vanished peer fails after peer_timeout; our
-  // heartbeats cover the idle case, keepalive is a backstop.
-  const unsigned user_timeout = static_cast<unsigned>(o.peer_timeout.count());
-  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-  const int idle = std::max<int>(1, static_cast<int>(o.peer_timeout.count() / 1000));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof idle);
-  const int cnt = 3;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-}
-
-std::vector<std::byte> encode_hello_frame(const QpOptions& o,
-                                          std::span<const std::byte> private_data) {
-  Hello h;
-  h.max_send_wr = o.max_send_wr;
-  h.max_recv_wr = o.max_recv_wr;
-  h.rnr_timeout_ms =
-      static_cast<uint32_t>(std::min<int64_t>(o.rnr_timeout.count(), UINT32_MAX));
-  h.peer_timeout_ms =
-      static_cast<uint32_t>(std::min<int64_t>(o.peer_timeout.count(), UINT32_MAX));
-  h.private_len = static_cast<uint32_t>(private_data.size());
-  std::vector<std::byte> frame(kHeaderSize + kHelloBodySize + private_data.size());
-  // The hello header is built by hand: decode_header() rejects kHello so it
-  // can never appear inside a QP stream.
-  Header hdr;
-  hdr.length = static_cast<uint32_t>(kHelloBodySize + private_data.size());
-  encode_header(hdr, frame.data());
-  frame[0] = static_cast<std::byte>(WireOp::kHello);
-  encode_hello(h, frame.data() + kHeaderSize);
-  if (!private_data.empty()) {
-    std::memcpy(frame.data() + kHeaderSize + kHelloBodySize, private_data.data(),
-                private_data.size());
-  }
-  return frame;
-}
-
-// Reads one hello frame; on failure returns errno-ish code and why.
-int read_hello(int fd, Clock::time_point deadline, Hello* out,
-               std::vector<std::byte>* private_data, const char** why) {
-  std::byte hdr[kHeaderSize];
-  if (int err = io_all(fd, hdr, sizeof hdr, false, deadline); err != 0) {
-    *why = "no handshake from peer";
-    return err;
-  }
-  uint32_t len;
-  std::memcpy(&len, hdr + 4, sizeof len);
-  len = core::to_little(len);
-  if (hdr[0] != static_cast<std::byte>(WireOp::kHello) || len < kHelloBodySize ||
-      len > kHelloBodySize + Context::kMaxPrivateData) {
-    *why = "peer is not an rdmakit tcp endpoint (bad handshake)";
-    return EPROTO;
-  }
-  std::vector<std::byte> body(len);
-  if (int err = io_all(fd, body.data(), len, false, deadline); err != 0) {
-    *why = "handshake cut short";
-    return err;
-  }
-  const auto hello = decode_hello(body, Context::kMaxPrivateData);
-  if (!hello) {
-    *why = "handshake rejected (version, limits or length)";
-    return EPROTO;
-  }
-  *out = *hello;
-  private_data->assign(body.begin() + kHelloBodySize, body.end());
-  return 0;
-}
-
-// Checked before any connection is made, so a bad option costs no peer a
-// half-open QP. TcpQp's constructor reserves the CQ depths for real.
-void check_qp_options(const Engine& engine, const QpOptions& requested, const char* op,
-                      const std::string& peer) {
-  const QpOptions o = adjust_options(requested);
-  if (o.send_cq == nullptr || o.recv_cq == nullptr) {
-    throw Error(op, "tcp", peer, EINVAL, "QpOptions needs send_cq and recv_cq");
-  }
-  auto* send_cq = dynamic_cast<TcpCq*>(o.send_cq);
-  auto* recv_cq = dynamic_cast<TcpCq*>(o.recv_cq);
-  if (send_cq == nullptr || recv_cq == nullptr) {
-    throw Error(op, "tcp", peer, EINVAL, "completion queues are not from a tcp context");
-  }
-  TcpSrq* srq = nullptr;
-  if (o.srq != nullptr) {
-    srq = dynamic_cast<TcpSrq*>(o.srq);
-    if (srq == nullptr || srq->engine() != &engine) {
-      throw Error(op, "tcp", peer, EINVAL,
-                  "QpOptions::srq is not a shared receive queue of this tcp context");
-    }
-  }
-  const uint32_t recv_depth = srq != nullptr ? srq->max_wr() : o.max_recv_wr;
-  const bool fits = send_cq == recv_cq ? send_cq->has_room(o.max_send_wr, recv_depth, srq)
-                                       : send_cq->has_room(o.max_send_wr, 0, nullptr) &&
-                                             recv_cq->has_room(0, recv_depth, srq);
-  if (!fits) {
-    throw Error(
-        op, "tcp", peer, EINVAL,
-        "completion queue capacity is smaller than the queue depths attached to it "
-        "(max_send_wr " +
-            std::to_string(o.max_send_wr) + " + receive depth " +
-            std::to_string(recv_depth) +
-            " on top of the QPs already attached and the unpolled completions of "
-            "destroyed ones)");
-  }
-}
-
-class TcpListener final : public Listener {
- public:
-  TcpListener(std::shared_ptr<Engine> engine, int fd, std::string address, uint16_t port)
-      : engine_(std::move(engine)), fd_(fd), address_(std::move(address)), port_(port) {}
-  ~TcpListener() override { ::close(fd_); }
-
-  std::unique_ptr<QueuePair> accept(const QpOptions& requested,
-                                    std::chrono::milliseconds timeout,
-                                    std::span<const std::byte> reply) override {
-    check_qp_options(*engine_, requested, "accept", address_);
-    if (reply.size() > Context::kMaxPrivateData) {
-      throw Error("accept", "tcp", address_, EINVAL, "reply private data > 192 bytes");
-    }
-    const QpOptions options = adjust_options(requested);
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      sockaddr_storage ss{};
-      socklen_t sl = sizeof ss;
-      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &sl,
-                               SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          throw Error("accept", "tcp", address_, errno, "accept failed");
-        }
-        const int left = ms_left(deadline);
-        if (left == 0) {
-          throw Error("accept", "tcp", address_, ETIMEDOUT,
-                      "no connection request in time");
-        }
-        pollfd pfd{fd_, POLLIN, 0};
-        ::poll(&pfd, 1, left);
-        continue;
-      }
-      const std::string peer = sockaddr_string(ss);
-      Hello hello;
-      std::vector<std::byte> pdata;
-      const char* why = "";
-      // A client that connects and says nothing must not hold the whole
-      // deadline: the ones queued behind it would fail too.
-      const auto hs_deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
-      int err = read_hello(fd, hs_deadline, &hello, &pdata, &why);
-      if (err == 0) {
-        auto frame = encode_hello_frame(options, reply);
-        err = io_all(fd, frame.data(), frame.size(), true, hs_deadline);
-        why = "could not answer the handshake";
-      }
-      if (err != 0) {
-        // One bad client must not take the listener down: log and go on
-        // until the deadline.
-        ::close(fd);
-        core::log().warn("tcp: accept from {}: {} ({})", peer, why, std::strerror(err));
-        if (ms_left(deadline) == 0) {
-          throw Error("accept", "tcp", peer, err == EPROTO ? EPROTO : ETIMEDOUT, why);
-        }
-        continue;
-      }
-      tune_socket(fd, options);
-      core::log().debug("tcp: accepted {} on {}", peer, address_);
-      try {
-        return std::make_unique<TcpQp>(engine_, fd, options, hello, peer,
-                                       std::move(pdata));
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-    }
-  }
-  std::string address() const override { return address_; }
-  uint16_t port() const override { return port_; }
-
- private:
-  std::shared_ptr<Engine> engine_;
-  int fd_;
-  std::string address_;
-  uint16_t port_;
-};
-
-addrinfo* resolve(const core::HostPort& hp, bool passive, const char* op,
-                  const std::string& address) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(hp.port);
-  const int rc = ::getaddrinfo(hp.host == "*" ? nullptr : hp.host.c_str(), port.c_str(),
-                               &hints, &res);
-  if (rc != 0) {
-    throw Error(op, "tcp", address, rc == EAI_SYSTEM ? errno : EHOSTUNREACH,
-                std::string("cannot resolve host: ") + ::gai_strerror(rc));
-  }
-  return res;
-}
 
 }  // namespace
 
@@ -344,29 +105,30 @@ std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
   addrinfo* res = resolve(hp, true, "listen", address);
   int err = EADDRNOTAVAIL;
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    const int fd =
-        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    core::Fd fd(
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd) {
       err = errno;
       continue;
     }
     const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
+        ::listen(fd.get(), 128) != 0) {
       err = errno;
-      ::close(fd);
       continue;
     }
     ::freeaddrinfo(res);
     sockaddr_storage ss{};
     socklen_t sl = sizeof ss;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
-    const std::string bound = sockaddr_string(ss);
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
+    const std::string bound =
+        core::sockaddr_string(reinterpret_cast<const sockaddr*>(&ss));
     const uint16_t port = ss.ss_family == AF_INET
                               ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
                               : ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     core::log().info("tcp: listening on {}", bound);
-    return std::make_unique<TcpListener>(engine_, fd, bound, port);
+    return std::make_unique<TcpListener>(engine_, std::move(fd), bound, port);
   }
   ::freeaddrinfo(res);
   throw Error("listen", "tcp", address, err, "cannot bind");
@@ -385,16 +147,16 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
   const auto deadline = Clock::now() + timeout;
   addrinfo* res = resolve(hp, false, "connect", address);
   int err = EHOSTUNREACH;
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+  core::Fd fd;
+  for (addrinfo* ai = res; ai != nullptr && !fd; ai = ai->ai_next) {
+    fd.reset(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd) {
       err = errno;
       continue;
     }
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
+      pollfd pfd{fd.get(), POLLOUT, 0};
       rc = ::poll(&pfd, 1, ms_left(deadline));
       if (rc == 0) {
         errno = ETIMEDOUT;
@@ -402,38 +164,32 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
       } else {
         int so = 0;
         socklen_t sl = sizeof so;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so, &sl);
         errno = so;
         rc = so == 0 ? 0 : -1;
       }
     }
     if (rc != 0) {
       err = errno;
-      ::close(fd);
-      fd = -1;
+      fd.reset();
     }
   }
   ::freeaddrinfo(res);
-  if (fd < 0) throw Error("connect", "tcp", address, err, "cannot connect");
-  auto frame = encode_hello_frame(options, private_data);
+  if (!fd) throw Error("connect", "tcp", address, err, "cannot connect");
+  auto frame = encode_handshake_frame(options, private_data);
   Hello hello;
   std::vector<std::byte> pdata;
   const char* why = "could not send the handshake";
-  err = io_all(fd, frame.data(), frame.size(), true, deadline);
-  if (err == 0) err = read_hello(fd, deadline, &hello, &pdata, &why);
-  if (err != 0) {
-    ::close(fd);
-    throw Error("connect", "tcp", address, err, why);
-  }
-  tune_socket(fd, options);
+  err = io_all(fd.get(), frame.data(), frame.size(), true, deadline);
+  if (err == 0) err = read_handshake(fd.get(), deadline, &hello, &pdata, &why);
+  if (err != 0) throw Error("connect", "tcp", address, err, why);
+  tune_socket(fd.get(), options);
   core::log().debug("tcp: connected to {}", address);
-  try {
-    return std::make_unique<TcpQp>(engine_, fd, options, hello, address,
-                                   std::move(pdata));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  // The queue pair owns the socket once constructed.
+  auto qp = std::make_unique<TcpQp>(engine_, fd.get(), options, hello, address,
+                                    std::move(pdata));
+  fd.release();
+  return qp;
 }
 
 std::unique_ptr<QueuePair> TcpContext::adopt(int fd, const QpOptions& options,

@@ -1,5 +1,7 @@
-// The tcp queue pair: initiator (send queue, responses) and target (requests
-// served against the region table) over one non-blocking TCP socket.
+// The tcp queue pair: posting, transmitting and completing, in that order.
+// Progress and the receive side are in tcp_qp_progress.cpp.
+#include "providers/tcp/tcp_qp.hpp"
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -13,24 +15,14 @@
 #include <cstring>
 
 #include "core/log.hpp"
-#include "providers/tcp/tcp_provider.hpp"
+#include "core/work_request.hpp"
 
 namespace rdmakit::tcp {
 namespace {
 
 constexpr int kMaxIov = 64;
-constexpr int kRxBudget = 256;  // frames/reads per progress call: bounded work
-// A peer whose kernel still acknowledges our heartbeats is slow (starved by
-// load), not gone: it is declared dead only after this many peer_timeouts.
-constexpr int64_t kSlowPeerFactor = 10;
 
-bool is_send_op(Opcode op) noexcept {
-  return op == Opcode::kSend || op == Opcode::kSendWithImm || op == Opcode::kWrite ||
-         op == Opcode::kWriteWithImm;
-}
-bool is_atomic(Opcode op) noexcept {
-  return op == Opcode::kCompareSwap || op == Opcode::kFetchAdd;
-}
+using core::is_send_op;
 
 }  // namespace
 
@@ -130,244 +122,7 @@ TcpQp::~TcpQp() {
   if (recv_cq_ != send_cq_) recv_cq_->orphan(this);
   send_cq_->unreserve(options_.max_send_wr, nullptr);
   recv_cq_->unreserve(recv_depth(), srq_);
-  if (fd_ >= 0) ::close(fd_);
-}
-
-// ------------------------------------------------------------ driving
-
-bool TcpQp::try_progress(int64_t now) noexcept {
-  if (!mu_.try_lock()) return false;
-  // skipped_ stays set: only the thread clears it, once it has re-armed.
-  progress(now, /*from_poll=*/true);
-  mu_.unlock();
-  return true;
-}
-
-void TcpQp::publish_hints() noexcept {
-  hint_busy_.store(tx_head_ != tx_tail_ || stall_since_ != 0 || sq_sent_ < sq_posted_ ||
-                       pending_ack_ || rx_more_,
-                   std::memory_order_relaxed);
-  hint_timer_ns_.store(next_timer_ns_, std::memory_order_relaxed);
-  hint_dead_.store(dead_ || destroyed_, std::memory_order_relaxed);
-  hint_stalled_.store(stall_since_ != 0, std::memory_order_relaxed);
-}
-
-bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
-  // Lock-free hints (published under mu_) decide whether to look at all.
-  const bool want = ep_event || !ep_armed ||
-                    now >= hint_timer_ns_.load(std::memory_order_relaxed) ||
-                    hint_busy_.load(std::memory_order_relaxed);
-  if (!want || hint_dead_.load(std::memory_order_relaxed)) return false;
-  // An application thread is polling one of our CQs: it drives the socket,
-  // so stay away (no lock contention, no wake-up). Dekker with arm(): set
-  // skipped, then re-read armed; arm() sets armed, then reads skipped.
-  if (send_cq_->driving(now) || recv_cq_->driving(now)) {
-    skipped_.store(true, std::memory_order_seq_cst);
-    if (send_cq_->driving(now) || recv_cq_->driving(now)) return true;
-  }
-  if (!mu_.try_lock()) return true;
-  ep_event = false;
-  skipped_.store(false, std::memory_order_relaxed);
-  progress(now, /*from_poll=*/false);
-  const bool out = tx_head_ != tx_tail_;
-  const bool stalled = stall_since_ != 0;
-  // Frames left staged by the receive budget raise no epoll event.
-  const bool more = rx_more_ && !dead_;
-  const bool dead = dead_;
-  mu_.unlock();
-  if (!dead && (!ep_armed || out != ep_out)) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT | (out ? EPOLLOUT : 0u);
-    ev.data.u64 = qp_num();
-    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_, &ev) == 0) {
-      ep_armed = true;
-      ep_out = out;
-    }
-  }
-  return out || stalled || more;
-}
-
-void TcpQp::queue_pending_ack() noexcept {
-  if (!pending_ack_) return;
-  // An ACK still waiting for the socket is cumulative: move it forward
-  // instead of queueing another (a blocked socket must not fill the ring).
-  if (tx_tail_ != tx_head_) {
-    TxItem& last = tx_[(tx_tail_ - 1) % tx_.size()];
-    if (last.sent == 0 && last.hdr[0] == static_cast<std::byte>(WireOp::kAck)) {
-      Header h;
-      h.op = WireOp::kAck;
-      h.seq = ack_seq_;
-      encode_header(h, last.hdr.data());
-      pending_ack_ = false;
-      return;
-    }
-  }
-  if (!tx_full(1)) {
-    pending_ack_ = false;
-    queue_control(WireOp::kAck, ack_seq_);
-  }
-}
-
-void TcpQp::progress(int64_t now, bool from_poll) noexcept {
-  if (dead_ || destroyed_) return;
-  queue_pending_ack();  // deferred by the previous poll
-  if (tx_head_ != tx_tail_) flush_tx(now);
-  if (!dead_) rx(now);
-  if (!dead_) pump_sends();  // completions may have released a FENCE
-  // From poll, an ACK waits for the next poll or post: the application sees
-  // its RECV completion one sendmsg sooner, and a reply it posts carries the
-  // ACK in the same sendmsg.
-  if (!dead_ && !from_poll) queue_pending_ack();
-  if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
-  if (!dead_ && now >= next_timer_ns_) timers(now);
-  publish_hints();
-}
-
-void TcpQp::timers(int64_t now) noexcept {
-  // Running late means we ourselves were off the CPU (machine load): that
-  // stretch is not the peer's silence, and our heartbeats did not go out.
-  const int64_t late = now - next_timer_ns_;
-  if (late > heartbeat_ns_ / 2) last_rx_ns_ = std::min(now, last_rx_ns_ + late);
-  next_timer_ns_ = now + heartbeat_ns_ / 2;
-  // While RNR-stalled we deliberately stop reading; that is not silence.
-  const int64_t silent = now - last_rx_ns_;
-  if (stall_since_ == 0 && silent > peer_timeout_ns_) {
-    // Under heavy load the peer's process (and so its heartbeats) may be
-    // held off the CPU while its kernel still acknowledges our segments: a
-    // slow peer, not a vanished one. A cut link or a dead host stops the
-    // acknowledgements too, so it is still caught after peer_timeout.
-    if (silent > kSlowPeerFactor * peer_timeout_ns_ || !peer_host_alive()) {
-      die(Status::kRetryExceeded, ETIMEDOUT, "peer silent for longer than peer_timeout");
-      return;
-    }
-  }
-  if (now - last_tx_ns_ >= heartbeat_ns_ && tx_head_ == tx_tail_) {
-    queue_control(WireOp::kHeartbeat, 0);
-    flush_tx(now);
-  }
-}
-
-bool TcpQp::peer_host_alive() const noexcept {
-  tcp_info info{};
-  socklen_t len = sizeof info;
-  // Not a TCP socket (socketpair in tests and the fuzzer): silence decides.
-  if (::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
-  // Milliseconds since the peer's kernel last acknowledged or sent anything.
-  const int64_t heard_ms = std::min(info.tcpi_last_ack_recv, info.tcpi_last_data_recv);
-  return heard_ms * 1'000'000 < peer_timeout_ns_;
-}
-
-// ------------------------------------------------------------ transmit
-
-TcpQp::TxItem& TcpQp::tx_push() noexcept {
-  TxItem& it = tx_[tx_tail_++ % tx_.size()];
-  it.payload = nullptr;
-  it.payload_len = 0;
-  it.sent = 0;
-  it.ref = nullptr;
-  it.request = false;
-  it.cancelled = false;
-  return it;
-}
-
-void TcpQp::queue_control(WireOp op, uint64_t seq, Status status,
-                          uint64_t arg0) noexcept {
-  Header h;
-  h.op = op;
-  h.seq = seq;
-  h.status = status;
-  h.arg0 = arg0;
-  encode_header(h, tx_push().hdr.data());
-}
-
-void TcpQp::queue_nak(uint64_t seq, Status status) noexcept {
-  // A NAK for seq also says every earlier request succeeded.
-  pending_ack_ = false;
-  discard_requests_ = true;
-  queue_control(WireOp::kNak, seq, status);
-}
-
-void TcpQp::flush_tx(int64_t now) noexcept {
-  if (tx_full_) {
-    // The socket was full. Ask whether it has room (poll() does not take the
-    // socket lock) instead of retrying sendmsg(), which does: while we hold
-    // it, the peer's ACKs queue on the socket and this core runs their
-    // processing and the transmits they release; otherwise the receiving
-    // core does, as it does for a sender asleep in a blocking send().
-    // Measured +4-7% for 1 MiB WRITEs on loopback (docs/tcp-provider.md).
-    pollfd pfd{fd_, POLLOUT, 0};
-    if (::poll(&pfd, 1, 0) != 1) return;
-    tx_full_ = false;
-  }
-  for (int round = 0; round < 64 && tx_head_ != tx_tail_; ++round) {
-    iovec iov[kMaxIov];
-    int n = 0;
-    for (uint64_t i = tx_head_; i != tx_tail_ && n + 2 <= kMaxIov; ++i) {
-      const TxItem& it = tx_[i % tx_.size()];
-      if (it.cancelled && it.sent == 0) continue;
-      const uint64_t off = it.sent;
-      if (off < kHeaderSize) {
-        iov[n++] = {const_cast<std::byte*>(it.hdr.data()) + off, kHeaderSize - off};
-      }
-      const uint64_t poff = off > kHeaderSize ? off - kHeaderSize : 0;
-      if (it.payload_len > poff) {
-        iov[n++] = {const_cast<std::byte*>(it.payload) + poff, it.payload_len - poff};
-      }
-    }
-    size_t left = 0;
-    if (n > 0) {
-      size_t total = 0;
-      for (int k = 0; k < n; ++k) total += iov[k].iov_len;
-      ssize_t w;
-      if (total <= kCoalesceMax) {
-        // Small frames (the latency path: an ACK plus a SEND) leave as one
-        // contiguous send(): measured 0.3 us cheaper per message on loopback
-        // than sendmsg() with an iovec, for a copy of a few hundred bytes.
-        const std::byte* buf = static_cast<const std::byte*>(iov[0].iov_base);
-        if (n > 1) {
-          std::byte* p = tx_stage_.get();
-          for (int k = 0; k < n; ++k) {
-            std::memcpy(p, iov[k].iov_base, iov[k].iov_len);
-            p += iov[k].iov_len;
-          }
-          buf = tx_stage_.get();
-        }
-        w = ::send(fd_, buf, total, MSG_DONTWAIT | MSG_NOSIGNAL);
-      } else {
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(n);
-        w = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      }
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          tx_full_ = true;
-          return;
-        }
-        die(Status::kRetryExceeded, errno, "send failed");
-        return;
-      }
-      left = static_cast<size_t>(w);
-      last_tx_ns_ = now;
-      tx_full_ = left < total;
-    }
-    while (tx_head_ != tx_tail_) {
-      TxItem& it = tx_[tx_head_ % tx_.size()];
-      if (!(it.cancelled && it.sent == 0)) {
-        const uint64_t need = kHeaderSize + it.payload_len - it.sent;
-        if (left < need) {
-          it.sent += left;
-          break;
-        }
-        left -= need;
-      }
-      MrTable::release(it.ref);
-      it.ref = nullptr;
-      ++tx_head_;
-    }
-    if (tx_full_) return;  // a retry now would only say EAGAIN
-  }
+  fd_.reset();
 }
 
 // ------------------------------------------------------------ posting
@@ -382,18 +137,11 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
   const uint32_t cap = static_cast<uint32_t>(sq_.size());
   for (const SendWr& wr : wrs) {
     const bool inl = (wr.flags & kInline) != 0;
-    PostStatus bad = PostStatus::kOk;
-    if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(Opcode::kFetchAdd)) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (is_atomic(wr.opcode) && (wr.length != 8 || inl)) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (wr.opcode == Opcode::kRead && inl) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (wr.length > kMaxPayload) {
-      bad = PostStatus::kInvalidArgument;
-    } else if (inl && wr.length > options_.max_inline) {
-      bad = PostStatus::kInlineTooLarge;
-    } else if (sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= cap) {
+    PostStatus bad = core::validate_send(wr, options_.max_inline);
+    if (bad == PostStatus::kOk && wr.length > kMaxPayload) {
+      bad = PostStatus::kInvalidArgument;  // the wire format's limit
+    } else if (bad == PostStatus::kOk &&
+               sq_posted_ - sq_retired_.load(std::memory_order_acquire) >= cap) {
       bad = PostStatus::kQueueFull;
     }
     if (bad != PostStatus::kOk) {
@@ -523,6 +271,119 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   return result;
 }
 
+// ------------------------------------------------------------ transmit
+
+TcpQp::TxItem& TcpQp::tx_push() noexcept {
+  TxItem& it = tx_[tx_tail_++ % tx_.size()];
+  it.payload = nullptr;
+  it.payload_len = 0;
+  it.sent = 0;
+  it.ref = nullptr;
+  it.request = false;
+  it.cancelled = false;
+  return it;
+}
+
+void TcpQp::queue_control(WireOp op, uint64_t seq, Status status,
+                          uint64_t arg0) noexcept {
+  Header h;
+  h.op = op;
+  h.seq = seq;
+  h.status = status;
+  h.arg0 = arg0;
+  encode_header(h, tx_push().hdr.data());
+}
+
+void TcpQp::queue_nak(uint64_t seq, Status status) noexcept {
+  // A NAK for seq also says every earlier request succeeded.
+  pending_ack_ = false;
+  discard_requests_ = true;
+  queue_control(WireOp::kNak, seq, status);
+}
+
+void TcpQp::flush_tx(int64_t now) noexcept {
+  if (tx_full_) {
+    // The socket was full. Ask whether it has room (poll() does not take the
+    // socket lock) instead of retrying sendmsg(), which does: while we hold
+    // it, the peer's ACKs queue on the socket and this core runs their
+    // processing and the transmits they release; otherwise the receiving
+    // core does, as it does for a sender asleep in a blocking send().
+    // Measured +4-7% for 1 MiB WRITEs on loopback (docs/tcp-provider.md).
+    pollfd pfd{fd_.get(), POLLOUT, 0};
+    if (::poll(&pfd, 1, 0) != 1) return;
+    tx_full_ = false;
+  }
+  for (int round = 0; round < 64 && tx_head_ != tx_tail_; ++round) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (uint64_t i = tx_head_; i != tx_tail_ && n + 2 <= kMaxIov; ++i) {
+      const TxItem& it = tx_[i % tx_.size()];
+      if (it.cancelled && it.sent == 0) continue;
+      const uint64_t off = it.sent;
+      if (off < kHeaderSize) {
+        iov[n++] = {const_cast<std::byte*>(it.hdr.data()) + off, kHeaderSize - off};
+      }
+      const uint64_t poff = off > kHeaderSize ? off - kHeaderSize : 0;
+      if (it.payload_len > poff) {
+        iov[n++] = {const_cast<std::byte*>(it.payload) + poff, it.payload_len - poff};
+      }
+    }
+    size_t left = 0;
+    if (n > 0) {
+      size_t total = 0;
+      for (int k = 0; k < n; ++k) total += iov[k].iov_len;
+      ssize_t w;
+      if (total <= kCoalesceMax) {
+        // Small frames (the latency path: an ACK plus a SEND) leave as one
+        // contiguous send(): measured 0.3 us cheaper per message on loopback
+        // than sendmsg() with an iovec, for a copy of a few hundred bytes.
+        const std::byte* buf = static_cast<const std::byte*>(iov[0].iov_base);
+        if (n > 1) {
+          std::byte* p = tx_stage_.get();
+          for (int k = 0; k < n; ++k) {
+            std::memcpy(p, iov[k].iov_base, iov[k].iov_len);
+            p += iov[k].iov_len;
+          }
+          buf = tx_stage_.get();
+        }
+        w = ::send(fd_.get(), buf, total, MSG_DONTWAIT | MSG_NOSIGNAL);
+      } else {
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(n);
+        w = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          tx_full_ = true;
+          return;
+        }
+        die(Status::kRetryExceeded, errno, "send failed");
+        return;
+      }
+      left = static_cast<size_t>(w);
+      last_tx_ns_ = now;
+      tx_full_ = left < total;
+    }
+    while (tx_head_ != tx_tail_) {
+      TxItem& it = tx_[tx_head_ % tx_.size()];
+      if (!(it.cancelled && it.sent == 0)) {
+        const uint64_t need = kHeaderSize + it.payload_len - it.sent;
+        if (left < need) {
+          it.sent += left;
+          break;
+        }
+        left -= need;
+      }
+      MrTable::release(it.ref);
+      it.ref = nullptr;
+      ++tx_head_;
+    }
+    if (tx_full_) return;  // a retry now would only say EAGAIN
+  }
+}
+
 // ------------------------------------------------------------ completions
 
 void TcpQp::complete_send(uint64_t seq, Status status, uint32_t vendor_err) noexcept {
@@ -647,7 +508,7 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
   core::log().log(routine ? spdlog::level::info : spdlog::level::warn,
                   "tcp: qp {} peer {}: connection lost: {} ({})", qp_num(), peer(), why,
                   std::strerror(err));
-  ::shutdown(fd_, SHUT_RDWR);
+  ::shutdown(fd_.get(), SHUT_RDWR);
   abort_payload_sink();
   for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
     MrTable::release(tx_[i % tx_.size()].ref);
@@ -668,338 +529,6 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
 void TcpQp::protocol_error(const char* why) noexcept {
   // Hostile or corrupt input ends this connection only.
   die(Status::kBadResponseError, EPROTO, why);
-}
-
-// ------------------------------------------------------------ receive
-
-bool TcpQp::fill(int64_t now) noexcept {
-  if (sb_ == se_) {
-    sb_ = se_ = 0;
-  } else if (sb_ > 0 && (se_ == kStageSize || kStageSize - sb_ < kHeaderSize)) {
-    std::memmove(stage_.get(), stage_.get() + sb_, se_ - sb_);
-    se_ -= sb_;
-    sb_ = 0;
-  }
-  if (se_ == kStageSize) return false;  // cannot happen: a header is < stage
-  if (rx_drained_) return false;
-  for (;;) {
-    const size_t want = kStageSize - se_;
-    const ssize_t r = ::recv(fd_, stage_.get() + se_, want, MSG_DONTWAIT);
-    if (r > 0) {
-      se_ += static_cast<uint32_t>(r);
-      last_rx_ns_ = now;
-      // A short read emptied the socket: asking again now would only return
-      // EAGAIN, one syscall more before the caller sees its completion.
-      rx_drained_ = static_cast<size_t>(r) < want;
-      return true;
-    }
-    if (r == 0) {
-      die(Status::kRetryExceeded, EPIPE, "peer closed the connection");
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      die(Status::kRetryExceeded, errno, "receive failed");
-    }
-    return false;
-  }
-}
-
-void TcpQp::start_payload(uint64_t len, std::byte* dst, MrEntry* ref,
-                          PayloadDone done) noexcept {
-  rx_state_ = RxState::kPayload;
-  premain_ = plen_ = len;
-  pdst_ = dst;
-  pref_ = ref;
-  pdone_ = done;
-}
-
-void TcpQp::abort_payload_sink() noexcept {
-  MrTable::release(pref_);
-  pref_ = nullptr;
-  pdst_ = nullptr;
-  pdone_ = PayloadDone::kDiscard;
-}
-
-void TcpQp::rx(int64_t now) noexcept {
-  rx_drained_ = false;
-  rx_more_ = false;
-  for (int budget = kRxBudget; budget > 0 && !dead_; --budget) {
-    if (rx_state_ == RxState::kPayload) {
-      if (premain_ == 0) {
-        finish_payload();
-        continue;
-      }
-      const uint32_t avail = se_ - sb_;
-      if (avail != 0) {
-        const uint64_t n = std::min<uint64_t>(avail, premain_);
-        if (pdst_ != nullptr) {
-          std::memcpy(pdst_, stage_.get() + sb_, n);
-          pdst_ += n;
-        }
-        sb_ += static_cast<uint32_t>(n);
-        premain_ -= n;
-        continue;
-      }
-      if (pdst_ != nullptr && premain_ >= kDirectMin) {
-        // Large payload: straight from the socket into the region/buffer.
-        if (rx_drained_) return;
-        const size_t want = static_cast<size_t>(std::min<uint64_t>(premain_, 1u << 30));
-        const ssize_t r = ::recv(fd_, pdst_, want, MSG_DONTWAIT);
-        if (r > 0) {
-          pdst_ += r;
-          premain_ -= static_cast<uint64_t>(r);
-          last_rx_ns_ = now;
-          rx_drained_ = static_cast<size_t>(r) < want;
-          continue;
-        }
-        if (r == 0) {
-          die(Status::kRetryExceeded, EPIPE, "peer closed the connection");
-          return;
-        }
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          die(Status::kRetryExceeded, errno, "receive failed");
-        }
-        return;
-      }
-      if (!fill(now)) return;
-      continue;
-    }
-    if (se_ - sb_ < kHeaderSize) {
-      if (!fill(now)) return;
-      continue;
-    }
-    // Every request may need a response slot; wait for the wire to drain
-    // rather than overrun (only a peer exceeding its depth gets here).
-    if (tx_full(2)) return;
-    const auto h = decode_header(
-        std::span<const std::byte, kHeaderSize>(stage_.get() + sb_, kHeaderSize));
-    if (!h) {
-      protocol_error("malformed frame header");
-      return;
-    }
-    const FrameResult r = handle_frame(*h, now);
-    if (r != FrameResult::kConsumed) return;
-  }
-  // Out of budget (every other exit returns above): what is left may sit
-  // in the staging buffer, where no epoll event will announce it.
-  rx_more_ = !dead_;
-}
-
-TcpQp::FrameResult TcpQp::handle_frame(const Header& h, int64_t now) noexcept {
-  if (h.op == WireOp::kHeartbeat) {
-    sb_ += kHeaderSize;
-    return FrameResult::kConsumed;
-  }
-  if (is_response(h.op)) return handle_response(h);
-  return handle_request(h, now);
-}
-
-TcpQp::FrameResult TcpQp::handle_response(const Header& h) noexcept {
-  sb_ += kHeaderSize;
-  if (flushed_) {
-    // Everything was flushed already; late responses are dropped.
-    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
-    return FrameResult::kConsumed;
-  }
-  if (h.seq < sq_completed_ || h.seq >= sq_sent_) {
-    protocol_error("response for a request not in flight");
-    return FrameResult::kFatal;
-  }
-  const uint64_t cap = sq_.size();
-  // A response for seq acknowledges every earlier SEND/WRITE; a READ or an
-  // atomic in between would have needed its own response first.
-  for (uint64_t s = sq_completed_; s < h.seq; ++s) {
-    if (!is_send_op(sq_[s % cap].wr.opcode)) {
-      protocol_error("response skipped a READ/atomic");
-      return FrameResult::kFatal;
-    }
-  }
-  while (sq_completed_ < h.seq) complete_send(sq_completed_, Status::kSuccess);
-  const SendWr& wr = sq_[h.seq % cap].wr;
-  switch (h.op) {
-    case WireOp::kAck:
-      if (!is_send_op(wr.opcode)) {
-        protocol_error("ACK for a READ/atomic");
-        return FrameResult::kFatal;
-      }
-      complete_send(h.seq, Status::kSuccess);
-      break;
-    case WireOp::kNak:
-      complete_send(h.seq, h.status);
-      enter_error();
-      return FrameResult::kConsumed;
-    case WireOp::kReadResp:
-      if (wr.opcode != Opcode::kRead || h.length != wr.length) {
-        protocol_error("READ response does not match the request");
-        return FrameResult::kFatal;
-      }
-      phdr_ = h;
-      start_payload(h.length, static_cast<std::byte*>(wr.local_addr), nullptr,
-                    PayloadDone::kReadResp);
-      return FrameResult::kConsumed;
-    case WireOp::kAtomicResp:
-      if (!is_atomic(wr.opcode)) {
-        protocol_error("atomic response for another operation");
-        return FrameResult::kFatal;
-      }
-      std::memcpy(wr.local_addr, &h.arg0, sizeof h.arg0);
-      complete_send(h.seq, Status::kSuccess);
-      break;
-    default: protocol_error("unexpected response opcode"); return FrameResult::kFatal;
-  }
-  advance_local_errors();
-  return FrameResult::kConsumed;
-}
-
-TcpQp::FrameResult TcpQp::handle_request(const Header& h, int64_t now) noexcept {
-  const bool consumes_recv = h.op == WireOp::kSend || h.op == WireOp::kSendWithImm ||
-                             h.op == WireOp::kWriteWithImm;
-  auto reject = [&](Status st) {
-    sb_ += kHeaderSize;
-    queue_nak(h.seq, st);
-    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
-    return FrameResult::kConsumed;
-  };
-  if (discard_requests_) {
-    // We NAKed earlier: the initiator is in error and flushes whatever it
-    // sent after; executing any of it would break the verbs contract.
-    sb_ += kHeaderSize;
-    if (h.length != 0) start_payload(h.length, nullptr, nullptr, PayloadDone::kDiscard);
-    return FrameResult::kConsumed;
-  }
-  if (flushed_) {
-    // A NIC would not answer and the initiator would time out; say so at once.
-    return reject(Status::kRetryExceeded);
-  }
-  // WRITE_WITH_IMM: check (and pin) the target before taking a RECV, since
-  // an SRQ's RECV cannot be put back once taken (others may take later ones).
-  MrEntry* pinned = nullptr;
-  if (h.op == WireOp::kWriteWithImm && h.length != 0) {
-    pinned = mrs_.acquire(h.rkey, h.addr, h.length, kAccessRemoteWrite);
-    if (pinned == nullptr) return reject(Status::kRemoteAccessError);
-  }
-  if (consumes_recv && !claim_recv()) {
-    MrTable::release(pinned);  // the frame is looked at again later
-    if (stall_since_ == 0) stall_since_ = now;
-    if (now - stall_since_ < rnr_ns_) return FrameResult::kStall;
-    stall_since_ = 0;
-    last_rx_ns_ = now;
-    return reject(Status::kRnrRetryExceeded);
-  }
-  if (stall_since_ != 0) {
-    stall_since_ = 0;
-    last_rx_ns_ = now;  // we were not reading: do not count it as silence
-  }
-  phdr_ = h;
-  switch (h.op) {
-    case WireOp::kSend:
-    case WireOp::kSendWithImm: {
-      const RecvWr& r = cur_recv_;
-      if (h.length > r.length) {
-        has_cur_recv_ = false;
-        complete_recv(r, Opcode::kRecv, h.length, false, 0, Status::kLocalLengthError);
-        const FrameResult res = reject(Status::kRemoteInvalidRequestError);
-        enter_error();
-        return res;
-      }
-      if (h.length != 0 &&
-          !mrs_.check_local(r.lkey, r.addr, h.length, kAccessLocalWrite)) {
-        has_cur_recv_ = false;
-        complete_recv(r, Opcode::kRecv, h.length, false, 0,
-                      Status::kLocalProtectionError);
-        const FrameResult res = reject(Status::kRemoteOperationError);
-        enter_error();
-        return res;
-      }
-      sb_ += kHeaderSize;
-      start_payload(h.length, static_cast<std::byte*>(r.addr), nullptr,
-                    PayloadDone::kSend);
-      return FrameResult::kConsumed;
-    }
-    case WireOp::kWrite:
-    case WireOp::kWriteWithImm: {
-      MrEntry* e = h.op == WireOp::kWriteWithImm
-                       ? pinned
-                       : mrs_.acquire(h.rkey, h.addr, h.length, kAccessRemoteWrite);
-      if (e == nullptr && h.op == WireOp::kWrite)
-        return reject(Status::kRemoteAccessError);
-      sb_ += kHeaderSize;
-      start_payload(
-          h.length, reinterpret_cast<std::byte*>(h.addr), e,
-          h.op == WireOp::kWrite ? PayloadDone::kWrite : PayloadDone::kWriteImm);
-      return FrameResult::kConsumed;
-    }
-    case WireOp::kReadReq: {
-      MrEntry* e = mrs_.acquire(h.rkey, h.addr, h.arg0, kAccessRemoteRead);
-      if (e == nullptr) return reject(Status::kRemoteAccessError);
-      sb_ += kHeaderSize;
-      pending_ack_ = false;  // the response acknowledges everything before
-      Header resp;
-      resp.op = WireOp::kReadResp;
-      resp.seq = h.seq;
-      resp.length = static_cast<uint32_t>(h.arg0);
-      TxItem& it = tx_push();
-      encode_header(resp, it.hdr.data());
-      // Sent straight from the region; the pin holds until it is on the wire.
-      it.payload = reinterpret_cast<const std::byte*>(h.addr);
-      it.payload_len = resp.length;
-      it.ref = e;
-      return FrameResult::kConsumed;
-    }
-    case WireOp::kCompareSwap:
-    case WireOp::kFetchAdd: {
-      if (h.addr % 8 != 0) return reject(Status::kRemoteInvalidRequestError);
-      MrEntry* e = mrs_.acquire(h.rkey, h.addr, 8, kAccessRemoteAtomic);
-      if (e == nullptr) return reject(Status::kRemoteAccessError);
-      // Atomic against every other atomic on this address, whichever QP or
-      // thread serves it: all targets execute on the same memory word.
-      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(h.addr));
-      uint64_t old;
-      if (h.op == WireOp::kFetchAdd) {
-        old = word.fetch_add(h.arg0, std::memory_order_acq_rel);
-      } else {
-        old = h.arg0;
-        word.compare_exchange_strong(old, h.arg1, std::memory_order_acq_rel);
-      }
-      MrTable::release(e);
-      sb_ += kHeaderSize;
-      pending_ack_ = false;
-      queue_control(WireOp::kAtomicResp, h.seq, Status::kSuccess, old);
-      return FrameResult::kConsumed;
-    }
-    default: protocol_error("unexpected request opcode"); return FrameResult::kFatal;
-  }
-}
-
-void TcpQp::finish_payload() noexcept {
-  rx_state_ = RxState::kHeader;
-  const PayloadDone done = pdone_;
-  MrTable::release(pref_);
-  pref_ = nullptr;
-  pdst_ = nullptr;
-  pdone_ = PayloadDone::kDiscard;
-  switch (done) {
-    case PayloadDone::kDiscard: return;
-    case PayloadDone::kWrite: break;
-    case PayloadDone::kWriteImm:
-    case PayloadDone::kSend: {
-      const RecvWr r = cur_recv_;
-      has_cur_recv_ = false;
-      const bool imm = phdr_.op != WireOp::kSend;
-      complete_recv(
-          r, done == PayloadDone::kSend ? Opcode::kRecv : Opcode::kRecvWriteWithImm,
-          static_cast<uint32_t>(plen_), imm, phdr_.imm, Status::kSuccess);
-      break;
-    }
-    case PayloadDone::kReadResp:
-      complete_send(phdr_.seq, Status::kSuccess);
-      advance_local_errors();
-      return;
-  }
-  pending_ack_ = true;
-  ack_seq_ = phdr_.seq;
 }
 
 }  // namespace rdmakit::tcp

@@ -15,24 +15,10 @@
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
-namespace {
-
-uint64_t ring_size(uint32_t depth) { return std::bit_ceil(std::max<uint64_t>(depth, 1)); }
-
-}  // namespace
-
-QpCore::QpCore(uint32_t qp_num_in, uint32_t send_depth_in, uint32_t recv_depth_in)
-    : qp_num(qp_num_in),
-      send_depth(send_depth_in),
-      recv_depth(recv_depth_in),
-      send_mask(ring_size(send_depth_in) - 1),
-      recv_mask(ring_size(recv_depth_in) - 1),
-      send_ring(ring_size(send_depth_in)),
-      recv_ring(ring_size(recv_depth_in)) {}
-
 VerbsCq::VerbsCq(std::shared_ptr<Device> device, const CqOptions& options)
     : CompletionQueue(options), device_(std::move(device)) {
   const auto max_cqe = static_cast<uint32_t>(device_->info.attr.max_cqe);
+  budget_ = core::CqBudget(options.capacity);
   if (options.capacity == 0 || options.capacity > max_cqe) {
     throw Error("create_cq", kProvider, "", EINVAL,
                 fmt::format("capacity {} is outside 1..{} (max_cqe of {})",
@@ -63,15 +49,7 @@ VerbsCq::~VerbsCq() {
 
 void VerbsCq::attach(QpCore* core, uint32_t depth, const std::string& peer) {
   std::lock_guard lock(qps_mutex_);
-  if (committed_ + depth > options().capacity) {
-    throw Error(
-        "create_qp", kProvider, peer, EINVAL,
-        fmt::format("completion queue capacity {} is smaller than the work requests "
-                    "its queue pairs may have outstanding ({} + {}); a verbs CQ that "
-                    "overflows breaks every QP on it, so raise CqOptions::capacity",
-                    options().capacity, committed_, depth));
-  }
-  committed_ += depth;
+  budget_.charge(depth, "create_qp", kProvider, peer);
   qps_.push_back(core);
 }
 
@@ -82,7 +60,7 @@ void VerbsCq::detach(QpCore* core, uint32_t depth) noexcept {
     qps_.erase(it);
   if (std::find(qps_.begin(), qps_.end(), core) == qps_.end() && last_ == core)
     last_ = nullptr;
-  committed_ -= depth;
+  budget_.refund(depth);
 }
 
 void VerbsCq::attach_srq(QpCore* core, const std::shared_ptr<SrqCore>& srq,
@@ -91,15 +69,7 @@ void VerbsCq::attach_srq(QpCore* core, const std::shared_ptr<SrqCore>& srq,
   auto use = std::find_if(srqs_.begin(), srqs_.end(),
                           [&](const SrqUse& u) { return u.srq == srq; });
   if (use == srqs_.end() || use->qps == 0) {
-    if (committed_ + srq->capacity > options().capacity) {
-      throw Error(
-          "create_qp", kProvider, peer, EINVAL,
-          fmt::format("completion queue capacity {} is smaller than the work "
-                      "requests its queue pairs and shared receive queues may have "
-                      "outstanding ({} + SRQ {}); raise CqOptions::capacity",
-                      options().capacity, committed_, srq->capacity));
-    }
-    committed_ += srq->capacity;
+    budget_.charge(srq->capacity, "create_qp", kProvider, peer);
   }
   if (use == srqs_.end()) {
     srqs_.push_back({srq, 1});
@@ -118,7 +88,7 @@ void VerbsCq::detach_srq(QpCore* core, const SrqCore* srq) noexcept {
   for (SrqUse& use : srqs_) {
     // The entry (and the core) stays for completions still queued here.
     if (use.srq.get() == srq && use.qps > 0 && --use.qps == 0)
-      committed_ -= srq->capacity;
+      budget_.refund(srq->capacity);
   }
 }
 

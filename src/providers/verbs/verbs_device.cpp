@@ -330,4 +330,73 @@ namespace rdmakit::core {
 
 bool verbs_device_usable(std::string* reason) { return verbs::device_usable(reason); }
 
+void list_verbs_devices(RdmaDeviceList* list) {
+  std::string reason;
+  if (verbs::device_usable(&reason)) {
+    list->auto_choice = ProviderKind::kVerbs;
+    list->auto_reason = "a device has an ACTIVE port";
+  } else {
+    list->auto_choice = ProviderKind::kShm;
+    list->auto_reason = reason;
+  }
+  // Without the sysfs class libibverbs has nothing to list (and says so loudly).
+  std::vector<verbs::DeviceInfo> devices;
+  if (list->auto_choice == ProviderKind::kVerbs ||
+      reason.find("/sys/class") == std::string::npos) {
+    devices = verbs::list_devices(&list->problems);
+  }
+  for (const verbs::DeviceInfo& d : devices) {
+    RdmaDevice out;
+    const ibv_device_attr& a = d.attr;
+    out.name = d.name;
+    out.node_guid = d.node_guid;
+    out.firmware = a.fw_ver;
+    out.vendor_id = a.vendor_id;
+    out.vendor_part_id = a.vendor_part_id;
+    RdmaDeviceLimits& l = out.limits;
+    l.max_qp = static_cast<uint64_t>(a.max_qp);
+    l.max_qp_wr = static_cast<uint64_t>(a.max_qp_wr);
+    l.max_sge = static_cast<uint64_t>(a.max_sge);
+    l.max_cq = static_cast<uint64_t>(a.max_cq);
+    l.max_cqe = static_cast<uint64_t>(a.max_cqe);
+    l.max_mr = static_cast<uint64_t>(a.max_mr);
+    l.max_mr_size = a.max_mr_size;
+    l.max_qp_rd_atom = static_cast<uint64_t>(a.max_qp_rd_atom);
+    l.max_qp_init_rd_atom = static_cast<uint64_t>(a.max_qp_init_rd_atom);
+    l.max_srq = static_cast<uint64_t>(a.max_srq);
+    l.max_srq_wr = static_cast<uint64_t>(a.max_srq_wr);
+    l.max_pd = static_cast<uint64_t>(a.max_pd);
+    l.max_mw = static_cast<uint64_t>(a.max_mw);
+    l.max_ah = static_cast<uint64_t>(a.max_ah);
+    l.max_fmr = static_cast<uint64_t>(a.max_fmr);
+    l.max_mcast_grp = static_cast<uint64_t>(a.max_mcast_grp);
+    l.page_size_cap = a.page_size_cap;
+    l.device_cap_flags = a.device_cap_flags;
+    l.atomics = verbs::atomic_cap_name(a.atomic_cap);
+    for (const verbs::PortInfo& p : d.ports) {
+      RdmaPort port;
+      port.port = p.port;
+      port.state = ibv_port_state_str(p.attr.state);
+      port.link_layer = verbs::link_layer_name(p.attr.link_layer);
+      port.active_mtu = verbs::mtu_bytes(p.attr.active_mtu);
+      port.max_mtu = verbs::mtu_bytes(p.attr.max_mtu);
+      port.lid = p.attr.lid;
+      port.gid_table_len = p.attr.gid_tbl_len;
+      for (const verbs::GidInfo& g : p.gids) {
+        port.gids.push_back(RdmaGid{g.index, verbs::gid_type_name(g.type), g.address,
+                                    g.ipv4_mapped, g.netdev});
+      }
+      if (const auto chosen = verbs::choose_gid(p.gids, -1, &port.chosen_why)) {
+        port.chosen_gid = chosen->index;
+      }
+      out.ports.push_back(std::move(port));
+    }
+    list->devices.push_back(std::move(out));
+  }
+  list->memlock_limit = verbs::memlock_limit_text();
+  size_t page = 0;
+  list->free_huge_pages = verbs::free_huge_pages(&page);
+  list->huge_page_size = page;
+}
+
 }  // namespace rdmakit::core

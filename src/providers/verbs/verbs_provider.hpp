@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cq_budget.hpp"
 #include "providers/verbs/verbs_device.hpp"
 #include "providers/verbs/verbs_objects.hpp"
 #include "rdmakit/context.hpp"
@@ -47,7 +48,7 @@ inline constexpr size_t kMaxAcceptPrivateData = kCmRepPrivateData - kHandshakeSi
 static_assert(kMaxAcceptPrivateData >= Context::kMaxPrivateData,
               "accept must carry the core's full private data");
 
-class Monitor;
+class ProgressThread;
 struct SrqCore;
 
 // One opened device + port + protection domain.
@@ -60,11 +61,12 @@ struct Device {
   GidInfo gid;
   bool gid_overridden = false;
   PdHandle pd;
-  std::once_flag monitor_once;
-  std::unique_ptr<Monitor> monitor;  // declared last: its thread stops first
+  std::once_flag progress_once;
+  std::unique_ptr<ProgressThread>
+      progress_thread;  // declared last: its thread stops first
 
   std::string name() const { return info.name; }
-  Monitor& get_monitor();  // started with the first connection
+  ProgressThread& get_progress_thread();  // started with the first connection
   ~Device();
 };
 
@@ -160,23 +162,10 @@ class VerbsCq final : public CompletionQueue {
   };
   std::vector<SrqUse> srqs_;
   QpCore* last_ = nullptr;
-  uint64_t committed_ = 0;  // sum of attached depths
+  core::CqBudget budget_{0};  // sum of attached depths
 };
 
-class VerbsMr final : public MemoryRegion {
- public:
-  VerbsMr(std::shared_ptr<Device> device, MrHandle mr, uint32_t access, void* mapping,
-          size_t mapping_length);
-  ~VerbsMr() override;
-
- private:
-  std::shared_ptr<Device> device_;
-  MrHandle mr_;
-  void* mapping_;  // our own mmap (allocate), or null for caller memory
-  size_t mapping_length_;
-};
-
-// Connection-lifetime state the monitor thread updates.
+// Connection-lifetime state the progress thread updates.
 struct ConnState {
   std::atomic<bool> disconnected{false};
 };
@@ -262,11 +251,11 @@ class VerbsQp final : public QueuePair {
 // started with the first connection): a DISCONNECTED event (peer closed or
 // its process died) moves our QP to the error state so outstanding work
 // flushes instead of hanging.
-class Monitor {
+class ProgressThread {
  public:
-  Monitor();
-  ~Monitor();
-  // Moves the id onto the monitor's channel; every event on it must be acked.
+  ProgressThread();
+  ~ProgressThread();
+  // Moves the id onto the progress thread's channel; every event on it must be acked.
   void adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
              const std::string& peer);
   void release(rdma_cm_id* id) noexcept;

@@ -2,9 +2,11 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 
+#include "core/work_request.hpp"
 #include "providers/verbs/verbs_provider.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 
@@ -22,7 +24,18 @@ PostStatus map_post_errno(int err) noexcept {
   return err == ENOMEM ? PostStatus::kQueueFull : PostStatus::kInvalidArgument;
 }
 
+uint64_t ring_size(uint32_t depth) { return std::bit_ceil(std::max<uint64_t>(depth, 1)); }
+
 }  // namespace
+
+QpCore::QpCore(uint32_t qp_num_in, uint32_t send_depth_in, uint32_t recv_depth_in)
+    : qp_num(qp_num_in),
+      send_depth(send_depth_in),
+      recv_depth(recv_depth_in),
+      send_mask(ring_size(send_depth_in) - 1),
+      recv_mask(ring_size(recv_depth_in) - 1),
+      send_ring(ring_size(send_depth_in)),
+      recv_ring(ring_size(recv_depth_in)) {}
 
 RetrySettings retry_settings(const QpOptions& options) noexcept {
   RetrySettings s;
@@ -91,7 +104,7 @@ VerbsQp::VerbsQp(std::shared_ptr<Device> device, CmIdHandle id, Parts parts,
       recv_sges_(core_->recv_depth) {}
 
 VerbsQp::~VerbsQp() {
-  if (device_->monitor) device_->monitor->release(id_.get());
+  if (device_->progress_thread) device_->progress_thread->release(id_.get());
   // DREQ to the peer: its QP flushes promptly instead of timing out.
   rdma_disconnect(id_.get());
   qp_.reset();
@@ -141,6 +154,13 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
   size_t n = std::min(wrs.size(), room);
   for (size_t i = 0; i < n; ++i) {
     const SendWr& in = wrs[i];
+    // Refused here, not by the device, so every provider refuses the same.
+    if (const PostStatus bad = core::validate_send(in, options().max_inline);
+        bad != PostStatus::kOk) {
+      status = bad;
+      n = i;
+      break;
+    }
     ibv_send_wr& wr = send_wrs_[i];
     ibv_sge& sge = send_sges_[i];
     wr = ibv_send_wr{};
@@ -151,9 +171,6 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
     wr.num_sge = in.length == 0 ? 0 : 1;
     wr.wr_id = core.send_posted + i;
     wr.next = i + 1 < n ? &send_wrs_[i + 1] : nullptr;
-    const bool is_atomic =
-        in.opcode == Opcode::kCompareSwap || in.opcode == Opcode::kFetchAdd;
-    bool valid = true;
     switch (in.opcode) {
       case Opcode::kSend: wr.opcode = IBV_WR_SEND; break;
       case Opcode::kSendWithImm: wr.opcode = IBV_WR_SEND_WITH_IMM; break;
@@ -161,11 +178,9 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
       case Opcode::kWriteWithImm: wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM; break;
       case Opcode::kRead: wr.opcode = IBV_WR_RDMA_READ; break;
       case Opcode::kCompareSwap: wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP; break;
-      case Opcode::kFetchAdd: wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; break;
-      default: valid = false; break;
+      default: wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; break;  // validated above
     }
-    if (is_atomic) {
-      valid = valid && in.length == 8 && in.remote_addr % 8 == 0;
+    if (core::is_atomic(in.opcode)) {
       wr.wr.atomic.remote_addr = in.remote_addr;
       wr.wr.atomic.rkey = in.rkey;
       wr.wr.atomic.compare_add = in.compare_add;
@@ -174,28 +189,10 @@ PostResult VerbsQp::post_send_locked(std::span<const SendWr> wrs) noexcept {
       wr.wr.rdma.remote_addr = in.remote_addr;
       wr.wr.rdma.rkey = in.rkey;
     }
-    if (in.opcode == Opcode::kSendWithImm || in.opcode == Opcode::kWriteWithImm) {
-      wr.imm_data = htonl(in.imm);
-    }
+    if (core::has_imm(in.opcode)) wr.imm_data = htonl(in.imm);
     if (in.flags & kSignaled) wr.send_flags |= IBV_SEND_SIGNALED;
     if (in.flags & kFence) wr.send_flags |= IBV_SEND_FENCE;
-    if (in.flags & kInline) {
-      // Inline carries outgoing payload only.
-      valid =
-          valid && (in.opcode == Opcode::kSend || in.opcode == Opcode::kSendWithImm ||
-                    in.opcode == Opcode::kWrite || in.opcode == Opcode::kWriteWithImm);
-      if (valid && in.length > options().max_inline) {
-        status = PostStatus::kInlineTooLarge;
-        n = i;
-        break;
-      }
-      wr.send_flags |= IBV_SEND_INLINE;
-    }
-    if (!valid) {
-      status = PostStatus::kInvalidArgument;
-      n = i;
-      break;
-    }
+    if (in.flags & kInline) wr.send_flags |= IBV_SEND_INLINE;
     core.send_ring[(core.send_posted + i) & core.send_mask] = {in.wr_id, in.opcode};
   }
   if (n == 0) return {status, 0};

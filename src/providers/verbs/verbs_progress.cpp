@@ -1,4 +1,4 @@
-// The connection monitor: one thread per context reading rdma_cm events of
+// The progress thread: one thread per context reading rdma_cm events of
 // established connections.
 #include <fcntl.h>
 #include <poll.h>
@@ -16,29 +16,30 @@ namespace rdmakit::verbs {
 
 Device::~Device() = default;
 
-Monitor& Device::get_monitor() {
-  std::call_once(monitor_once, [this] { monitor = std::make_unique<Monitor>(); });
-  return *monitor;
+ProgressThread& Device::get_progress_thread() {
+  std::call_once(progress_once,
+                 [this] { progress_thread = std::make_unique<ProgressThread>(); });
+  return *progress_thread;
 }
 
-Monitor::Monitor() {
+ProgressThread::ProgressThread() {
   channel_.reset(rdma_create_event_channel());
   if (!channel_) {
-    throw Error("rdma_create_event_channel", kProvider, "", errno, "connection monitor");
+    throw Error("rdma_create_event_channel", kProvider, "", errno, "progress thread");
   }
   // Non-blocking: an event poll() announced can vanish before we read it
   // (rdma_destroy_id discards its id's queued events), and a blocking read
-  // would then hang this thread and the join in ~Monitor.
+  // would then hang this thread and the join in ~ProgressThread.
   const int flags = fcntl(channel_->fd, F_GETFL);
   if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    throw Error("fcntl(O_NONBLOCK)", kProvider, "", errno, "connection monitor channel");
+    throw Error("fcntl(O_NONBLOCK)", kProvider, "", errno, "progress thread channel");
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) throw Error("eventfd", kProvider, "", errno, "connection monitor");
+  if (wake_fd_ < 0) throw Error("eventfd", kProvider, "", errno, "progress thread");
   thread_ = std::thread([this] { run(); });
 }
 
-Monitor::~Monitor() {
+ProgressThread::~ProgressThread() {
   const uint64_t one = 1;
   if (write(wake_fd_, &one, sizeof one) < 0) {
     log_release_failure("eventfd write", errno);
@@ -47,8 +48,8 @@ Monitor::~Monitor() {
   close(wake_fd_);
 }
 
-void Monitor::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
-                    const std::string& peer) {
+void ProgressThread::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
+                           const std::string& peer) {
   {
     std::lock_guard lock(mutex_);
     entries_[id] = Entry{qp, std::move(conn), peer};
@@ -57,21 +58,21 @@ void Monitor::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
     const int err = errno;
     release(id);
     throw Error("rdma_migrate_id", kProvider, peer, err,
-                "moving the connection to the monitor");
+                "moving the connection to the progress thread");
   }
 }
 
-void Monitor::release(rdma_cm_id* id) noexcept {
+void ProgressThread::release(rdma_cm_id* id) noexcept {
   std::lock_guard lock(mutex_);
   entries_.erase(id);
 }
 
-void Monitor::run() noexcept {
+void ProgressThread::run() noexcept {
   pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      log_release_failure("poll (connection monitor)", errno);
+      log_release_failure("poll (progress thread)", errno);
       return;
     }
     if (fds[1].revents != 0) return;

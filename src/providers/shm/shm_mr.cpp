@@ -1,4 +1,4 @@
-#include "providers/shm/shm_memory_region.hpp"
+#include "providers/shm/shm_mr.hpp"
 
 #include <sys/mman.h>
 

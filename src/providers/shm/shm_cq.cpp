@@ -1,4 +1,4 @@
-#include "providers/shm/shm_completion_queue.hpp"
+#include "providers/shm/shm_cq.hpp"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 
 #include "providers/shm/asymmetric_fence.hpp"
-#include "providers/shm/shm_queue_pair.hpp"
+#include "providers/shm/shm_qp.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
@@ -19,6 +19,7 @@ ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
     : CompletionQueue(options),
       strong_gate_(kThreadSanitizer || !asymmetric_fence_available()) {
   if (options.capacity == 0) throw Error("create_cq", "shm", "", EINVAL, "capacity 0");
+  budget_ = core::CqBudget(options.capacity);
   const uint64_t size = std::bit_ceil(static_cast<uint64_t>(options.capacity));
   ring_.resize(size);
   mask_ = size - 1;
@@ -39,13 +40,7 @@ ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
 ShmCompletionQueue::~ShmCompletionQueue() = default;
 
 void ShmCompletionQueue::reserve(uint32_t depth) {
-  if (committed_ + depth > options().capacity) {
-    throw Error("create_qp", "shm", "", EINVAL,
-                "completion queue capacity " + std::to_string(options().capacity) +
-                    " is smaller than the queue depths attached to it (" +
-                    std::to_string(committed_ + depth) + ")");
-  }
-  committed_ += depth;
+  budget_.charge(depth, "create_qp", "shm", "");
 }
 
 // ---------------------------------------------------------------- owner gate
@@ -103,7 +98,7 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
     (send ? send_qps_ : recv_qps_).push_back(qp);
   } catch (...) {
     std::erase(send ? send_qps_ : recv_qps_, qp);
-    committed_ -= depth;
+    budget_.refund(depth);
     open_gate();
     throw;
   }
@@ -150,8 +145,8 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   ring_lock_.store(false, std::memory_order_release);
   open_gate();
   // What this CQ reserved for the QP (each side once).
-  if (sends) committed_ -= std::min<uint64_t>(committed_, qp->options().max_send_wr);
-  if (recvs) committed_ -= std::min<uint64_t>(committed_, qp->options().max_recv_wr);
+  if (sends) budget_.refund(qp->options().max_send_wr);
+  if (recvs) budget_.refund(qp->options().max_recv_wr);
 }
 
 void ShmCompletionQueue::lock_ring() noexcept {

@@ -1,4 +1,6 @@
 #pragma once
+// The shm queue pair: the data path in shm_qp.cpp, its construction from
+// what the handshake exchanged in shm_handshake.cpp.
 #include <sys/types.h>
 
 #include <chrono>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "providers/shm/posted_recv.hpp"
+#include "providers/shm/shm_handshake.hpp"
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
 #include "providers/shm/small_copy.hpp"
@@ -15,67 +18,10 @@
 
 namespace rdmakit::shm {
 
-class ShmCompletionQueue;
-class ShmContext;
-class ShmSrq;
-
-// What one side prepares before the handshake.
-// Owns the mapping of its block: a connect or accept that fails after
-// preparing it leaves nothing mapped.
-struct LocalEnd {
-  LocalEnd() = default;
-  LocalEnd(LocalEnd&& other) noexcept { *this = std::move(other); }
-  LocalEnd& operator=(LocalEnd&& other) noexcept;
-  LocalEnd(const LocalEnd&) = delete;
-  LocalEnd& operator=(const LocalEnd&) = delete;
-  ~LocalEnd();
-
-  Fd block_fd;
-  InboundBlock* block = nullptr;
-  size_t block_bytes = 0;
-  // Our own copy: the block is writable by the peer, so sizes are never read
-  // back from it.
-  uint32_t ring_size = 0;
-  Fd peer_request_end;  // handed to the peer
-  std::shared_ptr<Link> link;
-  uint32_t qp_num = 0;
-  ShmSrq* srq = nullptr;  // our receives come from this SRQ
-};
-
-// What the handshake delivered from the peer.
-struct PeerEnd {
-  Fd table_fd;
-  Fd block_fd;
-  Fd cq_event;
-  Fd request_socket;  // our requests -> the peer's service thread
-  pid_t pid = 0;
-  uint32_t ring_size = 0;
-  Fd srq_fd;  // the peer receives through this SRQ (else empty)
-  uint32_t srq_ring_size = 0;
-  bool fence_on_arm = false;  // the peer's CQs run heavy_fence() when arming
-  std::string address;
-  std::vector<std::byte> private_data;
-};
-
-LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options);
-// Builds the Hello and the four descriptors that go with it.
-int send_hello(int sock, ShmContext& context, const LocalEnd& local,
-               const QpOptions& options, std::span<const std::byte> private_data,
-               bool accepted);
-// Receives and validates a Hello; throws Error naming operation and peer.
-PeerEnd receive_hello(int sock, const char* operation, const std::string& peer,
-                      std::chrono::milliseconds timeout);
-
-std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
-                                              const std::string& address,
-                                              const QpOptions& options,
-                                              std::span<const std::byte> private_data,
-                                              std::chrono::milliseconds timeout);
-
 // The data path: requests execute in the posting thread, in order. WRITE/READ
 // and atomics on memfd regions are direct loads/stores/atomic_ref operations
 // on the peer's memory; on registered user memory they use
-// process_vm_readv/writev (atomics: the owner's service thread). A SEND
+// process_vm_readv/writev (atomics: the owner's progress thread). A SEND
 // writes into the receive buffer the peer published in its receive ring.
 class ShmQueuePair final : public QueuePair {
  public:

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/cq_budget.hpp"
 #include "providers/shm/unix_socket.hpp"
 #include "rdmakit/completion_queue.hpp"
 
@@ -13,7 +14,7 @@ class ShmQueuePair;
 // Send-side completions are produced by the owning thread into a private
 // ring; receive-side completions are read straight from each attached QP's
 // shared receive ring. fd() is an epoll set of an eventfd (peers and the
-// service thread signal it when armed) and a timerfd (RNR retry pacing).
+// progress thread signal it when armed) and a timerfd (RNR retry pacing).
 class ShmCompletionQueue final : public CompletionQueue {
  public:
   explicit ShmCompletionQueue(const CqOptions& options);
@@ -169,7 +170,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   uint64_t mask_ = 0;
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
-  uint64_t committed_ = 0;  // sum of attached depths
+  core::CqBudget budget_{0};  // sum of attached depths
   std::vector<ShmQueuePair*> send_qps_;
   std::vector<ShmQueuePair*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs

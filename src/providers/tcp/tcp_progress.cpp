@@ -1,0 +1,113 @@
+#include "providers/tcp/tcp_progress.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "providers/tcp/tcp_qp.hpp"
+#include "rdmakit/error.hpp"
+
+namespace rdmakit::tcp {
+
+int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void SpinLock::lock() noexcept {
+  for (int i = 0; !try_lock(); ++i) {
+    if (i > 64) std::this_thread::yield();
+  }
+}
+
+Engine::Engine(bool progress_thread)
+    : qp_num_((static_cast<uint32_t>(std::random_device{}()) & 0xffffu) | 0x10000u),
+      with_thread_(progress_thread) {
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  const int epoll_err = errno;
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_fd_ || !wake_fd_.get()) {
+    const int err = !epoll_fd_ ? epoll_err : errno;
+    throw Error("Context::open", "tcp", "", err, "epoll/eventfd");
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;  // qp numbers are never 0
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
+  if (with_thread_) thread_ = std::thread([this] { run(); });
+  core::log().debug("tcp: engine up ({} progress thread)",
+                    with_thread_ ? "with" : "without");
+}
+
+Engine::~Engine() {
+  stop_.store(true);
+  kick();
+  if (thread_.joinable()) thread_.join();
+  epoll_fd_.reset();
+  wake_fd_.reset();
+}
+
+void Engine::kick() noexcept {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void Engine::add_qp(TcpQp* qp) {
+  std::lock_guard lock(mu_);
+  qps_.push_back(qp);
+  if (qp->socket_fd() >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = qp->qp_num();
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, qp->socket_fd(), &ev) == 0) {
+      qp->ep_armed = true;
+    }
+  }
+}
+
+void Engine::remove_qp(TcpQp* qp) noexcept {
+  // Taking mu_ also waits for the thread to finish serving this QP.
+  std::lock_guard lock(mu_);
+  if (qp->socket_fd() >= 0)
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
+  std::erase(qps_, qp);
+}
+
+void Engine::run() noexcept {
+  epoll_event events[64];
+  int timeout_ms = 5;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, timeout_ms);
+    std::lock_guard lock(mu_);
+    const int64_t now = now_ns();
+    bool busy = false;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == 0) {
+        uint64_t drained;
+        [[maybe_unused]] auto r = ::read(wake_fd_.get(), &drained, sizeof drained);
+        continue;
+      }
+      // Look the QP up by number: an event may outlive its QP.
+      for (TcpQp* qp : qps_) {
+        if (qp->qp_num() == events[i].data.u64) {
+          qp->ep_armed = false;
+          qp->ep_event = true;
+          break;
+        }
+      }
+    }
+    for (TcpQp* qp : qps_) busy |= qp->thread_service(now, epoll_fd_.get());
+    // A fast tick while some QP is skipped, stalled or blocked on output;
+    // otherwise a slow one that still drives heartbeats and timeouts.
+    timeout_ms = busy ? 1 : 5;
+  }
+}
+
+}  // namespace rdmakit::tcp

@@ -1,0 +1,61 @@
+#pragma once
+// Progress of the tcp provider: the per-context engine whose progress
+// thread serves the sockets of every queue pair (one-sided requests are
+// executed at the target even when nobody polls there), and the spin lock a
+// queue pair's drivers (poller, poster, progress thread) share.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/fd.hpp"
+#include "providers/tcp/tcp_mr.hpp"
+
+namespace rdmakit::tcp {
+
+int64_t now_ns() noexcept;
+
+// Test-and-test-and-set lock: held for a few hundred nanoseconds by whoever
+// drives a queue pair (poller, poster or the progress thread).
+class SpinLock {
+ public:
+  bool try_lock() noexcept {
+    return !flag_.load(std::memory_order_relaxed) &&
+           !flag_.exchange(true, std::memory_order_acquire);
+  }
+  void lock() noexcept;
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+class TcpQp;
+
+// Per-context engine: region table, progress thread, epoll set of sockets.
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  explicit Engine(bool progress_thread);
+  ~Engine();
+  MrTable& mrs() noexcept { return mrs_; }
+  uint32_t next_qp_num() noexcept { return qp_num_.fetch_add(1); }
+  void add_qp(TcpQp* qp);
+  void remove_qp(TcpQp* qp) noexcept;
+  void kick() noexcept;  // wake the progress thread
+
+ private:
+  void run() noexcept;
+  MrTable mrs_;
+  std::atomic<uint32_t> qp_num_;
+  std::mutex mu_;  // guards qps_; held by the thread while it serves them
+  std::vector<TcpQp*> qps_;
+  core::Fd epoll_fd_;
+  core::Fd wake_fd_;
+  bool with_thread_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace rdmakit::tcp
