@@ -45,13 +45,14 @@ std::unique_ptr<QueuePair> connect_retrying(Context& ctx, const std::string& add
       return ctx.connect(address, qp_options, hello, std::max(left, milliseconds(100)));
     } catch (const Error& e) {
       const bool retry = e.sys_errno() == ECONNREFUSED || e.sys_errno() == ENOENT;
-      if (!retry || Clock::now() + backoff >= deadline) {
+      if (!retry || Clock::now() >= deadline) {
         throw Error("session connect", ctx.provider_name(), address, e.sys_errno(),
                     std::string(e.what()) + " (after " + std::to_string(attempts) +
                         (attempts == 1 ? " attempt)" : " attempts)"));
       }
     }
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min<Clock::duration>(
+        backoff, std::max<Clock::duration>(deadline - Clock::now(), {})));
     backoff = std::min(backoff * 2, milliseconds(250));
   }
 }

@@ -80,6 +80,20 @@ void Engine::stop_all() {
   std::lock_guard lock(workers_mu_);
   for (auto& w : workers_) w->stop();
   for (auto& w : workers_) w->shutdown();
+  {
+    std::lock_guard made_lock(made_mu_);
+    for (auto& weak : made_) {
+      if (auto ep = weak.lock()) {
+        for (auto& ch : ep->channels_) {
+          ch->mark_closed();
+          ch->release_memory();
+        }
+        ep->ctrl_mr_.reset();
+        ep->state_.store(Endpoint::State::kClosed);
+      }
+    }
+    made_.clear();
+  }
   workers_.clear();
   listener_.reset();
   exposed_.clear();
@@ -163,6 +177,11 @@ Worker& Engine::app_worker() {
 std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& peer,
                                                 const std::vector<std::string>& names) {
   std::shared_ptr<Endpoint> ep(new Endpoint(this, id));
+  {
+    std::lock_guard lock(made_mu_);
+    std::erase_if(made_, [](const std::weak_ptr<Endpoint>& w) { return w.expired(); });
+    made_.push_back(ep);
+  }
   ep->peer_ = peer;
   ep->ctrl_mr_ = ctx_->allocate(kCtrlSize, kAccessAll);
   for (uint32_t i = 0; i < names.size(); ++i) {

@@ -152,6 +152,11 @@ class Engine {
   size_t next_worker_ = 0;
   Worker* staged_ = nullptr;  // per-endpoint mode: the next endpoint's worker
 
+  // Every endpoint made, so that at shutdown the memory of those the
+  // application still holds is released before the context goes.
+  std::mutex made_mu_;
+  std::vector<std::weak_ptr<Endpoint>> made_;
+
   std::unique_ptr<Listener> listener_;
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};
