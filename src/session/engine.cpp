@@ -1,22 +1,28 @@
 #include "engine.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 namespace rdmakit::session::detail {
 
 using std::chrono::milliseconds;
 
+// From the kernel each time: a generator state copied by fork() would give
+// parent and children the same ids.
 uint64_t random_id() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
   uint64_t id = 0;
-  while (id == 0) id = rng();
+  while (id == 0) {
+    if (getrandom(&id, sizeof id, 0) != sizeof id) {
+      id = static_cast<uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<uint64_t>(getpid()) << 40);
+    }
+  }
   return id;
 }
 
