@@ -219,7 +219,7 @@ void victim_and_survivor(const std::string& provider, int signal_number) {
         // runs on another host: a helper process ends it after the test.
         const pid_t stopped = ::getpid();
         if (::fork() == 0) {
-          ::usleep(static_cast<useconds_t>(detection_bound().count() + 3000) * 1000);
+          ::usleep(static_cast<useconds_t>(2 * scaled(1000ms).count() + 1000) * 1000);
           ::kill(stopped, SIGKILL);
           _exit(0);
         }
