@@ -239,7 +239,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
   std::lock_guard lock(ch.mu_);
   if (ch.closed_ || ch.qp_ == nullptr || payload.size() > ch.peer_max_message_)
     return false;
-  const uint64_t returned = __atomic_load_n(ch.peer_reposted_, __ATOMIC_ACQUIRE);
+  const uint64_t returned = load_peer_written(ch.peer_reposted_);
   if (ch.sent_ - returned >= ch.peer_depth_) return false;
   ch.send_slot_ = static_cast<uint32_t>(ch.sent_ % ch.peer_depth_);
   std::byte* slot = ch.send_mr_->data() +
