@@ -60,6 +60,9 @@ void check_options(const SessionOptions& o) {
 Engine::Engine(SessionOptions options, Handlers handlers, bool server)
     : options_(std::move(options)), handlers_(std::move(handlers)), server_(server) {
   check_options(options_);
+  // Receive slots hold at least kMinMessage so that the buffer table (the
+  // first message) always fits; expose() keeps the table within it.
+  options_.max_message = std::max(options_.max_message, kMinMessage);
   ContextOptions co;
   co.provider = options_.provider;
   ctx_ = Context::open(co);
@@ -124,6 +127,16 @@ void Engine::expose(const std::string& name, MemoryRegion& region) {
     }
   }
   exposed_.emplace_back(name, &region);
+  Table t;
+  t.ctrl = region.remote();
+  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  if (encode(t).size() > kMinMessage) {
+    exposed_.pop_back();
+    throw Error("session expose", ctx_->provider_name(), "", E2BIG,
+                "exposing '" + name + "' would make the buffer table exceed " +
+                    std::to_string(kMinMessage) + " bytes (" +
+                    std::to_string(exposed_.size()) + " buffers exposed already)");
+  }
 }
 
 Table Engine::table_for(const Endpoint& ep) const {

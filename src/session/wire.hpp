@@ -24,6 +24,8 @@ constexpr uint32_t kMaxChannels = 16;
 constexpr uint32_t kMaxDepth = 4096;
 constexpr size_t kMaxChannelName = 32;
 constexpr size_t kMaxBufferName = 64;
+// Smallest receive slot payload: the buffer table must fit in one message.
+constexpr uint32_t kMinMessage = 2048;
 
 // Client -> server, in the private data of each channel's connect.
 struct Hello {
