@@ -327,16 +327,18 @@ OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
 
 OpResult Channel::write_sync(std::string_view remote, uint64_t offset, Local src,
                              size_t length) {
-  return sync([&](OpCallback cb) { return write(remote, offset, src, length, cb); });
+  return sync(
+      [&](OpCallback cb) { return write(remote, offset, src, length, std::move(cb)); });
 }
 OpResult Channel::read_sync(std::string_view remote, uint64_t offset, Local dst,
                             size_t length) {
-  return sync([&](OpCallback cb) { return read(remote, offset, dst, length, cb); });
+  return sync(
+      [&](OpCallback cb) { return read(remote, offset, dst, length, std::move(cb)); });
 }
 OpResult Channel::write_with_imm_sync(std::string_view remote, uint64_t offset, Local src,
                                       size_t length, uint32_t imm) {
   return sync([&](OpCallback cb) {
-    return write_with_imm(remote, offset, src, length, imm, cb);
+    return write_with_imm(remote, offset, src, length, imm, std::move(cb));
   });
 }
 
@@ -388,15 +390,15 @@ void Channel::repost(uint32_t slot) noexcept {
 
 void Channel::report_credits_locked() noexcept {
   const uint64_t value = reposted_;
-  SendWr wr{
-      .wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_,
-                          WrKind::kInternal, 0),
-      .opcode = Opcode::kWrite,
-      .flags = kSignaled | kInline,
-      .length = sizeof value,
-      .local_addr = const_cast<uint64_t*>(&value),
-      .remote_addr = endpoint_->peer_ctrl_.addr_at(detail::kCtrlCredits + 8 * index_),
-      .rkey = endpoint_->peer_ctrl_.rkey};
+  SendWr wr{.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_,
+                                WrKind::kInternal, 0),
+            .opcode = Opcode::kWrite,
+            .flags = kSignaled | kInline,
+            .length = sizeof value,
+            .local_addr = const_cast<uint64_t*>(&value),
+            .remote_addr =
+                endpoint_->peer_ctrl_.addr_at(detail::kCtrlCredits + size_t{8} * index_),
+            .rkey = endpoint_->peer_ctrl_.rkey};
   if (qp_->post_send(wr).ok()) reported_ = value;
 }
 

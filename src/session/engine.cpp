@@ -211,8 +211,8 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
     ch->handler_mode_ = static_cast<bool>(handlers_.on_message);
     ch->app_progress_ = options_.thread_mode == ThreadMode::kApplication;
     ch->inbox_.resize(ch->depth_);
-    ch->peer_reposted_ =
-        reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() + kCtrlCredits + 8 * i);
+    ch->peer_reposted_ = reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() +
+                                                           kCtrlCredits + size_t{8} * i);
     ep->channels_.push_back(std::move(ch));
   }
   return ep;

@@ -63,7 +63,7 @@ static_assert(sizeof(MsgHeader) == 16);
 constexpr size_t kCtrlHeartbeat = 0;  // u64: the peer's heartbeat count
 constexpr size_t kCtrlCredits = 64;   // u64 per channel: peer's re-posted RECVs
 constexpr size_t kCtrlSize = 4096;
-static_assert(kCtrlCredits + 8 * kMaxChannels <= kCtrlSize);
+static_assert(kCtrlCredits + size_t{8} * kMaxChannels <= kCtrlSize);
 
 // Reads a word the peer WRITEs one-sided into our control block. The writer
 // is the transport (a NIC's DMA, another process on shm, the tcp provider's
