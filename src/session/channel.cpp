@@ -389,6 +389,9 @@ void Channel::repost(uint32_t slot) noexcept {
 }
 
 void Channel::report_credits_locked() noexcept {
+  // Not before the peer's table told us where its control block is; a
+  // later re-post reports the total.
+  if (endpoint_->peer_ctrl_.rkey == 0 && endpoint_->peer_ctrl_.addr == 0) return;
   const uint64_t value = reposted_;
   SendWr wr{.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_,
                                 WrKind::kInternal, 0),

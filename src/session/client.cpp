@@ -69,13 +69,8 @@ Endpoint& Client::connect(const std::string& address) {
   Worker& w = o.thread_mode == ThreadMode::kApplication ? engine_->app_worker()
                                                         : engine_->next_worker();
   std::shared_ptr<Endpoint> ep = engine_->make_endpoint(random_id(), address, o.channels);
-  Hello hello{ep->id(),
-              0,
-              static_cast<uint32_t>(o.channels.size()),
-              o.recv_depth,
-              o.max_message,
-              ep->ctrl_mr_->remote(),
-              o.channels[0]};
+  Hello hello{ep->id(), 0, static_cast<uint32_t>(o.channels.size()), o.recv_depth,
+              o.max_message};
   auto qp0 = connect_retrying(engine_->ctx(), address, engine_->qp_options(&w.cq()),
                               encode(hello), deadline);
   std::string why;
@@ -96,7 +91,6 @@ Endpoint& Client::connect(const std::string& address) {
     const std::string channel_address = host + ":" + std::to_string(reply->channel_port);
     for (uint32_t c = 1; c < o.channels.size(); ++c) {
       hello.channel = c;
-      hello.name = o.channels[c];
       auto qp = connect_retrying(engine_->ctx(), channel_address,
                                  engine_->qp_options(&w.cq()), encode(hello), deadline);
       EndpointSetup::attach(*ep->channels_[c], std::move(qp), reply->depth,

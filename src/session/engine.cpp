@@ -129,6 +129,7 @@ void Engine::expose(const std::string& name, MemoryRegion& region) {
   exposed_.emplace_back(name, &region);
   Table t;
   t.ctrl = region.remote();
+  t.channel_names = options_.channels;
   for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
   if (encode(t).size() > kMinMessage) {
     exposed_.pop_back();
@@ -142,6 +143,7 @@ void Engine::expose(const std::string& name, MemoryRegion& region) {
 Table Engine::table_for(const Endpoint& ep) const {
   Table t;
   t.ctrl = ep.ctrl_mr_->remote();
+  for (const auto& ch : ep.channels_) t.channel_names.push_back(ch->name());
   for (const auto& [name, region] : exposed_)
     t.buffers.emplace_back(name, region->remote());
   return t;
@@ -337,8 +339,9 @@ void Engine::accept_one(milliseconds timeout) {
                  ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
     return;  // qp0 is destroyed: the peer's QP leaves the connected state
   }
+  // Named by the peer's buffer table when it arrives.
   std::vector<std::string> names(hello->channels);
-  names[0] = hello->name;
+  for (uint32_t c = 0; c < hello->channels; ++c) names[c] = "channel" + std::to_string(c);
   std::vector<std::unique_ptr<QueuePair>> extra;
   std::vector<Hello> extra_hellos;
   for (uint32_t c = 1; c < hello->channels; ++c) {
@@ -355,14 +358,12 @@ void Engine::accept_one(milliseconds timeout) {
                    qp0->peer(), h ? "wrong endpoint or channel" : why);
       return;
     }
-    names[c] = h->name;
     extra.push_back(std::move(qp));
     extra_hellos.push_back(*h);
   }
   if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) w->start();
   staged_ = nullptr;
   std::shared_ptr<Endpoint> ep = make_endpoint(hello->endpoint_id, qp0->peer(), names);
-  ep->peer_ctrl_ = hello->ctrl;
   EndpointSetup::attach(*ep->channels_[0], std::move(qp0), hello->depth,
                         hello->max_message);
   for (size_t i = 0; i < extra.size(); ++i) {

@@ -84,8 +84,6 @@ std::vector<std::byte> encode(const Hello& h) {
   w.put(h.channels);
   w.put(h.depth);
   w.put(h.max_message);
-  w.put_region(h.ctrl);
-  w.put_string(h.name);
   return w.take();
 }
 
@@ -94,14 +92,13 @@ std::optional<Hello> decode_hello(std::span<const std::byte> in, std::string* wh
   if (!check_magic(r, why)) return std::nullopt;
   Hello h;
   if (!r.get(&h.endpoint_id) || !r.get(&h.channel) || !r.get(&h.channels) ||
-      !r.get(&h.depth) || !r.get(&h.max_message) || !r.get_region(&h.ctrl) ||
-      !r.get_string(&h.name, kMaxChannelName)) {
+      !r.get(&h.depth) || !r.get(&h.max_message)) {
     *why = "truncated or malformed session hello";
     return std::nullopt;
   }
   if (h.channels == 0 || h.channels > kMaxChannels || h.channel >= h.channels ||
       h.depth == 0 || h.depth > kMaxDepth || h.max_message == 0 ||
-      h.max_message > (64u << 20) || h.ctrl.length < kCtrlSize) {
+      h.max_message > (64u << 20)) {
     *why = "session hello out of range (channels " + std::to_string(h.channels) +
            ", depth " + std::to_string(h.depth) + ", max_message " +
            std::to_string(h.max_message) + ")";
@@ -137,6 +134,8 @@ std::vector<std::byte> encode(const Table& t) {
   w.put(kMagic);
   w.put(kVersion);
   w.put_region(t.ctrl);
+  w.put(static_cast<uint8_t>(t.channel_names.size()));
+  for (const auto& name : t.channel_names) w.put_string(name);
   w.put(static_cast<uint16_t>(t.buffers.size()));
   for (const auto& [name, region] : t.buffers) {
     w.put_string(name);
@@ -150,7 +149,21 @@ std::optional<Table> decode_table(std::span<const std::byte> in, std::string* wh
   if (!check_magic(r, why)) return std::nullopt;
   Table t;
   uint16_t n = 0;
-  if (!r.get_region(&t.ctrl) || !r.get(&n) || t.ctrl.length < kCtrlSize) {
+  uint8_t channels = 0;
+  if (!r.get_region(&t.ctrl) || t.ctrl.length < kCtrlSize || !r.get(&channels) ||
+      channels > kMaxChannels) {
+    *why = "malformed buffer table";
+    return std::nullopt;
+  }
+  for (uint8_t i = 0; i < channels; ++i) {
+    std::string name;
+    if (!r.get_string(&name, kMaxChannelName)) {
+      *why = "malformed channel name " + std::to_string(i) + " in the buffer table";
+      return std::nullopt;
+    }
+    t.channel_names.push_back(std::move(name));
+  }
+  if (!r.get(&n)) {
     *why = "malformed buffer table";
     return std::nullopt;
   }

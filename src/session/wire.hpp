@@ -34,9 +34,11 @@ struct Hello {
   uint32_t channels = 0;
   uint32_t depth = 0;        // client's RECVs per channel
   uint32_t max_message = 0;  // client's largest message
-  RemoteRegion ctrl;         // where the server writes heartbeats and credits
-  std::string name;          // channel name
 };
+// Kept within the 52 bytes an IB/RoCE CM request carries whole (the verbs
+// provider otherwise READs the rest onto a CQ a worker may be polling):
+// the control block and the channel names travel in the buffer table.
+constexpr size_t kHelloSize = 30;
 // Server -> client, in the accept reply (the same for every accept).
 struct Reply {
   uint32_t depth = 0;
@@ -78,9 +80,10 @@ __attribute__((no_sanitize("thread"))) inline uint64_t load_peer_written(
 }
 
 // The buffer table (sent as a kTable message on channel 0): the sender's
-// control block, then (name, RemoteRegion) entries.
+// control block, its channel names, then (name, RemoteRegion) entries.
 struct Table {
   RemoteRegion ctrl;
+  std::vector<std::string> channel_names;
   std::vector<std::pair<std::string, RemoteRegion>> buffers;
 };
 std::vector<std::byte> encode(const Table& table);

@@ -275,6 +275,12 @@ void Worker::on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> p
     return;
   }
   ep.peer_ctrl_ = table->ctrl;
+  // The client names the channels; the server learns the names here.
+  if (engine_.is_server() && table->channel_names.size() == ep.channels_.size()) {
+    for (size_t i = 0; i < ep.channels_.size(); ++i) {
+      ep.channels_[i]->name_ = table->channel_names[i];
+    }
+  }
   ep.remote_buffers_ = std::move(table->buffers);
   ep.heartbeat_changed_ = Clock::now();
   ep.state_.store(Endpoint::State::kReady);
