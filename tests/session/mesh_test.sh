@@ -49,7 +49,9 @@ case $mode in
     ;;
   mpirun)
     command -v mpirun >/dev/null || fail "mpirun missing (openmpi-bin, scripts/deps.sh)"
-    timeout 90 mpirun --allow-run-as-root --oversubscribe -n 4 "$bin" -p tcp -t 0.5 \
+    # LeakSanitizer (ASan stage): libpmix's own allocations are not ours.
+    export LSAN_OPTIONS="suppressions=$(dirname "$0")/lsan-pmix.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+    timeout 90 mpirun --allow-run-as-root --oversubscribe -x LSAN_OPTIONS -n 4 "$bin" -p tcp -t 0.5 \
       >"$dir/out.0" 2>"$dir/err.0" || fail "mpirun exited with $?"
     grep -q "rdmakit-mesh: 4 ranks (pmix bootstrap, tcp)" "$dir/out.0" || fail "not a PMIx run"
     [ "$(grep -cE '^ +[0-3]:' "$dir/out.0")" = 4 ] || fail "not 4 rows"
