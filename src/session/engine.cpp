@@ -1,0 +1,381 @@
+#include "engine.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace rdmakit::session::detail {
+
+using std::chrono::milliseconds;
+
+// From the kernel each time: a generator state copied by fork() would give
+// parent and children the same ids.
+uint64_t random_id() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (getrandom(&id, sizeof id, 0) != sizeof id) {
+      id = static_cast<uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<uint64_t>(getpid()) << 40);
+    }
+  }
+  return id;
+}
+
+namespace {
+uint32_t slot_size(uint32_t max_message) {
+  const uint32_t raw = max_message + static_cast<uint32_t>(sizeof(MsgHeader));
+  return (raw + 63u) & ~63u;
+}
+
+void check_options(const SessionOptions& o) {
+  auto bad = [](const std::string& what) {
+    throw Error("session options", "", "", EINVAL, what);
+  };
+  if (o.channels.empty() || o.channels.size() > kMaxChannels) {
+    bad("channels: 1 to " + std::to_string(kMaxChannels) + " names");
+  }
+  for (const auto& name : o.channels) {
+    if (name.empty() || name.size() > kMaxChannelName) bad("channel name '" + name + "'");
+  }
+  if (o.recv_depth < 2 || o.recv_depth > kMaxDepth) {
+    bad("recv_depth " + std::to_string(o.recv_depth) + " (2 to 4096)");
+  }
+  if (o.max_message == 0 || o.max_message > (64u << 20))
+    bad("max_message (1 B to 64 MiB)");
+  if (o.thread_mode == ThreadMode::kSharedWorkers && (o.workers == 0 || o.workers > 64)) {
+    bad("workers (1 to 64)");
+  }
+  if (o.max_endpoints == 0 || o.max_endpoints > 65535) bad("max_endpoints (1 to 65535)");
+  if (o.heartbeat.count() <= 0 || o.liveness <= o.heartbeat) {
+    bad("heartbeat > 0 and liveness > heartbeat");
+  }
+}
+}  // namespace
+
+Engine::Engine(SessionOptions options, Handlers handlers, bool server)
+    : options_(std::move(options)), handlers_(std::move(handlers)), server_(server) {
+  check_options(options_);
+  // Receive slots hold at least kMinMessage so that the buffer table (the
+  // first message) always fits; expose() keeps the table within it.
+  options_.max_message = std::max(options_.max_message, kMinMessage);
+  ContextOptions co;
+  co.provider = options_.provider;
+  ctx_ = Context::open(co);
+  spdlog::info("session: {} on {} ({}), thread mode {}, event mode {}",
+               server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
+               thread_mode_name(options_.thread_mode),
+               event_mode_name(options_.event_mode));
+  std::lock_guard lock(workers_mu_);
+  if (options_.thread_mode == ThreadMode::kApplication) {
+    workers_.push_back(std::make_unique<Worker>(*this, false, options_.max_endpoints));
+  } else if (options_.thread_mode == ThreadMode::kSharedWorkers) {
+    for (uint32_t i = 0; i < options_.workers; ++i) {
+      workers_.push_back(std::make_unique<Worker>(*this, true, options_.max_endpoints));
+      workers_.back()->start();
+    }
+  }
+}
+
+Engine::~Engine() { stop_all(); }
+
+void Engine::stop_all() {
+  stopping_.store(true);
+  if (acceptor_.joinable()) acceptor_.join();
+  std::lock_guard lock(workers_mu_);
+  for (auto& w : workers_) w->stop();
+  for (auto& w : workers_) w->shutdown();
+  {
+    std::lock_guard made_lock(made_mu_);
+    for (auto& weak : made_) {
+      if (auto ep = weak.lock()) {
+        for (auto& ch : ep->channels_) {
+          ch->mark_closed();
+          ch->release_memory();
+        }
+        ep->ctrl_mr_.reset();
+        ep->state_.store(Endpoint::State::kClosed);
+      }
+    }
+    made_.clear();
+  }
+  workers_.clear();
+  listener_.reset();
+  exposed_.clear();
+  owned_.clear();
+}
+
+MemoryRegion& Engine::expose(const std::string& name, size_t size, uint32_t access) {
+  owned_.push_back(ctx_->allocate(size, access));
+  expose(name, *owned_.back());
+  return *owned_.back();
+}
+
+void Engine::expose(const std::string& name, MemoryRegion& region) {
+  if (name.empty() || name.size() > kMaxBufferName) {
+    throw Error("session expose", ctx_->provider_name(), "", EINVAL,
+                "buffer name '" + name + "': 1 to 64 characters");
+  }
+  for (const auto& [n, r] : exposed_) {
+    if (n == name) {
+      throw Error("session expose", ctx_->provider_name(), "", EEXIST,
+                  "a buffer named '" + name + "' is already exposed");
+    }
+  }
+  exposed_.emplace_back(name, &region);
+  Table t;
+  t.ctrl = region.remote();
+  t.channel_names = options_.channels;
+  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  if (encode(t).size() > kMinMessage) {
+    exposed_.pop_back();
+    throw Error("session expose", ctx_->provider_name(), "", E2BIG,
+                "exposing '" + name + "' would make the buffer table exceed " +
+                    std::to_string(kMinMessage) + " bytes (" +
+                    std::to_string(exposed_.size()) + " buffers exposed already)");
+  }
+}
+
+Table Engine::table_for(const Endpoint& ep) const {
+  Table t;
+  t.ctrl = ep.ctrl_mr_->remote();
+  for (const auto& ch : ep.channels_) t.channel_names.push_back(ch->name());
+  for (const auto& [name, region] : exposed_)
+    t.buffers.emplace_back(name, region->remote());
+  return t;
+}
+
+QpOptions Engine::qp_options(CompletionQueue* cq) const {
+  QpOptions q;
+  q.send_cq = cq;
+  q.recv_cq = cq;
+  // Credit-limited SENDs, application READ/WRITEs and credit/heartbeat WRITEs.
+  q.max_send_wr = std::min<uint32_t>(4 * options_.recv_depth + 64, 16384);
+  q.max_recv_wr = options_.recv_depth;
+  q.max_inline = 64;
+  // Only the first message can meet a RECV not yet posted (the peer posts
+  // right after connecting); credits rule out RNR after that.
+  q.rnr_timeout = milliseconds(3000);
+  q.peer_timeout = options_.peer_timeout;
+  q.thread_safe = options_.thread_mode != ThreadMode::kApplication;
+  return q;
+}
+
+Worker& Engine::next_worker() {
+  std::lock_guard lock(workers_mu_);
+  if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) {
+    // Workers of closed endpoints are kept until the session ends (their
+    // threads idle); a long-lived server with churn would recycle them.
+    workers_.push_back(std::make_unique<Worker>(*this, true, 1));
+    workers_.back()->start();
+    return *workers_.back();
+  }
+  if (options_.thread_mode == ThreadMode::kApplication) return *workers_.front();
+  // Shared workers: the one with the fewest endpoints.
+  Worker* best = workers_.front().get();
+  for (auto& w : workers_) {
+    if (w->endpoints() < best->endpoints()) best = w.get();
+  }
+  (void)next_worker_;
+  return *best;
+}
+
+Worker& Engine::app_worker() {
+  if (options_.thread_mode != ThreadMode::kApplication) {
+    throw Error(
+        "session progress", ctx_->provider_name(), "", EINVAL,
+        std::string("progress()/fd()/arm() belong to ThreadMode::kApplication; this "
+                    "session runs ") +
+            thread_mode_name(options_.thread_mode));
+  }
+  return *workers_.front();
+}
+
+std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& peer,
+                                                const std::vector<std::string>& names) {
+  std::shared_ptr<Endpoint> ep(new Endpoint(this, id));
+  {
+    std::lock_guard lock(made_mu_);
+    std::erase_if(made_, [](const std::weak_ptr<Endpoint>& w) { return w.expired(); });
+    made_.push_back(ep);
+  }
+  ep->peer_ = peer;
+  ep->ctrl_mr_ = ctx_->allocate(kCtrlSize, kAccessAll);
+  for (uint32_t i = 0; i < names.size(); ++i) {
+    auto ch = std::unique_ptr<Channel>(new Channel(ep.get(), i, names[i]));
+    ch->slot_size_ = slot_size(options_.max_message);
+    ch->depth_ = options_.recv_depth;
+    ch->recv_mr_ = ctx_->allocate(size_t{ch->depth_} * ch->slot_size_, kAccessLocalWrite);
+    ch->handler_mode_ = static_cast<bool>(handlers_.on_message);
+    ch->app_progress_ = options_.thread_mode == ThreadMode::kApplication;
+    ch->inbox_.resize(ch->depth_);
+    ch->peer_reposted_ = reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() +
+                                                           kCtrlCredits + size_t{8} * i);
+    ep->channels_.push_back(std::move(ch));
+  }
+  return ep;
+}
+
+void EndpointSetup::attach(Channel& ch, std::unique_ptr<QueuePair> qp,
+                           uint32_t peer_depth, uint32_t peer_max_message) {
+  Context& ctx = ch.endpoint_->engine_->ctx();
+  ch.qp_ = std::move(qp);
+  ch.peer_depth_ = peer_depth;
+  ch.peer_max_message_ = peer_max_message;
+  ch.send_mr_ = ctx.allocate(size_t{peer_depth} * (peer_max_message + sizeof(MsgHeader)),
+                             kAccessLocalWrite);
+  ch.pending_.resize(ch.qp_->options().max_send_wr);
+}
+
+bool EndpointSetup::post_initial_recvs(Channel& ch, std::string* why) {
+  std::lock_guard lock(ch.mu_);
+  for (uint32_t i = 0; i < ch.depth_; ++i) {
+    const RecvWr wr{.wr_id = make_wr_id(ch.endpoint_->slot_, ch.endpoint_->generation_,
+                                        ch.index_, WrKind::kRecv, i),
+                    .addr = ch.recv_mr_->data() + size_t{i} * ch.slot_size_,
+                    .length = ch.slot_size_,
+                    .lkey = ch.recv_mr_->lkey()};
+    const PostResult r = ch.qp_->post_recv(wr);
+    if (!r.ok()) {
+      *why = "posting receive " + std::to_string(i) + " of " + std::to_string(ch.depth_) +
+             " on channel '" + ch.name_ + "': " + post_status_name(r.status);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
+                                 std::span<const std::byte> payload) {
+  std::lock_guard lock(ch.mu_);
+  if (ch.closed_ || ch.qp_ == nullptr || payload.size() > ch.peer_max_message_)
+    return false;
+  const uint64_t returned = load_peer_written(ch.peer_reposted_);
+  if (ch.sent_ - returned >= ch.peer_depth_) return false;
+  ch.send_slot_ = static_cast<uint32_t>(ch.sent_ % ch.peer_depth_);
+  std::byte* slot = ch.send_mr_->data() +
+                    size_t{ch.send_slot_} * (ch.peer_max_message_ + sizeof(MsgHeader));
+  const MsgHeader header{kMagic, static_cast<uint16_t>(kind), 0, payload.size()};
+  std::memcpy(slot, &header, sizeof header);
+  if (!payload.empty()) std::memcpy(slot + sizeof header, payload.data(), payload.size());
+  SendWr wr{.opcode = Opcode::kSend,
+            .flags = kSignaled,
+            .length = static_cast<uint32_t>(sizeof header + payload.size()),
+            .local_addr = slot,
+            .lkey = ch.send_mr_->lkey()};
+  OpCallback none;
+  if (!ch.post_locked(wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr).ok()) {
+    return false;
+  }
+  ++ch.sent_;
+  return true;
+}
+
+// ---- server side ----
+
+void Engine::listen(const std::string& address) { listener_ = ctx_->listen(address); }
+
+std::string Engine::listen_host() const {
+  if (!listener_) return "127.0.0.1";
+  const std::string a = listener_->address();
+  const auto colon = a.rfind(':');
+  return colon == std::string::npos ? a : a.substr(0, colon);
+}
+
+uint16_t Engine::port() const { return listener_ ? listener_->port() : 0; }
+std::string Engine::address() const { return listener_ ? listener_->address() : ""; }
+
+size_t Engine::endpoints() const {
+  std::lock_guard lock(workers_mu_);
+  size_t n = 0;
+  for (const auto& w : workers_) n += w->endpoints();
+  return n;
+}
+
+void Engine::start_accepting() {
+  if (!acceptor_.joinable()) acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+void Engine::accept_loop() {
+  while (!stopping_.load()) {
+    try {
+      accept_one(milliseconds(100));
+    } catch (const Error& e) {
+      if (e.sys_errno() != ETIMEDOUT) spdlog::warn("session: accept: {}", e.what());
+    } catch (const std::exception& e) {
+      spdlog::warn("session: accept: {}", e.what());
+    }
+  }
+}
+
+// Accepts one endpoint: channel 0 on the public listener, the other channels
+// on the chosen worker's channel listener (so that every QP of the endpoint
+// lands on that worker's CQ).
+void Engine::accept_one(milliseconds timeout) {
+  Worker* w = staged_;
+  if (w == nullptr) {
+    if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) {
+      std::lock_guard lock(workers_mu_);
+      workers_.push_back(std::make_unique<Worker>(*this, true, 1));
+      w = workers_.back().get();
+    } else {
+      w = &next_worker();
+    }
+    staged_ = w;
+  }
+  Reply reply{options_.recv_depth, options_.max_message, 0};
+  if (options_.channels.size() > 1) reply.channel_port = w->channel_listener()->port();
+  const std::vector<std::byte> reply_blob = encode(reply);
+  std::unique_ptr<QueuePair> qp0 =
+      listener_->accept(qp_options(&w->cq()), timeout, reply_blob);
+  std::string why;
+  const std::optional<Hello> hello = decode_hello(qp0->peer_private_data(), &why);
+  if (!hello || hello->channel != 0) {
+    spdlog::warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
+                 ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
+    return;  // qp0 is destroyed: the peer's QP leaves the connected state
+  }
+  // Named by the peer's buffer table when it arrives.
+  std::vector<std::string> names(hello->channels);
+  for (uint32_t c = 0; c < hello->channels; ++c) names[c] = "channel" + std::to_string(c);
+  std::vector<std::unique_ptr<QueuePair>> extra;
+  std::vector<Hello> extra_hellos;
+  for (uint32_t c = 1; c < hello->channels; ++c) {
+    if (reply.channel_port == 0) {
+      spdlog::warn("session: {} asks for {} channels; this server serves one",
+                   qp0->peer(), hello->channels);
+      return;
+    }
+    auto qp = w->channel_listener()->accept(qp_options(&w->cq()), milliseconds(5000),
+                                            reply_blob);
+    const std::optional<Hello> h = decode_hello(qp->peer_private_data(), &why);
+    if (!h || h->endpoint_id != hello->endpoint_id || h->channel != c) {
+      spdlog::warn("session: channel {} of {} : unexpected connection ({})", c,
+                   qp0->peer(), h ? "wrong endpoint or channel" : why);
+      return;
+    }
+    extra.push_back(std::move(qp));
+    extra_hellos.push_back(*h);
+  }
+  if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) w->start();
+  staged_ = nullptr;
+  std::shared_ptr<Endpoint> ep = make_endpoint(hello->endpoint_id, qp0->peer(), names);
+  EndpointSetup::attach(*ep->channels_[0], std::move(qp0), hello->depth,
+                        hello->max_message);
+  for (size_t i = 0; i < extra.size(); ++i) {
+    EndpointSetup::attach(*ep->channels_[i + 1], std::move(extra[i]),
+                          extra_hellos[i].depth, extra_hellos[i].max_message);
+  }
+  if (!w->reserve(ep)) {
+    spdlog::warn("session: rejected {}: the worker serves max_endpoints={} already",
+                 ep->peer(), options_.max_endpoints);
+    return;
+  }
+  w->adopt(std::move(ep));
+}
+
+}  // namespace rdmakit::session::detail

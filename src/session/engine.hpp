@@ -1,0 +1,180 @@
+#pragma once
+// The session's machinery: the Engine (context, exposed buffers, workers,
+// the acceptor) and the Worker (one or more CQs, the endpoints they serve,
+// and the progress loop that runs on a library thread or in progress()).
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <rdmakit/rdmakit.hpp>
+#include <rdmakit/session/endpoint.hpp>
+#include <rdmakit/session/options.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire.hpp"
+
+namespace rdmakit::session::detail {
+
+class Engine;
+
+class Worker {
+ public:
+  Worker(Engine& engine, bool threaded, uint32_t capacity);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  CompletionQueue& cq() noexcept { return *cq_; }
+  Listener* channel_listener();  // created on first use, for channels 1..n-1
+
+  // Hands over a connected endpoint (any thread); the worker posts its RECVs,
+  // sends the buffer table and serves it from then on.
+  void adopt(std::shared_ptr<Endpoint> endpoint);
+  // Gives the endpoint its slot (wr_id index); false if the worker is full.
+  bool reserve(const std::shared_ptr<Endpoint>& endpoint);
+  void wake() noexcept;
+
+  // One pass of the progress loop: adopt, poll/wait (by event mode, up to
+  // timeout), dispatch, heartbeats and liveness, closes. Returns completions.
+  int run_once(std::chrono::milliseconds timeout);
+  void start();
+  void stop();
+  bool on_worker_thread() const noexcept;
+
+  // Called from the completion path (this worker's thread).
+  void fail_endpoint(Endpoint& ep, DisconnectReason reason, std::string detail);
+  void on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> payload);
+  void request_close() noexcept {
+    close_pending_.store(true);
+    wake();
+  }
+  // Closes every endpoint (goodbye to each peer) and destroys their QPs and
+  // memory. Only with the worker's thread stopped.
+  void shutdown();
+
+  int fd() const noexcept { return epfd_; }
+  bool arm() noexcept;
+  size_t endpoints() const noexcept { return live_.load(); }
+
+ private:
+  void adopt_pending();
+  void dispatch(const Completion& c);
+  void tick(std::chrono::steady_clock::time_point now);
+  void kill(Endpoint& ep, DisconnectInfo info);
+  void reap(std::chrono::steady_clock::time_point now, bool all);
+  void drain_fds() noexcept;
+  void loop();
+
+  Engine& engine_;
+  bool threaded_;
+  std::unique_ptr<CompletionQueue> cq_;
+  std::unique_ptr<Listener> channel_listener_;
+  std::mutex listener_mu_;
+  int epfd_ = -1;
+  int wake_fd_ = -1;
+  int timer_fd_ = -1;
+
+  std::mutex inbox_mu_;
+  std::vector<std::shared_ptr<Endpoint>> inbox_;
+  std::atomic<bool> inbox_pending_{false};
+  std::atomic<bool> close_pending_{false};
+
+  // Slot table (the endpoint index in wr_ids). Slots are reserved by any
+  // thread (under slots_mu_) and freed by the worker; the completion path
+  // reads the atomics only.
+  uint32_t capacity_;
+  std::mutex slots_mu_;
+  std::vector<std::shared_ptr<Endpoint>> owners_;
+  std::vector<uint32_t> free_slots_;
+  std::unique_ptr<std::atomic<Endpoint*>[]> slot_ptr_;
+  std::unique_ptr<std::atomic<uint16_t>[]> slot_gen_;
+  struct Grave {
+    std::shared_ptr<Endpoint> endpoint;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Grave> graves_;  // closed endpoints whose QPs linger a moment
+  std::atomic<size_t> live_{0};
+  std::chrono::steady_clock::time_point next_tick_{};
+  uint32_t polls_since_clock_ = 0;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::thread::id> thread_id_{};
+};
+
+class Engine {
+ public:
+  Engine(SessionOptions options, Handlers handlers, bool server);
+  ~Engine();
+
+  Context& ctx() noexcept { return *ctx_; }
+  const SessionOptions& options() const noexcept { return options_; }
+  const Handlers& handlers() const noexcept { return handlers_; }
+  bool is_server() const noexcept { return server_; }
+
+  MemoryRegion& expose(const std::string& name, size_t size, uint32_t access);
+  void expose(const std::string& name, MemoryRegion& region);
+  Table table_for(const Endpoint& ep) const;
+
+  QpOptions qp_options(CompletionQueue* cq) const;
+  std::string listen_host() const;
+  // The worker a new endpoint goes to (kPollerPerEndpoint: a new one).
+  Worker& next_worker();
+  Worker& app_worker();  // kApplication
+
+  // Server side.
+  void listen(const std::string& address);
+  void start_accepting();
+  uint16_t port() const;
+  std::string address() const;
+  size_t endpoints() const;
+
+  // Builds the channels' memory and posts nothing; used by both sides.
+  std::shared_ptr<Endpoint> make_endpoint(uint64_t id, const std::string& peer,
+                                          const std::vector<std::string>& names);
+  void stop_all();
+
+ private:
+  void accept_loop();
+  void accept_one(std::chrono::milliseconds timeout);
+
+  SessionOptions options_;
+  Handlers handlers_;
+  bool server_;
+  std::unique_ptr<Context> ctx_;
+  std::vector<std::unique_ptr<MemoryRegion>> owned_;
+  std::vector<std::pair<std::string, MemoryRegion*>> exposed_;
+
+  mutable std::mutex workers_mu_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  size_t next_worker_ = 0;
+  Worker* staged_ = nullptr;  // per-endpoint mode: the next endpoint's worker
+
+  // Every endpoint made, so that at shutdown the memory of those the
+  // application still holds is released before the context goes.
+  std::mutex made_mu_;
+  std::vector<std::weak_ptr<Endpoint>> made_;
+
+  std::unique_ptr<Listener> listener_;
+  std::thread acceptor_;
+  std::atomic<bool> stopping_{false};
+};
+
+// Connection-time setup of an endpoint's channels (both sides).
+struct EndpointSetup {
+  static void attach(Channel& ch, std::unique_ptr<QueuePair> qp, uint32_t peer_depth,
+                     uint32_t peer_max_message);
+  static void set_peer_ctrl(Endpoint& ep, const RemoteRegion& ctrl) {
+    ep.peer_ctrl_ = ctrl;
+  }
+  static void set_peer(Endpoint& ep, std::string peer) { ep.peer_ = std::move(peer); }
+  static bool post_initial_recvs(Channel& ch, std::string* why);
+  static bool send_control(Channel& ch, MsgKind kind, std::span<const std::byte> payload);
+  static void set_worker(Endpoint& ep, Worker* w) { ep.worker_ = w; }
+};
+
+uint64_t random_id();
+
+}  // namespace rdmakit::session::detail
