@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <rdmakit/rdmakit.hpp>
 
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
       return usage;
     }
     spdlog::set_level(spdlog::level::warn);  // the client reports by itself
+    ::setenv("RDMAKIT_LOG", "warn", 0);
     o.dest = paths.back();
     paths.pop_back();
     o.sources = paths;
