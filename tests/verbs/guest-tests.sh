@@ -58,6 +58,9 @@ case $mode in
     step perf-crosscheck 300 env RDMAKIT_PERF_REQUIRE=1 RDMAKIT_PERF_HOST="$SOFTROCE_IP" \
       ctest --test-dir "$build" -R '^perf_crosscheck_verbs$' --no-tests=error -V \
       --output-on-failure --timeout 280
+    # rdmakit-cp: every entry kind, push and pull, byte-identical on verbs.
+    step rdmakit-cp 240 env RDMAKIT_CP_TEST_HOST="$SOFTROCE_IP" \
+      "$(dirname "$0")/../cp/cp_test.sh" "$build/apps/cp/rdmakit-cp" tree verbs
     ;;
   two-vm)
     # The VMs boot at different speeds: start each step on both nodes together
