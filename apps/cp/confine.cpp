@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace rdmakit::cp {
@@ -22,6 +23,11 @@ struct Probe {
   bool ok = false;
   std::string why;
   Probe() {
+    if (const char* v = std::getenv("RDMAKIT_CP_NO_OPENAT2"); v != nullptr && *v == '1') {
+      why = "per-component O_NOFOLLOW walk (openat2 disabled by RDMAKIT_CP_NO_OPENAT2=1)";
+      std::fprintf(stderr, "rdmakit-cp: path confinement: %s\n", why.c_str());
+      return;
+    }
     open_how how{};
     how.flags = O_PATH | O_CLOEXEC;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;

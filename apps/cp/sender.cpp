@@ -104,7 +104,17 @@ bool Sender::pump(std::chrono::milliseconds timeout) {
       c_.report->error(kind, std::move(path), "(at the receiver) " + reason);
       return true;
     }
-    case Msg::kFinal: final_ = true; return true;
+    case Msg::kFinal: {
+      // The receiver's count is what arrived and verified.
+      const auto files = rd.get<uint64_t>();
+      const auto bytes = rd.get<uint64_t>();
+      if (rd.ok()) {
+        c_.report->files_done = files;
+        c_.report->bytes_done = bytes;
+      }
+      final_ = true;
+      return true;
+    }
     case Msg::kFatal: {
       const auto kind = static_cast<Failure>(rd.get<uint8_t>());
       const std::string reason = rd.str();
