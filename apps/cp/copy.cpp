@@ -75,10 +75,7 @@ int copy(const CopyOptions& o) {
     }
   }
 
-  session::SessionOptions so;
-  so.provider = parse_provider(o.provider);
-  so.max_message = kMaxMessage;
-  so.recv_depth = 64;
+  const session::SessionOptions so = session_options(o.provider);
   const std::string address = host + ":" + std::to_string(o.port);
   SummaryInfo info;
   info.direction = push ? "push" : "pull";

@@ -2,6 +2,7 @@
 // The two programs of rdmakit-cp: the serving daemon and the copying client
 // (push or pull), each wiring a session to a Sender or a Receiver.
 #include <cstdint>
+#include <rdmakit/session/session.hpp>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,12 @@ struct CopyOptions {
 };
 // Push or pull, decided by which side names a HOST:.
 int copy(const CopyOptions& options);
+
+// Session options both ends use. Liveness is generous: a copy saturates the
+// CPUs it runs on (and the machine may be loaded), so a heartbeat can be late
+// by seconds without the peer being gone; a killed peer is still seen at once
+// by the transport.
+session::SessionOptions session_options(const std::string& provider);
 
 // Fault injection for tests: RDMAKIT_CP_CORRUPT_CHUNK=N corrupts the N-th
 // chunk (0-based) this process sends, once, after its hash was taken.

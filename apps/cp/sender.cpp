@@ -285,24 +285,36 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   }
   BlockHasher hasher;
   std::string failure;
+  uint64_t ext_start = 0, ext_end = 0;  // current data extent [start, end)
   for (uint32_t b = 0; b < nblocks && failure.empty(); ++b) {
     if (!needed[b]) continue;  // hashes[b] came from the probe
     const uint64_t end = std::min<uint64_t>(uint64_t{b + 1} * kBlockSize, e.size);
     uint64_t pos = uint64_t{b} * kBlockSize;
     while (pos < end) {
-      const off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
-      if (d < 0 || static_cast<uint64_t>(d) >= end) break;  // rest of the block is a hole
-      off_t h = ::lseek(fd, d, SEEK_HOLE);
-      if (h < 0 || static_cast<uint64_t>(h) > end) h = static_cast<off_t>(end);
-      uint64_t off = static_cast<uint64_t>(d);
-      while (off < static_cast<uint64_t>(h)) {
+      if (pos >= ext_end) {
+        // Next data extent. SEEK_HOLE scans the extent (tmpfs walks its
+        // pages), so each extent is looked up once, not once per block.
+        const off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+        if (d < 0) {
+          ext_start = ext_end = e.size;  // ENXIO: only a hole is left
+        } else {
+          const off_t h = ::lseek(fd, d, SEEK_HOLE);
+          ext_start = static_cast<uint64_t>(d);
+          ext_end = h < 0 ? e.size : std::min<uint64_t>(static_cast<uint64_t>(h), e.size);
+          if (ext_end <= ext_start) ext_end = ext_start = e.size;
+        }
+      }
+      if (ext_start >= end) break;  // the rest of the block is a hole
+      const uint64_t seg_end = std::min(ext_end, end);
+      uint64_t off = std::max(pos, ext_start);
+      while (off < seg_end) {
         if (!ensure(kDataHeader + 4096)) {
           ::close(fd);
           return false;
         }
         const uint32_t room =
             kSlotPayload - cur_len_ - static_cast<uint32_t>(kDataHeader);
-        const auto len = static_cast<uint32_t>(std::min<uint64_t>(room, h - off));
+        const auto len = static_cast<uint32_t>(std::min<uint64_t>(room, seg_end - off));
         std::byte* dst = slot_mem(static_cast<uint32_t>(cur_)) + sizeof(SlotHeader) +
                          cur_len_ + kDataHeader;
         ssize_t got = 0;
@@ -327,7 +339,7 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
         off += len;
       }
       if (!failure.empty()) break;
-      pos = static_cast<uint64_t>(h);
+      pos = seg_end;
     }
     hashes[b] = hasher.finish();
   }

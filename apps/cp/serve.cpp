@@ -148,6 +148,17 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
 
 }  // namespace
 
+session::SessionOptions session_options(const std::string& provider) {
+  session::SessionOptions so;
+  so.provider = parse_provider(provider);
+  so.max_message = kMaxMessage;
+  so.recv_depth = 64;
+  so.heartbeat = std::chrono::milliseconds(200);
+  so.liveness = std::chrono::milliseconds(8000);
+  so.peer_timeout = std::chrono::milliseconds(8000);
+  return so;
+}
+
 int64_t corrupt_chunk_from_env() {
   const char* v = std::getenv("RDMAKIT_CP_CORRUPT_CHUNK");
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : -1;
@@ -164,10 +175,7 @@ int serve(const ServeOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  session::SessionOptions so;
-  so.provider = parse_provider(o.provider);
-  so.max_message = kMaxMessage;
-  so.recv_depth = 64;
+  const session::SessionOptions so = session_options(o.provider);
   session::Handlers h;
   h.on_connect = [&s](session::Endpoint& ep) {
     auto self = ep.shared_from_this();
