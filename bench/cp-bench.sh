@@ -84,7 +84,7 @@ run() {  # run NAME DATASET SERVER_PID CMD...  -> best of $repeat
     if [ "$spid" != - ]; then s0=$(tree_cpu "$spid"); fi
     local t
     /usr/bin/time -o "$work/time" -f "%e %U %S" taskset -c $tx_cpu "$@" >/dev/null \
-      2>"$work/client.err" || { echo "$name failed:"; cat "$work/client.err"; return 1; }
+      2>"$work/client.err" || { echo "$name failed:"; cat "$work/client.err"; tail -5 "$work"/serve.*.log; return 1; }
     t=$(cat "$work/time")
     sleep 0.2  # the daemon's per-connection child has exited
     if [ "$spid" != - ]; then s1=$(tree_cpu "$spid"); fi

@@ -212,6 +212,9 @@ int serve(const ServeOptions& o) {
                  s.active.load());
     std::_Exit(0);
   }
+  // The staging regions belong to the server's context: release them while
+  // it still exists (the server is destroyed first, being declared last).
+  s.staging.clear();
   ::close(s.root);
   return 0;
 }

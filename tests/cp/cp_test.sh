@@ -39,9 +39,12 @@ start_server() {  # start_server ROOT [ENV...]
   for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
   port=$(cat "$work/port" 2>/dev/null) || { fail "server did not start"; tail "$work/server.log"; exit 1; }
 }
-stop_server() {
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+stop_server() {  # SIGTERM: the server finishes cleanly with exit 0
+  kill "$server_pid" 2>/dev/null
+  wait "$server_pid"
+  local rc=$?
   server_pid=
+  [ $rc = 0 ] && pass "server stopped cleanly" || fail "server exit $rc on SIGTERM"
 }
 
 # Every kind of entry: empty, small, block-sized and multi-block files, a
@@ -124,6 +127,7 @@ case $mode in
     # Unknown server: exit 5 with the address named.
     timeout 30 "$bin" -q --provider "$provider" -p 1 "$src/small.txt" "$host:x" 2>"$work/err"
     [ $? = 5 ] && pass "no server: exit 5" || fail "no server: exit code"
+    stop_server
     ;;
   escape | escape-fallback)
     # escape-fallback: the confinement without openat2 (kernels before 5.6),
@@ -251,5 +255,10 @@ case $mode in
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
+# Sanitizer reports of the server side (clients' fail their own exit code).
+if grep -qE "Sanitizer|runtime error" "$work/server.log" 2>/dev/null; then
+  grep -E -A20 "Sanitizer|runtime error" "$work/server.log" | head -60
+  fail "sanitizer report in the server log"
+fi
 [ $fails = 0 ] || { echo "$fails failure(s)"; tail -20 "$work/server.log"; exit 1; }
 echo "all passed"
