@@ -81,7 +81,7 @@ OpResult Channel::closed_result(const char* what) const {
 uint32_t Channel::credits() const noexcept {
   std::lock_guard lock(mu_);
   if (peer_reposted_ == nullptr) return 0;
-  const uint64_t returned = __atomic_load_n(peer_reposted_, __ATOMIC_ACQUIRE);
+  const uint64_t returned = detail::load_peer_written(peer_reposted_);
   const uint64_t in_flight = sent_ - returned;
   return in_flight >= peer_depth_ ? 0 : static_cast<uint32_t>(peer_depth_ - in_flight);
 }
@@ -94,7 +94,7 @@ OpResult Channel::wait_credit(std::unique_lock<std::mutex>& lock) {
   for (uint32_t spins = 0;; ++spins) {
     if (closed_) return closed_result("send");
     if (peer_reposted_ == nullptr) return closed_result("send");
-    const uint64_t returned = __atomic_load_n(peer_reposted_, __ATOMIC_ACQUIRE);
+    const uint64_t returned = detail::load_peer_written(peer_reposted_);
     if (sent_ - returned < peer_depth_) return {};
     if (Clock::now() >= deadline) {
       return fail(Errc::kNoCredit, "send",

@@ -1,22 +1,28 @@
 #include "engine.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 namespace rdmakit::session::detail {
 
 using std::chrono::milliseconds;
 
+// From the kernel each time: a generator state copied by fork() would give
+// parent and children the same ids.
 uint64_t random_id() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
   uint64_t id = 0;
-  while (id == 0) id = rng();
+  while (id == 0) {
+    if (getrandom(&id, sizeof id, 0) != sizeof id) {
+      id = static_cast<uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<uint64_t>(getpid()) << 40);
+    }
+  }
   return id;
 }
 
@@ -54,6 +60,9 @@ void check_options(const SessionOptions& o) {
 Engine::Engine(SessionOptions options, Handlers handlers, bool server)
     : options_(std::move(options)), handlers_(std::move(handlers)), server_(server) {
   check_options(options_);
+  // Receive slots hold at least kMinMessage so that the buffer table (the
+  // first message) always fits; expose() keeps the table within it.
+  options_.max_message = std::max(options_.max_message, kMinMessage);
   ContextOptions co;
   co.provider = options_.provider;
   ctx_ = Context::open(co);
@@ -118,6 +127,16 @@ void Engine::expose(const std::string& name, MemoryRegion& region) {
     }
   }
   exposed_.emplace_back(name, &region);
+  Table t;
+  t.ctrl = region.remote();
+  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  if (encode(t).size() > kMinMessage) {
+    exposed_.pop_back();
+    throw Error("session expose", ctx_->provider_name(), "", E2BIG,
+                "exposing '" + name + "' would make the buffer table exceed " +
+                    std::to_string(kMinMessage) + " bytes (" +
+                    std::to_string(exposed_.size()) + " buffers exposed already)");
+  }
 }
 
 Table Engine::table_for(const Endpoint& ep) const {
@@ -233,7 +252,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
   std::lock_guard lock(ch.mu_);
   if (ch.closed_ || ch.qp_ == nullptr || payload.size() > ch.peer_max_message_)
     return false;
-  const uint64_t returned = __atomic_load_n(ch.peer_reposted_, __ATOMIC_ACQUIRE);
+  const uint64_t returned = load_peer_written(ch.peer_reposted_);
   if (ch.sent_ - returned >= ch.peer_depth_) return false;
   ch.send_slot_ = static_cast<uint32_t>(ch.sent_ % ch.peer_depth_);
   std::byte* slot = ch.send_mr_->data() +

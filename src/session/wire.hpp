@@ -2,6 +2,7 @@
 // The session's wire formats: connection handshake (private data), message
 // header, control block layout and work request ids. Little-endian hosts only
 // (checked), fixed sizes, versioned.
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,8 @@ constexpr uint32_t kMaxChannels = 16;
 constexpr uint32_t kMaxDepth = 4096;
 constexpr size_t kMaxChannelName = 32;
 constexpr size_t kMaxBufferName = 64;
+// Smallest receive slot payload: the buffer table must fit in one message.
+constexpr uint32_t kMinMessage = 2048;
 
 // Client -> server, in the private data of each channel's connect.
 struct Hello {
@@ -61,6 +64,18 @@ constexpr size_t kCtrlHeartbeat = 0;  // u64: the peer's heartbeat count
 constexpr size_t kCtrlCredits = 64;   // u64 per channel: peer's re-posted RECVs
 constexpr size_t kCtrlSize = 4096;
 static_assert(kCtrlCredits + 8 * kMaxChannels <= kCtrlSize);
+
+// Reads a word the peer WRITEs one-sided into our control block. The writer
+// is the transport (a NIC's DMA, another process on shm, the tcp provider's
+// receive thread), never a thread of ours, so this is a plain aligned load
+// that the thread sanitizer does not instrument; the acquire fence orders
+// what follows it.
+__attribute__((no_sanitize("thread"))) inline uint64_t load_peer_written(
+    const uint64_t* word) noexcept {
+  const uint64_t value = *static_cast<const volatile uint64_t*>(word);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return value;
+}
 
 // The buffer table (sent as a kTable message on channel 0): the sender's
 // control block, then (name, RemoteRegion) entries.

@@ -295,9 +295,8 @@ void Worker::tick(Clock::time_point now) {
       continue;
     }
     if (!heartbeat_due || !ep->connected()) continue;
-    const uint64_t seen = __atomic_load_n(
-        reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() + kCtrlHeartbeat),
-        __ATOMIC_ACQUIRE);
+    const uint64_t seen = load_peer_written(
+        reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() + kCtrlHeartbeat));
     if (seen != ep->heartbeat_seen_) {
       ep->heartbeat_seen_ = seen;
       ep->heartbeat_changed_ = now;

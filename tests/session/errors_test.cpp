@@ -115,9 +115,9 @@ TEST_P(SessionErrorsTest, RemoteMistakesAndTwoChannels) {
     r = ch.read_sync("small", 0, Local::of(*buf), 8192 + 1);
     EXPECT_NE(r.code, Errc::kOk);
 
-    r = ch.send(std::string(o.max_message + 1, 'x'));
+    r = ch.send(std::string(ch.max_message() + 1, 'x'));
     EXPECT_EQ(r.code, Errc::kTooLarge);
-    EXPECT_TRUE(mentions(r.detail, std::to_string(o.max_message)));
+    EXPECT_TRUE(mentions(r.detail, std::to_string(ch.max_message())));
 
     // Still usable, on both channels.
     for (const char* name : {"ctl", "bulk"}) {

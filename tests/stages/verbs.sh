@@ -17,6 +17,7 @@ config=()
   config=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMAKIT_BUILD_BENCH=OFF)
 cmake -S . -B "$build" -G Ninja ${config[@]+"${config[@]}"} >/dev/null
 ninja -C "$build" rdmakit_conformance rdmakit_verbs_test rdmakit-info rdmakit-perf \
+  rdmakit_session_tests \
   >"$build.verbs-build.log" 2>&1 || { tail -30 "$build.verbs-build.log"; exit 1; }
 start=$SECONDS
 rc=0

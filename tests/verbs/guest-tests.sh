@@ -52,6 +52,14 @@ case $mode in
     else
       echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
     fi
+    # The session layer's suite on verbs (the single-process cases use
+    # 127.0.0.1 and are covered on shm/tcp).
+    session_tests=$build/tests/session/rdmakit_session_tests
+    session_filter="--gtest_filter=-*Refused*:*MalformedAddress*:*BadOptions*"
+    if [ -x "$session_tests" ]; then
+      step session 420 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
+        RDMAKIT_TEST_TIMEOUT_SCALE="$one_vm_scale" "$session_tests" "$session_filter"
+    fi
     # rdmakit-perf on verbs, every test, its figures checked against what was
     # posted (tests/perf/check_perf.py via its CTest entry). REQUIRE: a missing
     # device is a failure here, not a skip.
@@ -86,6 +94,14 @@ case $mode in
         RDMAKIT_TEST_TIMEOUT_SCALE="$two_vm_scale" "$conformance" $filter
     else
       echo "==== conformance: not built ($conformance)"; fails=$((fails + 1))
+    fi
+    session_tests=$build/tests/session/rdmakit_session_tests
+    if [ -x "$session_tests" ]; then
+      sync_nodes session || fails=$((fails + 1))
+      step "session ($role)" 540 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_ROLE=$role \
+        RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7900 \
+        RDMAKIT_TEST_TIMEOUT_SCALE="$two_vm_scale" "$session_tests" \
+        "--gtest_filter=-*Refused*:*MalformedAddress*:*BadOptions*"
     fi
     ;;
   *) echo "usage: guest-tests.sh one-vm|two-vm BUILD_DIR" >&2; exit 2 ;;

@@ -40,7 +40,9 @@ struct SessionOptions {
   // Channels of every endpoint, one QP each, created at connect time. The
   // client's list is used; the server accepts what the client asks for.
   std::vector<std::string> channels = {"default"};
-  uint32_t max_message = 4096;  // largest message payload this side receives
+  // Largest message payload this side receives (at least 2048: the table of
+  // exposed buffers travels as a message).
+  uint32_t max_message = 4096;
   uint32_t recv_depth = 64;     // RECVs per channel = credits the peer gets
   uint32_t max_endpoints = 64;  // per worker CQ (shared modes)
   // Liveness: each side WRITEs a heartbeat into the peer every `heartbeat`;
