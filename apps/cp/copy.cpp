@@ -3,9 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <rdmakit/session/session.hpp>
 #include <thread>
 
@@ -81,10 +84,31 @@ int copy(const CopyOptions& o) {
   info.direction = push ? "push" : "pull";
   info.peer = address;
   try {
-    session::Client client(so);
-    MemoryRegion& slots = client.expose(kSlotsBuffer, kLaneBytes, kAccessAll);
-    auto staging = client.context().allocate(kLaneBytes, kAccessLocalWrite);
-    session::Endpoint& ep = client.connect(address);
+    // The session retries a refused connect by itself; a handshake cut short
+    // (EPIPE/ECONNRESET: a server just starting or just restarted) is retried
+    // here, a bounded number of times, with a fresh client.
+    std::unique_ptr<session::Client> client_holder;
+    MemoryRegion* slots_mr = nullptr;
+    std::unique_ptr<MemoryRegion> staging;
+    session::Endpoint* ep_ptr = nullptr;
+    for (int attempt = 1;; ++attempt) {
+      staging.reset();
+      client_holder = std::make_unique<session::Client>(so);
+      slots_mr = &client_holder->expose(kSlotsBuffer, kLaneBytes, kAccessAll);
+      staging = client_holder->context().allocate(kLaneBytes, kAccessLocalWrite);
+      try {
+        ep_ptr = &client_holder->connect(address);
+        break;
+      } catch (const Error& e) {
+        if (attempt >= 3 || (e.sys_errno() != EPIPE && e.sys_errno() != ECONNRESET))
+          throw;
+        std::fprintf(stderr, "rdmakit-cp: %s: handshake cut short (%s); retrying\n",
+                     address.c_str(), std::strerror(e.sys_errno()));
+        std::this_thread::sleep_for(200ms * attempt);
+      }
+    }
+    MemoryRegion& slots = *slots_mr;
+    session::Endpoint& ep = *ep_ptr;
     info.provider = ep.provider_name();
     session::Channel& ch = ep.channel();
     const auto t0 = std::chrono::steady_clock::now();
