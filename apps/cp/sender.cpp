@@ -16,7 +16,7 @@ namespace {
 constexpr size_t kDataHeader = 1 + 4 + 8 + 4;
 }
 
-Sender::Sender(SenderConfig config) : c_(std::move(config)) {}
+Sender::Sender(SenderConfig config) : c_(config) {}
 
 std::byte* Sender::slot_mem(uint32_t s) const {
   return c_.staging.addr + uint64_t{s} * kSlotSize;

@@ -57,13 +57,15 @@ void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     struct stat st {};
-    const std::string child_open = open_path + "/" + name;
+    std::string child_open = open_path;
+    child_open.append("/").append(name);
     if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       report->error(classify_errno(errno), child_open, std::strerror(errno));
       continue;
     }
     Entry e;
-    e.rel = rel + "/" + name;
+    e.rel = rel;
+    e.rel.append("/").append(name);
     e.open = child_open;
     fill_meta(st, &e);
     if (S_ISREG(st.st_mode)) {
