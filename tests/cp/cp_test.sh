@@ -128,6 +128,18 @@ case $mode in
     timeout 30 "$bin" -q --provider "$provider" -p 1 "$src/small.txt" "$host:x" 2>"$work/err"
     [ $? = 5 ] && pass "no server: exit 5" || fail "no server: exit code"
     stop_server
+    # No space: a 1 MiB tmpfs as the root; the error names the file and the
+    # reason, exit 2, and nothing appears under the final name.
+    if [ "$(id -u)" = 0 ] && mkdir "$work/tiny" && mount -t tmpfs -o size=1m tiny "$work/tiny" 2>/dev/null; then
+      start_server "$work/tiny"
+      cp_ "$src/sub/deeper/multi" "$host:multi" 2>"$work/err"
+      rc=$?
+      if [ $rc = 2 ] && grep -q "multi.*no space left on device" "$work/err" && [ ! -e "$work/tiny/multi" ]; then
+        pass "no space: exit 2, named, no final file"
+      else fail "no space: exit $rc"; cat "$work/err"; fi
+      stop_server
+      umount "$work/tiny"
+    fi
     ;;
   escape | escape-fallback)
     # escape-fallback: the confinement without openat2 (kernels before 5.6),
