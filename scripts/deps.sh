@@ -13,7 +13,7 @@ pkgs+=(libpmix-dev openmpi-bin python3-matplotlib)
 # rdmakit-perf cross-check run inside them.
 pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibverbs-utils
        rdmacm-utils perftest python3)
-[ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib)
+[ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib rsync)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -64,6 +64,8 @@ case $mode in
     if [ -x "$session_tests" ]; then
       step session 420 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
         RDMAKIT_TEST_TIMEOUT_SCALE="$one_vm_scale" "$session_tests" "$session_filter"
+    else
+      echo "==== session: not built ($session_tests)"; fails=$((fails + 1))
     fi
     # rdmakit-perf on verbs, every test, its figures checked against what was
     # posted (tests/perf/check_perf.py via its CTest entry). REQUIRE: a missing
@@ -79,8 +81,11 @@ case $mode in
         RDMAKIT_TEST_TIMEOUT_SCALE="$one_vm_scale" "$kv_tests" \
         --gtest_filter='Providers/KvTest.*:Providers/KvTornReadTest.*'
     else
-      echo "==== kv-tests: not built ($kv_tests)"
+      echo "==== kv-tests: not built ($kv_tests)"; fails=$((fails + 1))
     fi
+    # rdmakit-cp: every entry kind, push and pull, byte-identical on verbs.
+    step rdmakit-cp 240 env RDMAKIT_CP_TEST_HOST="$SOFTROCE_IP" \
+      "$(dirname "$0")/../cp/cp_test.sh" "$build/apps/cp/rdmakit-cp" tree verbs
     ;;
   two-vm)
     # The VMs boot at different speeds: start each step on both nodes together
@@ -119,6 +124,8 @@ case $mode in
         RDMAKIT_TEST_HOST="$host" RDMAKIT_TEST_BASE_PORT=7900 \
         RDMAKIT_TEST_TIMEOUT_SCALE="$two_vm_scale" "$session_tests" \
         "--gtest_filter=-*Refused*:*MalformedAddress*:*BadOptions*"
+    else
+      echo "==== session: not built ($session_tests)"; fails=$((fails + 1))
     fi
     ;;
   *) echo "usage: guest-tests.sh one-vm|two-vm BUILD_DIR" >&2; exit 2 ;;

@@ -1,0 +1,185 @@
+// The copying client: push (local sources -> HOST:DST) or pull
+// (HOST:sources -> local DST) over one session endpoint.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <rdmakit/session/session.hpp>
+#include <thread>
+
+#include "endpoints.hpp"
+#include "progress.hpp"
+#include "protocol.hpp"
+#include "receiver.hpp"
+#include "sender.hpp"
+
+namespace rdmakit::cp {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Remote {
+  bool remote = false;
+  std::string host, path;
+};
+
+// "host:path" is remote when the ':' comes before any '/' (so ./a:b is local).
+Remote parse_location(const std::string& s) {
+  const size_t colon = s.find(':');
+  const size_t slash = s.find('/');
+  if (colon == std::string::npos || colon == 0 ||
+      (slash != std::string::npos && slash < colon))
+    return {false, "", s};
+  return {true, s.substr(0, colon), s.substr(colon + 1)};
+}
+
+}  // namespace
+
+int copy(const CopyOptions& o) {
+  std::signal(SIGPIPE, SIG_IGN);
+  Report report;
+  const Remote dst = parse_location(o.dest);
+  std::vector<Remote> srcs;
+  for (const std::string& s : o.sources) srcs.push_back(parse_location(s));
+  const bool push = dst.remote;
+  std::string host = push ? dst.host : "";
+  for (const Remote& s : srcs) {
+    if (s.remote == push || (!push && !host.empty() && s.host != host)) {
+      std::fprintf(
+          stderr,
+          "rdmakit-cp: give local sources and HOST:DST (push), or HOST:SOURCES from one "
+          "host and a local DST (pull)\n");
+      return static_cast<int>(Failure::kUsage);
+    }
+    if (!push) host = s.host;
+  }
+  const uint32_t flags =
+      (o.resume ? kFlagResume : 0) | (o.recursive ? kFlagRecursive : 0);
+
+  // Local side first: a push walks its sources, a pull checks its destination.
+  std::vector<Entry> entries;
+  Target target;
+  if (push) {
+    for (const Remote& s : srcs)
+      walk_source({AT_FDCWD, false}, s.path, o.recursive, &entries, &report);
+  } else {
+    Failure kind = Failure::kNone;
+    std::string why;
+    if (!resolve_target(AT_FDCWD, o.dest, false, static_cast<uint32_t>(srcs.size()),
+                        &target, &kind, &why)) {
+      report.error(kind, o.dest, why);
+      return report.exit_code();
+    }
+  }
+
+  const session::SessionOptions so = session_options(o.provider);
+  const std::string address = host + ":" + std::to_string(o.port);
+  SummaryInfo info;
+  info.direction = push ? "push" : "pull";
+  info.peer = address;
+  try {
+    // The session retries a refused connect by itself; a handshake cut short
+    // (EPIPE/ECONNRESET: a server just starting or just restarted) is retried
+    // here, a bounded number of times, with a fresh client.
+    std::unique_ptr<session::Client> client_holder;
+    MemoryRegion* slots_mr = nullptr;
+    std::unique_ptr<MemoryRegion> staging;
+    session::Endpoint* ep_ptr = nullptr;
+    for (int attempt = 1;; ++attempt) {
+      staging.reset();
+      client_holder = std::make_unique<session::Client>(so);
+      slots_mr = &client_holder->expose(kSlotsBuffer, kLaneBytes, kAccessAll);
+      staging = client_holder->context().allocate(kLaneBytes, kAccessLocalWrite);
+      try {
+        ep_ptr = &client_holder->connect(address);
+        break;
+      } catch (const Error& e) {
+        if (attempt >= 3 || (e.sys_errno() != EPIPE && e.sys_errno() != ECONNRESET))
+          throw;
+        std::fprintf(stderr, "rdmakit-cp: %s: handshake cut short (%s); retrying\n",
+                     address.c_str(), std::strerror(e.sys_errno()));
+        std::this_thread::sleep_for(200ms * attempt);
+      }
+    }
+    MemoryRegion& slots = *slots_mr;
+    session::Endpoint& ep = *ep_ptr;
+    info.provider = ep.provider_name();
+    session::Channel& ch = ep.channel();
+    const auto t0 = std::chrono::steady_clock::now();
+
+    Writer hello = message(Msg::kHello);
+    hello.put<uint32_t>(kProtocolVersion).put<uint8_t>(push ? 1 : 2).put<uint8_t>(flags);
+    if (push) {
+      hello.put<uint32_t>(2)
+          .str(dst.path.empty() ? "." : dst.path)
+          .str(std::to_string(srcs.size()));
+    } else {
+      hello.put<uint32_t>(static_cast<uint32_t>(srcs.size()));
+      for (const Remote& s : srcs) hello.str(s.path);
+    }
+    session::OpResult r = ch.send(std::span<const std::byte>(hello.data()));
+    session::Message m;
+    if (r.ok()) r = ch.recv(&m, 10s);
+    if (!r.ok()) {
+      report.error(Failure::kPeer, address,
+                   std::string("no answer from the server: ") + r.detail);
+      return report.exit_code();
+    }
+    Reader rd(m.data());
+    const auto type = static_cast<Msg>(rd.get<uint8_t>());
+    const auto ok = rd.get<uint8_t>();
+    const auto lane = rd.get<uint32_t>();  // our part of the server's slots
+    const auto kind = static_cast<Failure>(rd.get<uint8_t>());
+    const std::string why = rd.str();
+    m.release();
+    if (!rd.ok() || type != Msg::kHelloReply) {
+      report.error(Failure::kPeer, address, "protocol error: bad reply");
+      return report.exit_code();
+    }
+    if (!ok) {
+      report.error(
+          kind > Failure::kPeer || kind == Failure::kNone ? Failure::kPeer : kind,
+          address, "server refused: " + why);
+      return report.exit_code();
+    }
+
+    Progress progress(report, !o.quiet && !o.json);
+    if (push) {
+      SenderConfig sc;
+      sc.channel = &ch;
+      sc.remote_offset = uint64_t{lane} * kLaneBytes;
+      sc.staging = {staging->data(), staging->length(), staging->lkey()};
+      sc.root = {AT_FDCWD, false};
+      sc.resume = o.resume;
+      sc.report = &report;
+      sc.corrupt_chunk = corrupt_chunk_from_env();
+      Sender(sc).run(entries);
+    } else {
+      ReceiverConfig rc;
+      rc.channel = &ch;
+      rc.slots = slots.data();
+      rc.target = target;
+      rc.resume = o.resume;
+      rc.report = &report;
+      Receiver(rc).run();
+    }
+    progress.stop();
+    info.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ep.close();
+    for (int i = 0; i < 200 && !ep.closed(); ++i) std::this_thread::sleep_for(5ms);
+  } catch (const Error& e) {
+    report.error(Failure::kPeer, address, e.what());
+  }
+  if (target.base >= 0) ::close(target.base);
+  print_summary(report, info, o.json);
+  return report.exit_code();
+}
+
+}  // namespace rdmakit::cp

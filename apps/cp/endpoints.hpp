@@ -1,0 +1,43 @@
+#pragma once
+// The two programs of rdmakit-cp: the serving daemon and the copying client
+// (push or pull), each wiring a session to a Sender or a Receiver.
+#include <cstdint>
+#include <rdmakit/session/session.hpp>
+#include <string>
+#include <vector>
+
+namespace rdmakit::cp {
+
+struct ServeOptions {
+  std::string root;
+  std::string bind = "0.0.0.0";
+  uint16_t port = 7480;
+  std::string provider = "auto";
+  std::string port_file;  // written with the bound port (for -p 0)
+};
+int serve(const ServeOptions& options);
+
+struct CopyOptions {
+  std::vector<std::string> sources;
+  std::string dest;
+  bool recursive = false;
+  bool resume = false;
+  bool json = false;
+  bool quiet = false;
+  uint16_t port = 7480;
+  std::string provider = "auto";
+};
+// Push or pull, decided by which side names a HOST:.
+int copy(const CopyOptions& options);
+
+// Session options both ends use. Liveness is generous: a copy saturates the
+// CPUs it runs on (and the machine may be loaded), so a heartbeat can be late
+// by seconds without the peer being gone; a killed peer is still seen at once
+// by the transport.
+session::SessionOptions session_options(const std::string& provider);
+
+// Fault injection for tests: RDMAKIT_CP_CORRUPT_CHUNK=N corrupts the N-th
+// chunk (0-based) this process sends, once, after its hash was taken.
+int64_t corrupt_chunk_from_env();
+
+}  // namespace rdmakit::cp

@@ -1,0 +1,114 @@
+#pragma once
+// The receiving end (the server on push, the client on pull). The calling
+// thread takes notifications and control messages: it checks each slot's
+// hash (nack -> the sender re-sends) and queues good slots; a writer thread
+// applies them in sequence order (so disk writes overlap the network) and
+// acks each slot once its records are on disk. Every file is written to
+// ".NAME.rdmakit-cp-part", verified against the sender's file hash, fsynced
+// and renamed; nothing unverified ever appears under its final name.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <rdmakit/session/session.hpp>
+#include <string>
+#include <vector>
+
+#include "protocol.hpp"
+#include "report.hpp"
+#include "tree.hpp"
+
+namespace rdmakit::cp {
+
+// Where received paths land: beneath `base`; if rename_top is set, the first
+// component of every path is replaced by it (copy to a new name).
+struct Target {
+  int base = -1;
+  std::string rename_top;
+};
+
+// Resolves a destination. confined: `dst` is peer-named and opened beneath
+// `root`. nsources: more than one needs an existing directory. On failure
+// returns false with the class and reason.
+bool resolve_target(int root, const std::string& dst, bool confined, uint32_t nsources,
+                    Target* out, Failure* kind, std::string* reason);
+
+struct ReceiverConfig {
+  session::Channel* channel = nullptr;
+  std::byte* slots = nullptr;  // this transfer's lane (kLaneBytes)
+  Target target;
+  bool resume = false;
+  Report* report = nullptr;
+  std::chrono::milliseconds timeout{60000};
+};
+
+class Receiver {
+ public:
+  explicit Receiver(ReceiverConfig config);
+  ~Receiver();
+  // Receives until the sender's stream is complete; false on a fatal error.
+  bool run();
+
+ private:
+  struct ProbeResult {
+    bool keep_final = false;
+    std::vector<uint64_t> hashes;  // the sender's, for kept blocks
+    std::vector<bool> needed;
+  };
+  struct File {
+    uint32_t id = 0;
+    bool open = false;
+    bool failed = false;
+    bool keep_final = false;
+    int fd = -1;
+    int parent = -1;
+    std::string path, name, tmp;
+    uint64_t size = 0;
+    uint32_t mode = 0;
+    int64_t sec = 0;
+    uint32_t nsec = 0;
+    std::vector<uint64_t> hashes;
+    std::vector<bool> needed;
+  };
+  struct DirFix {
+    std::string path;
+    uint32_t mode;
+    int64_t sec;
+    uint32_t nsec;
+  };
+
+  void writer_loop();
+  bool apply_slot(uint32_t slot);
+  bool on_entry(Reader& rd);
+  void on_data(Reader& rd);
+  void on_end(Reader& rd);
+  void on_abort(Reader& rd);
+  void on_probe(Reader& rd);
+  void fail_file(Failure kind, const std::string& reason);
+  void close_file();
+  void fix_dirs();
+  // Maps a wire path to a target path; "" + reason if refused.
+  std::string map_path(const std::string& rel, std::string* why) const;
+  int parent_fd(const std::string& dir);  // cached; -errno on failure
+  void send(Writer& w);
+  void fatal(Failure kind, const std::string& reason, bool tell_peer);
+
+  ReceiverConfig c_;
+  BlockHasher hasher_;
+  File cur_;
+  std::vector<DirFix> dirs_;
+  std::string parent_path_;
+  int parent_ = -1;
+
+  std::mutex mu_;  // below: shared by the two threads
+  std::condition_variable cv_;
+  std::map<uint32_t, uint32_t> ready_;  // seq -> slot
+  std::map<uint32_t, ProbeResult> probes_;
+  uint32_t next_seq_ = 0;
+  int64_t total_seqs_ = -1;
+  bool writer_done_ = false;
+  bool abort_ = false;
+};
+
+}  // namespace rdmakit::cp

@@ -1,0 +1,54 @@
+#pragma once
+// What a transfer did: counters shared by sender, receiver and the progress
+// display, the per-file errors, and the exit code they map to.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rdmakit::cp {
+
+// Failure classes, in increasing severity; the exit code is the worst one.
+enum class Failure : uint8_t {
+  kNone = 0,
+  kUsage = 1,    // bad command line, local setup
+  kFile = 2,     // some files failed (not found, permission, no space, I/O)
+  kVerify = 3,   // a file or chunk did not verify (re-sends exhausted)
+  kRefused = 4,  // the server refused a path (escape from its root)
+  kPeer = 5,     // connection failed, peer gone, protocol error
+};
+const char* failure_name(Failure f) noexcept;
+// errno -> class for file errors.
+Failure classify_errno(int err) noexcept;
+
+struct FileError {
+  Failure kind;
+  std::string path;
+  std::string reason;
+};
+
+class Report {
+ public:
+  void error(Failure kind, std::string path, std::string reason);
+  // Merge a class without a file (e.g. peer gone).
+  std::vector<FileError> errors() const;
+  Failure worst() const;
+  int exit_code() const { return static_cast<int>(worst()); }
+
+  std::atomic<uint64_t> total_files{0};
+  std::atomic<uint64_t> total_bytes{0};
+  std::atomic<uint64_t> files_done{0};
+  std::atomic<uint64_t> bytes_done{0};     // bytes of files verified or skipped
+  std::atomic<uint64_t> bytes_sent{0};     // data bytes that crossed the network
+  std::atomic<uint64_t> files_skipped{0};  // --resume: already complete
+  std::atomic<uint64_t> chunks{0};
+  std::atomic<uint64_t> chunks_resent{0};
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<FileError> errors_;
+  Failure worst_ = Failure::kNone;
+};
+
+}  // namespace rdmakit::cp

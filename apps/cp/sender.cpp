@@ -1,0 +1,390 @@
+#include "sender.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace rdmakit::cp {
+
+using namespace std::chrono_literals;
+
+namespace {
+constexpr size_t kDataHeader = 1 + 4 + 8 + 4;
+}
+
+Sender::Sender(SenderConfig config) : c_(config) {}
+
+std::byte* Sender::slot_mem(uint32_t s) const {
+  return c_.staging.addr + uint64_t{s} * kSlotSize;
+}
+
+bool Sender::fatal(Failure kind, const std::string& reason) {
+  if (!dead_) c_.report->error(kind, "", reason);
+  dead_ = true;
+  return false;
+}
+
+bool Sender::send_message(Writer& w) {
+  if (dead_) return false;
+  const session::OpResult r = c_.channel->send(std::span<const std::byte>(w.data()));
+  if (!r.ok())
+    return fatal(Failure::kPeer, std::string("peer gone: ") + session::errc_name(r.code) +
+                                     ": " + r.detail);
+  return true;
+}
+
+void Sender::file_error(const std::string& path, Failure kind,
+                        const std::string& reason) {
+  c_.report->error(kind, path, reason);
+  Writer w = message(Msg::kFileError);
+  w.put<uint8_t>(static_cast<uint8_t>(kind)).str(path).str(reason);
+  send_message(w);
+}
+
+// Handles one control message (acks, needs, errors, final).
+bool Sender::pump(std::chrono::milliseconds timeout) {
+  if (dead_) return false;
+  session::Message m;
+  const session::OpResult r = c_.channel->recv(&m, timeout);
+  if (r.code == session::Errc::kTimeout) {
+    return fatal(Failure::kPeer, "peer silent: no acknowledgement within " +
+                                     std::to_string(timeout.count()) + " ms");
+  }
+  if (!r.ok()) {
+    std::string detail = r.detail;
+    if (c_.channel->endpoint().closed())
+      detail = c_.channel->endpoint().disconnect_info().detail;
+    return fatal(Failure::kPeer, std::string("peer gone: ") + detail);
+  }
+  if (m.is_notification())
+    return fatal(Failure::kPeer, "protocol error: unexpected notification");
+  Reader rd(m.data());
+  const auto type = static_cast<Msg>(rd.get<uint8_t>());
+  switch (type) {
+    case Msg::kAck: {
+      const auto s = rd.get<uint32_t>();
+      const auto seq = rd.get<uint32_t>();
+      const auto ok = rd.get<uint8_t>();
+      if (!rd.ok() || s >= kSlots || !slots_[s].busy || slots_[s].seq != seq)
+        return fatal(Failure::kPeer, "protocol error: bad acknowledgement");
+      if (ok) {
+        slots_[s].busy = false;
+        return true;
+      }
+      // The receiver's hash of the chunk did not match: send it again.
+      Slot& slot = slots_[s];
+      if (++slot.resends > kMaxResends)
+        return fatal(Failure::kVerify, "chunk " + std::to_string(seq) +
+                                           " failed verification " +
+                                           std::to_string(kMaxResends) + " times");
+      if (slot.corrupted) {
+        slot_mem(s)[sizeof(SlotHeader)] ^= std::byte{0xff};
+        slot.corrupted = false;
+      }
+      c_.report->chunks_resent++;
+      return post(s);
+    }
+    case Msg::kNeed: {
+      const auto id = rd.get<uint32_t>();
+      if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad need");
+      auto rest = rd.take(rd.left());
+      needs_[id].assign(rest.begin(), rest.end());
+      return true;
+    }
+    case Msg::kFileError: {
+      const auto kind = static_cast<Failure>(rd.get<uint8_t>());
+      std::string path = rd.str();
+      std::string reason = rd.str();
+      if (!rd.ok() || kind > Failure::kPeer)
+        return fatal(Failure::kPeer, "protocol error: bad file error");
+      c_.report->error(kind, std::move(path), "(at the receiver) " + reason);
+      return true;
+    }
+    case Msg::kFinal: {
+      // The receiver's count is what arrived and verified.
+      const auto files = rd.get<uint64_t>();
+      const auto bytes = rd.get<uint64_t>();
+      if (rd.ok()) {
+        c_.report->files_done = files;
+        c_.report->bytes_done = bytes;
+      }
+      final_ = true;
+      return true;
+    }
+    case Msg::kFatal: {
+      const auto kind = static_cast<Failure>(rd.get<uint8_t>());
+      const std::string reason = rd.str();
+      return fatal(kind > Failure::kPeer ? Failure::kPeer : kind, "receiver: " + reason);
+    }
+    default:
+      return fatal(Failure::kPeer, "protocol error: unexpected message " +
+                                       std::to_string(static_cast<int>(type)));
+  }
+}
+
+bool Sender::acquire() {
+  while (!dead_) {
+    for (uint32_t i = 0; i < kSlots; ++i) {
+      const uint32_t s = (next_slot_ + i) % kSlots;
+      if (!slots_[s].busy) {
+        next_slot_ = (s + 1) % kSlots;
+        cur_ = static_cast<int>(s);
+        cur_len_ = 0;
+        return true;
+      }
+    }
+    if (!pump(c_.timeout)) return false;
+  }
+  return false;
+}
+
+bool Sender::ensure(size_t n) {
+  if (cur_ >= 0 && cur_len_ + n <= kSlotPayload) return true;
+  if (cur_ >= 0 && !flush()) return false;
+  return acquire();
+}
+
+void Sender::append(const void* p, size_t n) {
+  std::memcpy(slot_mem(static_cast<uint32_t>(cur_)) + sizeof(SlotHeader) + cur_len_, p,
+              n);
+  cur_len_ += static_cast<uint32_t>(n);
+}
+
+void Sender::put_str(const std::string& s) {
+  put<uint32_t>(static_cast<uint32_t>(s.size()));
+  append(s.data(), s.size());
+}
+
+bool Sender::post(uint32_t s) {
+  {
+    std::lock_guard lock(post_mu_);
+    if (!post_error_.empty()) return fatal(Failure::kPeer, post_error_);
+  }
+  const session::Local src{slot_mem(s), kSlotSize, c_.staging.lkey};
+  const session::OpResult r = c_.channel->write_with_imm(
+      kSlotsBuffer, c_.remote_offset + uint64_t{s} * kSlotSize, src,
+      sizeof(SlotHeader) + slots_[s].len, s, [this](const session::OpResult& res) {
+        if (res.ok()) return;
+        std::lock_guard lock(post_mu_);
+        if (post_error_.empty()) post_error_ = "chunk WRITE failed: " + res.detail;
+      });
+  if (!r.ok())
+    return fatal(Failure::kPeer, std::string("chunk WRITE failed: ") +
+                                     session::errc_name(r.code) + ": " + r.detail);
+  return true;
+}
+
+bool Sender::flush() {
+  if (cur_ < 0) return true;
+  const auto s = static_cast<uint32_t>(cur_);
+  cur_ = -1;
+  if (cur_len_ == 0) return true;
+  Slot& slot = slots_[s];
+  slot = Slot{true, next_seq_++, cur_len_, 0, false};
+  std::byte* mem = slot_mem(s);
+  SlotHeader h{
+      kSlotMagic, slot.seq, slot.len, 0, XXH3_64bits(mem + sizeof(SlotHeader), slot.len),
+      0};
+  std::memcpy(mem, &h, sizeof h);
+  if (c_.corrupt_chunk >= 0 && static_cast<int64_t>(chunks_posted_) == c_.corrupt_chunk) {
+    // Fault injection: the chunk changes after its hash was taken, as if
+    // corrupted in flight; the receiver must nack it and get it again.
+    mem[sizeof(SlotHeader)] ^= std::byte{0xff};
+    slot.corrupted = true;
+  }
+  chunks_posted_++;
+  c_.report->chunks++;
+  return post(s);
+}
+
+bool Sender::send_entry(const Entry& e, uint32_t id) {
+  if (!ensure(64 + e.rel.size() + e.link.size())) return false;
+  put<uint8_t>(static_cast<uint8_t>(Rec::kEntry));
+  put<uint32_t>(id);
+  put<uint8_t>(static_cast<uint8_t>(e.kind));
+  put<uint32_t>(e.mode);
+  put<int64_t>(e.mtime_sec);
+  put<uint32_t>(e.mtime_nsec);
+  put<uint64_t>(e.size);
+  put_str(e.rel);
+  put_str(e.link);
+  return true;
+}
+
+bool Sender::send_file(const Entry& entry, uint32_t id) {
+  const int fd = open_source(c_.root, entry.open);
+  if (fd < 0) {
+    file_error(entry.open, classify_errno(-fd), std::strerror(-fd));
+    return !dead_;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    file_error(entry.open, Failure::kFile,
+               "changed while being copied (not a regular file)");
+    ::close(fd);
+    return !dead_;
+  }
+  Entry e = entry;  // metadata as of opening
+  e.size = static_cast<uint64_t>(st.st_size);
+  e.mode = st.st_mode & 07777;
+  e.mtime_sec = st.st_mtim.tv_sec;
+  e.mtime_nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
+  const uint32_t nblocks = block_count(e.size);
+  std::vector<uint64_t> hashes(nblocks, 0);
+  std::vector<bool> needed(nblocks, true);
+
+  if (c_.resume && nblocks > 0 &&
+      nblocks * sizeof(uint64_t) + 256 + e.rel.size() < kMaxMessage) {
+    std::vector<std::byte> scratch;
+    bool io_error = false;
+    for (uint32_t b = 0; b < nblocks; ++b)
+      hashes[b] = hash_file_block(fd, e.size, b, &scratch, &io_error);
+    if (io_error) {
+      file_error(entry.open, Failure::kFile, "read error while hashing");
+      ::close(fd);
+      return !dead_;
+    }
+    Writer w = message(Msg::kProbe);
+    w.put<uint32_t>(id).str(e.rel).put<uint64_t>(e.size).put<uint32_t>(nblocks);
+    w.bytes(std::as_bytes(std::span(hashes)));
+    // The probe names a file the receiver may not have seen yet: flush what
+    // is pending so directories exist first.
+    if (!flush() || !send_message(w)) {
+      ::close(fd);
+      return false;
+    }
+    while (!needs_.contains(id))
+      if (!pump(c_.timeout)) {
+        ::close(fd);
+        return false;
+      }
+    Reader rd(needs_[id]);
+    const auto mode = static_cast<NeedMode>(rd.get<uint8_t>());
+    if (mode == NeedMode::kNone) {
+      std::fill(needed.begin(), needed.end(), false);
+      c_.report->files_skipped++;
+    } else if (mode == NeedMode::kBitmap) {
+      auto bits = rd.take((nblocks + 7) / 8);
+      if (!rd.ok()) {
+        ::close(fd);
+        return fatal(Failure::kPeer, "protocol error: short bitmap");
+      }
+      for (uint32_t b = 0; b < nblocks; ++b)
+        needed[b] = (std::to_integer<uint8_t>(bits[b / 8]) >> (b % 8)) & 1;
+    }
+    needs_.erase(id);
+  }
+
+  if (!send_entry(e, id)) {
+    ::close(fd);
+    return false;
+  }
+  BlockHasher hasher;
+  std::string failure;
+  uint64_t ext_start = 0, ext_end = 0;  // current data extent [start, end)
+  for (uint32_t b = 0; b < nblocks && failure.empty(); ++b) {
+    if (!needed[b]) continue;  // hashes[b] came from the probe
+    const uint64_t end = std::min<uint64_t>(uint64_t{b + 1} * kBlockSize, e.size);
+    uint64_t pos = uint64_t{b} * kBlockSize;
+    while (pos < end) {
+      if (pos >= ext_end) {
+        // Next data extent. SEEK_HOLE scans the extent (tmpfs walks its
+        // pages), so each extent is looked up once, not once per block.
+        const off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+        if (d < 0) {
+          ext_start = ext_end = e.size;  // ENXIO: only a hole is left
+        } else {
+          const off_t h = ::lseek(fd, d, SEEK_HOLE);
+          ext_start = static_cast<uint64_t>(d);
+          ext_end = h < 0 ? e.size : std::min<uint64_t>(static_cast<uint64_t>(h), e.size);
+          if (ext_end <= ext_start) ext_end = ext_start = e.size;
+        }
+      }
+      if (ext_start >= end) break;  // the rest of the block is a hole
+      const uint64_t seg_end = std::min(ext_end, end);
+      uint64_t off = std::max(pos, ext_start);
+      while (off < seg_end) {
+        if (!ensure(kDataHeader + 4096)) {
+          ::close(fd);
+          return false;
+        }
+        const uint32_t room =
+            kSlotPayload - cur_len_ - static_cast<uint32_t>(kDataHeader);
+        const auto len = static_cast<uint32_t>(std::min<uint64_t>(room, seg_end - off));
+        std::byte* dst = slot_mem(static_cast<uint32_t>(cur_)) + sizeof(SlotHeader) +
+                         cur_len_ + kDataHeader;
+        ssize_t got = 0;
+        while (got < len) {
+          const ssize_t n =
+              ::pread(fd, dst + got, len - got, static_cast<off_t>(off + got));
+          if (n <= 0) break;
+          got += n;
+        }
+        if (got != len) {
+          failure = got < 0 ? std::strerror(errno) : "file shrank while being copied";
+          break;
+        }
+        put<uint8_t>(static_cast<uint8_t>(Rec::kData));
+        put<uint32_t>(id);
+        put<uint64_t>(off);
+        put<uint32_t>(len);
+        cur_len_ += len;
+        if (!hasher.active()) hasher.start(b, e.size);
+        hasher.data(off, std::span<const std::byte>(dst, len));
+        c_.report->bytes_sent += len;
+        off += len;
+      }
+      if (!failure.empty()) break;
+      pos = seg_end;
+    }
+    hashes[b] = hasher.finish();
+  }
+  ::close(fd);
+  if (!failure.empty()) {
+    if (!ensure(64 + failure.size())) return false;
+    put<uint8_t>(static_cast<uint8_t>(Rec::kAbort));
+    put<uint32_t>(id);
+    put_str(failure);
+    c_.report->error(Failure::kFile, entry.open, failure);
+    return true;
+  }
+  if (!ensure(16)) return false;
+  put<uint8_t>(static_cast<uint8_t>(Rec::kEnd));
+  put<uint32_t>(id);
+  put<uint64_t>(file_hash(hashes));
+  c_.report->files_done++;
+  c_.report->bytes_done += e.size;
+  return true;
+}
+
+bool Sender::run(const std::vector<Entry>& entries) {
+  uint64_t files = 0, bytes = 0;
+  for (const Entry& e : entries) {
+    files += e.kind == Kind::kFile;
+    bytes += e.size;
+  }
+  c_.report->total_files = files;
+  c_.report->total_bytes = bytes;
+  Writer totals = message(Msg::kTotals);
+  totals.put<uint64_t>(files).put<uint64_t>(bytes);
+  if (!send_message(totals)) return false;
+  uint32_t id = 0;
+  for (const Entry& e : entries) {
+    ++id;
+    const bool ok = e.kind == Kind::kFile ? send_file(e, id) : send_entry(e, id);
+    if (!ok) return false;
+  }
+  if (!flush()) return false;
+  Writer done = message(Msg::kDone);
+  done.put<uint32_t>(next_seq_);
+  if (!send_message(done)) return false;
+  while (!final_)
+    if (!pump(c_.timeout)) return false;
+  return true;
+}
+
+}  // namespace rdmakit::cp

@@ -1,0 +1,80 @@
+#pragma once
+// The source side's view of a tree: walking sources into entries (files,
+// directories, symlinks with mode and mtime; never following a symlink) and
+// the content hashes both ends compute identically.
+//
+// Hashes (xxh3-64): a file is cut into kBlockSize blocks. A block that is all
+// hole hashes to 0; any other block hashes its logical bytes (holes as
+// zeros). The file hash is the xxh3 of the array of block hashes, so it can
+// be computed from received blocks and from blocks kept by --resume alike.
+#include <xxhash.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "protocol.hpp"
+#include "report.hpp"
+
+namespace rdmakit::cp {
+
+struct Entry {
+  Kind kind = Kind::kFile;
+  std::string rel;   // path on the wire: first component = source's name
+  std::string open;  // path to open on this side (beneath the base fd)
+  uint32_t mode = 0;
+  int64_t mtime_sec = 0;
+  uint32_t mtime_nsec = 0;
+  uint64_t size = 0;
+  std::string link;  // symlink target
+};
+
+// Where sources are opened: beneath `base` (the server's root, confined) or
+// from the current directory (the client's own files).
+struct SourceRoot {
+  int base;       // dir fd or AT_FDCWD
+  bool confined;  // open_beneath (peer-named paths) vs plain openat
+};
+
+// Appends the entries of `source` (pre-order, names sorted). Errors (missing,
+// permission, escape, directory without -r) go to `report`.
+void walk_source(const SourceRoot& root, const std::string& source, bool recursive,
+                 std::vector<Entry>* out, Report* report);
+
+// Opens a path on the source side (read-only, not following a final symlink).
+int open_source(const SourceRoot& root, const std::string& path);
+
+inline uint32_t block_count(uint64_t size) {
+  return static_cast<uint32_t>((size + kBlockSize - 1) / kBlockSize);
+}
+
+// Streams one block's logical content: data at increasing offsets, gaps as
+// zeros. Blocks with no data at all hash to 0.
+class BlockHasher {
+ public:
+  BlockHasher();
+  ~BlockHasher();
+  BlockHasher(const BlockHasher&) = delete;
+  BlockHasher& operator=(const BlockHasher&) = delete;
+  void start(uint32_t block, uint64_t file_size);
+  void data(uint64_t offset, std::span<const std::byte> bytes);
+  uint64_t finish();
+  bool active() const { return active_; }
+  uint32_t block() const { return block_; }
+
+ private:
+  void zeros(uint64_t n);
+  XXH3_state_t* state_;
+  bool active_ = false;
+  uint32_t block_ = 0;
+  uint64_t pos_ = 0;
+  uint64_t end_ = 0;
+};
+
+// Hash of block b of an open file as it is on disk (for --resume).
+uint64_t hash_file_block(int fd, uint64_t size, uint32_t b,
+                         std::vector<std::byte>* scratch, bool* io_error);
+uint64_t file_hash(const std::vector<uint64_t>& block_hashes);
+
+}  // namespace rdmakit::cp

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# rdmakit-cp against rsync (to an `rsync --daemon` on 127.0.0.1) and local
+# `cp -a`, side by side in one run: a 2 GiB file and a tree of 10,000 small
+# files, all in tmpfs (/dev/shm) so the disk does not dominate; the receiving
+# end pinned to CPU 0, the sending end to CPU 1. Wall time and CPU time
+# (user + system) of both ends are reported, with ratios against rsync and cp.
+#   bench/cp-bench.sh [BUILD_DIR]       (default build-bench, built if missing)
+# CP_BENCH_BIG_MIB (default 2048), CP_BENCH_FILES (default 10000),
+# CP_BENCH_REPEAT (default 3; the best wall time of the repeats is kept).
+# Results: bench/results/cp-<date>.md and .csv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-bench}
+big_mib=${CP_BENCH_BIG_MIB:-2048}
+nfiles=${CP_BENCH_FILES:-10000}
+repeat=${CP_BENCH_REPEAT:-3}
+if [ ! -x "$build/apps/cp/rdmakit-cp" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRDMAKIT_BUILD_TESTS=OFF >/dev/null
+  ninja -C "$build" -j2 rdmakit-cp >/dev/null
+fi
+bin=$(realpath "$build/apps/cp/rdmakit-cp")
+command -v rsync >/dev/null || { echo "rsync missing: scripts/deps.sh --bench"; exit 1; }
+cpus=$(nproc)
+rx_cpu=0; tx_cpu=$((cpus > 1 ? 1 : 0))
+work=$(mktemp -d /dev/shm/rdmakit-cp-bench.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "preparing: ${big_mib} MiB file, $nfiles small files in $work"
+mkdir -p "$work/src/small" "$work/dst"
+head -c $((big_mib * 1024 * 1024)) /dev/urandom >"$work/src/big"
+python3 - "$work/src/small" "$nfiles" <<'EOF'
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+random.seed(1)
+for i in range(n):
+    d = os.path.join(root, "d%03d" % (i // 100))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%05d" % i), "wb") as f:
+        f.write(os.urandom(random.randint(1, 8192)))
+EOF
+small_bytes=$(du -sb "$work/src/small" | cut -f1)
+
+cpu_of() {  # user+sys seconds of a running pid (from /proc)
+  awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15 + $16 + $17) / hz}' "/proc/$1/stat"
+}
+# Servers: rdmakit-cp on shm and tcp, rsync daemon; each pinned to rx_cpu.
+start_cp_server() {  # provider
+  rm -f "$work/port.$1"
+  taskset -c $rx_cpu "$bin" serve --root "$work/dst" -p 0 --port-file "$work/port.$1" \
+    --provider "$1" --bind 127.0.0.1 2>"$work/serve.$1.log" &
+  pids+=($!)
+  eval "server_$1=$!"
+  for _ in $(seq 100); do [ -s "$work/port.$1" ] && break; sleep 0.05; done
+}
+start_cp_server shm
+start_cp_server tcp
+rsync_port=$((20000 + $$ % 20000))
+cat >"$work/rsyncd.conf" <<EOF
+pid file = $work/rsyncd.pid
+port = $rsync_port
+use chroot = no
+[dst]
+  path = $work/dst
+  read only = false
+  uid = $(id -u)
+  gid = $(id -g)
+EOF
+taskset -c $rx_cpu rsync --daemon --no-detach --config="$work/rsyncd.conf" &
+rsync_pid=$!
+pids+=($rsync_pid)
+sleep 0.5
+
+results=()
+run() {  # run NAME DATASET SERVER_PID CMD...  -> best of $repeat
+  local name=$1 set=$2 spid=$3; shift 3
+  local best_wall= best_line=
+  for _ in $(seq "$repeat"); do
+    rm -rf "${work:?}/dst/"* "$work/dst/".[!.]* 2>/dev/null || true
+    sync
+    local s0=0 s1=0
+    # rsync forks a child per connection: count the whole daemon tree.
+    if [ "$spid" != - ]; then s0=$(tree_cpu "$spid"); fi
+    local t
+    /usr/bin/time -o "$work/time" -f "%e %U %S" taskset -c $tx_cpu "$@" >/dev/null \
+      2>"$work/client.err" || { echo "$name failed:"; cat "$work/client.err"; tail -5 "$work"/serve.*.log; return 1; }
+    t=$(cat "$work/time")
+    sleep 0.2  # the daemon's per-connection child has exited
+    if [ "$spid" != - ]; then s1=$(tree_cpu "$spid"); fi
+    local wall user sys
+    read -r wall user sys <<<"$t"
+    local scpu
+    scpu=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.2f", b - a}')
+    if [ -z "$best_wall" ] || awk -v a="$wall" -v b="$best_wall" 'BEGIN{exit !(a < b)}'; then
+      best_wall=$wall
+      best_line="$set,$name,$wall,$user,$sys,$scpu"
+    fi
+  done
+  results+=("$best_line")
+  echo "  $best_line"
+}
+# CPU of a process and its reaped children (rsync's per-connection children
+# are reaped by the daemon, so they are counted in its cutime/cstime).
+tree_cpu() { cpu_of "$1"; }
+
+port_shm=$(cat "$work/port.shm"); port_tcp=$(cat "$work/port.tcp")
+echo "set,tool,wall_s,client_user_s,client_sys_s,server_cpu_s"
+for set in big small; do
+  if [ $set = big ]; then src="$work/src/big"; flag=; else src="$work/src/small"; flag=-r; fi
+  run rdmakit-cp-shm $set "$server_shm" "$bin" -q --provider shm -p "$port_shm" $flag "$src" 127.0.0.1:.
+  run rdmakit-cp-tcp $set "$server_tcp" "$bin" -q --provider tcp -p "$port_tcp" $flag "$src" 127.0.0.1:.
+  run rsync-daemon $set "$rsync_pid" rsync -a "$src" "rsync://127.0.0.1:$rsync_port/dst/"
+  run cp $set - cp -a "$src" "$work/dst/"
+done
+
+stamp=$(date -u +%Y%m%d-%H%M%S)
+mkdir -p bench/results
+csv=bench/results/cp-$stamp.csv
+md=bench/results/cp-$stamp.md
+{ echo "set,tool,wall_s,client_user_s,client_sys_s,server_cpu_s"; printf '%s\n' "${results[@]}"; } >"$csv"
+{
+  echo "# rdmakit-cp bench $stamp"
+  echo
+  echo "Host: $(uname -r), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+  echo "Big file: ${big_mib} MiB; small: $nfiles files, $small_bytes bytes. tmpfs, loopback,"
+  echo "receiver on CPU $rx_cpu, sender on CPU $tx_cpu, best of $repeat."
+  echo "cp has no server side (both ends are one process)."
+  echo
+  echo "| set | tool | wall s | MiB/s | client user s | client sys s | server cpu s | vs rsync | vs cp |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  for set in big small; do
+    bytes=$([ $set = big ] && echo $((big_mib * 1024 * 1024)) || echo "$small_bytes")
+    rs=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="rsync-daemon"{print $3}')
+    cpw=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="cp"{print $3}')
+    printf '%s\n' "${results[@]}" | awk -F, -v s=$set -v b="$bytes" -v rs="$rs" -v cpw="$cpw" \
+      '$1==s {printf "| %s | %s | %s | %.0f | %s | %s | %s | %.2fx | %.2fx |\n", $1, $2, $3, b/1048576/$3, $4, $5, $6, rs/$3, cpw/$3}'
+  done
+} >"$md"
+cat "$md"
+echo "written: $csv $md"
