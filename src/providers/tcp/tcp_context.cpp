@@ -221,7 +221,8 @@ int read_hello_step(PendingHandshake& p, const char** why) {
       if (want > kHeaderSize) return 0;
       continue;  // header complete: now the body
     }
-    const ssize_t r = ::recv(p.fd.get(), p.buf.data() + p.got, want - p.got, MSG_DONTWAIT);
+    const ssize_t r =
+        ::recv(p.fd.get(), p.buf.data() + p.got, want - p.got, MSG_DONTWAIT);
     if (r > 0) {
       p.got += static_cast<size_t>(r);
       continue;
@@ -325,7 +326,8 @@ class TcpListener final : public Listener {
           throw Error("accept", "tcp", last_peer, last_err == EPROTO ? EPROTO : ETIMEDOUT,
                       last_why);
         }
-        throw Error("accept", "tcp", address_, ETIMEDOUT, "no connection request in time");
+        throw Error("accept", "tcp", address_, ETIMEDOUT,
+                    "no connection request in time");
       }
       // Wait for a new client, a pending HELLO or the next handshake deadline.
       std::vector<pollfd> pfds;
@@ -357,9 +359,8 @@ class TcpListener final : public Listener {
         throw Error("accept", "tcp", address_, errno, "accept failed");
       }
       if (pending_.size() >= kMaxPendingHandshakes) {
-        core::log().warn(
-            "tcp: {}: {} handshakes pending, dropping the oldest (from {}) for a new client",
-            address_, pending_.size(), pending_.front().peer);
+        core::log().warn("tcp: {}: {} handshakes pending, dropping the oldest (from {})",
+                         address_, pending_.size(), pending_.front().peer);
         pending_.erase(pending_.begin());
       }
       PendingHandshake& p = pending_.emplace_back();

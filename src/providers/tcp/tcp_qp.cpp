@@ -27,7 +27,8 @@ using core::is_send_op;
 }  // namespace
 
 uint32_t peer_response_depth(const QpOptions& local, const Hello& peer) noexcept {
-  return std::min({peer.max_send_wr, kMaxWr, std::max(local.max_send_wr, local.max_recv_wr)});
+  return std::min(
+      {peer.max_send_wr, kMaxWr, std::max(local.max_send_wr, local.max_recv_wr)});
 }
 
 QpOptions adjust_options(const QpOptions& in) {
@@ -70,7 +71,7 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
   // sees traffic several times per timeout even if one beat is late. The
   // peer's is clamped: a tiny one must not make us send hundreds per second.
   const int64_t peer_ms = std::clamp<int64_t>(peer_hello.peer_timeout_ms,
-                                               kPeerTimeoutFloorMs, kPeerTimeoutCeilingMs);
+                                              kPeerTimeoutFloorMs, kPeerTimeoutCeilingMs);
   const int64_t shorter = std::min<int64_t>(peer_timeout_ns_, peer_ms * 1'000'000);
   heartbeat_ns_ = std::max<int64_t>(shorter / 4, 1'000'000);
   // As the target, a SEND waits for a RECV as long as the initiator would
