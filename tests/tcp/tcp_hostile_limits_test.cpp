@@ -349,7 +349,7 @@ TEST(TcpHostileLimits, TinyPeerTimeoutDoesNotFloodHeartbeats) {
   std::printf("[ measure ] heartbeats in 1 s, peer asked for peer_timeout 1 ms: %d\n",
               beats);
   EXPECT_LE(beats, 60) << "a tiny peer_timeout set our heartbeat rate";
-  EXPECT_GE(beats, 10) << "heartbeats stopped";
+  EXPECT_GE(beats, 5) << "heartbeats stopped";
   EXPECT_EQ(qp->state(), QpState::kConnected);
 }
 

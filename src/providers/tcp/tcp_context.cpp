@@ -260,7 +260,9 @@ class TcpListener final : public Listener {
     }
     const QpOptions options = adjust_options(requested);
     const auto deadline = Clock::now() + timeout;
-    std::lock_guard lock(mu_);
+    // Held while the pending set is looked at, not while waiting: several
+    // threads may accept on one listener.
+    std::unique_lock lock(mu_);
     int last_err = 0;
     std::string last_peer;
     const char* last_why = "";
@@ -338,7 +340,11 @@ class TcpListener final : public Listener {
         pfds.push_back({p.fd.get(), POLLIN, 0});
         wait = std::min(wait, ms_left(p.deadline) + 1);
       }
+      // Another thread may close one of these meanwhile: at worst a
+      // spurious wake-up (the set is looked at again under the lock).
+      lock.unlock();
       ::poll(pfds.data(), pfds.size(), wait);
+      lock.lock();
     }
   }
   std::string address() const override { return address_; }
@@ -374,7 +380,7 @@ class TcpListener final : public Listener {
   core::Fd fd_;
   std::string address_;
   uint16_t port_;
-  std::mutex mu_;  // accept() may be called from several threads
+  std::mutex mu_;  // guards pending_ (accept() may run in several threads)
   std::vector<PendingHandshake> pending_;
 };
 
