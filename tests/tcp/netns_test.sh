@@ -2,8 +2,10 @@
 # Two hosts on one machine: network namespaces A (10.200.0.1/24) and B
 # (10.200.0.2/24) joined by a veth pair. Runs
 #   1. the conformance suite over tcp with the server in A, the client in B;
-#   2. the link-cut liveness test (link set down mid-transfer).
-# Usage: netns_test.sh {conformance|linkcut} BINARY
+#   2. the link-cut liveness test (link set down mid-transfer);
+#   3. the hostile-peer limits (rdmakit_tcp_tests, suite TcpHostileLimits)
+#      with the listening side in A and the hand-made peers in B.
+# Usage: netns_test.sh {conformance|linkcut|hostile} BINARY
 # Needs root and iproute2; exits 77 (skipped) without them. The namespaces
 # are private to this run (pid in the name) and removed on any exit.
 set -u
@@ -68,6 +70,14 @@ case "$mode" in
     server_pid=
     echo "linkcut: client rc=$client_rc server rc=$server_rc"
     [[ $client_rc -eq 0 && $server_rc -eq 0 ]]
+    exit $?
+    ;;
+  hostile)
+    # The test's listener enters namespace A (setns, one thread); its raw
+    # peers and genuine clients stay in B.
+    ip netns exec "$ns_b" env RDMAKIT_TCP_SERVER_NETNS="$ns_a" \
+      RDMAKIT_TCP_SERVER_HOST=10.200.0.1 timeout 120 "$bin" \
+      --gtest_filter='TcpHostileLimits.*'
     exit $?
     ;;
   *)

@@ -888,6 +888,7 @@ TEST(TcpProviderReview, ErrorWhileRnrStalledEndsTheStall) {
   auto cq = ctx.create_cq();
   QpOptions o = opts(cq.get());
   o.peer_timeout = 300ms;
+  o.rnr_timeout = 5000ms;  // caps the peer's: the stall must outlast the test
   auto qp = ctx.adopt(sv[0], o, Hello{16, 16, 5000, 300, 0}, "raw");  // rnr 5 s
   auto* tqp = static_cast<TcpQp*>(qp.get());
   auto mr = ctx.allocate(4096, kAccessAll);

@@ -43,7 +43,7 @@ class TcpMr final : public MemoryRegion {
         entry_(entry),
         mapped_(mapped) {}
   ~TcpMr() override {
-    engine_->mrs().remove(entry_);
+    engine_->deregister(entry_);
     if (mapped_) ::munmap(addr(), length());
   }
 

@@ -1,9 +1,7 @@
 #include "providers/tcp/tcp_mr.hpp"
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "rdmakit/error.hpp"
 
@@ -77,18 +75,14 @@ MrEntry* MrTable::add(uint64_t addr, uint64_t length, uint32_t access) {
   return &e;
 }
 
-void MrTable::remove(MrEntry* e) noexcept {
-  if (e == nullptr) return;
+void MrTable::revoke(MrEntry* e) noexcept {
+  // Dekker with acquire(): either it sees rkey == 0 or the caller, reading
+  // users afterwards, sees its pin.
   e->lkey.store(0, std::memory_order_seq_cst);
   e->rkey.store(0, std::memory_order_seq_cst);
-  // Dekker with acquire(): either it sees rkey == 0 or we see its pin. The
-  // wait is bounded by one payload transfer, or the peer timeout at worst.
-  for (int i = 0; e->users.load(std::memory_order_seq_cst) != 0; ++i) {
-    if (i < 100)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+}
+
+void MrTable::free_slot(MrEntry* e) noexcept {
   std::lock_guard lock(mu_);
   free_.push_back(static_cast<uint32_t>(e - slots_.get()));
 }

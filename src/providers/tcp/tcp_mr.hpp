@@ -18,8 +18,9 @@ struct MrEntry {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint32_t access = 0;
-  // Remote accesses in progress. Deregistration waits for zero, so no byte
-  // lands in a region after its MemoryRegion is destroyed.
+  // Remote accesses in progress. Deregistration waits for zero (cutting the
+  // QPs that hold it too long), so no byte lands in a region after its
+  // MemoryRegion is destroyed.
   std::atomic<uint32_t> users{0};
 };
 
@@ -34,8 +35,10 @@ class MrTable {
   MrTable();
   // Throws Error(ENOSPC) when every slot is in use.
   MrEntry* add(uint64_t addr, uint64_t length, uint32_t access);
-  // Makes later lookups fail, then waits for in-flight accesses.
-  void remove(MrEntry* entry) noexcept;
+  // Makes later lookups fail; in-flight accesses keep their pins.
+  static void revoke(MrEntry* entry) noexcept;
+  // Returns the slot for reuse; the caller saw users == 0 after revoke().
+  void free_slot(MrEntry* entry) noexcept;
   // Pins the region for a remote access of [addr, addr+len) needing `need`.
   // Returns nullptr (and nothing is pinned) on any violation.
   MrEntry* acquire(uint32_t rkey, uint64_t addr, uint64_t len, uint32_t need) noexcept;

@@ -80,6 +80,26 @@ void Engine::remove_qp(TcpQp* qp) noexcept {
   std::erase(qps_, qp);
 }
 
+void Engine::deregister(MrEntry* e) noexcept {
+  if (e == nullptr) return;
+  MrTable::revoke(e);
+  const int64_t start = now_ns();
+  for (int i = 0; e->users.load(std::memory_order_seq_cst) != 0; ++i) {
+    if (i < 100) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (i % 10 != 0) continue;
+    // About every millisecond: cut the QPs that have held it past their
+    // peer_timeout (one transfer is normally much shorter).
+    const int64_t held = now_ns() - start;
+    std::lock_guard lock(mu_);
+    for (TcpQp* qp : qps_) qp->cut_if_pinning(e, held);
+  }
+  mrs_.free_slot(e);
+}
+
 void Engine::run() noexcept {
   epoll_event events[64];
   int timeout_ms = 5;

@@ -44,6 +44,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void add_qp(TcpQp* qp);
   void remove_qp(TcpQp* qp) noexcept;
   void kick() noexcept;  // wake the progress thread
+  // Removes a region: later accesses fail at once, and the call returns when
+  // no transfer pins it. A QP whose transfer still holds it after that QP's
+  // peer_timeout is cut (to error, as a NIC's on a destroyed MR), so a peer
+  // cannot hold a deregistration hostage by trickling a WRITE or reading a
+  // READ response slowly.
+  void deregister(MrEntry* entry) noexcept;
 
  private:
   void run() noexcept;

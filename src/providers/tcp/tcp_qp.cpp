@@ -26,6 +26,11 @@ using core::is_send_op;
 
 }  // namespace
 
+uint32_t peer_response_depth(const QpOptions& local, const Hello& peer) noexcept {
+  return std::min(
+      {peer.max_send_wr, kMaxWr, std::max(local.max_send_wr, local.max_recv_wr)});
+}
+
 QpOptions adjust_options(const QpOptions& in) {
   QpOptions o = in;
   o.max_send_wr = std::clamp<uint32_t>(o.max_send_wr, 1, kMaxWr);
@@ -53,21 +58,39 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
                                 std::max<uint32_t>(options_.max_inline, 1)]),
       rq_(srq_ != nullptr ? 1 : options_.max_recv_wr),
       // Requests in flight plus the responses the peer's depth can demand
-      // plus an ACK and a heartbeat: an honest peer never exhausts it.
-      tx_(size_t{options_.max_send_wr} + std::min(peer_hello.max_send_wr, kMaxWr) + 4),
+      // plus an ACK and a heartbeat. The peer's depth is clamped to our own
+      // (a HELLO must not size our memory): a peer with more requests in
+      // flight is just not read until our responses drain.
+      tx_(size_t{options_.max_send_wr} + peer_response_depth(options_, peer_hello) + 4),
       stage_(new std::byte[kStageSize]),
       tx_stage_(new std::byte[kCoalesceMax]) {
   const int64_t now = now_ns();
   last_rx_ns_ = last_tx_ns_ = now;
   peer_timeout_ns_ = int64_t{options_.peer_timeout.count()} * 1'000'000;
   // Heartbeat at a quarter of the shorter of both timeouts, so either side
-  // sees traffic several times per timeout even if one beat is late.
-  const int64_t shorter = std::min<int64_t>(
-      peer_timeout_ns_, int64_t{peer_hello.peer_timeout_ms} * 1'000'000);
+  // sees traffic several times per timeout even if one beat is late. The
+  // peer's is clamped: a tiny one must not make us send hundreds per second.
+  const int64_t peer_ms = std::clamp<int64_t>(peer_hello.peer_timeout_ms,
+                                              kPeerTimeoutFloorMs, kPeerTimeoutCeilingMs);
+  const int64_t shorter = std::min<int64_t>(peer_timeout_ns_, peer_ms * 1'000'000);
   heartbeat_ns_ = std::max<int64_t>(shorter / 4, 1'000'000);
   // As the target, a SEND waits for a RECV as long as the initiator would
-  // retry on a NIC (its rnr_timeout, from the handshake).
-  rnr_ns_ = int64_t{peer_hello.rnr_timeout_ms} * 1'000'000;
+  // retry on a NIC (its rnr_timeout, from the handshake), but no longer than
+  // our own rnr_timeout or peer_timeout, whichever is longer: a stalled
+  // stream is not read and not timed, so the peer must not choose forever.
+  const int64_t rnr_cap_ms =
+      std::max<int64_t>(options_.rnr_timeout.count(), options_.peer_timeout.count());
+  rnr_ns_ = std::min<int64_t>(peer_hello.rnr_timeout_ms, rnr_cap_ms) * 1'000'000;
+  if (peer_hello.peer_timeout_ms != peer_ms ||
+      int64_t{peer_hello.rnr_timeout_ms} > rnr_cap_ms ||
+      peer_hello.max_send_wr > peer_response_depth(options_, peer_hello)) {
+    core::log().info(
+        "tcp: qp {} peer {}: clamped the peer's peer_timeout {} -> {} ms, rnr_timeout "
+        "{} -> {} ms, max_send_wr {} -> {} (local limits)",
+        qp_num(), this->peer(), peer_hello.peer_timeout_ms, peer_ms,
+        peer_hello.rnr_timeout_ms, rnr_ns_ / 1'000'000, peer_hello.max_send_wr,
+        peer_response_depth(options_, peer_hello));
+  }
   next_timer_ns_ = now + heartbeat_ns_ / 2;
   // Every completion holds a queue slot until polled, so CQs that cover the
   // depths attached to them can never overrun (nothing is ever dropped).
@@ -524,6 +547,19 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
     }
     enter_error();
   }
+}
+
+void TcpQp::cut_if_pinning(const MrEntry* entry, int64_t held_ns) noexcept {
+  if (held_ns < peer_timeout_ns_) return;
+  mu_.lock();
+  bool pins = pref_ == entry;
+  for (uint64_t i = tx_head_; !pins && i != tx_tail_; ++i)
+    pins = tx_[i % tx_.size()].ref == entry;
+  // die() releases every pin: nothing of ours touches the region afterwards.
+  if (pins && !dead_ && !destroyed_)
+    die(Status::kWrFlushError, ECANCELED,
+        "a transfer held a region being deregistered for longer than peer_timeout");
+  mu_.unlock();
 }
 
 void TcpQp::protocol_error(const char* why) noexcept {

@@ -50,6 +50,9 @@ class TcpQp final : public QueuePair {
     return hint_stalled_.load(std::memory_order_relaxed);
   }
   int socket_fd() const noexcept { return fd_.get(); }
+  // Deregistration of `entry` has waited `held_ns`: past our peer_timeout a
+  // transfer of ours that still pins it is cut (the QP goes to error).
+  void cut_if_pinning(const MrEntry* entry, int64_t held_ns) noexcept;
   bool wants_service() const noexcept { return skipped_.load(std::memory_order_seq_cst); }
   // Epoll bookkeeping, touched only by the engine thread under its mutex.
   bool ep_armed = false;
@@ -180,5 +183,14 @@ class TcpQp final : public QueuePair {
 
 // Normalizes options the way connect/accept do (used by adopt as well).
 QpOptions adjust_options(const QpOptions& options);
+
+// Bounds on what a peer's HELLO may ask of us (docs/tcp-provider.md,
+// "What one connection can cost"). Its peer_timeout sets our heartbeat
+// rate (a quarter of it): at the floor, 40 per second.
+inline constexpr int64_t kPeerTimeoutFloorMs = 100;
+inline constexpr int64_t kPeerTimeoutCeilingMs = 3'600'000;
+// Responses the peer's requests may have queued at once: its max_send_wr,
+// clamped to the larger of our own two depths.
+uint32_t peer_response_depth(const QpOptions& local, const Hello& peer) noexcept;
 
 }  // namespace rdmakit::tcp
