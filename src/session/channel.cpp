@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "engine.hpp"
+#include "fmt/format.h"
 #include "wire.hpp"
 
 namespace rdmakit::session {
@@ -235,17 +236,16 @@ OpResult Channel::one_sided(Opcode opcode, std::string_view remote, uint64_t off
     std::string names;
     for (const auto& [name, r] : endpoint_->remote_buffers()) {
       names += names.empty() ? "" : ", ";
-      names += "'" + name + "'";
+      names += fmt::format("'{}'", name);
     }
     return fail(Errc::kNoSuchBuffer, what,
-                "the peer exposes no buffer named '" + std::string(remote) +
-                    "' (it exposes: " + (names.empty() ? "none" : names) + ")");
+                fmt::format("the peer exposes no buffer named '{}' (it exposes: {})",
+                            remote, names.empty() ? "none" : names));
   }
   if (offset > region->length || length > region->length - offset) {
     return fail(Errc::kOutOfRange, what,
-                "[" + std::to_string(offset) + ", +" + std::to_string(length) +
-                    ") is outside the peer's buffer '" + std::string(remote) + "' of " +
-                    std::to_string(region->length) + " bytes");
+                fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
+                            offset, length, remote, region->length));
   }
   if (local.addr == nullptr || length > local.length || length > UINT32_MAX) {
     return fail(Errc::kOutOfRange, what,
