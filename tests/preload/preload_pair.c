@@ -1,0 +1,181 @@
+/* Both ends of one TCP connection, for the preload tests: the client sends
+ * SIZE bytes of a seeded pattern (non-blocking connect + poll + SO_ERROR,
+ * writev/send in uneven pieces), half-closes, and reads SIZE bytes back;
+ * the server (accept4 SOCK_NONBLOCK + epoll) checks what it got byte for
+ * byte, then answers with its own pattern. Every wait is bounded (10 s).
+ *   preload_pair server PORTFILE SIZE      (listens on 127.0.0.1:0)
+ *   preload_pair client PORT SIZE
+ * Exit 0 and "OK ..." when every byte matched. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define WAIT_MS 10000
+
+static void die(const char* what) {
+  fprintf(stderr, "preload_pair: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+static uint8_t pattern(uint64_t seed, uint64_t i) {
+  uint64_t x = (i + seed) * 0x9E3779B97F4A7C15ULL;
+  return (uint8_t)(x >> 56);
+}
+
+static void wait_fd(int fd, short ev) {
+  struct pollfd p = {fd, ev, 0};
+  int r = poll(&p, 1, WAIT_MS);
+  if (r < 0) die("poll");
+  if (r == 0) {
+    fprintf(stderr, "preload_pair: timed out waiting for %s\n", ev == POLLIN ? "input" : "output");
+    exit(1);
+  }
+}
+
+/* Sends size bytes of pattern(seed) in uneven pieces, alternating writev and
+ * send, waiting with poll on EAGAIN. */
+static void send_pattern(int fd, uint64_t seed, size_t size) {
+  static uint8_t buf[70000];
+  size_t off = 0, piece = 1;
+  while (off < size) {
+    size_t n = piece < size - off ? piece : size - off;
+    if (n > sizeof buf) n = sizeof buf;
+    for (size_t i = 0; i < n; ++i) buf[i] = pattern(seed, off + i);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w;
+      if (piece % 2) {
+        struct iovec v[2] = {{buf + done, (n - done) / 2}, {buf + done + (n - done) / 2, n - done - (n - done) / 2}};
+        w = writev(fd, v, 2);
+      } else {
+        w = send(fd, buf + done, n - done, MSG_NOSIGNAL);
+      }
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        wait_fd(fd, POLLOUT);
+        continue;
+      }
+      if (w < 0) die("send");
+      done += (size_t)w;
+    }
+    off += n;
+    piece = piece * 3 + 7;
+    if (piece > 65536) piece = piece % 4099 + 1;
+  }
+}
+
+/* Reads until end of stream; checks length and every byte. */
+static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
+  static uint8_t buf[65536];
+  size_t off = 0;
+  for (;;) {
+    ssize_t r = recv(fd, buf, sizeof buf, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (ep >= 0) {
+        struct epoll_event ev;
+        int n = epoll_wait(ep, &ev, 1, WAIT_MS);
+        if (n < 0) die("epoll_wait");
+        if (n == 0) {
+          fprintf(stderr, "preload_pair: epoll timed out at byte %zu of %zu\n", off, size);
+          exit(1);
+        }
+      } else {
+        wait_fd(fd, POLLIN);
+      }
+      continue;
+    }
+    if (r < 0) die("recv");
+    if (r == 0) break;
+    for (ssize_t i = 0; i < r; ++i) {
+      if (off + (size_t)i >= size || buf[i] != pattern(seed, off + (size_t)i)) {
+        fprintf(stderr, "preload_pair: byte %zu differs (or beyond %zu)\n", off + (size_t)i, size);
+        exit(1);
+      }
+    }
+    off += (size_t)r;
+  }
+  if (off != size) {
+    fprintf(stderr, "preload_pair: got %zu bytes, expected %zu\n", off, size);
+    exit(1);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: preload_pair server PORTFILE SIZE | client PORT SIZE\n");
+    return 2;
+  }
+  size_t size = strtoull(argv[3], NULL, 10);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (strcmp(argv[1], "server") == 0) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) die("socket");
+    if (bind(l, (struct sockaddr*)&sa, sizeof sa) != 0 || listen(l, 16) != 0) die("bind/listen");
+    socklen_t sl = sizeof sa;
+    if (getsockname(l, (struct sockaddr*)&sa, &sl) != 0) die("getsockname");
+    FILE* pf = fopen(argv[2], "w");
+    if (!pf) die("port file");
+    fprintf(pf, "%d\n", ntohs(sa.sin_port));
+    fclose(pf);
+    struct pollfd p = {l, POLLIN, 0};
+    if (poll(&p, 1, WAIT_MS) != 1) die("no client within 10 s");
+    int s = accept4(l, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (s < 0) die("accept4");
+    if (!(fcntl(s, F_GETFL) & O_NONBLOCK)) {
+      fprintf(stderr, "preload_pair: accept4(SOCK_NONBLOCK) socket is blocking\n");
+      return 1;
+    }
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = s};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) != 0) die("epoll");
+    recv_pattern(s, ep, 1, size);
+    /* Blocking for the answer: FIONBIO off. */
+    int off = 0;
+    if (ioctl(s, FIONBIO, &off) != 0) die("ioctl FIONBIO");
+    send_pattern(s, 2, size);
+    if (close(s) != 0 || close(ep) != 0 || close(l) != 0) die("close");
+    printf("OK server received %zu bytes, sent %zu\n", size, size);
+    return 0;
+  }
+  sa.sin_port = htons((uint16_t)atoi(argv[2]));
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (c < 0) die("socket");
+  int one = 1;
+  if (setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) die("TCP_NODELAY");
+  if (fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK) != 0) die("O_NONBLOCK");
+  if (connect(c, (struct sockaddr*)&sa, sizeof sa) != 0) {
+    if (errno != EINPROGRESS) die("connect");
+    wait_fd(c, POLLOUT);
+  }
+  int err = -1;
+  socklen_t el = sizeof err;
+  if (getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
+    fprintf(stderr, "preload_pair: SO_ERROR %d\n", err);
+    return 1;
+  }
+  struct sockaddr_in peer;
+  socklen_t pl = sizeof peer;
+  if (getpeername(c, (struct sockaddr*)&peer, &pl) != 0 || peer.sin_port != sa.sin_port) {
+    fprintf(stderr, "preload_pair: getpeername does not name the server\n");
+    return 1;
+  }
+  send_pattern(c, 1, size);
+  if (shutdown(c, SHUT_WR) != 0) die("shutdown");
+  recv_pattern(c, -1, 2, size);
+  if (close(c) != 0) die("close");
+  printf("OK client sent %zu bytes, received %zu\n", size, size);
+  return 0;
+}
