@@ -69,6 +69,10 @@ stream::Engine* engine(std::string* why) {
     stream::EngineOptions opts;
     opts.provider = ProviderKind::kShm;
     opts.max_streams = 1024;
+    // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
+    // keep a write from waiting for every credit return.
+    opts.stream.rx_ring = config().ring_bytes;
+    opts.stream.tx_buffer = config().ring_bytes;
     auto e = stream::Engine::create(opts);
     g_engine = new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
     if (!g_exit_registered) {

@@ -59,6 +59,7 @@ Config load_config() {
   c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
   c.timeout = std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 1000, 1, 60000));
   c.busy_poll = std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
+  c.ring_bytes = static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
   c.stats = stats != nullptr && std::strcmp(stats, "0") != 0 && *stats != '\0';
   if (const char* log = std::getenv("RDMAKIT_PRELOAD_LOG"); log != nullptr && *log != '\0') {

@@ -21,6 +21,7 @@ struct Config {
   std::string dir_problem;    // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{1000};  // rendezvous budget per connection
   std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
+  uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
   bool stats = false;         // per-connection lines and a summary on stderr
   int log_fd = -1;            // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };

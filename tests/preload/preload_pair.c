@@ -5,6 +5,13 @@
  * byte, then answers with its own pattern. Every wait is bounded (10 s).
  *   preload_pair server PORTFILE SIZE      (listens on 127.0.0.1:0)
  *   preload_pair client PORT SIZE
+ *   preload_pair forge-uid|forge-tuple PORT SIZE DIR
+ * The forge modes are a client that is not preloaded but plants a
+ * rendezvous offer for its own connection in the server's directory DIR:
+ * forge-uid offers from a socket that listens as uid 65534 (the server must
+ * refuse it by SO_PEERCRED), forge-tuple offers a well-formed offer naming
+ * another connection (the server must refuse it). Either way the connection
+ * must stay on kernel TCP and carry every byte.
  * Exit 0 and "OK ..." when every byte matched. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -20,7 +27,9 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define WAIT_MS 10000
@@ -112,7 +121,100 @@ static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
   }
 }
 
+/* The rendezvous records of src/preload/rendezvous.cpp, as a peer sees them. */
+struct tuple {
+  uint8_t family, pad[3], client_addr[16], server_addr[16];
+  uint16_t client_port, server_port;
+};
+struct offer {
+  uint32_t magic, version;
+  struct tuple t;
+  uint8_t nonce[16];
+  uint16_t stream_port;
+  uint8_t pad[6];
+};
+
+/* Binds c, plants the offer socket for its connection to port, connects. */
+static int forge(int c, struct sockaddr_in* server, const char* dir, int drop_uid) {
+  struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t ml = sizeof me;
+  if (bind(c, (struct sockaddr*)&me, sizeof me) != 0 ||
+      getsockname(c, (struct sockaddr*)&me, &ml) != 0) die("bind");
+  struct tuple t;
+  memset(&t, 0, sizeof t);
+  t.family = AF_INET;
+  memcpy(t.client_addr, &me.sin_addr, 4);
+  memcpy(t.server_addr, &server->sin_addr, 4);
+  t.client_port = me.sin_port;
+  t.server_port = server->sin_port;
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < sizeof t; ++i) h = (h ^ ((uint8_t*)&t)[i]) * 1099511628211ULL;
+  struct stat ns;
+  if (stat("/proc/self/ns/net", &ns) != 0) die("netns");
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/net-%lu/o-%016llx", dir, (unsigned long)ns.st_ino,
+           (unsigned long long)h);
+  int u = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (u < 0 || bind(u, (struct sockaddr*)&sa, sizeof sa) != 0) die(sa.sun_path);
+  /* SO_PEERCRED reports the credentials of listen() time. */
+  if (drop_uid && (setgid(65534) != 0 || setuid(65534) != 0)) die("setuid 65534");
+  if (listen(u, 1) != 0) die("listen");
+  if (connect(c, (struct sockaddr*)server, sizeof *server) != 0) die("connect");
+  if (drop_uid) {
+    /* Wait for the server to look, and to hang up on us. */
+    struct pollfd p = {u, POLLIN, 0};
+    if (poll(&p, 1, WAIT_MS) != 1) die("the server did not look for the offer");
+    int a = accept(u, NULL, NULL);
+    if (a < 0) die("accept");
+    uint8_t b;
+    struct pollfd q = {a, POLLIN, 0};
+    if (poll(&q, 1, WAIT_MS) != 1 || read(a, &b, 1) != 0) {
+      fprintf(stderr, "preload_pair: the server did not hang up on the other uid\n");
+      exit(1);
+    }
+    close(a);
+  } else {
+    struct pollfd p = {u, POLLIN, 0};
+    if (poll(&p, 1, WAIT_MS) != 1) die("the server did not look for the offer");
+    int a = accept(u, NULL, NULL);
+    if (a < 0) die("accept");
+    struct offer o;
+    memset(&o, 0, sizeof o);
+    o.magic = 0x31504b52;
+    o.version = 1;
+    o.t = t;
+    o.t.client_port = htons((uint16_t)(ntohs(t.client_port) + 1)); /* another connection */
+    o.stream_port = 1;
+    if (write(a, &o, sizeof o) != (ssize_t)sizeof o) die("write offer");
+    uint8_t answer[24];
+    struct pollfd q = {a, POLLIN, 0};
+    if (poll(&q, 1, WAIT_MS) != 1 || read(a, answer, sizeof answer) != (ssize_t)sizeof answer ||
+        answer[4] == 0) {
+      fprintf(stderr, "preload_pair: the forged offer was not refused\n");
+      exit(1);
+    }
+    close(a);
+  }
+  close(u);
+  unlink(sa.sun_path);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && strncmp(argv[1], "forge-", 6) == 0) {
+    size_t size = strtoull(argv[3], NULL, 10);
+    struct sockaddr_in server = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                 .sin_port = htons((uint16_t)atoi(argv[2]))};
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0) die("socket");
+    forge(c, &server, argv[4], strcmp(argv[1], "forge-uid") == 0);
+    send_pattern(c, 1, size);
+    if (shutdown(c, SHUT_WR) != 0) die("shutdown");
+    recv_pattern(c, -1, 2, size);
+    close(c);
+    printf("OK forged offer refused; %zu bytes each way on kernel TCP\n", size);
+    return 0;
+  }
   if (argc != 4) {
     fprintf(stderr, "usage: preload_pair server PORTFILE SIZE | client PORT SIZE\n");
     return 2;
