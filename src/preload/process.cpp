@@ -31,6 +31,7 @@ void on_parent() {
 }
 void on_child() {
   g_pid = getpid();
+  reset_counts_in_child();
   disown_all_in_child();
   unlock_table_after_fork();
   // The parent's engine has no progress thread here; the child makes its

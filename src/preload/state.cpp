@@ -57,7 +57,7 @@ Config load_config() {
   Config c;
   const char* on = std::getenv("RDMAKIT_PRELOAD");
   c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
-  c.timeout = std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 1000, 1, 60000));
+  c.timeout = std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
   c.busy_poll = std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
   c.ring_bytes = static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
@@ -213,6 +213,11 @@ void log_line(const char* fmt, ...) {
 
 void count_path(bool accelerated) noexcept {
   (accelerated ? g_shm_count : g_kernel_count).fetch_add(1, std::memory_order_relaxed);
+}
+
+void reset_counts_in_child() {
+  g_shm_count = 0;
+  g_kernel_count = 0;
 }
 
 void log_summary() {

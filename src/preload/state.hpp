@@ -19,7 +19,7 @@ struct Config {
   bool enabled = true;
   std::string dir;            // private rendezvous directory (per uid, per netns)
   std::string dir_problem;    // why dir is unusable ("" = usable)
-  std::chrono::milliseconds timeout{1000};  // rendezvous budget per connection
+  std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
   std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
   uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
   bool stats = false;         // per-connection lines and a summary on stderr
@@ -61,6 +61,7 @@ void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void count_path(bool accelerated) noexcept;
 
 void log_summary();
+void reset_counts_in_child();
 
 std::string endpoint(const sockaddr* sa);
 

@@ -1,8 +1,9 @@
 /* Both ends of one TCP connection, for the preload tests: the client sends
  * SIZE bytes of a seeded pattern (non-blocking connect + poll + SO_ERROR,
  * writev/send in uneven pieces), half-closes, and reads SIZE bytes back;
- * the server (accept4 SOCK_NONBLOCK + epoll) checks what it got byte for
- * byte, then answers with its own pattern. Every wait is bounded (10 s).
+ * the server (accept4 SOCK_NONBLOCK, a forked child that closes its copy and
+ * exits, then epoll) checks what it got byte for byte, then answers with its
+ * own pattern. Every wait is bounded (10 s).
  *   preload_pair server PORTFILE SIZE      (listens on 127.0.0.1:0)
  *   preload_pair client PORT SIZE
  *   preload_pair forge-uid|forge-tuple PORT SIZE DIR
@@ -30,6 +31,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WAIT_MS 10000
@@ -238,6 +240,20 @@ int main(int argc, char** argv) {
     if (s < 0) die("accept4");
     if (!(fcntl(s, F_GETFL) & O_NONBLOCK)) {
       fprintf(stderr, "preload_pair: accept4(SOCK_NONBLOCK) socket is blocking\n");
+      return 1;
+    }
+    /* A fork-for-work child (redis BGSAVE, system()) closes its copy and
+     * exits through atexit: the parent's connection must not notice. */
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+      close(s);
+      close(l);
+      exit(0);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "preload_pair: forked child failed\n");
       return 1;
     }
     int ep = epoll_create1(EPOLL_CLOEXEC);
