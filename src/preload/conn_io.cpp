@@ -43,7 +43,8 @@ int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline
   int timeout = -1;
   if (has_deadline) {
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+            .count();
     if (left <= 0) return -EAGAIN;
     timeout = static_cast<int>(left);
   }
@@ -64,8 +65,8 @@ bool foreign(const Conn& c) {
 
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (foreign(c)) return -1;
-  const bool nonblocking = c.nonblocking.load(std::memory_order_relaxed) ||
-                           (flags & MSG_DONTWAIT) != 0;
+  const bool nonblocking =
+      c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const bool peek = (flags & MSG_PEEK) != 0;
   const bool wait_all = (flags & MSG_WAITALL) != 0 && !peek && !nonblocking;
   const size_t want = total_len(iov, iovcnt);
@@ -109,8 +110,8 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (foreign(c)) return -1;
-  const bool nonblocking = c.nonblocking.load(std::memory_order_relaxed) ||
-                           (flags & MSG_DONTWAIT) != 0;
+  const bool nonblocking =
+      c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const size_t want = total_len(iov, iovcnt);
   const int64_t tmo = c.snd_timeout_us.load(std::memory_order_relaxed);
   const auto deadline = Clock::now() + std::chrono::microseconds(tmo);

@@ -4,16 +4,17 @@
 // No exception leaves this file: the control path catches everything and
 // falls back to the kernel socket.
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <linux/sockios.h>
 
 #include <cerrno>
 #include <cstdarg>
@@ -59,8 +60,8 @@ std::string describe(int fd) {
   socklen_t pl = sizeof p;
   (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll);  // NOLINT
   (void)real().getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl);  // NOLINT
-  return "local=" + endpoint(reinterpret_cast<sockaddr*>(&l)) +  // NOLINT
-         " peer=" + endpoint(reinterpret_cast<sockaddr*>(&p));  // NOLINT
+  return "local=" + endpoint(reinterpret_cast<sockaddr*>(&l)) +        // NOLINT
+         " peer=" + endpoint(reinterpret_cast<sockaddr*>(&p));         // NOLINT
 }
 
 // The upgraded fd number keeps its place in the application; the kernel TCP
@@ -72,7 +73,8 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   int fl_flags = real().fcntl(fd, F_GETFL);
   rlimit lim{};
   int low = 0;
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128 && lim.rlim_cur != RLIM_INFINITY) {
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128 &&
+      lim.rlim_cur != RLIM_INFINITY) {
     low = static_cast<int>(lim.rlim_cur / 2);
   }
   int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, low);
@@ -80,8 +82,8 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   const int ready = up.stream->fd();
   if (tcp < 0 || ready < 0 || tcp >= kMaxFd) {
     if (tcp >= 0) real().close(tcp);
-    log_line("%s fd=%d %s path=kernel reason=no descriptor for the readiness mirror", side, fd,
-             where.c_str());
+    log_line("%s fd=%d %s path=kernel reason=no descriptor for the readiness mirror",
+             side, fd, where.c_str());
     count_path(false);
     return false;  // the stream is dropped before any byte; the peer sees a reset stream
   }
@@ -107,7 +109,8 @@ void finish_upgrade(PendingOfferPtr offer, int fd) {
   const std::string where = describe(fd);
   Upgrade up = finish_connect(std::move(offer), fd);
   if (up.stream == nullptr) {
-    log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(), up.reason.c_str());
+    log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(),
+             up.reason.c_str());
     count_path(false);
     return;
   }
@@ -172,8 +175,9 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
   pollfd p{fd, POLLOUT, 0};
   const int pr = poll(&p, 1, static_cast<int>(config().timeout.count()));
   if (pr <= 0) {
-    log_line("connect fd=%d peer=%s path=kernel reason=non-blocking connect still in progress",
-             fd, endpoint(addr).c_str());
+    log_line(
+        "connect fd=%d peer=%s path=kernel reason=non-blocking connect still in progress",
+        fd, endpoint(addr).c_str());
     count_path(false);
     errno = saved;
     return -1;
@@ -195,8 +199,9 @@ EXPORT int listen(int fd, int backlog) {
     sockaddr_storage ss{};
     socklen_t l = sizeof ss;
     if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 &&  // NOLINT
-        inet(reinterpret_cast<sockaddr*>(&ss))) {  // NOLINT
-      const uint16_t port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);  // NOLINT
+        inet(reinterpret_cast<sockaddr*>(&ss))) {                             // NOLINT
+      const uint16_t port =
+          ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);  // NOLINT
       add_listener(fd, port);
       register_listener(port);
     }
@@ -213,7 +218,8 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   const std::string where = describe(s);
   Upgrade up = upgrade_accepted(s);
   if (up.stream == nullptr) {
-    log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(), up.reason.c_str());
+    log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(),
+             up.reason.c_str());
     count_path(false);
   } else {
     (void)adopt(s, up, "accept", where);
@@ -222,7 +228,9 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   return s;
 }
 
-EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) { return accept4(fd, addr, len, 0); }
+EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
+  return accept4(fd, addr, len, 0);
+}
 
 EXPORT int close(int fd) {
   if (is_conn(fd)) {
@@ -321,8 +329,8 @@ EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t len, size_t buflen, int 
   return recvfrom(fd, buf, len < buflen ? len : buflen, flags, addr, alen);
 }
 
-EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags, const sockaddr* addr,
-                      socklen_t alen) {
+EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
+                      const sockaddr* addr, socklen_t alen) {
   if (!is_conn(fd)) return real().sendto(fd, buf, len, flags, addr, alen);
   return send_one(fd, buf, len, flags);  // connected: the address is ignored, as TCP does
 }
@@ -331,10 +339,11 @@ EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   if (!is_conn(fd)) return real().recvmsg(fd, msg, flags);
   auto c = find_conn(fd);
   if (!c) return real().recvmsg(fd, msg, flags);
-  const ssize_t r = conn_recv(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  const ssize_t r =
+      conn_recv(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
   if (r >= 0) {
-    if (msg->msg_name != nullptr) fill_peer(*c, static_cast<sockaddr*>(msg->msg_name),
-                                            &msg->msg_namelen);
+    if (msg->msg_name != nullptr)
+      fill_peer(*c, static_cast<sockaddr*>(msg->msg_name), &msg->msg_namelen);
     msg->msg_controllen = 0;
     msg->msg_flags = 0;
   }
@@ -377,12 +386,12 @@ EXPORT int fcntl(int fd, int cmd, ...) {
       if (r >= 0 && r < kMaxFd) install_conn(r, c);
       return r;
     }
-    default:
-      return real().fcntl(fd, cmd, arg);
+    default: return real().fcntl(fd, cmd, arg);
   }
 }
 
-EXPORT int ioctl(int fd, unsigned long req, ...) {  // NOLINT(google-runtime-int): libc's type
+EXPORT int ioctl(int fd, unsigned long req,
+                 ...) {  // NOLINT(google-runtime-int): libc's type
   va_list ap;
   va_start(ap, req);
   void* arg = va_arg(ap, void*);
@@ -403,8 +412,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {  // NOLINT(google-runtime-int
       if (arg == nullptr) break;
       *static_cast<int*>(arg) = 0;
       return 0;
-    default:
-      return real().ioctl(c->tcp_fd, req, arg);
+    default: return real().ioctl(c->tcp_fd, req, arg);
   }
   errno = EFAULT;
   return -1;
@@ -427,8 +435,8 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
   if (!is_conn(fd)) return real().setsockopt(fd, level, name, val, len);
   auto c = find_conn(fd);
   if (!c) return real().setsockopt(fd, level, name, val, len);
-  if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && val != nullptr &&
-      len >= sizeof(timeval)) {
+  if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
+      val != nullptr && len >= sizeof(timeval)) {
     const auto* tv = static_cast<const timeval*>(val);
     const int64_t us = static_cast<int64_t>(tv->tv_sec) * 1000000 + tv->tv_usec;
     (name == SO_RCVTIMEO ? c->rcv_timeout_us : c->snd_timeout_us) = us;
@@ -474,4 +482,38 @@ EXPORT int dup2(int oldfd, int newfd) {
   const int r = dup3(oldfd, newfd, 0);
   if (r < 0 && errno == EINVAL) return real().dup2(oldfd, newfd);
   return r;
+}
+
+// sendfile to an upgraded fd: read from the file, write to the stream (one
+// copy; the kernel's zero-copy path does not exist for a user-space ring).
+EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
+  if (!is_conn(out)) return real().sendfile(out, in, offset, count);
+  auto c = find_conn(out);
+  if (!c) return real().sendfile(out, in, offset, count);
+  char buf[64 * 1024];
+  size_t done = 0;
+  while (done < count) {
+    const size_t want = count - done < sizeof buf ? count - done : sizeof buf;
+    const ssize_t r = offset != nullptr ? real().pread(in, buf, want, *offset)
+                                        : real().read(in, buf, want);
+    if (r <= 0) {
+      if (r < 0 && done == 0) return -1;
+      break;
+    }
+    iovec v{buf, static_cast<size_t>(r)};
+    const ssize_t w = conn_send(*c, out, &v, 1, 0);
+    if (w <= 0) {
+      if (done == 0) return -1;
+      break;
+    }
+    // Bytes read but not accepted go back to the file position.
+    if (offset != nullptr) {
+      *offset += w;
+    } else if (w < r) {
+      (void)lseek(in, w - r, SEEK_CUR);
+    }
+    done += static_cast<size_t>(w);
+    if (w < r) break;
+  }
+  return static_cast<ssize_t>(done);
 }

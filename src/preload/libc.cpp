@@ -45,6 +45,8 @@ void resolve_libc() noexcept {
   bind(l.dup, "dup");
   bind(l.dup2, "dup2");
   bind(l.dup3, "dup3");
+  bind(l.sendfile, "sendfile");
+  bind(l.pread, "pread");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
 }

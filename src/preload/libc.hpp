@@ -42,6 +42,8 @@ struct Libc {
   int (*dup)(int);
   int (*dup2)(int, int);
   int (*dup3)(int, int, int);
+  ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*pread)(int, void*, size_t, off_t);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

@@ -75,7 +75,8 @@ stream::Engine* engine(std::string* why) {
     opts.stream.rx_ring = config().ring_bytes;
     opts.stream.tx_buffer = config().ring_bytes;
     auto e = stream::Engine::create(opts);
-    g_engine = new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
+    g_engine =
+        new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
     if (!g_exit_registered) {
       std::atexit(on_exit);
       g_exit_registered = true;

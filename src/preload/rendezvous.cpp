@@ -103,12 +103,13 @@ std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
   socklen_t ll = sizeof local;
   socklen_t pl = sizeof peer;
   if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||  // NOLINT
-      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {  // NOLINT
+      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {   // NOLINT
     return std::string("getsockname/getpeername: ") + std::strerror(errno);
   }
   *where = "local=" + endpoint(reinterpret_cast<sockaddr*>(&local)) +  // NOLINT
-           " peer=" + endpoint(reinterpret_cast<sockaddr*>(&peer));  // NOLINT
-  if (!loopback(peer) || !loopback(local)) return "peer is not on this host (loopback only)";
+           " peer=" + endpoint(reinterpret_cast<sockaddr*>(&peer));    // NOLINT
+  if (!loopback(peer) || !loopback(local))
+    return "peer is not on this host (loopback only)";
   *t = Tuple{};
   const int family = client ? put(local, t->client_addr, &t->client_port)
                             : put(peer, t->client_addr, &t->client_port);
@@ -122,7 +123,7 @@ std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
 }
 
 std::string offer_path(const Tuple& t) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the tuple
+  uint64_t h = 1469598103934665603ULL;                   // FNV-1a over the tuple
   const auto* p = reinterpret_cast<const uint8_t*>(&t);  // NOLINT
   for (size_t i = 0; i < sizeof t; ++i) h = (h ^ p[i]) * 1099511628211ULL;
   char name[32];
@@ -146,7 +147,8 @@ bool listener_registered(uint16_t port) {
 }
 
 int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
   return left > 0 ? static_cast<int>(left) : 0;
 }
 
@@ -155,8 +157,9 @@ bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline)
   auto* p = static_cast<uint8_t*>(buf);
   size_t done = 0;
   while (done < len) {
-    const ssize_t n = out ? real().send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                          : real().recv(fd, p + done, len - done, MSG_DONTWAIT);
+    const ssize_t n =
+        out ? real().send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+            : real().recv(fd, p + done, len - done, MSG_DONTWAIT);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -278,7 +281,8 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     return nullptr;
   }
   sockaddr_storage peer{};
-  std::memcpy(&peer, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  std::memcpy(&peer, dest,
+              dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
   if (!loopback(peer)) {
     *reason = "peer is not on this host (loopback only)";
     return nullptr;
@@ -314,7 +318,8 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
       auto* in6 = reinterpret_cast<sockaddr_in6*>(&any);  // NOLINT
       in6->sin6_family = AF_INET6;
       if (peer.ss_family == AF_INET6 &&
-          IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)) {  // NOLINT
+          IN6_IS_ADDR_V4MAPPED(
+              &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)) {         // NOLINT
         in6->sin6_addr = reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr;  // NOLINT
       } else {
         in6->sin6_addr = in6addr_loopback;
@@ -343,7 +348,8 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   }
   p->offer.tuple = t;
   p->offer.stream_port = p->listener->port();
-  if (getrandom(p->offer.client_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
+  if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=
+      static_cast<ssize_t>(kNonce)) {
     *reason = "getrandom failed";
     return nullptr;
   }
@@ -408,12 +414,14 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
       return up;
     }
     Answer answer;
-    if (!io_all(c.get(), &answer, sizeof answer, false, deadline) || answer.magic != kMagic) {
+    if (!io_all(c.get(), &answer, sizeof answer, false, deadline) ||
+        answer.magic != kMagic) {
       up.reason = "rendezvous: no answer from the peer";
       return up;
     }
     if (answer.status != 0) {
-      up.reason = "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
+      up.reason =
+          "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
       return up;
     }
     auto s = p->listener->accept(milliseconds(std::max(remaining_ms(deadline), 1)));
@@ -447,7 +455,8 @@ Upgrade upgrade_accepted(int tcp_fd) {
   const sockaddr_un sa = unix_address(path, &fits);
   Fd c(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fits || c.get() < 0 ||
-      real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {  // NOLINT
+      real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
+          0) {  // NOLINT
     up.reason = "no rendezvous offer from the peer (peer not rdmakit-enabled)";
     return up;
   }

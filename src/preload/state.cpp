@@ -30,7 +30,8 @@ std::string private_dir(const std::string& path) {
     return "cannot create " + path + ": " + std::strerror(errno);
   }
   struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) return "cannot stat " + path + ": " + std::strerror(errno);
+  if (lstat(path.c_str(), &st) != 0)
+    return "cannot stat " + path + ": " + std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return path + " is not a directory";
   if (st.st_uid != geteuid()) {
     return path + " belongs to uid " + std::to_string(st.st_uid) + ", not " +
@@ -57,12 +58,16 @@ Config load_config() {
   Config c;
   const char* on = std::getenv("RDMAKIT_PRELOAD");
   c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
-  c.timeout = std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
-  c.busy_poll = std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
-  c.ring_bytes = static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
+  c.timeout =
+      std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
+  c.busy_poll =
+      std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
+  c.ring_bytes =
+      static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
   c.stats = stats != nullptr && std::strcmp(stats, "0") != 0 && *stats != '\0';
-  if (const char* log = std::getenv("RDMAKIT_PRELOAD_LOG"); log != nullptr && *log != '\0') {
+  if (const char* log = std::getenv("RDMAKIT_PRELOAD_LOG");
+      log != nullptr && *log != '\0') {
     c.log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   }
   std::string base;
@@ -110,13 +115,12 @@ const Config& config() {
 
 Conn::~Conn() {
   if (owner != process_id()) return;  // a child's copy: never touch the parent's stream
-  stream.reset();                      // close(): delivers what is queued, then FIN
+  stream.reset();                     // close(): delivers what is queued, then FIN
   if (tcp_fd >= 0) real().close(tcp_fd);
 }
 
 bool is_conn(int fd) noexcept {
-  return fd >= 0 && fd < kMaxFd &&
-         table().kind[fd].load(std::memory_order_acquire) == 1;
+  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 1;
 }
 
 std::shared_ptr<Conn> find_conn(int fd) {
@@ -146,8 +150,7 @@ std::shared_ptr<Conn> remove_conn(int fd) {
 }
 
 bool is_listener(int fd) noexcept {
-  return fd >= 0 && fd < kMaxFd &&
-         table().kind[fd].load(std::memory_order_acquire) == 2;
+  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 2;
 }
 
 void add_listener(int fd, uint16_t port) {
@@ -199,7 +202,8 @@ void log_line(const char* fmt, ...) {
   const Config& c = config();
   if (!c.stats && c.log_fd < 0) return;
   char buf[768];
-  int n = std::snprintf(buf, sizeof buf, "rdmakit-preload[%d %s]: ", static_cast<int>(getpid()),
+  int n = std::snprintf(buf, sizeof buf,
+                        "rdmakit-preload[%d %s]: ", static_cast<int>(getpid()),
                         program_name());
   va_list ap;
   va_start(ap, fmt);

@@ -17,13 +17,13 @@ namespace rdmakit::preload {
 
 struct Config {
   bool enabled = true;
-  std::string dir;            // private rendezvous directory (per uid, per netns)
-  std::string dir_problem;    // why dir is unusable ("" = usable)
+  std::string dir;          // private rendezvous directory (per uid, per netns)
+  std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
   std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
   uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
-  bool stats = false;         // per-connection lines and a summary on stderr
-  int log_fd = -1;            // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+  bool stats = false;  // per-connection lines and a summary on stderr
+  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };
 
 // First call reads the environment and prepares the directory; later calls
@@ -34,8 +34,8 @@ const Config& config();
 // dup() made from it.
 struct Conn {
   std::unique_ptr<stream::Stream> stream;
-  int tcp_fd = -1;        // the kernel TCP socket, kept for the kernel's view
-  pid_t owner = 0;        // process that upgraded it; a forked child leaves it alone
+  int tcp_fd = -1;  // the kernel TCP socket, kept for the kernel's view
+  pid_t owner = 0;  // process that upgraded it; a forked child leaves it alone
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};
   std::atomic<int64_t> snd_timeout_us{0};
@@ -54,7 +54,6 @@ std::shared_ptr<Conn> remove_conn(int fd);
 bool is_listener(int fd) noexcept;
 void add_listener(int fd, uint16_t port);
 void remove_listener(int fd);
-
 
 // One line per connection decision ("path=shm" or "path=kernel reason=...").
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -95,11 +95,12 @@ case "$case_name" in
         "refusals of the offer for another connection"
     fi
     ;;
-  iperf3-P1|iperf3-P4|iperf3-R)
+  iperf3-P1|iperf3-P4|iperf3-R|iperf3-Z)
     need iperf3
     args=(-t 2); streams=1
     [ "$case_name" = iperf3-P4 ] && { args+=(-P 4); streams=4; }
     [ "$case_name" = iperf3-R ] && args+=(-R)
+    [ "$case_name" = iperf3-Z ] && args+=(-Z)  # sendfile
     port=$(free_port)
     pre timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
     server_pid=$!; pids+=("$server_pid")
