@@ -213,7 +213,11 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   const int s = real().accept4(fd, addr, len, flags);
   if (s < 0) return s;
   forget_stale(s);
-  if (!is_listener(fd) || s >= kMaxFd) return s;
+  // Every accepted TCP connection looks for an offer, not only those of
+  // listeners registered here: a listener inherited across exec (nginx
+  // binary upgrade) is not in the table, but its port may still be
+  // registered, and its clients are waiting.
+  if (s >= kMaxFd || !config().enabled || !tcp_stream_socket(s)) return s;
   const int saved = errno;
   const std::string where = describe(s);
   Upgrade up = upgrade_accepted(s);

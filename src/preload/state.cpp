@@ -232,18 +232,18 @@ void log_summary() {
 
 std::string endpoint(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
+  char out[INET6_ADDRSTRLEN + 16];
   if (sa->sa_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(sa);  // NOLINT
     inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
+    std::snprintf(out, sizeof out, "%s:%u", host, ntohs(in->sin_port));
+    return out;
   }
   if (sa->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);  // NOLINT
     inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
+    std::snprintf(out, sizeof out, "[%s]:%u", host, ntohs(in6->sin6_port));
+    return out;
   }
   return "?";
 }
