@@ -12,7 +12,7 @@ pkgs=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchm
 pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibverbs-utils
        rdmacm-utils perftest python3)
 # The preload tests run these programs under the library.
-pkgs+=(iperf3 sockperf)
+pkgs+=(iperf3 sockperf curl redis-server redis-tools)
 [ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do

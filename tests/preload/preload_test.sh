@@ -5,7 +5,7 @@
 # (the preload's log: "path=shm" or "path=kernel reason=..."). A missing
 # program is a failure, not a skip. Every wait is bounded.
 set -euo pipefail
-case_name=$1 run=$2 pair=$3
+case_name=$1 run=$(realpath "$2") pair=$(realpath "$3")
 work=$(mktemp -d /tmp/rdmakit-preload-test.XXXXXX)
 pids=()
 cleanup() {
@@ -21,6 +21,10 @@ mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 log=$work/log
 pre() { "$run" --log "$log" "$@"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_listen() {  # up to 20 s for a server to listen on port $1
+  for _ in $(seq 400); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
+  fail "no server listening on port $1 after 20 s: $(tail -n 5 "$work"/s.out 2>/dev/null)"
+}
 # count PATTERN: lines of the log matching an extended regex
 count() { grep -cE "$1" "$log" 2>/dev/null || true; }
 expect_count() {  # N PATTERN WHAT
@@ -104,7 +108,7 @@ case "$case_name" in
     port=$(free_port)
     pre timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
     server_pid=$!; pids+=("$server_pid")
-    for _ in $(seq 100); do ss -ltn "sport = :$port" | grep -q LISTEN && break; sleep 0.05; done
+    wait_listen "$port"
     pre timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
       fail "iperf3 client: $(cat "$work/c.err" "$work/c.json" | tail -n 20)"
     wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err" "$work/s.json")"
@@ -136,7 +140,7 @@ PY
     port=$(free_port)
     pre timeout 40 sockperf sr --tcp -i 127.0.0.1 -p "$port" >"$work/s.out" 2>&1 &
     server_pid=$!; pids+=("$server_pid")
-    for _ in $(seq 100); do ss -ltn "sport = :$port" | grep -q LISTEN && break; sleep 0.05; done
+    wait_listen "$port"
     mode=${case_name#sockperf-}
     pre timeout 40 sockperf "$mode" --tcp -i 127.0.0.1 -p "$port" -t 2 -m 64 >"$work/c.out" 2>&1 ||
       fail "sockperf $mode: $(tail -n 20 "$work/c.out")"
@@ -152,6 +156,82 @@ PY
     fi
     expect_count 1 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
     expect_count 1 "sockperf\]: accept fd=.* path=shm" "server connections on shm"
+    ;;
+  curl-shm|curl-client-only|curl-server-only)
+    # curl downloads 100 MiB from a Python HTTP server; the hash must match.
+    need curl
+    mkdir "$work/www"
+    head -c $((100 << 20)) /dev/urandom >"$work/www/file.bin"
+    port=$(free_port)
+    srv=(); cli=()
+    [ "$case_name" != curl-client-only ] && srv=("$run" --log "$log")
+    [ "$case_name" != curl-server-only ] && cli=("$run" --log "$log")
+    (cd "$work/www" && exec "${srv[@]}" timeout 60 python3 -m http.server "$port" --bind 127.0.0.1) \
+      >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${cli[@]}" timeout 60 curl -sS -o "$work/got.bin" "http://127.0.0.1:$port/file.bin" ||
+      fail "curl failed"
+    [ "$(sha256sum <"$work/www/file.bin")" = "$(sha256sum <"$work/got.bin")" ] ||
+      fail "downloaded file differs"
+    case $case_name in
+      curl-shm)
+        expect_count 1 "curl\]: connect fd=.* path=shm" "curl connections on shm"
+        expect_count 1 "python3\]: accept fd=.* path=shm" "server connections on shm" ;;
+      curl-client-only)
+        expect_count 1 "curl\]: connect fd=.*path=kernel reason=no rdmakit listener" "curl fallbacks" ;;
+      curl-server-only)
+        expect_count 1 "python3\]: accept fd=.*path=kernel reason=no rendezvous offer" "server fallbacks" ;;
+    esac
+    echo "100 MiB downloaded, sha256 matches"
+    ;;
+  redis)
+    # redis-benchmark (set, get, lpush; then pipelined -P 16) with a BGSAVE
+    # (fork) during the load, then 2000 known keys written and read back.
+    # (redis-cli --pipe hangs under the preload: not used until fixed.)
+    need redis-server; need redis-benchmark; need redis-cli
+    port=$(free_port)
+    pre timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$work" --daemonize no >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    pre timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
+      >"$work/b1.out" 2>&1 &
+    bench_pid=$!
+    sleep 0.3
+    [ "$(pre timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
+      fail "BGSAVE was not started"
+    wait "$bench_pid" || fail "redis-benchmark: $(tail -n 5 "$work/b1.out")"
+    pre timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
+      >"$work/b2.out" 2>&1 || fail "redis-benchmark -P 16: $(tail -n 5 "$work/b2.out")"
+    tr '\r' '\n' <"$work/b1.out" >"$work/b1.txt"
+    tr '\r' '\n' <"$work/b2.out" >"$work/b2.txt"
+    for t in SET GET LPUSH; do
+      grep -q "^ *$t: [0-9.]* requests per second" "$work/b1.txt" || fail "no $t result: $(cat "$work/b1.txt")"
+    done
+    for t in SET GET; do
+      grep -q "^ *$t: [0-9.]* requests per second" "$work/b2.txt" || fail "pipelined: $(cat "$work/b2.txt")"
+    done
+    tr '\r' '\n' <"$work/b1.out" | grep "requests per second" | tail -n 3
+    tr '\r' '\n' <"$work/b2.out" | grep "requests per second" | tail -n 2
+    for _ in $(seq 100); do
+      pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
+      sleep 0.1
+    done
+    pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
+      fail "BGSAVE failed"
+    # shellcheck disable=SC2046
+    [ "$(pre timeout 20 redis-cli -p "$port" MSET $(for i in $(seq 0 1999); do
+        echo "k$i v$i-$(printf %05d $((i * 7919 % 100000)))"; done))" = OK ] || fail "MSET failed"
+    for i in $(seq 0 1999); do echo "v$i-$(printf %05d $((i * 7919 % 100000)))"; done >"$work/expect"
+    # shellcheck disable=SC2046
+    pre timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
+    cmp -s "$work/expect" "$work/got" || fail "keys read back differ"
+    echo "2000 keys read back intact after BGSAVE"
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+    n=$(count "redis-benchmark\]: connect fd=.* path=shm")
+    [ "$n" -ge 40 ] || fail "expected >= 40 redis-benchmark connections on shm, found $n"
+    expect_count 0 "path=kernel" "kernel fallbacks"
     ;;
   *) fail "unknown case" ;;
 esac
