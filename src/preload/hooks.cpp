@@ -361,37 +361,52 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   return conn_send(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
 }
 
-EXPORT int fcntl(int fd, int cmd, ...) {
-  va_list ap;
-  va_start(ap, cmd);
-  void* arg = va_arg(ap, void*);  // every fcntl argument fits (int, long or pointer)
-  va_end(ap);
+namespace {
+int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg) {
   if (!is_conn(fd)) {
-    const int r = real().fcntl(fd, cmd, arg);
+    const int r = libc_fcntl(fd, cmd, arg);
     if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_stale(r);
     return r;
   }
   auto c = find_conn(fd);
-  if (!c) return real().fcntl(fd, cmd, arg);
+  if (!c) return libc_fcntl(fd, cmd, arg);
   const auto iarg = static_cast<int>(reinterpret_cast<intptr_t>(arg));  // NOLINT
   switch (cmd) {
     case F_GETFL: {
-      const int r = real().fcntl(fd, F_GETFL);
+      const int r = libc_fcntl(fd, F_GETFL);
       if (r < 0) return r;
       return (r & ~O_NONBLOCK) | (c->nonblocking ? O_NONBLOCK : 0);
     }
     case F_SETFL:
       c->nonblocking = (iarg & O_NONBLOCK) != 0;
       // The readiness socket itself always stays non-blocking.
-      return real().fcntl(fd, F_SETFL, iarg | O_NONBLOCK);
+      return libc_fcntl(fd, F_SETFL, iarg | O_NONBLOCK);
     case F_DUPFD:
     case F_DUPFD_CLOEXEC: {
-      const int r = real().fcntl(fd, cmd, iarg);
+      const int r = libc_fcntl(fd, cmd, iarg);
       if (r >= 0 && r < kMaxFd) install_conn(r, c);
       return r;
     }
-    default: return real().fcntl(fd, cmd, arg);
+    default: return libc_fcntl(fd, cmd, arg);
   }
+}
+
+}  // namespace
+
+EXPORT int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);  // every fcntl argument fits (int, long or pointer)
+  va_end(ap);
+  return fcntl_hook(real().fcntl, fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return fcntl_hook(real().fcntl64, fd, cmd, arg);
 }
 
 EXPORT int ioctl(int fd, unsigned long req,
@@ -520,4 +535,8 @@ EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
     if (w < r) break;
   }
   return static_cast<ssize_t>(done);
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off_t* offset, size_t count) {
+  return sendfile(out, in, offset, count);
 }

@@ -37,6 +37,9 @@ void resolve_libc() noexcept {
   bind(l.recv_chk, "__recv_chk");
   bind(l.recvfrom_chk, "__recvfrom_chk");
   bind(l.fcntl, "fcntl");
+  // Programs built against glibc 2.28+ with 64-bit off_t call fcntl64.
+  bind(l.fcntl64, "fcntl64");
+  if (l.fcntl64 == nullptr) l.fcntl64 = l.fcntl;
   bind(l.ioctl, "ioctl");
   bind(l.getsockopt, "getsockopt");
   bind(l.setsockopt, "setsockopt");

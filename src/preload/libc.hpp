@@ -34,6 +34,7 @@ struct Libc {
   ssize_t (*recv_chk)(int, void*, size_t, size_t, int);
   ssize_t (*recvfrom_chk)(int, void*, size_t, size_t, int, sockaddr*, socklen_t*);
   int (*fcntl)(int, int, ...);
+  int (*fcntl64)(int, int, ...);
   int (*ioctl)(int, unsigned long, ...);
   int (*getsockopt)(int, int, int, void*, socklen_t*);
   int (*setsockopt)(int, int, int, const void*, socklen_t);
