@@ -14,6 +14,8 @@ pkgs+=(libpmix-dev openmpi-bin python3-matplotlib)
 pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibverbs-utils
        rdmacm-utils perftest python3)
 [ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib rsync)
+# The preload tests run these programs under the library.
+pkgs+=(iperf3 sockperf curl redis-server redis-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,159 @@
+#include "conn_io.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <vector>
+
+#include "libc.hpp"
+#include "process.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+size_t total_len(const iovec* iov, int n) {
+  size_t t = 0;
+  for (int i = 0; i < n; ++i) t += iov[i].iov_len;
+  return t;
+}
+
+// iov without its first `skip` bytes, in out (reused storage).
+int advance(const iovec* iov, int n, size_t skip, std::vector<iovec>* out) {
+  out->clear();
+  for (int i = 0; i < n; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    out->push_back({static_cast<char*>(iov[i].iov_base) + skip, iov[i].iov_len - skip});
+    skip = 0;
+  }
+  return static_cast<int>(out->size());
+}
+
+// Waits for `events` on fd until deadline (or forever). 0 ready, -EAGAIN
+// timed out, -EINTR interrupted by a signal.
+int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline) {
+  int timeout = -1;
+  if (has_deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+            .count();
+    if (left <= 0) return -EAGAIN;
+    timeout = static_cast<int>(left);
+  }
+  pollfd p{fd, events, 0};
+  const int r = poll(&p, 1, timeout);
+  if (r < 0) return -errno;
+  if (r == 0) return -EAGAIN;
+  return 0;
+}
+
+bool foreign(const Conn& c) {
+  if (c.owner == process_id()) return false;
+  errno = EOPNOTSUPP;  // a fork child: the parent's accelerated connection is not ours
+  return true;
+}
+
+}  // namespace
+
+ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  if (foreign(c)) return -1;
+  const bool nonblocking =
+      c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
+  const bool peek = (flags & MSG_PEEK) != 0;
+  const bool wait_all = (flags & MSG_WAITALL) != 0 && !peek && !nonblocking;
+  const size_t want = total_len(iov, iovcnt);
+  const int64_t tmo = c.rcv_timeout_us.load(std::memory_order_relaxed);
+  const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
+  const auto spin_until = Clock::now() + config().busy_poll;
+  std::vector<iovec> rest;
+  size_t got = 0;
+  for (;;) {
+    const iovec* v = iov;
+    int n = iovcnt;
+    if (got > 0) {
+      n = advance(iov, iovcnt, got, &rest);
+      v = rest.data();
+    }
+    const ssize_t r = c.stream->readv(v, n, (peek ? MSG_PEEK : 0) | MSG_DONTWAIT);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      if (!wait_all || got == want) return static_cast<ssize_t>(got);
+      continue;
+    }
+    if (r == 0 || (r != -EAGAIN && got > 0)) return static_cast<ssize_t>(got);
+    if (r != -EAGAIN) {
+      errno = static_cast<int>(-r);
+      return -1;
+    }
+    if (nonblocking) {
+      if (got > 0) return static_cast<ssize_t>(got);
+      errno = EAGAIN;
+      return -1;
+    }
+    if (Clock::now() < spin_until) continue;
+    const int w = wait_for(fd, POLLIN, tmo > 0, deadline);
+    if (w != 0) {
+      if (got > 0) return static_cast<ssize_t>(got);
+      errno = -w;
+      return -1;
+    }
+  }
+}
+
+ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  if (foreign(c)) return -1;
+  const bool nonblocking =
+      c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
+  const size_t want = total_len(iov, iovcnt);
+  const int64_t tmo = c.snd_timeout_us.load(std::memory_order_relaxed);
+  const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
+  const auto spin_until = Clock::now() + config().busy_poll;
+  std::vector<iovec> rest;
+  size_t done = 0;
+  for (;;) {
+    const iovec* v = iov;
+    int n = iovcnt;
+    if (done > 0) {
+      n = advance(iov, iovcnt, done, &rest);
+      v = rest.data();
+    }
+    const ssize_t r = want == 0 ? 0 : c.stream->writev(v, n, MSG_DONTWAIT);
+    if (r >= 0) {
+      done += static_cast<size_t>(r);
+      if (done == want || nonblocking) {
+        if (done == 0 && want > 0) {
+          errno = EAGAIN;
+          return -1;
+        }
+        return static_cast<ssize_t>(done);
+      }
+      if (r > 0) continue;
+    } else if (r != -EAGAIN) {
+      if (done > 0) return static_cast<ssize_t>(done);
+      if (r == -EPIPE && (flags & MSG_NOSIGNAL) == 0) raise(SIGPIPE);
+      errno = static_cast<int>(-r);
+      return -1;
+    } else if (nonblocking) {
+      if (done > 0) return static_cast<ssize_t>(done);
+      errno = EAGAIN;
+      return -1;
+    }
+    if (Clock::now() < spin_until) continue;
+    const int w = wait_for(fd, POLLOUT, tmo > 0, deadline);
+    if (w != 0) {
+      if (done > 0) return static_cast<ssize_t>(done);
+      errno = -w;
+      return -1;
+    }
+  }
+}
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,542 @@
+// The intercepted libc functions (exported, C ABI). Each first asks the
+// lock-free fd table whether fd is an upgraded connection; if not, the call
+// goes straight to libc (async-signal-safe, nothing allocated or locked).
+// No exception leaves this file: the control path catches everything and
+// falls back to the kernel socket.
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+
+#include "conn_io.hpp"
+#include "libc.hpp"
+#include "process.hpp"
+#include "rendezvous.hpp"
+#include "state.hpp"
+
+using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+bool tcp_stream_socket(int fd) {
+  int type = 0;
+  int proto = 0;
+  socklen_t l = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) != 0 || type != SOCK_STREAM) {
+    return false;
+  }
+  l = sizeof proto;
+  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 &&
+         proto == IPPROTO_TCP;
+}
+
+bool inet(const sockaddr* sa) {
+  return sa != nullptr && (sa->sa_family == AF_INET || sa->sa_family == AF_INET6);
+}
+
+// A new kernel fd with this number: whatever the table held for it was
+// closed behind our back (fclose, a raw syscall) and is stale.
+void forget_stale(int fd) {
+  if (is_conn(fd)) (void)remove_conn(fd);
+  if (is_listener(fd)) remove_listener(fd);
+}
+
+std::string describe(int fd) {
+  sockaddr_storage l{};
+  sockaddr_storage p{};
+  socklen_t ll = sizeof l;
+  socklen_t pl = sizeof p;
+  (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll);  // NOLINT
+  (void)real().getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl);  // NOLINT
+  return "local=" + endpoint(reinterpret_cast<sockaddr*>(&l)) +        // NOLINT
+         " peer=" + endpoint(reinterpret_cast<sockaddr*>(&p));         // NOLINT
+}
+
+// The upgraded fd number keeps its place in the application; the kernel TCP
+// socket moves to a high descriptor (close-on-exec), and the stream's
+// readiness socket takes the application's number, so poll/select/epoll on
+// it see the stream's state.
+bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
+  int fd_flags = real().fcntl(fd, F_GETFD);
+  int fl_flags = real().fcntl(fd, F_GETFL);
+  rlimit lim{};
+  int low = 0;
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128 &&
+      lim.rlim_cur != RLIM_INFINITY) {
+    low = static_cast<int>(lim.rlim_cur / 2);
+  }
+  int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, low);
+  if (tcp < 0) tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  const int ready = up.stream->fd();
+  if (tcp < 0 || ready < 0 || tcp >= kMaxFd) {
+    if (tcp >= 0) real().close(tcp);
+    log_line("%s fd=%d %s path=kernel reason=no descriptor for the readiness mirror",
+             side, fd, where.c_str());
+    count_path(false);
+    return false;  // the stream is dropped before any byte; the peer sees a reset stream
+  }
+  if (real().dup3(ready, fd, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
+    real().close(tcp);
+    log_line("%s fd=%d %s path=kernel reason=dup3: %s", side, fd, where.c_str(),
+             std::strerror(errno));
+    count_path(false);
+    return false;
+  }
+  auto conn = std::make_shared<Conn>();
+  conn->stream = std::move(up.stream);
+  conn->tcp_fd = tcp;
+  conn->owner = process_id();
+  conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
+  install_conn(fd, std::move(conn));
+  log_line("%s fd=%d %s path=shm", side, fd, where.c_str());
+  count_path(true);
+  return true;
+}
+
+void finish_upgrade(PendingOfferPtr offer, int fd) {
+  const std::string where = describe(fd);
+  Upgrade up = finish_connect(std::move(offer), fd);
+  if (up.stream == nullptr) {
+    log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(),
+             up.reason.c_str());
+    count_path(false);
+    return;
+  }
+  (void)adopt(fd, up, "connect", where);
+}
+
+ssize_t recv_one(int fd, void* buf, size_t len, int flags) {
+  auto c = find_conn(fd);
+  if (!c) return real().recv(fd, buf, len, flags);
+  iovec v{buf, len};
+  return conn_recv(*c, fd, &v, 1, flags);
+}
+
+ssize_t send_one(int fd, const void* buf, size_t len, int flags) {
+  auto c = find_conn(fd);
+  if (!c) return real().send(fd, buf, len, flags);
+  iovec v{const_cast<void*>(buf), len};  // NOLINT: iovec is not const-correct
+  return conn_send(*c, fd, &v, 1, flags);
+}
+
+void fill_peer(const Conn& c, sockaddr* addr, socklen_t* len) {
+  if (addr != nullptr && len != nullptr) (void)real().getpeername(c.tcp_fd, addr, len);
+}
+
+}  // namespace
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+EXPORT int socket(int domain, int type, int protocol) {
+  const int fd = real().socket(domain, type, protocol);
+  if (fd >= 0) forget_stale(fd);
+  return fd;
+}
+
+EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
+  if (!inet(addr) || !config().enabled || fd >= kMaxFd || !tcp_stream_socket(fd)) {
+    return real().connect(fd, addr, len);
+  }
+  std::string reason;
+  PendingOfferPtr offer = prepare_connect(fd, addr, &reason);
+  if (!offer) {
+    const int r = real().connect(fd, addr, len);
+    if (r == 0 || errno == EINPROGRESS) {
+      const int saved = errno;
+      log_line("connect fd=%d peer=%s path=kernel reason=%s", fd, endpoint(addr).c_str(),
+               reason.c_str());
+      count_path(false);
+      errno = saved;
+    }
+    return r;
+  }
+  const int r = real().connect(fd, addr, len);
+  if (r == 0) {
+    finish_upgrade(std::move(offer), fd);
+    return 0;
+  }
+  if (errno != EINPROGRESS) return r;
+  // Non-blocking connect: the upgrade must finish before the application
+  // can register the fd with epoll, so wait (bounded) for the kernel
+  // connect; if it takes longer the connection stays on kernel TCP.
+  const int saved = errno;
+  pollfd p{fd, POLLOUT, 0};
+  const int pr = poll(&p, 1, static_cast<int>(config().timeout.count()));
+  if (pr <= 0) {
+    log_line(
+        "connect fd=%d peer=%s path=kernel reason=non-blocking connect still in progress",
+        fd, endpoint(addr).c_str());
+    count_path(false);
+    errno = saved;
+    return -1;
+  }
+  int err = 0;
+  socklen_t el = sizeof err;
+  (void)real().getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  finish_upgrade(std::move(offer), fd);
+  return 0;
+}
+
+EXPORT int listen(int fd, int backlog) {
+  const int r = real().listen(fd, backlog);
+  if (r == 0 && config().enabled && fd < kMaxFd && tcp_stream_socket(fd)) {
+    sockaddr_storage ss{};
+    socklen_t l = sizeof ss;
+    if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 &&  // NOLINT
+        inet(reinterpret_cast<sockaddr*>(&ss))) {                             // NOLINT
+      const uint16_t port =
+          ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);  // NOLINT
+      add_listener(fd, port);
+      register_listener(port);
+    }
+  }
+  return r;
+}
+
+EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  const int s = real().accept4(fd, addr, len, flags);
+  if (s < 0) return s;
+  forget_stale(s);
+  // Every accepted TCP connection looks for an offer, not only those of
+  // listeners registered here: a listener inherited across exec (nginx
+  // binary upgrade) is not in the table, but its port may still be
+  // registered, and its clients are waiting.
+  if (s >= kMaxFd || !config().enabled || !tcp_stream_socket(s)) return s;
+  const int saved = errno;
+  const std::string where = describe(s);
+  Upgrade up = upgrade_accepted(s);
+  if (up.stream == nullptr) {
+    log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(),
+             up.reason.c_str());
+    count_path(false);
+  } else {
+    (void)adopt(s, up, "accept", where);
+  }
+  errno = saved;
+  return s;
+}
+
+EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
+  return accept4(fd, addr, len, 0);
+}
+
+EXPORT int close(int fd) {
+  if (is_conn(fd)) {
+    auto c = remove_conn(fd);
+    const int r = real().close(fd);
+    c.reset();  // last alias: the stream closes (queued data still delivered)
+    return r;
+  }
+  if (is_listener(fd)) remove_listener(fd);
+  return real().close(fd);
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags) {
+  if ((flags & CLOSE_RANGE_CLOEXEC) == 0) {
+    const unsigned end = last < static_cast<unsigned>(kMaxFd) ? last : kMaxFd - 1;
+    for (unsigned fd = first; fd <= end && fd < static_cast<unsigned>(kMaxFd); ++fd) {
+      forget_stale(static_cast<int>(fd));
+    }
+  }
+  return real().close_range(first, last, flags);
+}
+
+EXPORT int shutdown(int fd, int how) {
+  auto c = find_conn(fd);
+  if (!c) return real().shutdown(fd, how);
+  if (c->owner != process_id()) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  const int r = c->stream->shutdown(how);
+  if (r < 0) {
+    errno = -r;
+    return -1;
+  }
+  return 0;
+}
+
+EXPORT ssize_t read(int fd, void* buf, size_t len) {
+  if (!is_conn(fd)) return real().read(fd, buf, len);
+  return recv_one(fd, buf, len, 0);
+}
+
+EXPORT ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
+  if (!is_conn(fd)) return real().read_chk(fd, buf, len, buflen);
+  return recv_one(fd, buf, len < buflen ? len : buflen, 0);
+}
+
+EXPORT ssize_t write(int fd, const void* buf, size_t len) {
+  if (!is_conn(fd)) return real().write(fd, buf, len);
+  return send_one(fd, buf, len, 0);
+}
+
+EXPORT ssize_t readv(int fd, const iovec* iov, int n) {
+  if (!is_conn(fd)) return real().readv(fd, iov, n);
+  auto c = find_conn(fd);
+  if (!c) return real().readv(fd, iov, n);
+  return conn_recv(*c, fd, iov, n, 0);
+}
+
+EXPORT ssize_t writev(int fd, const iovec* iov, int n) {
+  if (!is_conn(fd)) return real().writev(fd, iov, n);
+  auto c = find_conn(fd);
+  if (!c) return real().writev(fd, iov, n);
+  return conn_send(*c, fd, iov, n, 0);
+}
+
+EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
+  if (!is_conn(fd)) return real().recv(fd, buf, len, flags);
+  return recv_one(fd, buf, len, flags);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void* buf, size_t len, size_t buflen, int flags) {
+  if (!is_conn(fd)) return real().recv_chk(fd, buf, len, buflen, flags);
+  return recv_one(fd, buf, len < buflen ? len : buflen, flags);
+}
+
+EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
+  if (!is_conn(fd)) return real().send(fd, buf, len, flags);
+  return send_one(fd, buf, len, flags);
+}
+
+EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, sockaddr* addr,
+                        socklen_t* alen) {
+  if (!is_conn(fd)) return real().recvfrom(fd, buf, len, flags, addr, alen);
+  auto c = find_conn(fd);
+  if (!c) return real().recvfrom(fd, buf, len, flags, addr, alen);
+  iovec v{buf, len};
+  const ssize_t r = conn_recv(*c, fd, &v, 1, flags);
+  if (r >= 0) fill_peer(*c, addr, alen);
+  return r;
+}
+
+EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t len, size_t buflen, int flags,
+                              sockaddr* addr, socklen_t* alen) {
+  if (!is_conn(fd)) return real().recvfrom_chk(fd, buf, len, buflen, flags, addr, alen);
+  return recvfrom(fd, buf, len < buflen ? len : buflen, flags, addr, alen);
+}
+
+EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
+                      const sockaddr* addr, socklen_t alen) {
+  if (!is_conn(fd)) return real().sendto(fd, buf, len, flags, addr, alen);
+  return send_one(fd, buf, len, flags);  // connected: the address is ignored, as TCP does
+}
+
+EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
+  if (!is_conn(fd)) return real().recvmsg(fd, msg, flags);
+  auto c = find_conn(fd);
+  if (!c) return real().recvmsg(fd, msg, flags);
+  const ssize_t r =
+      conn_recv(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  if (r >= 0) {
+    if (msg->msg_name != nullptr)
+      fill_peer(*c, static_cast<sockaddr*>(msg->msg_name), &msg->msg_namelen);
+    msg->msg_controllen = 0;
+    msg->msg_flags = 0;
+  }
+  return r;
+}
+
+EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
+  if (!is_conn(fd)) return real().sendmsg(fd, msg, flags);
+  auto c = find_conn(fd);
+  if (!c) return real().sendmsg(fd, msg, flags);
+  return conn_send(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+}
+
+namespace {
+int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg) {
+  if (!is_conn(fd)) {
+    const int r = libc_fcntl(fd, cmd, arg);
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_stale(r);
+    return r;
+  }
+  auto c = find_conn(fd);
+  if (!c) return libc_fcntl(fd, cmd, arg);
+  const auto iarg = static_cast<int>(reinterpret_cast<intptr_t>(arg));  // NOLINT
+  switch (cmd) {
+    case F_GETFL: {
+      const int r = libc_fcntl(fd, F_GETFL);
+      if (r < 0) return r;
+      return (r & ~O_NONBLOCK) | (c->nonblocking ? O_NONBLOCK : 0);
+    }
+    case F_SETFL:
+      c->nonblocking = (iarg & O_NONBLOCK) != 0;
+      // The readiness socket itself always stays non-blocking.
+      return libc_fcntl(fd, F_SETFL, iarg | O_NONBLOCK);
+    case F_DUPFD:
+    case F_DUPFD_CLOEXEC: {
+      const int r = libc_fcntl(fd, cmd, iarg);
+      if (r >= 0 && r < kMaxFd) install_conn(r, c);
+      return r;
+    }
+    default: return libc_fcntl(fd, cmd, arg);
+  }
+}
+
+}  // namespace
+
+EXPORT int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);  // every fcntl argument fits (int, long or pointer)
+  va_end(ap);
+  return fcntl_hook(real().fcntl, fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return fcntl_hook(real().fcntl64, fd, cmd, arg);
+}
+
+EXPORT int ioctl(int fd, unsigned long req,
+                 ...) {  // NOLINT(google-runtime-int): libc's type
+  va_list ap;
+  va_start(ap, req);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  if (!is_conn(fd)) return real().ioctl(fd, req, arg);
+  auto c = find_conn(fd);
+  if (!c) return real().ioctl(fd, req, arg);
+  switch (req) {
+    case FIONBIO:
+      if (arg == nullptr) break;
+      c->nonblocking = *static_cast<int*>(arg) != 0;
+      return 0;
+    case FIONREAD:
+      if (arg == nullptr) break;
+      *static_cast<int*>(arg) = static_cast<int>(c->stream->available());
+      return 0;
+    case SIOCOUTQ:
+      if (arg == nullptr) break;
+      *static_cast<int*>(arg) = 0;
+      return 0;
+    default: return real().ioctl(c->tcp_fd, req, arg);
+  }
+  errno = EFAULT;
+  return -1;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  if (!is_conn(fd)) return real().getsockopt(fd, level, name, val, len);
+  auto c = find_conn(fd);
+  if (!c) return real().getsockopt(fd, level, name, val, len);
+  if (level == SOL_SOCKET && name == SO_ERROR && val != nullptr && len != nullptr &&
+      *len >= sizeof(int)) {
+    *static_cast<int*>(val) = c->stream->error();
+    *len = sizeof(int);
+    return 0;
+  }
+  return real().getsockopt(c->tcp_fd, level, name, val, len);
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  if (!is_conn(fd)) return real().setsockopt(fd, level, name, val, len);
+  auto c = find_conn(fd);
+  if (!c) return real().setsockopt(fd, level, name, val, len);
+  if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
+      val != nullptr && len >= sizeof(timeval)) {
+    const auto* tv = static_cast<const timeval*>(val);
+    const int64_t us = static_cast<int64_t>(tv->tv_sec) * 1000000 + tv->tv_usec;
+    (name == SO_RCVTIMEO ? c->rcv_timeout_us : c->snd_timeout_us) = us;
+  }
+  // Stored by the kernel socket, so getsockopt answers as the kernel would.
+  return real().setsockopt(c->tcp_fd, level, name, val, len);
+}
+
+EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {
+  if (!is_conn(fd)) return real().getsockname(fd, addr, len);
+  auto c = find_conn(fd);
+  return real().getsockname(c ? c->tcp_fd : fd, addr, len);
+}
+
+EXPORT int getpeername(int fd, sockaddr* addr, socklen_t* len) {
+  if (!is_conn(fd)) return real().getpeername(fd, addr, len);
+  auto c = find_conn(fd);
+  return real().getpeername(c ? c->tcp_fd : fd, addr, len);
+}
+
+EXPORT int dup(int fd) {
+  const int r = real().dup(fd);
+  if (r < 0) return r;
+  forget_stale(r);
+  if (auto c = find_conn(fd); c && r < kMaxFd) install_conn(r, std::move(c));
+  return r;
+}
+
+EXPORT int dup3(int oldfd, int newfd, int flags) {
+  auto c = find_conn(oldfd);
+  std::shared_ptr<Conn> replaced;
+  const int r = real().dup3(oldfd, newfd, flags);
+  if (r < 0) return r;
+  // newfd was closed by the kernel: drop what it was, keep the old alias.
+  replaced = remove_conn(newfd);
+  if (is_listener(newfd)) remove_listener(newfd);
+  if (c && newfd < kMaxFd) install_conn(newfd, std::move(c));
+  return r;
+}
+
+EXPORT int dup2(int oldfd, int newfd) {
+  if (oldfd == newfd) return real().dup2(oldfd, newfd);
+  const int r = dup3(oldfd, newfd, 0);
+  if (r < 0 && errno == EINVAL) return real().dup2(oldfd, newfd);
+  return r;
+}
+
+// sendfile to an upgraded fd: read from the file, write to the stream (one
+// copy; the kernel's zero-copy path does not exist for a user-space ring).
+EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
+  if (!is_conn(out)) return real().sendfile(out, in, offset, count);
+  auto c = find_conn(out);
+  if (!c) return real().sendfile(out, in, offset, count);
+  char buf[64 * 1024];
+  size_t done = 0;
+  while (done < count) {
+    const size_t want = count - done < sizeof buf ? count - done : sizeof buf;
+    const ssize_t r = offset != nullptr ? real().pread(in, buf, want, *offset)
+                                        : real().read(in, buf, want);
+    if (r <= 0) {
+      if (r < 0 && done == 0) return -1;
+      break;
+    }
+    iovec v{buf, static_cast<size_t>(r)};
+    const ssize_t w = conn_send(*c, out, &v, 1, 0);
+    if (w <= 0) {
+      if (done == 0) return -1;
+      break;
+    }
+    // Bytes read but not accepted go back to the file position.
+    if (offset != nullptr) {
+      *offset += w;
+    } else if (w < r) {
+      (void)lseek(in, w - r, SEEK_CUR);
+    }
+    done += static_cast<size_t>(w);
+    if (w < r) break;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off_t* offset, size_t count) {
+  return sendfile(out, in, offset, count);
+}

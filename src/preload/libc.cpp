@@ -1,0 +1,57 @@
+#include "libc.hpp"
+
+#include <dlfcn.h>
+
+namespace rdmakit::preload {
+
+Libc libc{};
+
+namespace {
+template <typename F>
+void bind(F*& slot, const char* name) noexcept {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): dlsym returns void*
+  slot = reinterpret_cast<F*>(dlsym(RTLD_NEXT, name));
+}
+}  // namespace
+
+void resolve_libc() noexcept {
+  Libc l{};
+  bind(l.socket, "socket");
+  bind(l.connect, "connect");
+  bind(l.listen, "listen");
+  bind(l.accept, "accept");
+  bind(l.accept4, "accept4");
+  bind(l.close, "close");
+  bind(l.close_range, "close_range");
+  bind(l.shutdown, "shutdown");
+  bind(l.write, "write");
+  bind(l.readv, "readv");
+  bind(l.writev, "writev");
+  bind(l.recv, "recv");
+  bind(l.send, "send");
+  bind(l.recvfrom, "recvfrom");
+  bind(l.sendto, "sendto");
+  bind(l.recvmsg, "recvmsg");
+  bind(l.sendmsg, "sendmsg");
+  bind(l.read_chk, "__read_chk");
+  bind(l.recv_chk, "__recv_chk");
+  bind(l.recvfrom_chk, "__recvfrom_chk");
+  bind(l.fcntl, "fcntl");
+  // Programs built against glibc 2.28+ with 64-bit off_t call fcntl64.
+  bind(l.fcntl64, "fcntl64");
+  if (l.fcntl64 == nullptr) l.fcntl64 = l.fcntl;
+  bind(l.ioctl, "ioctl");
+  bind(l.getsockopt, "getsockopt");
+  bind(l.setsockopt, "setsockopt");
+  bind(l.getsockname, "getsockname");
+  bind(l.getpeername, "getpeername");
+  bind(l.dup, "dup");
+  bind(l.dup2, "dup2");
+  bind(l.dup3, "dup3");
+  bind(l.sendfile, "sendfile");
+  bind(l.pread, "pread");
+  bind(l.read, "read");  // last: real() treats a set read as "resolved"
+  libc = l;
+}
+
+}  // namespace rdmakit::preload

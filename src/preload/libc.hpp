@@ -1,0 +1,59 @@
+#pragma once
+// The real libc functions behind the intercepted names (dlsym RTLD_NEXT),
+// resolved once when the library loads so the pass-through path for
+// non-socket fds is a table load and an indirect call: no lock, no malloc,
+// async-signal-safe.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+namespace rdmakit::preload {
+
+struct Libc {
+  int (*socket)(int, int, int);
+  int (*connect)(int, const sockaddr*, socklen_t);
+  int (*listen)(int, int);
+  int (*accept)(int, sockaddr*, socklen_t*);
+  int (*accept4)(int, sockaddr*, socklen_t*, int);
+  int (*close)(int);
+  int (*close_range)(unsigned, unsigned, int);
+  int (*shutdown)(int, int);
+  ssize_t (*read)(int, void*, size_t);
+  ssize_t (*write)(int, const void*, size_t);
+  ssize_t (*readv)(int, const iovec*, int);
+  ssize_t (*writev)(int, const iovec*, int);
+  ssize_t (*recv)(int, void*, size_t, int);
+  ssize_t (*send)(int, const void*, size_t, int);
+  ssize_t (*recvfrom)(int, void*, size_t, int, sockaddr*, socklen_t*);
+  ssize_t (*sendto)(int, const void*, size_t, int, const sockaddr*, socklen_t);
+  ssize_t (*recvmsg)(int, msghdr*, int);
+  ssize_t (*sendmsg)(int, const msghdr*, int);
+  ssize_t (*read_chk)(int, void*, size_t, size_t);
+  ssize_t (*recv_chk)(int, void*, size_t, size_t, int);
+  ssize_t (*recvfrom_chk)(int, void*, size_t, size_t, int, sockaddr*, socklen_t*);
+  int (*fcntl)(int, int, ...);
+  int (*fcntl64)(int, int, ...);
+  int (*ioctl)(int, unsigned long, ...);
+  int (*getsockopt)(int, int, int, void*, socklen_t*);
+  int (*setsockopt)(int, int, int, const void*, socklen_t);
+  int (*getsockname)(int, sockaddr*, socklen_t*);
+  int (*getpeername)(int, sockaddr*, socklen_t*);
+  int (*dup)(int);
+  int (*dup2)(int, int);
+  int (*dup3)(int, int, int);
+  ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*pread)(int, void*, size_t, off_t);
+};
+
+// Filled by resolve_libc() (library constructor; also called by a hook that
+// runs before it, e.g. from another library's constructor).
+extern Libc libc;
+void resolve_libc() noexcept;
+inline const Libc& real() noexcept {
+  if (libc.read == nullptr) resolve_libc();
+  return libc;
+}
+
+}  // namespace rdmakit::preload

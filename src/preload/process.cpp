@@ -1,0 +1,91 @@
+#include "process.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "libc.hpp"
+#include "state.hpp"
+
+extern char* program_invocation_short_name;  // glibc
+
+namespace rdmakit::preload {
+
+namespace {
+
+pid_t g_pid = 0;
+std::mutex g_engine_mu;
+std::shared_ptr<stream::Engine>* g_engine = nullptr;  // leaked on fork in the child
+bool g_exit_registered = false;
+
+void on_prepare() {
+  g_engine_mu.lock();
+  lock_table_for_fork();
+}
+void on_parent() {
+  unlock_table_after_fork();
+  g_engine_mu.unlock();
+}
+void on_child() {
+  g_pid = getpid();
+  reset_counts_in_child();
+  disown_all_in_child();
+  unlock_table_after_fork();
+  // The parent's engine has no progress thread here; the child makes its
+  // own if it upgrades a connection of its own.
+  g_engine = nullptr;
+  g_engine_mu.unlock();
+}
+
+// Queued data still reaches the peer when the program exits: close every
+// stream, then let the engine wait (up to the streams' linger) for them.
+void on_exit() {
+  if (getpid() != g_pid) return;
+  log_summary();
+  auto conns = take_all_conns();
+  conns.clear();
+  std::lock_guard lock(g_engine_mu);
+  if (g_engine != nullptr) g_engine->reset();
+}
+
+__attribute__((constructor)) void on_load() {
+  resolve_libc();
+  g_pid = getpid();
+  pthread_atfork(on_prepare, on_parent, on_child);
+}
+
+}  // namespace
+
+pid_t process_id() noexcept { return g_pid; }
+
+const char* program_name() noexcept { return program_invocation_short_name; }
+
+stream::Engine* engine(std::string* why) {
+  std::lock_guard lock(g_engine_mu);
+  if (g_engine != nullptr && *g_engine) return g_engine->get();
+  try {
+    stream::EngineOptions opts;
+    opts.provider = ProviderKind::kShm;
+    opts.max_streams = 1024;
+    // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
+    // keep a write from waiting for every credit return.
+    opts.stream.rx_ring = config().ring_bytes;
+    opts.stream.tx_buffer = config().ring_bytes;
+    auto e = stream::Engine::create(opts);
+    g_engine =
+        new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
+    if (!g_exit_registered) {
+      std::atexit(on_exit);
+      g_exit_registered = true;
+    }
+    return g_engine->get();
+  } catch (const std::exception& e) {
+    *why = std::string("stream engine on shm: ") + e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace rdmakit::preload

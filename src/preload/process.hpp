@@ -1,0 +1,19 @@
+#pragma once
+// Process lifecycle: the pid (kept current across fork without a syscall
+// per call), the program name, the lazily created stream engine, fork
+// handlers and the exit flush.
+#include <sys/types.h>
+
+#include <string>
+
+#include "rdmakit/stream/stream.hpp"
+
+namespace rdmakit::preload {
+
+pid_t process_id() noexcept;
+const char* program_name() noexcept;
+// The process's engine on shm, created on first use; nullptr with *why set
+// if it cannot be created (logged by the caller as the fallback reason).
+stream::Engine* engine(std::string* why);
+
+}  // namespace rdmakit::preload

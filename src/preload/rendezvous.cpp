@@ -1,0 +1,513 @@
+#include "rendezvous.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "libc.hpp"
+#include "process.hpp"
+#include "state.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kNonce = 16;
+using Nonce = std::array<uint8_t, kNonce>;
+
+// The TCP connection as both sides name it: client end, server end.
+struct Tuple {
+  uint8_t family = 0;
+  uint8_t pad[3] = {};
+  uint8_t client_addr[16] = {};
+  uint8_t server_addr[16] = {};
+  uint16_t client_port = 0;  // network order
+  uint16_t server_port = 0;
+};
+
+struct Offer {  // client -> server, on the rendezvous socket
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  Tuple tuple;
+  Nonce client_nonce{};
+  uint16_t stream_port = 0;  // the client's stream listener (shm)
+  uint8_t pad[6] = {};
+};
+
+struct Answer {  // server -> client: 0 = go ahead, else refused
+  uint32_t magic = kMagic;
+  uint32_t status = 0;
+  Nonce server_nonce{};
+};
+
+struct Final {  // client -> server: both nonces checked, committed
+  uint32_t magic = kMagic;
+  uint32_t status = 0;
+};
+
+bool loopback(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+// v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
+// ends name the connection alike.
+int put(const sockaddr_storage& ss, uint8_t* addr, uint16_t* port) {
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
+    *port = in6->sin6_port;
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      std::memcpy(addr, &in6->sin6_addr.s6_addr[12], 4);
+      return AF_INET;
+    }
+    std::memcpy(addr, &in6->sin6_addr, 16);
+    return AF_INET6;
+  }
+  {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
+    std::memcpy(addr, &in->sin_addr, 4);
+    *port = in->sin_port;
+    return AF_INET;
+  }
+}
+
+// Fills the tuple from the socket; "" or why it is not a candidate.
+std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t ll = sizeof local;
+  socklen_t pl = sizeof peer;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||  // NOLINT
+      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {   // NOLINT
+    return std::string("getsockname/getpeername: ") + std::strerror(errno);
+  }
+  *where = "local=" + endpoint(reinterpret_cast<sockaddr*>(&local)) +  // NOLINT
+           " peer=" + endpoint(reinterpret_cast<sockaddr*>(&peer));    // NOLINT
+  if (!loopback(peer) || !loopback(local))
+    return "peer is not on this host (loopback only)";
+  *t = Tuple{};
+  const int family = client ? put(local, t->client_addr, &t->client_port)
+                            : put(peer, t->client_addr, &t->client_port);
+  if (client) {
+    put(peer, t->server_addr, &t->server_port);
+  } else {
+    put(local, t->server_addr, &t->server_port);
+  }
+  t->family = static_cast<uint8_t>(family);
+  return {};
+}
+
+std::string offer_path(const Tuple& t) {
+  uint64_t h = 1469598103934665603ULL;                   // FNV-1a over the tuple
+  const auto* p = reinterpret_cast<const uint8_t*>(&t);  // NOLINT
+  for (size_t i = 0; i < sizeof t; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  char name[32];
+  std::snprintf(name, sizeof name, "/o-%016llx", static_cast<unsigned long long>(h));
+  return config().dir + name;
+}
+
+std::string listener_path(uint16_t port) {
+  return config().dir + "/l-" + std::to_string(port);
+}
+
+bool listener_registered(uint16_t port) {
+  const int fd = open(listener_path(port).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[32] = {};
+  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
+  real().close(fd);
+  if (n <= 0) return false;
+  const pid_t pid = static_cast<pid_t>(std::atoi(buf));
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  return left > 0 ? static_cast<int>(left) : 0;
+}
+
+// Whole-message I/O on the rendezvous socket, bounded by deadline.
+bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t n =
+        out ? real().send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+            : real().recv(fd, p + done, len - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno != EAGAIN && errno != EINTR) return false;
+    pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    const int left = remaining_ms(deadline);
+    if (left == 0 || (poll(&pfd, 1, left) == 0)) return false;
+  }
+  return true;
+}
+
+// Only a process of our own uid may take part (root is trusted by all).
+std::string check_peer(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return std::string("SO_PEERCRED: ") + std::strerror(errno);
+  }
+  if (cred.uid != geteuid()) {
+    return "rendezvous peer pid " + std::to_string(cred.pid) + " runs as uid " +
+           std::to_string(cred.uid) + ", not " + std::to_string(geteuid()) + ": refused";
+  }
+  return {};
+}
+
+sockaddr_un unix_address(const std::string& path, bool* fits) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  *fits = path.size() < sizeof sa.sun_path;
+  if (*fits) std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  return sa;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) real().close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Reads the peer's proof (our nonce, 16 bytes) from the fresh stream and
+// writes theirs. No application byte is sent before both are checked.
+std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce& send,
+                            Clock::time_point deadline) {
+  const auto left = milliseconds(std::max(remaining_ms(deadline), 1));
+  s.set_timeouts(left, left);
+  const ssize_t w = s.write(send.data(), send.size());
+  if (w != static_cast<ssize_t>(send.size())) {
+    return "stream nonce write: " + std::string(std::strerror(static_cast<int>(-w)));
+  }
+  Nonce got{};
+  const ssize_t r = s.read(got.data(), got.size(), stream::Stream::kWaitAll);
+  if (r != static_cast<ssize_t>(got.size())) {
+    return "stream nonce read: " +
+           std::string(r < 0 ? std::strerror(static_cast<int>(-r)) : "short read");
+  }
+  if (got != expect) return "stream peer presented a wrong nonce: refused";
+  s.set_timeouts(milliseconds(0), milliseconds(0));
+  return {};
+}
+
+}  // namespace
+
+void register_listener(uint16_t port) {
+  if (!config().dir_problem.empty()) return;
+  const std::string path = listener_path(port);
+  const std::string tmp = path + ".tmp" + std::to_string(process_id());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  char buf[24];
+  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
+  (void)real().write(fd, buf, static_cast<size_t>(n));
+  real().close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+void unregister_listener(uint16_t port) {
+  if (!config().dir_problem.empty()) return;
+  const std::string path = listener_path(port);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[32] = {};
+  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
+  real().close(fd);
+  // Only the process that registered it (a forked child closing its copy of
+  // the listener leaves the registration alone).
+  if (n > 0 && std::atoi(buf) == process_id()) unlink(path.c_str());
+}
+
+struct PendingOffer {
+  Tuple tuple;
+  Offer offer;
+  std::unique_ptr<stream::StreamListener> listener;
+  std::string path;
+  int usock = -1;
+  ~PendingOffer() {
+    if (usock >= 0) {
+      unlink(path.c_str());
+      real().close(usock);
+    }
+  }
+};
+
+void PendingOfferDelete::operator()(PendingOffer* p) const noexcept { delete p; }
+
+PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reason) {
+  const Config& cfg = config();
+  if (!cfg.dir_problem.empty()) {
+    *reason = "rendezvous directory unusable: " + cfg.dir_problem;
+    return nullptr;
+  }
+  sockaddr_storage peer{};
+  std::memcpy(&peer, dest,
+              dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (!loopback(peer)) {
+    *reason = "peer is not on this host (loopback only)";
+    return nullptr;
+  }
+  auto p = PendingOfferPtr(new PendingOffer());
+  Tuple& t = p->tuple;
+  put(peer, t.server_addr, &t.server_port);
+  if (!listener_registered(ntohs(t.server_port))) {
+    *reason = "no rdmakit listener on port " + std::to_string(ntohs(t.server_port)) +
+              " (peer not rdmakit-enabled)";
+    return nullptr;
+  }
+  // The offer must exist before the peer can accept, so the client end is
+  // bound now (an unbound socket would get its port only in connect()).
+  sockaddr_storage local{};
+  socklen_t ll = sizeof local;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) {  // NOLINT
+    *reason = std::string("getsockname: ") + std::strerror(errno);
+    return nullptr;
+  }
+  uint16_t bound_port = 0;
+  uint8_t scratch[16];
+  (void)put(local, scratch, &bound_port);
+  if (bound_port == 0) {
+    sockaddr_storage any{};
+    socklen_t al = 0;
+    if (local.ss_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&any);  // NOLINT
+      in->sin_family = AF_INET;
+      in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      al = sizeof *in;
+    } else {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&any);  // NOLINT
+      in6->sin6_family = AF_INET6;
+      if (peer.ss_family == AF_INET6 &&
+          IN6_IS_ADDR_V4MAPPED(
+              &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)) {         // NOLINT
+        in6->sin6_addr = reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr;  // NOLINT
+      } else {
+        in6->sin6_addr = in6addr_loopback;
+      }
+      al = sizeof *in6;
+    }
+    if (bind(fd, reinterpret_cast<sockaddr*>(&any), al) != 0) {  // NOLINT
+      *reason = std::string("bind before connect: ") + std::strerror(errno);
+      return nullptr;
+    }
+    ll = sizeof local;
+    (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
+  }
+  t.family = static_cast<uint8_t>(put(local, t.client_addr, &t.client_port));
+  std::string why;
+  stream::Engine* eng = engine(&why);
+  if (eng == nullptr) {
+    *reason = why;
+    return nullptr;
+  }
+  try {
+    p->listener = eng->listen("127.0.0.1:0");
+  } catch (const std::exception& e) {
+    *reason = std::string("stream listener: ") + e.what();
+    return nullptr;
+  }
+  p->offer.tuple = t;
+  p->offer.stream_port = p->listener->port();
+  if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=
+      static_cast<ssize_t>(kNonce)) {
+    *reason = "getrandom failed";
+    return nullptr;
+  }
+  p->path = offer_path(t);
+  bool fits = false;
+  const sockaddr_un sa = unix_address(p->path, &fits);
+  if (!fits) {
+    *reason = "rendezvous path too long: " + p->path;
+    return nullptr;
+  }
+  const int us = real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (us < 0) {
+    *reason = std::string("rendezvous socket: ") + std::strerror(errno);
+    return nullptr;
+  }
+  unlink(p->path.c_str());
+  p->usock = us;
+  if (bind(us, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 ||  // NOLINT
+      real().listen(us, 1) != 0) {
+    *reason = "rendezvous socket " + p->path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  return p;
+}
+
+Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
+  Upgrade up;
+  const Config& cfg = config();
+  Tuple t;
+  std::string where;
+  up.reason = read_tuple(tcp_fd, true, &t, &where);
+  if (!up.reason.empty()) return up;
+  if (std::memcmp(&t, &p->tuple, sizeof t) != 0) {
+    up.reason = "connection is not the one offered (address changed in connect)";
+    return up;
+  }
+  const auto deadline = Clock::now() + cfg.timeout;
+  try {
+    pollfd pfd{p->usock, POLLIN, 0};
+    int ready = 0;
+    do {
+      ready = poll(&pfd, 1, remaining_ms(deadline));
+    } while (ready < 0 && errno == EINTR);
+    Fd c(ready > 0 ? real().accept4(p->usock, nullptr, nullptr, SOCK_CLOEXEC) : -1);
+    // One-shot: a late peer finds nothing and stays on TCP.
+    unlink(p->path.c_str());
+    real().close(p->usock);
+    p->usock = -1;
+    if (ready <= 0) {
+      up.reason = "peer did not take up the rendezvous within " +
+                  std::to_string(cfg.timeout.count()) + " ms";
+      return up;
+    }
+    if (c.get() < 0) {
+      up.reason = std::string("rendezvous accept: ") + std::strerror(errno);
+      return up;
+    }
+    up.reason = check_peer(c.get());
+    if (!up.reason.empty()) return up;
+    if (!io_all(c.get(), &p->offer, sizeof p->offer, true, deadline)) {
+      up.reason = "rendezvous: peer went away before the offer";
+      return up;
+    }
+    Answer answer;
+    if (!io_all(c.get(), &answer, sizeof answer, false, deadline) ||
+        answer.magic != kMagic) {
+      up.reason = "rendezvous: no answer from the peer";
+      return up;
+    }
+    if (answer.status != 0) {
+      up.reason =
+          "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
+      return up;
+    }
+    auto s = p->listener->accept(milliseconds(std::max(remaining_ms(deadline), 1)));
+    up.reason = exchange_nonces(*s, p->offer.client_nonce, answer.server_nonce, deadline);
+    if (!up.reason.empty()) return up;
+    Final fin;
+    if (!io_all(c.get(), &fin, sizeof fin, true, deadline)) {
+      up.reason = "rendezvous: peer went away before the commit";
+      return up;
+    }
+    up.stream = std::move(s);
+  } catch (const std::exception& e) {
+    up.reason = std::string("upgrade failed: ") + e.what();
+  }
+  return up;
+}
+
+Upgrade upgrade_accepted(int tcp_fd) {
+  Upgrade up;
+  const Config& cfg = config();
+  if (!cfg.dir_problem.empty()) {
+    up.reason = "rendezvous directory unusable: " + cfg.dir_problem;
+    return up;
+  }
+  Tuple t;
+  std::string where;
+  up.reason = read_tuple(tcp_fd, false, &t, &where);
+  if (!up.reason.empty()) return up;
+  const std::string path = offer_path(t);
+  bool fits = false;
+  const sockaddr_un sa = unix_address(path, &fits);
+  Fd c(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fits || c.get() < 0 ||
+      real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
+          0) {  // NOLINT
+    up.reason = "no rendezvous offer from the peer (peer not rdmakit-enabled)";
+    return up;
+  }
+  const auto deadline = Clock::now() + cfg.timeout;
+  auto refuse = [&](std::string why) {
+    Answer no;
+    no.status = 1;
+    (void)io_all(c.get(), &no, sizeof no, true, deadline);
+    up.reason = std::move(why);
+    return std::move(up);
+  };
+  up.reason = check_peer(c.get());
+  if (!up.reason.empty()) return up;
+  Offer offer;
+  if (!io_all(c.get(), &offer, sizeof offer, false, deadline)) {
+    up.reason = "rendezvous: no offer received";
+    return up;
+  }
+  if (offer.magic != kMagic || offer.version != kVersion) {
+    return refuse("rendezvous: malformed offer (magic/version)");
+  }
+  if (std::memcmp(&offer.tuple, &t, sizeof t) != 0) {
+    return refuse("rendezvous: offer names another connection: refused");
+  }
+  std::string why;
+  stream::Engine* eng = engine(&why);
+  if (eng == nullptr) return refuse(why);
+  Answer yes;
+  if (getrandom(yes.server_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
+    return refuse("getrandom failed");
+  }
+  if (!io_all(c.get(), &yes, sizeof yes, true, deadline)) {
+    up.reason = "rendezvous: peer went away before the answer";
+    return up;
+  }
+  try {
+    auto s = eng->connect("127.0.0.1:" + std::to_string(offer.stream_port));
+    up.reason = exchange_nonces(*s, yes.server_nonce, offer.client_nonce, deadline);
+    if (!up.reason.empty()) return up;
+    // The client commits after sending this; it has checked both nonces.
+    Final fin;
+    if (!io_all(c.get(), &fin, sizeof fin, false, deadline + std::chrono::seconds(5)) ||
+        fin.magic != kMagic || fin.status != 0) {
+      up.reason = "rendezvous: peer did not commit";
+      return up;
+    }
+    up.stream = std::move(s);
+  } catch (const std::exception& e) {
+    up.reason = std::string("upgrade failed: ") + e.what();
+  }
+  return up;
+}
+
+}  // namespace rdmakit::preload

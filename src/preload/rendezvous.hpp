@@ -1,0 +1,41 @@
+#pragma once
+// The upgrade of a connected kernel TCP socket to an rdmakit stream, agreed
+// out of band (docs/preload.md, "Upgrade protocol"). Both functions run
+// before connect()/accept() returns the fd to the application, so no
+// application byte has been sent on the TCP connection yet: the cut-over is
+// at byte 0 in both directions.
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rdmakit/stream/stream.hpp"
+
+namespace rdmakit::preload {
+
+struct Upgrade {
+  std::unique_ptr<stream::Stream> stream;  // null: stay on kernel TCP
+  std::string reason;                      // why not (for the log)
+};
+
+// Listener registry: a preloaded process that listens on a TCP port says so
+// (<dir>/l-<port>), so clients of other ports never wait for a rendezvous.
+void register_listener(uint16_t port);
+void unregister_listener(uint16_t port);
+
+// Active side, in two steps around the kernel connect: prepare publishes
+// the offer (binding the socket's local port first if it has none), so it
+// exists before the peer can accept; finish waits for the peer to take it
+// up. prepare returns null (and *reason) when the connection stays on TCP.
+struct PendingOffer;
+struct PendingOfferDelete {
+  void operator()(PendingOffer* p) const noexcept;
+};
+using PendingOfferPtr = std::unique_ptr<PendingOffer, PendingOfferDelete>;
+PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);
+Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
+// Passive side, on a socket the kernel accept returned.
+Upgrade upgrade_accepted(int tcp_fd);
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,251 @@
+#include "state.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "libc.hpp"
+#include "process.hpp"
+#include "rendezvous.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+// Directory private to this uid: created 0700, and refused if it is a
+// symlink, not ours or open to group/others (another user could plant or
+// read rendezvous sockets there).
+std::string private_dir(const std::string& path) {
+  if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return "cannot create " + path + ": " + std::strerror(errno);
+  }
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0)
+    return "cannot stat " + path + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return path + " is not a directory";
+  if (st.st_uid != geteuid()) {
+    return path + " belongs to uid " + std::to_string(st.st_uid) + ", not " +
+           std::to_string(geteuid());
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", st.st_mode & 0777);
+    return path + " has mode " + mode + " (must be 0700)";
+  }
+  return {};
+}
+
+int64_t env_int(const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < lo || n > hi) return def;
+  return n;
+}
+
+Config load_config() {
+  Config c;
+  const char* on = std::getenv("RDMAKIT_PRELOAD");
+  c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
+  c.timeout =
+      std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
+  c.busy_poll =
+      std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
+  c.ring_bytes =
+      static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
+  const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
+  c.stats = stats != nullptr && std::strcmp(stats, "0") != 0 && *stats != '\0';
+  if (const char* log = std::getenv("RDMAKIT_PRELOAD_LOG");
+      log != nullptr && *log != '\0') {
+    c.log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  }
+  std::string base;
+  if (const char* d = std::getenv("RDMAKIT_PRELOAD_DIR"); d != nullptr && *d != '\0') {
+    base = d;
+  } else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x == '/') {
+    base = std::string(x) + "/rdmakit";
+  } else {
+    base = "/tmp/rdmakit-" + std::to_string(geteuid());
+  }
+  c.dir_problem = private_dir(base);
+  if (c.dir_problem.empty()) {
+    // One subdirectory per network namespace: the same 4-tuple in two
+    // namespaces names two different connections.
+    struct stat ns {};
+    const auto ino = stat("/proc/self/ns/net", &ns) == 0 ? ns.st_ino : 0;
+    c.dir = base + "/net-" + std::to_string(ino);
+    c.dir_problem = private_dir(c.dir);
+  }
+  return c;
+}
+
+struct Table {
+  std::mutex mu;
+  std::atomic<uint8_t> kind[kMaxFd];  // 0 none, 1 connection, 2 listener
+  std::shared_ptr<Conn> conns[kMaxFd];
+  uint16_t ports[kMaxFd];
+};
+
+// Never destroyed: a forked child or a late hook may still look at it.
+Table& table() {
+  static Table* t = new Table();
+  return *t;
+}
+
+std::atomic<int> g_shm_count{0};
+std::atomic<int> g_kernel_count{0};
+
+}  // namespace
+
+const Config& config() {
+  static const Config* c = new Config(load_config());
+  return *c;
+}
+
+Conn::~Conn() {
+  if (owner != process_id()) return;  // a child's copy: never touch the parent's stream
+  stream.reset();                     // close(): delivers what is queued, then FIN
+  if (tcp_fd >= 0) real().close(tcp_fd);
+}
+
+bool is_conn(int fd) noexcept {
+  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 1;
+}
+
+std::shared_ptr<Conn> find_conn(int fd) {
+  if (!is_conn(fd)) return nullptr;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  return t.conns[fd];
+}
+
+void install_conn(int fd, std::shared_ptr<Conn> conn) {
+  Table& t = table();
+  std::shared_ptr<Conn> old;
+  {
+    std::lock_guard lock(t.mu);
+    old = std::move(t.conns[fd]);
+    t.conns[fd] = std::move(conn);
+    t.kind[fd].store(1, std::memory_order_release);
+  }
+}
+
+std::shared_ptr<Conn> remove_conn(int fd) {
+  if (!is_conn(fd)) return nullptr;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  t.kind[fd].store(0, std::memory_order_release);
+  return std::move(t.conns[fd]);
+}
+
+bool is_listener(int fd) noexcept {
+  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 2;
+}
+
+void add_listener(int fd, uint16_t port) {
+  if (fd < 0 || fd >= kMaxFd) return;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  t.ports[fd] = port;
+  t.kind[fd].store(2, std::memory_order_release);
+}
+
+void remove_listener(int fd) {
+  if (!is_listener(fd)) return;
+  Table& t = table();
+  uint16_t port = 0;
+  {
+    std::lock_guard lock(t.mu);
+    t.kind[fd].store(0, std::memory_order_release);
+    port = t.ports[fd];
+  }
+  unregister_listener(port);
+}
+
+void lock_table_for_fork() { table().mu.lock(); }
+void unlock_table_after_fork() { table().mu.unlock(); }
+
+void disown_all_in_child() {
+  // The child has copies of the parent's connections; their destructors
+  // must never run here (they would send FIN on the parent's streams).
+  Table& t = table();
+  for (auto& c : t.conns) {
+    if (c) new std::shared_ptr<Conn>(c);  // NOLINT: deliberately leaked
+  }
+}
+
+std::vector<std::shared_ptr<Conn>> take_all_conns() {
+  std::vector<std::shared_ptr<Conn>> out;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    if (t.kind[fd].load(std::memory_order_relaxed) == 1) {
+      t.kind[fd].store(0, std::memory_order_release);
+      out.push_back(std::move(t.conns[fd]));
+    }
+  }
+  return out;
+}
+
+void log_line(const char* fmt, ...) {
+  const Config& c = config();
+  if (!c.stats && c.log_fd < 0) return;
+  char buf[768];
+  int n = std::snprintf(buf, sizeof buf,
+                        "rdmakit-preload[%d %s]: ", static_cast<int>(getpid()),
+                        program_name());
+  va_list ap;
+  va_start(ap, fmt);
+  n += std::vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n) - 1, fmt, ap);
+  va_end(ap);
+  if (n > static_cast<int>(sizeof buf) - 2) n = static_cast<int>(sizeof buf) - 2;
+  buf[n++] = '\n';
+  if (c.stats) (void)real().write(2, buf, static_cast<size_t>(n));
+  if (c.log_fd >= 0) (void)real().write(c.log_fd, buf, static_cast<size_t>(n));
+}
+
+void count_path(bool accelerated) noexcept {
+  (accelerated ? g_shm_count : g_kernel_count).fetch_add(1, std::memory_order_relaxed);
+}
+
+void reset_counts_in_child() {
+  g_shm_count = 0;
+  g_kernel_count = 0;
+}
+
+void log_summary() {
+  const int shm = g_shm_count.load();
+  const int kernel = g_kernel_count.load();
+  if (shm + kernel > 0) log_line("summary connections shm=%d kernel=%d", shm, kernel);
+}
+
+std::string endpoint(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  char out[INET6_ADDRSTRLEN + 16];
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);  // NOLINT
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    std::snprintf(out, sizeof out, "%s:%u", host, ntohs(in->sin_port));
+    return out;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);  // NOLINT
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    std::snprintf(out, sizeof out, "[%s]:%u", host, ntohs(in6->sin6_port));
+    return out;
+  }
+  return "?";
+}
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,75 @@
+#pragma once
+// Process-wide state of the preload library: configuration (read from the
+// environment on first use), the fd table of upgraded connections, the
+// stream engine (created on the first upgrade), and the connection log.
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rdmakit/stream/stream.hpp"
+
+namespace rdmakit::preload {
+
+struct Config {
+  bool enabled = true;
+  std::string dir;          // private rendezvous directory (per uid, per netns)
+  std::string dir_problem;  // why dir is unusable ("" = usable)
+  std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
+  std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
+  uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
+  bool stats = false;  // per-connection lines and a summary on stderr
+  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+};
+
+// First call reads the environment and prepares the directory; later calls
+// return the same object. Never called on the pass-through path.
+const Config& config();
+
+// One upgraded connection: an open file description shared by every fd that
+// dup() made from it.
+struct Conn {
+  std::unique_ptr<stream::Stream> stream;
+  int tcp_fd = -1;  // the kernel TCP socket, kept for the kernel's view
+  pid_t owner = 0;  // process that upgraded it; a forked child leaves it alone
+  std::atomic<bool> nonblocking{false};
+  std::atomic<int64_t> rcv_timeout_us{0};
+  std::atomic<int64_t> snd_timeout_us{0};
+  ~Conn();
+};
+
+constexpr int kMaxFd = 1 << 16;
+
+// Lock-free test used by every hook before anything else.
+bool is_conn(int fd) noexcept;
+std::shared_ptr<Conn> find_conn(int fd);
+void install_conn(int fd, std::shared_ptr<Conn> conn);
+// Removes fd's entry (the caller closes the kernel fd); returns it.
+std::shared_ptr<Conn> remove_conn(int fd);
+
+bool is_listener(int fd) noexcept;
+void add_listener(int fd, uint16_t port);
+void remove_listener(int fd);
+
+// One line per connection decision ("path=shm" or "path=kernel reason=...").
+void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void count_path(bool accelerated) noexcept;
+
+void log_summary();
+void reset_counts_in_child();
+
+std::string endpoint(const sockaddr* sa);
+
+// fork: the table lock is held across fork (no child inherits it locked);
+// the child leaks its copies of the parent's connections (never closes them).
+void lock_table_for_fork();
+void unlock_table_after_fork();
+void disown_all_in_child();
+// At exit: every connection, removed from the table.
+std::vector<std::shared_ptr<Conn>> take_all_conns();
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# One preload test case on loopback: preload_test.sh CASE RUN PAIR
+#   RUN   the rdmakit-run wrapper, PAIR the preload_pair test program.
+# Each case checks the bytes that moved and the path every connection took
+# (the preload's log: "path=shm" or "path=kernel reason=..."). A missing
+# program is a failure, not a skip. Every wait is bounded.
+set -euo pipefail
+case_name=$1 run=$(realpath "$2") pair=$(realpath "$3")
+work=$(mktemp -d /tmp/rdmakit-preload-test.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL [$case_name]: $*" >&2; [ -f "$work/log" ] && sed 's/^/  log: /' "$work/log" >&2; exit 1; }
+need() { command -v "$1" >/dev/null || fail "$1 is not installed (scripts/deps.sh installs it)"; }
+# Private rendezvous directory per case, so cases never see each other.
+export RDMAKIT_PRELOAD_DIR=$work/rdv
+mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
+log=$work/log
+pre() { "$run" --log "$log" "$@"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_listen() {  # up to 20 s for a server to listen on port $1
+  for _ in $(seq 400); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
+  fail "no server listening on port $1 after 20 s: $(tail -n 5 "$work"/s.out 2>/dev/null)"
+}
+# count PATTERN: lines of the log matching an extended regex
+count() { grep -cE "$1" "$log" 2>/dev/null || true; }
+expect_count() {  # N PATTERN WHAT
+  local n; n=$(count "$2")
+  [ "$n" = "$1" ] || fail "expected $1 $3, found $n"
+}
+
+# Starts the pair server (maybe preloaded) in the background; sets port.
+start_pair_server() {  # preloaded(0|1) size
+  rm -f "$work/port"
+  if [ "$1" = 1 ]; then pre timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 &
+  else timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 & fi
+  server_pid=$!
+  pids+=("$server_pid")
+  for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+  [ -s "$work/port" ] || fail "pair server did not start: $(cat "$work/server.out")"
+  port=$(cat "$work/port")
+}
+finish_pair() {
+  wait "$server_pid" || fail "server failed: $(cat "$work/server.out")"
+  grep -q '^OK' "$work/server.out" || fail "server: $(cat "$work/server.out")"
+}
+
+size=5000000
+case "$case_name" in
+  pair-shm)  # both ends preloaded: shm, every byte checked both ways
+    start_pair_server 1 $size
+    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+      fail "client: $(cat "$work/client.out")"
+    finish_pair
+    expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 1 "\]: accept fd=.* path=shm" "server connections on shm"
+    ;;
+  pair-client-only)  # preloaded client, plain server: kernel TCP, no wait
+    start_pair_server 0 $size
+    # A client that waited for a rendezvous would spend the 60 s budget and
+    # be killed at 30 s.
+    RDMAKIT_PRELOAD_TIMEOUT_MS=60000 pre timeout 30 "$pair" client "$port" $size \
+      >"$work/client.out" 2>&1 || fail "client: $(cat "$work/client.out")"
+    finish_pair
+    expect_count 1 "connect fd=.*path=kernel reason=no rdmakit listener on port $port" \
+      "client fallbacks with the reason"
+    ;;
+  pair-server-only)  # plain client, preloaded server: kernel TCP
+    start_pair_server 1 $size
+    timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+      fail "client: $(cat "$work/client.out")"
+    finish_pair
+    expect_count 1 "accept fd=.*path=kernel reason=no rendezvous offer from the peer" \
+      "server fallbacks with the reason"
+    ;;
+  unsafe-dir)  # a rendezvous directory others can write is refused
+    chmod 777 "$RDMAKIT_PRELOAD_DIR"
+    start_pair_server 1 $size
+    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+      fail "client: $(cat "$work/client.out")"
+    finish_pair
+    expect_count 2 "path=kernel reason=rendezvous directory unusable: .* has mode 777" \
+      "fallbacks naming the unsafe directory"
+    ;;
+  forge-uid|forge-tuple)  # a forged offer is refused; the bytes still arrive
+    [ "$case_name" = forge-uid ] && [ "$(id -u)" != 0 ] && fail "forge-uid needs root (setuid)"
+    start_pair_server 1 $size
+    timeout 30 "$pair" "$case_name" "$port" $size "$RDMAKIT_PRELOAD_DIR" >"$work/client.out" 2>&1 ||
+      fail "forger: $(cat "$work/client.out")"
+    finish_pair
+    if [ "$case_name" = forge-uid ]; then
+      expect_count 1 "accept fd=.*path=kernel reason=rendezvous peer pid [0-9]+ runs as uid 65534, not 0: refused" \
+        "refusals of the other uid's offer"
+    else
+      expect_count 1 "accept fd=.*path=kernel reason=rendezvous: offer names another connection: refused" \
+        "refusals of the offer for another connection"
+    fi
+    ;;
+  iperf3-P1|iperf3-P4|iperf3-R|iperf3-Z)
+    need iperf3
+    args=(-t 2); streams=1
+    [ "$case_name" = iperf3-P4 ] && { args+=(-P 4); streams=4; }
+    [ "$case_name" = iperf3-R ] && args+=(-R)
+    [ "$case_name" = iperf3-Z ] && args+=(-Z)  # sendfile
+    port=$(free_port)
+    pre timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    pre timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
+      fail "iperf3 client: $(cat "$work/c.err" "$work/c.json" | tail -n 20)"
+    wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err" "$work/s.json")"
+    python3 - "$work/c.json" "$work/s.json" "$case_name" <<'PY' || fail "byte counts do not match"
+import json, sys
+c = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+rev = sys.argv[3] == "iperf3-R"
+# Each side reports its own counter and the peer's copy of the other side's
+# (exchanged at the end of the test): the receiver's count must be the same
+# in both reports (normal) or the sender's (-R), and the sender wrote at
+# most its buffers' worth more than the receiver read.
+cs, cr = c["end"]["sum_sent"]["bytes"], c["end"]["sum_received"]["bytes"]
+ss_, sr = s["end"]["sum_sent"]["bytes"], s["end"]["sum_received"]["bytes"]
+if rev:
+    sent, received, same = ss_, cr, ss_ == cs
+else:
+    sent, received, same = cs, sr, sr == cr
+print(f"client sent={cs} received={cr}; server sent={ss_} received={sr}; "
+      f"{c['end']['sum_received']['bits_per_second'] / 1e9:.2f} Gbit/s")
+ok = same and 0 < received <= sent and sent - received <= 16 << 20
+sys.exit(0 if ok else 1)
+PY
+    expect_count $((streams + 1)) "iperf3\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count $((streams + 1)) "iperf3\]: accept fd=.* path=shm" "server connections on shm"
+    expect_count 0 "path=kernel" "kernel fallbacks"
+    ;;
+  sockperf-pp|sockperf-tp)
+    need sockperf
+    port=$(free_port)
+    pre timeout 40 sockperf sr --tcp -i 127.0.0.1 -p "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    mode=${case_name#sockperf-}
+    pre timeout 40 sockperf "$mode" --tcp -i 127.0.0.1 -p "$port" -t 2 -m 64 >"$work/c.out" 2>&1 ||
+      fail "sockperf $mode: $(tail -n 20 "$work/c.out")"
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+    if [ "$mode" = pp ]; then
+      grep -q "Summary: Latency is" "$work/c.out" || fail "no latency summary: $(tail -n 20 "$work/c.out")"
+      grep -E "Summary: Latency is|SentMessages|ReceivedMessages|dropped" "$work/c.out"
+      # every ping got its pong
+      grep -qE "ReceivedMessages=([1-9][0-9]*)" "$work/c.out" || fail "no messages received"
+    else
+      grep -q "Summary: Message Rate is" "$work/c.out" || fail "no rate summary: $(tail -n 20 "$work/c.out")"
+      grep -E "Summary:" "$work/c.out"
+    fi
+    expect_count 1 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 1 "sockperf\]: accept fd=.* path=shm" "server connections on shm"
+    ;;
+  curl-shm|curl-client-only|curl-server-only)
+    # curl downloads 100 MiB from a Python HTTP server; the hash must match.
+    need curl
+    mkdir "$work/www"
+    head -c $((100 << 20)) /dev/urandom >"$work/www/file.bin"
+    port=$(free_port)
+    srv=(); cli=()
+    [ "$case_name" != curl-client-only ] && srv=("$run" --log "$log")
+    [ "$case_name" != curl-server-only ] && cli=("$run" --log "$log")
+    (cd "$work/www" && exec "${srv[@]}" timeout 60 python3 -m http.server "$port" --bind 127.0.0.1) \
+      >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${cli[@]}" timeout 60 curl -sS -o "$work/got.bin" "http://127.0.0.1:$port/file.bin" ||
+      fail "curl failed"
+    [ "$(sha256sum <"$work/www/file.bin")" = "$(sha256sum <"$work/got.bin")" ] ||
+      fail "downloaded file differs"
+    case $case_name in
+      curl-shm)
+        expect_count 1 "curl\]: connect fd=.* path=shm" "curl connections on shm"
+        expect_count 1 "python3\]: accept fd=.* path=shm" "server connections on shm" ;;
+      curl-client-only)
+        expect_count 1 "curl\]: connect fd=.*path=kernel reason=no rdmakit listener" "curl fallbacks" ;;
+      curl-server-only)
+        expect_count 1 "python3\]: accept fd=.*path=kernel reason=no rendezvous offer" "server fallbacks" ;;
+    esac
+    echo "100 MiB downloaded, sha256 matches"
+    ;;
+  redis)
+    # redis-benchmark (set, get, lpush; then pipelined -P 16) with a BGSAVE
+    # (fork) during the load, then 2000 known keys written and read back.
+    need redis-server; need redis-benchmark; need redis-cli
+    port=$(free_port)
+    pre timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$work" --daemonize no >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    pre timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
+      >"$work/b1.out" 2>&1 &
+    bench_pid=$!
+    sleep 0.3
+    [ "$(pre timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
+      fail "BGSAVE was not started"
+    wait "$bench_pid" || fail "redis-benchmark: $(tail -n 5 "$work/b1.out")"
+    pre timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
+      >"$work/b2.out" 2>&1 || fail "redis-benchmark -P 16: $(tail -n 5 "$work/b2.out")"
+    tr '\r' '\n' <"$work/b1.out" >"$work/b1.txt"
+    tr '\r' '\n' <"$work/b2.out" >"$work/b2.txt"
+    for t in SET GET LPUSH; do
+      grep -q "^ *$t: [0-9.]* requests per second" "$work/b1.txt" || fail "no $t result: $(cat "$work/b1.txt")"
+    done
+    for t in SET GET; do
+      grep -q "^ *$t: [0-9.]* requests per second" "$work/b2.txt" || fail "pipelined: $(cat "$work/b2.txt")"
+    done
+    tr '\r' '\n' <"$work/b1.out" | grep "requests per second" | tail -n 3
+    tr '\r' '\n' <"$work/b2.out" | grep "requests per second" | tail -n 2
+    for _ in $(seq 100); do
+      pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
+      sleep 0.1
+    done
+    pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
+      fail "BGSAVE failed"
+    # redis-cli --pipe: non-blocking mode set through fcntl64
+    for i in $(seq 0 1999); do
+      printf 'SET k%d v%d-%05d\r\n' "$i" "$i" $((i * 7919 % 100000))
+    done >"$work/cmds"
+    pre timeout 20 redis-cli -p "$port" --pipe <"$work/cmds" >"$work/pipe.out" 2>&1 ||
+      fail "redis-cli --pipe: $(cat "$work/pipe.out")"
+    grep -q "errors: 0, replies: 2000" "$work/pipe.out" || fail "pipe: $(cat "$work/pipe.out")"
+    for i in $(seq 0 1999); do echo "v$i-$(printf %05d $((i * 7919 % 100000)))"; done >"$work/expect"
+    # shellcheck disable=SC2046
+    pre timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
+    cmp -s "$work/expect" "$work/got" || fail "keys read back differ"
+    echo "2000 keys read back intact after BGSAVE"
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+    n=$(count "redis-benchmark\]: connect fd=.* path=shm")
+    [ "$n" -ge 40 ] || fail "expected >= 40 redis-benchmark connections on shm, found $n"
+    expect_count 0 "path=kernel" "kernel fallbacks"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "PASS [$case_name]"
