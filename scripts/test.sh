@@ -13,6 +13,16 @@ passed=0; failed=0; failed_stages=()
 
 scripts/deps.sh || { echo "dependency installation failed"; exit 1; }
 
+# Compiler cache: the stages build the same sources in four configurations,
+# and a later run on the same machine (another clone, another path) reuses
+# what an earlier one compiled. CMake reads these launchers from the
+# environment; base_dir makes the cached paths relative to the checkout.
+if command -v ccache >/dev/null; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  echo "build: ccache $(ccache --version | head -1 | awk '{print $NF}'), cache in $(ccache -k cache_dir 2>/dev/null || echo ~/.ccache)"
+fi
+
 run_ctest() {  # name build_dir [cmake args...]
   local name=$1 dir=$2; shift 2
   echo "=== [$name] configure + build ($dir)"
