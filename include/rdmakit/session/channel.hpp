@@ -84,6 +84,13 @@ struct Local {
 
 using OpCallback = std::function<void(const OpResult&)>;
 
+// One WRITE of a batch (Channel::write_batch).
+struct WriteSegment {
+  uint64_t offset = 0;  // in the remote buffer
+  Local src;
+  size_t length = 0;
+};
+
 // A peer's named buffer resolved once (Channel::remote()), for WRITE/READ
 // without a name lookup per operation. Cheap to copy; valid as long as the
 // endpoint. Empty (false) if the peer exposes no buffer of that name.
@@ -155,6 +162,13 @@ class Channel {
                 OpCallback done = {});
   OpResult write_with_imm(const RemoteBuffer& remote, uint64_t offset, Local src,
                           size_t length, uint32_t imm, OpCallback done = {});
+  // One WRITE per segment, posted as one list (one doorbell; on tcp the
+  // frames leave in one sendmsg instead of one each). `done`, if any, runs
+  // when the last one completes, which implies the others (in order on the
+  // channel); the rest are selectively signaled. Every range is checked
+  // before anything is posted.
+  OpResult write_batch(const RemoteBuffer& remote, std::span<const WriteSegment> segments,
+                       OpCallback done = {});
   // The same, waiting up to op_timeout for the completion.
   OpResult write_sync(std::string_view remote, uint64_t offset, Local src, size_t length);
   OpResult read_sync(std::string_view remote, uint64_t offset, Local dst, size_t length);
