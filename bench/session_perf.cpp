@@ -2,9 +2,11 @@
 // beside the core's rdmakit-perf (bench/session_vs_core.sh runs both).
 //   send_lat  8 B message ping-pong; half round trip (server echoes in its handler)
 //   write_bw  64 KiB WRITEs to the peer's named buffer, `window` in flight;
-//             the name is resolved once (Channel::remote), and, like the
-//             core's write_bw (cq_mod), only every `signal`-th WRITE and the
-//             last carry a callback: its completion implies the earlier ones
+//             the name is resolved once (Channel::resolve). Like the core's
+//             write_bw (post lists of 16, cq_mod), WRITEs go in
+//             write_batch() lists of `batch` with one callback on the last
+//             (its completion implies the others); --batch 1: one write()
+//             with a callback per WRITE
 // Both ends busy-poll in application thread mode (no library threads), each
 // pinned to its own CPU; the server is forked (--loopback semantics).
 #include <sched.h>
@@ -38,7 +40,7 @@ struct Config {
   uint32_t size = 0;
   uint32_t iters = 20000;
   uint32_t window = 128;
-  uint32_t signal = 16;
+  uint32_t batch = 16;
   int client_cpu = 0;
   int server_cpu = 1;
 };
@@ -174,27 +176,29 @@ int client(const Config& c, uint16_t port) {
     } counts;
     uint32_t posted = 0;
     const uint32_t& completed = counts.completed;
-    const uint32_t signal = std::max<uint32_t>(1, std::min(c.signal, c.window));
+    const uint32_t batch = std::max<uint32_t>(1, std::min(c.batch, c.window));
+    const std::vector<WriteSegment> segments(
+        batch, WriteSegment{.offset = 0, .src = Local::of(*src), .length = c.size});
     const auto t0 = Clock::now();
     while (completed < c.iters) {
       while (posted < c.iters && posted - completed < c.window) {
-        // A callback on every signal-th WRITE and the last: in order on the
-        // channel, its completion accounts for the WRITEs since the previous.
-        const uint32_t upto = posted + 1;
-        OpCallback done;
-        if (upto % signal == 0 || upto == c.iters) {
-          // Two words: within std::function's small buffer, no allocation.
-          done = [k = &counts, upto](const OpResult& r) {
-            k->completed = upto;
-            if (!r.ok()) ++k->failed;
-          };
-        }
-        const OpResult r = ch.write(target, 0, Local::of(*src), c.size, std::move(done));
+        const uint32_t n =
+            std::min({batch, c.iters - posted, c.window - (posted - completed)});
+        const uint32_t upto = posted + n;
+        // Two words: within std::function's small buffer, no allocation.
+        OpCallback done = [k = &counts, upto](const OpResult& r) {
+          k->completed = upto;
+          if (!r.ok()) ++k->failed;
+        };
+        const OpResult r =
+            batch == 1
+                ? ch.write(target, 0, Local::of(*src), c.size, std::move(done))
+                : ch.write_batch(target, std::span(segments.data(), n), std::move(done));
         if (!r.ok()) {
           std::fprintf(stderr, "write_bw: %s\n", r.detail.c_str());
           return 1;
         }
-        ++posted;
+        posted = upto;
       }
       cl.progress();
     }
@@ -202,9 +206,9 @@ int client(const Config& c, uint16_t port) {
     if (counts.failed != 0) return 1;
     std::printf(
         "{\"api\":\"session\",\"test\":\"write_bw\",\"provider\":\"%s\",\"size\":%u,"
-        "\"iterations\":%u,\"window\":%u,\"signal\":%u,\"seconds\":%.6f,"
+        "\"iterations\":%u,\"window\":%u,\"batch\":%u,\"seconds\":%.6f,"
         "\"bw_avg_MBps\":%.2f}\n",
-        c.provider.c_str(), c.size, c.iters, c.window, signal, s,
+        c.provider.c_str(), c.size, c.iters, c.window, batch, s,
         static_cast<double>(c.size) * c.iters / s / 1e6);
   }
   return 0;
@@ -222,8 +226,9 @@ int main(int argc, char** argv) {
                  "bytes (default 8 for send_lat, 65536 for write_bw)");
   app.add_option("-n,--iters", c.iters, "iterations");
   app.add_option("--window", c.window, "write_bw: WRITEs in flight");
-  app.add_option("--signal", c.signal,
-                 "write_bw: a completion callback on every n-th WRITE (1: every one)");
+  app.add_option(
+      "--batch", c.batch,
+      "write_bw: WRITEs per write_batch() call, one callback each (1: write())");
   app.add_option("--cpu", c.client_cpu, "client CPU (-1: not pinned)");
   app.add_option("--server-cpu", c.server_cpu, "server CPU (-1: not pinned)");
   CLI11_PARSE(app, argc, argv);
