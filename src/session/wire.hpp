@@ -19,7 +19,7 @@ static_assert(std::endian::native == std::endian::little,
               "the session wire format is little-endian");
 
 constexpr uint32_t kMagic = 0x53534b52;  // "RKSS"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: header-less SEND_WITH_IMM data messages
 constexpr uint32_t kMaxChannels = 16;
 constexpr uint32_t kMaxDepth = 4096;
 constexpr size_t kMaxChannelName = 32;
