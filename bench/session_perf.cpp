@@ -1,7 +1,12 @@
 // rdmakit-session-perf: the session layer's own latency and bandwidth, to set
 // beside the core's rdmakit-perf (bench/session_vs_core.sh runs both).
 //   send_lat  8 B message ping-pong; half round trip (server echoes in its handler)
-//   write_bw  64 KiB WRITEs to the peer's named buffer, `window` in flight
+//   write_bw  64 KiB WRITEs to the peer's named buffer, `window` in flight;
+//             the name is resolved once (Channel::resolve). Like the core's
+//             write_bw (post lists of 16, cq_mod), WRITEs go in
+//             write_batch() lists of `batch` with one callback on the last
+//             (its completion implies the others); --batch 1: one write()
+//             with a callback per WRITE
 // Both ends busy-poll in application thread mode (no library threads), each
 // pinned to its own CPU; the server is forked (--loopback semantics).
 #include <sched.h>
@@ -12,10 +17,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmakit/session/session.hpp"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 using namespace rdmakit;
 using namespace rdmakit::session;
@@ -29,8 +40,53 @@ struct Config {
   uint32_t size = 0;
   uint32_t iters = 20000;
   uint32_t window = 128;
+  uint32_t batch = 16;
   int client_cpu = 0;
   int server_cpu = 1;
+};
+
+// The latency loop's timestamps, taken as rdmakit-perf takes them: one per
+// iteration, rdtsc where the TSC is invariant (calibrated against
+// steady_clock), else steady_clock.
+class Stamp {
+ public:
+  Stamp() {
+#if defined(__x86_64__)
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("flags", 0) == 0) {
+        tsc_ = line.find(" constant_tsc") != std::string::npos &&
+               line.find(" nonstop_tsc") != std::string::npos;
+        break;
+      }
+    }
+    if (tsc_) {
+      const auto c0 = Clock::now();
+      const uint64_t t0 = __rdtsc();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto c1 = Clock::now();
+      const uint64_t t1 = __rdtsc();
+      us_per_tick_ = std::chrono::duration<double, std::micro>(c1 - c0).count() /
+                     static_cast<double>(t1 - t0);
+    }
+#endif
+  }
+  uint64_t now() const noexcept {
+#if defined(__x86_64__)
+    if (tsc_) return __rdtsc();
+#endif
+    return static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  }
+  double us(uint64_t ticks) const noexcept {
+    return tsc_ ? static_cast<double>(ticks) * us_per_tick_
+                : static_cast<double>(ticks) * 1e6 * Clock::period::num /
+                      Clock::period::den;
+  }
+
+ private:
+  bool tsc_ = false;
+  double us_per_tick_ = 0;
 };
 
 void pin(int cpu) {
@@ -53,17 +109,28 @@ SessionOptions options(const Config& c) {
 
 int server(const Config& c, int port_pipe) {
   pin(c.server_cpu);
+  SessionOptions o = options(c);
+  // write_bw's target only serves heartbeats: like rdmakit-perf's passive
+  // target it sleeps in the kernel, except on tcp, whose one-sided ops the
+  // target's polling carries (rdmakit-perf busy-polls a tcp target too).
+  if (c.test == "write_bw" && o.provider != ProviderKind::kTcp) {
+    o.event_mode = EventMode::kBlocking;
+  }
   Handlers h;
   bool done = false;
   h.on_message = [](Channel& ch, Message& m) { (void)ch.send(m.data()); };
   h.on_disconnect = [&](Endpoint&, const DisconnectInfo&) { done = true; };
-  Server s("127.0.0.1:0", options(c), h);
+  Server s("127.0.0.1:0", o, h);
   s.expose("target", std::max<size_t>(c.size, 64) * 2);
   s.start();
   const uint16_t port = s.port();
   if (::write(port_pipe, &port, sizeof port) != sizeof port) return 1;
   const auto limit = Clock::now() + std::chrono::seconds(120);
-  while (!done && Clock::now() < limit) s.progress(std::chrono::milliseconds(1));
+  // The clock is read every 1024 passes, not between two messages.
+  for (uint32_t pass = 0; !done; ++pass) {
+    if ((pass & 1023) == 0 && Clock::now() >= limit) break;
+    s.progress(std::chrono::milliseconds(1));
+  }
   return done ? 0 : 1;
 }
 
@@ -76,19 +143,26 @@ int client(const Config& c, uint16_t port) {
     std::vector<double> us;
     us.reserve(c.iters);
     const uint32_t warmup = c.iters / 10;
+    const Stamp stamp;
+    // One timestamp per iteration; a round trip is the gap between two.
+    uint64_t prev = stamp.now();
+    Message held;
     for (uint32_t i = 0; i < warmup + c.iters; ++i) {
-      const auto t0 = Clock::now();
       OpResult r = ch.send(msg);
-      Message m;
-      if (r.ok()) r = ch.recv(&m, std::chrono::seconds(5));
-      if (!r.ok() || m.data().size() != c.size) {
+      // The previous reply's RECV is re-posted after this send, as
+      // rdmakit-perf refills its RECVs after posting (the server's handler
+      // does the same: its message is released after the echo).
+      held.release();
+      if (r.ok()) r = ch.recv(&held, std::chrono::seconds(5));
+      if (!r.ok() || held.data().size() != c.size) {
         std::fprintf(stderr, "send_lat: %s\n", r.detail.c_str());
         return 1;
       }
-      if (i >= warmup)
-        us.push_back(
-            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
+      const uint64_t t = stamp.now();
+      if (i >= warmup) us.push_back(stamp.us(t - prev) / 2);
+      prev = t;
     }
+    held.release();
     std::sort(us.begin(), us.end());
     double sum = 0;
     for (double v : us) sum += v;
@@ -100,29 +174,50 @@ int client(const Config& c, uint16_t port) {
         us.front(), us[static_cast<size_t>(0.99 * (us.size() - 1))]);
   } else {
     auto src = cl.context().allocate(c.size, kAccessLocalWrite);
-    uint32_t posted = 0, completed = 0, failed = 0;
-    auto done = [&](const OpResult& r) {
-      ++completed;
-      if (!r.ok()) ++failed;
-    };
+    RemoteBuffer target;
+    if (const OpResult r = ch.resolve("target", &target); !r.ok()) {
+      std::fprintf(stderr, "write_bw: %s\n", r.detail.c_str());
+      return 1;
+    }
+    struct Counts {
+      uint32_t completed = 0;
+      uint32_t failed = 0;
+    } counts;
+    uint32_t posted = 0;
+    const uint32_t& completed = counts.completed;
+    const uint32_t batch = std::max<uint32_t>(1, std::min(c.batch, c.window));
+    const std::vector<WriteSegment> segments(
+        batch, WriteSegment{.offset = 0, .src = Local::of(*src), .length = c.size});
     const auto t0 = Clock::now();
     while (completed < c.iters) {
       while (posted < c.iters && posted - completed < c.window) {
-        const OpResult r = ch.write("target", 0, Local::of(*src), c.size, done);
+        const uint32_t n =
+            std::min({batch, c.iters - posted, c.window - (posted - completed)});
+        const uint32_t upto = posted + n;
+        // Two words: within std::function's small buffer, no allocation.
+        OpCallback done = [k = &counts, upto](const OpResult& r) {
+          k->completed = upto;
+          if (!r.ok()) ++k->failed;
+        };
+        const OpResult r =
+            batch == 1
+                ? ch.write(target, 0, Local::of(*src), c.size, std::move(done))
+                : ch.write_batch(target, std::span(segments.data(), n), std::move(done));
         if (!r.ok()) {
           std::fprintf(stderr, "write_bw: %s\n", r.detail.c_str());
           return 1;
         }
-        ++posted;
+        posted = upto;
       }
       cl.progress();
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (failed != 0) return 1;
+    if (counts.failed != 0) return 1;
     std::printf(
         "{\"api\":\"session\",\"test\":\"write_bw\",\"provider\":\"%s\",\"size\":%u,"
-        "\"iterations\":%u,\"window\":%u,\"seconds\":%.6f,\"bw_avg_MBps\":%.2f}\n",
-        c.provider.c_str(), c.size, c.iters, c.window, s,
+        "\"iterations\":%u,\"window\":%u,\"batch\":%u,\"seconds\":%.6f,"
+        "\"bw_avg_MBps\":%.2f}\n",
+        c.provider.c_str(), c.size, c.iters, c.window, batch, s,
         static_cast<double>(c.size) * c.iters / s / 1e6);
   }
   return 0;
@@ -140,6 +235,9 @@ int main(int argc, char** argv) {
                  "bytes (default 8 for send_lat, 65536 for write_bw)");
   app.add_option("-n,--iters", c.iters, "iterations");
   app.add_option("--window", c.window, "write_bw: WRITEs in flight");
+  app.add_option(
+      "--batch", c.batch,
+      "write_bw: WRITEs per write_batch() call, one callback each (1: write())");
   app.add_option("--cpu", c.client_cpu, "client CPU (-1: not pinned)");
   app.add_option("--server-cpu", c.server_cpu, "server CPU (-1: not pinned)");
   CLI11_PARSE(app, argc, argv);

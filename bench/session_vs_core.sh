@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The session layer's cost over the core, in one run: rdmakit-perf send_lat
 # (8 B) and write_bw (64 KiB) --loopback against rdmakit-session-perf on the
-# same provider, both ends pinned to CPUs 0 and 1. Writes
+# same provider, both ends pinned to CPUs 0 and 1 (session write_bw: lists of
+# 16 WRITEs with one callback, as rdmakit-perf posts lists of 16). Writes
 # bench/results/session-<date>/{raw.jsonl,summary.md}.
 # Usage: bench/session_vs_core.sh [BUILD_DIR] [PROVIDERS...]   (default: build shm tcp)
 set -euo pipefail
@@ -18,12 +19,15 @@ mkdir -p "$out"
 raw=$out/raw.jsonl
 : >"$raw"
 for p in "${providers[@]}"; do
+  # WRITE runs of ~0.5 s or more: 20000 x 64 KiB take 40 ms on shm, too
+  # short to rise above the noise of a shared machine.
+  case $p in shm) wn=200000 ;; *) wn=40000 ;; esac
   "$perf" send_lat --loopback --provider "$p" -s 8 -n 20000 --cpu 0 --json 2>/dev/null |
     sed "s/^{/{\"api\":\"core\",/" >>"$raw"
   "$sperf" send_lat --provider "$p" -s 8 -n 20000 --cpu 0 --server-cpu 1 2>/dev/null >>"$raw"
-  "$perf" write_bw --loopback --provider "$p" -s 65536 -n 20000 --cpu 0 --json 2>/dev/null |
+  "$perf" write_bw --loopback --provider "$p" -s 65536 -n "$wn" --cpu 0 --json 2>/dev/null |
     sed "s/^{/{\"api\":\"core\",/" >>"$raw"
-  "$sperf" write_bw --provider "$p" -s 65536 -n 20000 --cpu 0 --server-cpu 1 2>/dev/null >>"$raw"
+  "$sperf" write_bw --provider "$p" -s 65536 -n "$wn" --cpu 0 --server-cpu 1 2>/dev/null >>"$raw"
 done
 /usr/bin/python3 - "$raw" "$out/summary.md" <<'PY'
 import json, sys, subprocess

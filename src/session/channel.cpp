@@ -1,3 +1,4 @@
+#include <array>
 #include <condition_variable>
 #include <cstring>
 #include <rdmakit/session/channel.hpp>
@@ -91,13 +92,16 @@ uint32_t Channel::credits() const noexcept {
 // returns credits by a one-sided WRITE into our control block, so no progress
 // of ours is needed for one to arrive.
 OpResult Channel::wait_credit(std::unique_lock<std::mutex>& lock) {
-  const auto deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+  // The clock is read only once there is something to wait for.
+  Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
     if (closed_) return closed_result("send");
     if (peer_reposted_ == nullptr) return closed_result("send");
     const uint64_t returned = detail::load_peer_written(peer_reposted_);
     if (sent_ - returned < peer_depth_) return {};
-    if (Clock::now() >= deadline) {
+    if (spins == 0) {
+      deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+    } else if (Clock::now() >= deadline) {
       return fail(Errc::kNoCredit, "send",
                   "no credit within op_timeout (" +
                       std::to_string(endpoint_->engine_->options().op_timeout.count()) +
@@ -127,10 +131,15 @@ void Channel::progress_or_pause(uint32_t spins) {
 
 OpResult Channel::post_retrying(std::unique_lock<std::mutex>& lock, SendWr& wr,
                                 uint8_t kind, OpCallback& done, Buffer* buffer) {
-  const auto deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+  Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
     OpResult r = post_locked(wr, kind, done, buffer);
-    if (r.code != Errc::kQueueFull || Clock::now() >= deadline) return r;
+    if (r.code != Errc::kQueueFull) return r;
+    if (spins == 0) {
+      deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+    } else if (Clock::now() >= deadline) {
+      return r;
+    }
     lock.unlock();
     progress_or_pause(spins);
     lock.lock();
@@ -155,6 +164,13 @@ OpResult Channel::post_locked(SendWr& wr, uint8_t kind, OpCallback& done,
   }
   wr.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_, k, index);
   const PostResult pr = qp_->post_send(wr);
+  if (pr.ok()) {
+    if ((wr.flags & kSignaled) != 0) {
+      unsignaled_ = 0;
+    } else {
+      ++unsignaled_;
+    }
+  }
   if (!pr.ok()) {
     return fail(pr.status == PostStatus::kQueueFull ? Errc::kQueueFull : Errc::kInvalid,
                 opcode_name(wr.opcode),
@@ -183,19 +199,21 @@ OpResult Channel::send(std::span<const std::byte> message) {
   // Credits bound unconsumed SENDs to peer_depth_, so the slot used
   // peer_depth_ sends ago has been delivered and may be overwritten.
   send_slot_ = static_cast<uint32_t>(sent_ % peer_depth_);
+  const auto length = static_cast<uint32_t>(message.size());
+  // INLINE data is copied at post time: no staging copy for small messages.
+  const bool inline_data = length <= qp_->max_inline();
   std::byte* slot =
       send_mr_->data() + size_t{send_slot_} * (peer_max_message_ + sizeof(MsgHeader));
-  const MsgHeader header{detail::kMagic, static_cast<uint16_t>(MsgKind::kData), 0,
-                         message.size()};
-  std::memcpy(slot, &header, sizeof header);
-  if (!message.empty()) std::memcpy(slot + sizeof header, message.data(), message.size());
-  const auto length = static_cast<uint32_t>(sizeof header + message.size());
-  SendWr wr{.opcode = Opcode::kSend,
-            .flags = static_cast<uint8_t>(kSignaled |
-                                          (length <= qp_->max_inline() ? kInline : 0)),
+  if (!inline_data) std::memcpy(slot, message.data(), length);
+  // Copied SENDs need no completion (the slot is reused by credit, not by
+  // completion): only every kSignalEvery-th is signaled, to retire the queue.
+  SendWr wr{.opcode = Opcode::kSendWithImm,
+            .flags = static_cast<uint8_t>((signal_due() ? kSignaled : 0) |
+                                          (inline_data ? kInline : 0)),
             .length = length,
-            .local_addr = slot,
-            .lkey = send_mr_->lkey()};
+            .local_addr = inline_data ? const_cast<std::byte*>(message.data()) : slot,
+            .lkey = inline_data ? 0 : send_mr_->lkey(),
+            .imm = detail::kDataImm};
   OpCallback none;
   OpResult r =
       post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr);
@@ -228,24 +246,55 @@ OpResult Channel::send(Buffer&& buffer) {
   return r;
 }
 
+RemoteBuffer Channel::remote(std::string_view name) const noexcept {
+  RemoteBuffer handle;
+  for (const auto& [n, region] : endpoint_->remote_buffers()) {
+    if (n == name) {
+      handle.region_ = region;
+      handle.name_ = &n;
+      break;
+    }
+  }
+  return handle;
+}
+
+OpResult Channel::resolve(std::string_view name, RemoteBuffer* out) const {
+  *out = remote(name);
+  if (*out) return {};
+  std::string names;
+  for (const auto& [n, r] : endpoint_->remote_buffers()) {
+    names += names.empty() ? "" : ", ";
+    names += fmt::format("'{}'", n);
+  }
+  return fail(Errc::kNoSuchBuffer, "resolve",
+              fmt::format("the peer exposes no buffer named '{}' (it exposes: {})", name,
+                          names.empty() ? "none" : names));
+}
+
+bool Channel::signal_due() noexcept { return unsignaled_ + 1 >= detail::kSignalEvery; }
+
 OpResult Channel::one_sided(Opcode opcode, std::string_view remote, uint64_t offset,
                             Local local, size_t length, uint32_t imm, OpCallback done) {
-  const char* what = opcode_name(opcode);
-  const std::optional<RemoteRegion> region = endpoint_->remote_buffer(remote);
-  if (!region) {
-    std::string names;
-    for (const auto& [name, r] : endpoint_->remote_buffers()) {
-      names += names.empty() ? "" : ", ";
-      names += fmt::format("'{}'", name);
-    }
-    return fail(Errc::kNoSuchBuffer, what,
-                fmt::format("the peer exposes no buffer named '{}' (it exposes: {})",
-                            remote, names.empty() ? "none" : names));
+  RemoteBuffer handle;
+  if (OpResult r = resolve(remote, &handle); !r.ok()) {
+    r.detail.replace(0, std::string_view("resolve").size(), opcode_name(opcode));
+    return r;
   }
+  return one_sided(opcode, handle, offset, local, length, imm, std::move(done));
+}
+
+OpResult Channel::one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t offset,
+                            Local local, size_t length, uint32_t imm, OpCallback done) {
+  const char* what = opcode_name(opcode);
+  if (!remote) {
+    return fail(Errc::kNoSuchBuffer, what,
+                "the remote buffer handle is empty (unresolved)");
+  }
+  const RemoteRegion* region = &remote.region_;
   if (offset > region->length || length > region->length - offset) {
     return fail(Errc::kOutOfRange, what,
                 fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
-                            offset, length, remote, region->length));
+                            offset, length, remote.name(), region->length));
   }
   if (local.addr == nullptr || length > local.length || length > UINT32_MAX) {
     return fail(Errc::kOutOfRange, what,
@@ -257,15 +306,19 @@ OpResult Channel::one_sided(Opcode opcode, std::string_view remote, uint64_t off
   if (opcode == Opcode::kWriteWithImm) {
     if (OpResult r = wait_credit(lock); !r.ok()) return r;
   }
+  // Without a callback nobody waits for the completion: selectively signaled.
+  const bool quiet = !done;
   SendWr wr{.opcode = opcode,
-            .flags = kSignaled,
+            .flags = static_cast<uint8_t>(!quiet || signal_due() ? kSignaled : 0),
             .length = static_cast<uint32_t>(length),
             .local_addr = local.addr,
             .lkey = local.lkey,
             .imm = imm,
             .remote_addr = region->addr_at(offset),
             .rkey = region->rkey};
-  OpResult r = post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kOp), done, nullptr);
+  OpResult r = post_retrying(lock, wr,
+                             static_cast<uint8_t>(quiet ? WrKind::kOpQuiet : WrKind::kOp),
+                             done, nullptr);
   if (r.ok() && opcode == Opcode::kWriteWithImm) ++sent_;
   return r;
 }
@@ -282,6 +335,122 @@ OpResult Channel::write_with_imm(std::string_view remote, uint64_t offset, Local
                                  size_t length, uint32_t imm, OpCallback done) {
   return one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
                    std::move(done));
+}
+OpResult Channel::write(const RemoteBuffer& remote, uint64_t offset, Local src,
+                        size_t length, OpCallback done) {
+  return one_sided(Opcode::kWrite, remote, offset, src, length, 0, std::move(done));
+}
+OpResult Channel::read(const RemoteBuffer& remote, uint64_t offset, Local dst,
+                       size_t length, OpCallback done) {
+  return one_sided(Opcode::kRead, remote, offset, dst, length, 0, std::move(done));
+}
+OpResult Channel::write_with_imm(const RemoteBuffer& remote, uint64_t offset, Local src,
+                                 size_t length, uint32_t imm, OpCallback done) {
+  return one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
+                   std::move(done));
+}
+
+OpResult Channel::write_batch(const RemoteBuffer& remote,
+                              std::span<const WriteSegment> segments, OpCallback done) {
+  const char* what = "WRITE";
+  if (!remote) {
+    return fail(Errc::kNoSuchBuffer, what,
+                "the remote buffer handle is empty (unresolved)");
+  }
+  const RemoteRegion& region = remote.region_;
+  for (const WriteSegment& s : segments) {
+    if (s.offset > region.length || s.length > region.length - s.offset) {
+      return fail(Errc::kOutOfRange, what,
+                  fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
+                              s.offset, s.length, remote.name(), region.length));
+    }
+    if (s.src.addr == nullptr || s.length > s.src.length || s.length > UINT32_MAX) {
+      return fail(Errc::kOutOfRange, what,
+                  std::to_string(s.length) + " bytes do not fit the local buffer of " +
+                      std::to_string(s.src.length) + " bytes");
+    }
+  }
+  if (segments.empty()) {
+    if (done) done(OpResult{});
+    return {};
+  }
+  // Posted in lists of up to kList; only the very last WR carries `done`.
+  constexpr size_t kList = 32;
+  const bool with_callback = static_cast<bool>(done);
+  std::array<SendWr, kList> wrs;
+  std::unique_lock lock(mu_);
+  Clock::time_point deadline{};
+  size_t next = 0;
+  for (uint32_t spins = 0; next < segments.size();) {
+    if (closed_) return closed_result(what);
+    const size_t n = std::min(kList, segments.size() - next);
+    const bool has_last = next + n == segments.size();
+    Pending* entry = nullptr;
+    uint32_t entry_index = 0;
+    if (has_last && with_callback) {
+      entry_index = next_pending_ % static_cast<uint32_t>(pending_.size());
+      entry = &pending_[entry_index];
+    }
+    OpResult blocked;
+    size_t posted = 0;
+    if (entry != nullptr && entry->busy) {
+      blocked = fail(Errc::kQueueFull, what,
+                     std::to_string(pending_.size()) + " operations outstanding");
+    } else {
+      uint32_t unsignaled = unsignaled_;
+      for (size_t i = 0; i < n; ++i) {
+        const WriteSegment& s = segments[next + i];
+        const bool with_done = entry != nullptr && i + 1 == n;
+        const bool signaled = with_done || unsignaled + 1 >= detail::kSignalEvery;
+        unsignaled = signaled ? 0 : unsignaled + 1;
+        wrs[i] =
+            SendWr{.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_,
+                                       with_done ? WrKind::kOp : WrKind::kOpQuiet,
+                                       with_done ? entry_index : 0),
+                   .opcode = Opcode::kWrite,
+                   .flags = static_cast<uint8_t>(signaled ? kSignaled : 0),
+                   .length = static_cast<uint32_t>(s.length),
+                   .local_addr = s.src.addr,
+                   .lkey = s.src.lkey,
+                   .remote_addr = region.addr_at(s.offset),
+                   .rkey = region.rkey};
+      }
+      const PostResult pr = qp_->post_send(std::span<const SendWr>(wrs.data(), n));
+      posted = pr.posted;
+      for (size_t i = 0; i < posted; ++i) {
+        unsignaled_ = (wrs[i].flags & kSignaled) != 0 ? 0 : unsignaled_ + 1;
+      }
+      next += posted;
+      if (posted == n && entry != nullptr) {
+        ++next_pending_;
+        entry->busy = true;
+        entry->kind = static_cast<uint8_t>(WrKind::kOp);
+        entry->opcode = Opcode::kWrite;
+        entry->done = std::move(done);
+        break;  // that was the last list
+      }
+      if (!pr.ok() && pr.status != PostStatus::kQueueFull) {
+        return fail(Errc::kInvalid, what,
+                    fmt::format("post failed after {} of {} WRITEs: {}", next,
+                                segments.size(), post_status_name(pr.status)));
+      }
+      if (posted == n) continue;
+      blocked = fail(Errc::kQueueFull, what, "send queue full");
+    }
+    // Queue full: make progress, then post the rest.
+    if (posted > 0) spins = 0;
+    if (spins == 0) {
+      deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+    } else if (Clock::now() >= deadline) {
+      blocked.detail += fmt::format(" ({} of {} WRITEs posted)", next, segments.size());
+      return blocked;
+    }
+    ++spins;
+    lock.unlock();
+    progress_or_pause(spins);
+    lock.lock();
+  }
+  return {};
 }
 
 // Waits for one operation: on the progress thread (or without library
@@ -346,9 +515,11 @@ OpResult Channel::recv(Message* out, std::chrono::milliseconds timeout) {
   if (handler_mode_) {
     return fail(Errc::kInvalid, "recv", "messages go to the on_message handler");
   }
-  const auto deadline = Clock::now() + timeout;
   detail::Worker* worker = endpoint_->worker_;
   std::unique_lock lock(inbox_mu_);
+  // The clock is read only once there is something to wait for.
+  Clock::time_point deadline{};
+  if (inbox_count_ == 0) deadline = Clock::now() + timeout;
   while (inbox_count_ == 0) {
     if (inbox_closed_) return closed_result("recv");
     const auto now = Clock::now();
@@ -415,6 +586,9 @@ void Channel::on_recv(const Completion& c) {
     m.notification_ = true;
     m.imm_ = c.imm;
     m.written_ = c.byte_len;
+  } else if (c.has_imm() && c.imm == detail::kDataImm) {
+    m.data_ = recv_mr_->data() + size_t{slot} * slot_size_;
+    m.size_ = c.byte_len;
   } else {
     const std::byte* base = recv_mr_->data() + size_t{slot} * slot_size_;
     MsgHeader header{};

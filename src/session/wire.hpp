@@ -19,7 +19,7 @@ static_assert(std::endian::native == std::endian::little,
               "the session wire format is little-endian");
 
 constexpr uint32_t kMagic = 0x53534b52;  // "RKSS"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: header-less SEND_WITH_IMM data messages
 constexpr uint32_t kMaxChannels = 16;
 constexpr uint32_t kMaxDepth = 4096;
 constexpr size_t kMaxChannelName = 32;
@@ -51,7 +51,13 @@ std::optional<Hello> decode_hello(std::span<const std::byte> in, std::string* wh
 std::vector<std::byte> encode(const Reply& reply);
 std::optional<Reply> decode_reply(std::span<const std::byte> in, std::string* why);
 
-// Every SEND starts with this header (Buffer::kHeadroomBytes bytes).
+// Copied data messages travel as SEND_WITH_IMM carrying kDataImm and no
+// header, so that an 8-byte message is 8 bytes on the wire (the shm
+// provider carries up to 20 bytes in the receive slot itself; a header
+// pushed small messages onto its kernel-copy path). Every other SEND (control
+// messages, zero-copy sends) starts with this header (Buffer::kHeadroomBytes
+// bytes).
+constexpr uint32_t kDataImm = 0x44534b52;  // "RKSD"
 enum class MsgKind : uint16_t { kData = 1, kTable = 2, kGoodbye = 3 };
 struct MsgHeader {
   uint32_t magic;
@@ -90,7 +96,20 @@ std::vector<std::byte> encode(const Table& table);
 std::optional<Table> decode_table(std::span<const std::byte> in, std::string* why);
 
 // Work request ids: [slot:16][generation:16][channel:8][kind:8][index:16].
-enum class WrKind : uint8_t { kRecv = 1, kSendCopy, kSendZeroCopy, kOp, kInternal };
+// kOpQuiet: a WRITE/READ/WRITE_WITH_IMM without a callback, selectively
+// signaled (only its errors reach the completion path).
+enum class WrKind : uint8_t {
+  kRecv = 1,
+  kSendCopy,
+  kSendZeroCopy,
+  kOp,
+  kInternal,
+  kOpQuiet
+};
+// At most this many WRs in a row go unsignaled on a send queue, so that a
+// signaled completion retires them well before the queue (max_send_wr >= 72)
+// fills.
+constexpr uint32_t kSignalEvery = 16;
 constexpr uint64_t make_wr_id(uint32_t slot, uint16_t gen, uint32_t channel, WrKind kind,
                               uint32_t index) noexcept {
   return (uint64_t{slot & 0xffffu} << 48) | (uint64_t{gen} << 32) |

@@ -1,6 +1,8 @@
 // Bad requests get errors naming what was asked and why; nothing aborts.
 #include <cerrno>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "conformance.hpp"
 #include "session_test_util.hpp"
@@ -140,6 +142,85 @@ TEST_P(SessionErrorsTest, RemoteMistakesAndTwoChannels) {
     while (!ep.closed() && Clock::now() < until) std::this_thread::sleep_for(1ms);
     EXPECT_TRUE(ep.closed());
     EXPECT_EQ(ep.disconnect_info().reason, DisconnectReason::kTransportError);
+  };
+  run(server, client);
+}
+
+// A name resolved once into a RemoteBuffer; write_batch over several post
+// lists with one callback; WRITEs without a callback (selectively signaled)
+// ordered before a later completion; mistakes on handles named as on names.
+TEST_P(SessionErrorsTest, ResolvedBuffersBatchesAndQuietWrites) {
+  static constexpr size_t kBoard = 64 * 1024;
+  auto server = [](RoleEnv& env) {
+    SessionOptions o = options_for(env);
+    std::atomic<int> closes{0};
+    Handlers h;
+    h.on_disconnect = [&](Endpoint&, const DisconnectInfo&) { ++closes; };
+    Server s(env.listen_address(), o, h);
+    s.expose("board", kBoard);
+    s.start();
+    env.publish_port(s.port());
+    ASSERT_TRUE(serve_until(s, o, [&] { return closes.load() == 1; }));
+  };
+  auto client = [](RoleEnv& env) {
+    SessionOptions o = options_for(env);
+    Client c(o);
+    Endpoint& ep = c.connect(env.server_address());
+    Channel& ch = ep.channel(0);
+    auto src = c.context().allocate(kBoard, kAccessLocalWrite);
+    auto dst = c.context().allocate(kBoard, kAccessLocalWrite);
+
+    EXPECT_FALSE(ch.remote("nope"));
+    RemoteBuffer none;
+    OpResult r = ch.resolve("nope", &none);
+    EXPECT_EQ(r.code, Errc::kNoSuchBuffer);
+    EXPECT_TRUE(mentions(r.detail, "'nope'"));
+    EXPECT_TRUE(mentions(r.detail, "'board'"));
+    r = ch.write(none, 0, Local::of(*src), 16);
+    EXPECT_EQ(r.code, Errc::kNoSuchBuffer);
+
+    const RemoteBuffer board = ch.remote("board");
+    ASSERT_TRUE(board);
+    EXPECT_EQ(board.name(), "board");
+    EXPECT_EQ(board.length(), kBoard);
+    r = ch.write(board, kBoard - 8, Local::of(*src), 16);
+    EXPECT_EQ(r.code, Errc::kOutOfRange);
+    EXPECT_TRUE(mentions(r.detail, "'board'"));
+
+    // 40 segments of 1 KiB: two post lists; one callback for all.
+    for (size_t i = 0; i < kBoard; ++i) src->data()[i] = std::byte(i * 7 + 1);
+    std::vector<WriteSegment> segs;
+    for (uint64_t i = 0; i < 40; ++i) {
+      segs.push_back({.offset = i * 1024,
+                      .src = Local{src->data() + i * 1024, 1024, src->lkey()},
+                      .length = 1024});
+    }
+    std::vector<WriteSegment> bad = segs;
+    bad.back().offset = kBoard;
+    r = ch.write_batch(board, bad);
+    EXPECT_EQ(r.code, Errc::kOutOfRange);
+    std::atomic<int> done{0};
+    r = ch.write_batch(board, segs, [&](const OpResult& res) {
+      EXPECT_TRUE(res.ok()) << res.detail;
+      ++done;
+    });
+    ASSERT_TRUE(r.ok()) << r.detail;
+    const auto until = Clock::now() + scaled(10000ms);
+    while (done.load() == 0 && Clock::now() < until) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(done.load(), 1);
+
+    // 50 WRITEs without a callback, then one with: its completion covers them.
+    for (uint64_t i = 0; i < 50; ++i) {
+      r = ch.write(board, 40 * 1024 + i * 64,
+                   Local{src->data() + 40 * 1024 + i * 64, 64, src->lkey()}, 64);
+      ASSERT_TRUE(r.ok()) << r.detail;
+    }
+    r = ch.write_sync("board", kBoard - 1024,
+                      Local{src->data() + kBoard - 1024, 1024, src->lkey()}, 1024);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    r = ch.read_sync("board", 0, Local::of(*dst), 40 * 1024 + 50 * 64);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(std::memcmp(dst->data(), src->data(), 40 * 1024 + 50 * 64), 0);
   };
   run(server, client);
 }

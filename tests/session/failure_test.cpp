@@ -146,6 +146,7 @@ void victim_and_survivor(const std::string& provider, int signal_number) {
     std::atomic<int> clean_closes{0};
     Clock::time_point victim_told{};
     std::atomic<bool> victim_gone{false};
+    std::atomic<int> echoed{0};
     Handlers h;
     h.on_connect = [&](Endpoint& ep) {
       std::lock_guard lock(mu);
@@ -158,6 +159,7 @@ void victim_and_survivor(const std::string& provider, int signal_number) {
         victim = ch.endpoint().shared_from_this();
       } else {
         EXPECT_TRUE(ch.send(m.data()).ok());  // echo
+        ++echoed;
       }
     };
     h.on_disconnect = [&](Endpoint& ep, const DisconnectInfo& info) {
@@ -178,9 +180,11 @@ void victim_and_survivor(const std::string& provider, int signal_number) {
     s.expose("mem", kMem);
     s.start();
     env.publish_port(s.port());
+    // The survivor's "hello" is echoed before the victim goes, so that its
+    // echo cannot arrive after "victim-gone" (two progress threads send).
     ASSERT_TRUE(serve_until(s, o, [&] {
       std::lock_guard lock(mu);
-      return victim != nullptr && eps.size() == 2;
+      return victim != nullptr && eps.size() == 2 && echoed.load() >= 1;
     }));
     std::shared_ptr<Endpoint> v;
     {

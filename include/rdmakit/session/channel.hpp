@@ -84,6 +84,32 @@ struct Local {
 
 using OpCallback = std::function<void(const OpResult&)>;
 
+// One WRITE of a batch (Channel::write_batch).
+struct WriteSegment {
+  uint64_t offset = 0;  // in the remote buffer
+  Local src;
+  size_t length = 0;
+};
+
+// A peer's named buffer resolved once (Channel::remote()), for WRITE/READ
+// without a name lookup per operation. Cheap to copy; valid as long as the
+// endpoint. Empty (false) if the peer exposes no buffer of that name.
+class RemoteBuffer {
+ public:
+  RemoteBuffer() = default;
+  explicit operator bool() const noexcept { return name_ != nullptr; }
+  std::string_view name() const noexcept {
+    return name_ != nullptr ? std::string_view(*name_) : std::string_view();
+  }
+  uint64_t length() const noexcept { return region_.length; }
+  const RemoteRegion& region() const noexcept { return region_; }
+
+ private:
+  friend class Channel;
+  RemoteRegion region_{};
+  const std::string* name_ = nullptr;
+};
+
 class Channel {
  public:
   ~Channel();
@@ -113,6 +139,12 @@ class Channel {
   // exposed) at `offset`. `done` runs on the progress thread when the work
   // request completes (also with an error if the endpoint goes down first).
   // The return value reports what failed before anything was posted.
+  //
+  // Without `done`, WRITE/READ/WRITE_WITH_IMM are selectively signaled: no
+  // completion is reported for them unless they fail (the endpoint then
+  // closes). As in verbs RC, the completion of a later operation on the same
+  // channel implies theirs, so a stream of WRITEs needs a callback only on
+  // every n-th (and the last) one.
   OpResult write(std::string_view remote, uint64_t offset, Local src, size_t length,
                  OpCallback done = {});
   OpResult read(std::string_view remote, uint64_t offset, Local dst, size_t length,
@@ -120,6 +152,23 @@ class Channel {
   // WRITE, then a notification with `imm` at the peer (takes one credit).
   OpResult write_with_imm(std::string_view remote, uint64_t offset, Local src,
                           size_t length, uint32_t imm, OpCallback done = {});
+  // The same on a buffer resolved once with remote(): no name lookup.
+  RemoteBuffer remote(std::string_view name) const noexcept;
+  // As remote(), with an error naming the buffers the peer does expose.
+  OpResult resolve(std::string_view name, RemoteBuffer* out) const;
+  OpResult write(const RemoteBuffer& remote, uint64_t offset, Local src, size_t length,
+                 OpCallback done = {});
+  OpResult read(const RemoteBuffer& remote, uint64_t offset, Local dst, size_t length,
+                OpCallback done = {});
+  OpResult write_with_imm(const RemoteBuffer& remote, uint64_t offset, Local src,
+                          size_t length, uint32_t imm, OpCallback done = {});
+  // One WRITE per segment, posted as one list (one doorbell; on tcp the
+  // frames leave in one sendmsg instead of one each). `done`, if any, runs
+  // when the last one completes, which implies the others (in order on the
+  // channel); the rest are selectively signaled. Every range is checked
+  // before anything is posted.
+  OpResult write_batch(const RemoteBuffer& remote, std::span<const WriteSegment> segments,
+                       OpCallback done = {});
   // The same, waiting up to op_timeout for the completion.
   OpResult write_sync(std::string_view remote, uint64_t offset, Local src, size_t length);
   OpResult read_sync(std::string_view remote, uint64_t offset, Local dst, size_t length);
@@ -147,6 +196,11 @@ class Channel {
 
   OpResult one_sided(Opcode opcode, std::string_view remote, uint64_t offset, Local local,
                      size_t length, uint32_t imm, OpCallback done);
+  OpResult one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t offset,
+                     Local local, size_t length, uint32_t imm, OpCallback done);
+  // Selective signaling: true if this WR must be signaled (every
+  // kSignalEvery-th of a run of unsignaled ones). Under mu_.
+  bool signal_due() noexcept;
   OpResult sync(const std::function<OpResult(OpCallback)>& start);
   OpResult wait_credit(std::unique_lock<std::mutex>& lock);
   OpResult post_locked(SendWr& wr, uint8_t kind, OpCallback& done, Buffer* buffer);
@@ -187,6 +241,7 @@ class Channel {
   std::vector<Pending> pending_;
   uint32_t next_pending_ = 0;
   uint32_t send_slot_ = 0;
+  uint32_t unsignaled_ = 0;  // WRs posted unsignaled since the last signaled one
 
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
