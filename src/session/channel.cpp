@@ -1,3 +1,6 @@
+// Over 600 lines on purpose: one concept, a channel, whose post paths (send,
+// one-sided, batches, credits) and completion paths share its private state and
+// the small inline helpers of the send path; split, they would need friends.
 #include <array>
 #include <condition_variable>
 #include <cstring>
