@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <rdmakit/session/session.hpp>
@@ -23,6 +24,20 @@ namespace rdmakit::cp {
 using namespace std::chrono_literals;
 
 namespace {
+
+// RDMAKIT_CP_TIMING=1: the time of each phase on stderr (where a short copy
+// spends its time: walk, session setup, transfer, close).
+struct PhaseClock {
+  bool on = std::getenv("RDMAKIT_CP_TIMING") != nullptr;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  void mark(const char* phase) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "rdmakit-cp: timing: %-8s %7.1f ms\n", phase,
+                 std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
+  }
+};
 
 struct Remote {
   bool remote = false;
@@ -63,11 +78,30 @@ int copy(const CopyOptions& o) {
       (o.resume ? kFlagResume : 0) | (o.recursive ? kFlagRecursive : 0);
 
   // Local side first: a push walks its sources, a pull checks its destination.
-  std::vector<Entry> entries;
+  PhaseClock clock;
   Target target;
+  // A push walks its sources on a thread of its own while the session is set
+  // up and the first entries are sent (see EntryQueue). Sizes are only
+  // needed up front by the progress display.
+  EntryQueue entries;
+  std::thread walker;
+  struct WalkerJoin {
+    EntryQueue& queue;
+    std::thread& thread;
+    ~WalkerJoin() {
+      queue.cancel();
+      if (thread.joinable()) thread.join();
+    }
+  } walker_join{entries, walker};
+  const bool show_progress = !o.quiet && !o.json && ::isatty(STDERR_FILENO);
   if (push) {
-    for (const Remote& s : srcs)
-      walk_source({AT_FDCWD, false}, s.path, o.recursive, &entries, &report);
+    walker = std::thread([&] {
+      for (const Remote& s : srcs)
+        if (!walk_source({AT_FDCWD, false}, s.path, o.recursive, &entries, &report,
+                         show_progress))
+          break;
+      entries.finish();
+    });
   } else {
     Failure kind = Failure::kNone;
     std::string why;
@@ -81,6 +115,7 @@ int copy(const CopyOptions& o) {
   const session::SessionOptions so = session_options(o.provider);
   const std::string address = host + ":" + std::to_string(o.port);
   SummaryInfo info;
+  bool leave_without_teardown = false;
   info.direction = push ? "push" : "pull";
   info.peer = address;
   try {
@@ -94,8 +129,12 @@ int copy(const CopyOptions& o) {
     for (int attempt = 1;; ++attempt) {
       staging.reset();
       client_holder = std::make_unique<session::Client>(so);
-      slots_mr = &client_holder->expose(kSlotsBuffer, kLaneBytes, kAccessAll);
-      staging = client_holder->context().allocate(kLaneBytes, kAccessLocalWrite);
+      // Only the receiving end needs the slots and only the sending end the
+      // staging memory; the other one is a page (on shm each MiB is mapped
+      // and populated at once, a visible cost for a short copy).
+      slots_mr = &client_holder->expose(kSlotsBuffer, push ? 4096 : kLaneBytes, kAccessAll);
+      staging = client_holder->context().allocate(push ? kLaneBytes : 4096,
+                                                  kAccessLocalWrite);
       try {
         ep_ptr = &client_holder->connect(address);
         break;
@@ -107,6 +146,7 @@ int copy(const CopyOptions& o) {
         std::this_thread::sleep_for(200ms * attempt);
       }
     }
+    clock.mark("connect");
     MemoryRegion& slots = *slots_mr;
     session::Endpoint& ep = *ep_ptr;
     info.provider = ep.provider_name();
@@ -170,15 +210,29 @@ int copy(const CopyOptions& o) {
       Receiver(rc).run();
     }
     progress.stop();
+    clock.mark("transfer");
     info.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ep.close();
-    for (int i = 0; i < 200 && !ep.closed(); ++i) std::this_thread::sleep_for(5ms);
+    for (int i = 0; i < 1000 && !ep.closed(); ++i) std::this_thread::sleep_for(1ms);
+    // Once the endpoint is closed (its goodbye posted) destroying the session
+    // only waits out a fixed linger for goodbyes (100 ms, longer than a
+    // small copy); the process exit releases the memory and the connection.
+    if (ep.closed()) {
+      (void)staging.release();
+      (void)client_holder.release();
+      leave_without_teardown = true;
+    }
   } catch (const Error& e) {
     report.error(Failure::kPeer, address, e.what());
   }
   if (target.base >= 0) ::close(target.base);
+  clock.mark("close");
   print_summary(report, info, o.json);
+  if (leave_without_teardown) {
+    std::fflush(nullptr);
+    std::_Exit(report.exit_code());
+  }
   return report.exit_code();
 }
 

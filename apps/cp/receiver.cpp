@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -17,6 +19,34 @@ namespace {
 constexpr const char* kPartSuffix = ".rdmakit-cp-part";
 
 std::string part_name(const std::string& name) { return "." + name + kPartSuffix; }
+
+// The process umask, read once from /proc (umask(2) can only be read by
+// changing it, which would race with other threads creating files); -1 if
+// unknown, and then every file gets its fchmod.
+int process_umask() {
+  static const int mask = [] {
+    FILE* f = std::fopen("/proc/self/status", "r");
+    if (f == nullptr) return -1;
+    char line[256];
+    int m = -1;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      unsigned v = 0;
+      if (std::sscanf(line, "Umask: %o", &v) == 1) {
+        m = static_cast<int>(v & 0777);
+        break;
+      }
+    }
+    std::fclose(f);
+    return m;
+  }();
+  return mask;
+}
+
+// Whether a file created with `requested` already has exactly `wanted`.
+bool created_mode_is(uint32_t requested, uint32_t wanted) {
+  const int mask = process_umask();
+  return mask >= 0 && (requested & ~static_cast<uint32_t>(mask)) == wanted;
+}
 
 int open_dir(int root, const std::string& path, bool confined) {
   if (confined) return open_beneath(root, path, O_RDONLY | O_DIRECTORY);
@@ -255,8 +285,12 @@ bool Receiver::on_entry(Reader& rd) {
     fd = ::openat(parent, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   } else {
     const int trunc = probed ? 0 : O_TRUNC;
+    // Created with the final permission bits (owner read/write added while
+    // it is written), so that on_end needs no fchmod in the common case.
+    cur_.create_mode = (cur_.mode & 0777) | 0600;
     fd = ::openat(parent, cur_.tmp.c_str(),
-                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, 0600);
+                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, cur_.create_mode);
+    cur_.created = fd >= 0 && !probed;
   }
   if (fd < 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
@@ -270,7 +304,9 @@ bool Receiver::on_entry(Reader& rd) {
       if (!probe.needed[b]) cur_.hashes[b] = probe.hashes[b];
     }
   }
-  if (!cur_.keep_final) {
+  // A new part file (O_TRUNC) is sized at its end, and only if its last
+  // bytes are a hole: most files are written up to their size anyway.
+  if (!cur_.keep_final && !cur_.created) {
     if (::ftruncate(fd, static_cast<off_t>(cur_.size)) != 0) {
       fail_file(classify_errno(errno), errno_reason(errno));
       return true;
@@ -317,6 +353,7 @@ void Receiver::on_data(Reader& rd) {
     fail_file(classify_errno(err), errno_reason(err));
     return;
   }
+  cur_.written_end = std::max<uint64_t>(cur_.written_end, off + len);
   c_.report->bytes_sent += len;
 }
 
@@ -334,8 +371,11 @@ void Receiver::on_end(Reader& rd) {
     return;
   }
   const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
-  if (::fchmod(cur_.fd, cur_.mode) != 0 || ::futimens(cur_.fd, times) != 0 ||
-      ::fsync(cur_.fd) != 0) {
+  if ((cur_.created && cur_.written_end < cur_.size &&
+       ::ftruncate(cur_.fd, static_cast<off_t>(cur_.size)) != 0) ||
+      (!(cur_.created && created_mode_is(cur_.create_mode, cur_.mode)) &&
+       ::fchmod(cur_.fd, cur_.mode) != 0) ||
+      ::futimens(cur_.fd, times) != 0 || ::fsync(cur_.fd) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }

@@ -286,6 +286,11 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   BlockHasher hasher;
   std::string failure;
   uint64_t ext_start = 0, ext_end = 0;  // current data extent [start, end)
+  if (static_cast<uint64_t>(st.st_blocks) * 512 >= e.size) {
+    // Allocated blocks cover the size: no hole to keep, no extent lookups
+    // (two system calls per file that dominate with small files).
+    ext_end = e.size;
+  }
   for (uint32_t b = 0; b < nblocks && failure.empty(); ++b) {
     if (!needed[b]) continue;  // hashes[b] came from the probe
     const uint64_t end = std::min<uint64_t>(uint64_t{b + 1} * kBlockSize, e.size);
@@ -361,23 +366,35 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   return true;
 }
 
-bool Sender::run(const std::vector<Entry>& entries) {
-  uint64_t files = 0, bytes = 0;
-  for (const Entry& e : entries) {
-    files += e.kind == Kind::kFile;
-    bytes += e.size;
-  }
-  c_.report->total_files = files;
-  c_.report->total_bytes = bytes;
-  Writer totals = message(Msg::kTotals);
-  totals.put<uint64_t>(files).put<uint64_t>(bytes);
-  if (!send_message(totals)) return false;
+bool Sender::run(EntryQueue& queue) {
+  // Totals (for the receiver's progress display) go out once the walk is
+  // complete; entries are sent as the walk finds them.
+  bool totals_sent = false;
+  auto send_totals = [&] {
+    totals_sent = true;
+    c_.report->total_files = queue.files();
+    c_.report->total_bytes = queue.bytes();
+    Writer totals = message(Msg::kTotals);
+    totals.put<uint64_t>(queue.files()).put<uint64_t>(queue.bytes());
+    return send_message(totals);
+  };
+  std::vector<Entry> batch;
   uint32_t id = 0;
-  for (const Entry& e : entries) {
-    ++id;
-    const bool ok = e.kind == Kind::kFile ? send_file(e, id) : send_entry(e, id);
-    if (!ok) return false;
+  for (;;) {
+    if (!queue.take(&batch, false)) break;
+    if (batch.empty()) {
+      // The walk is behind: let the receiver work on what is pending.
+      if (!flush()) return false;
+      if (!queue.take(&batch, true)) break;
+    }
+    for (const Entry& e : batch) {
+      ++id;
+      const bool ok = e.kind == Kind::kFile ? send_file(e, id) : send_entry(e, id);
+      if (!ok) return false;
+    }
+    batch.clear();
   }
+  if (!totals_sent && !send_totals()) return false;
   if (!flush()) return false;
   Writer done = message(Msg::kDone);
   done.put<uint32_t>(next_seq_);

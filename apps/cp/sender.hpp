@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "entry_queue.hpp"
 #include "protocol.hpp"
 #include "report.hpp"
 #include "tree.hpp"
@@ -32,9 +33,10 @@ struct SenderConfig {
 class Sender {
  public:
   explicit Sender(SenderConfig config);
-  // Sends every entry, then waits for the receiver's final report. Errors go
-  // to the report; returns false if the transfer as a whole failed.
-  bool run(const std::vector<Entry>& entries);
+  // Sends every entry of the queue as it comes, then waits for the
+  // receiver's final report. Errors go to the report; returns false if the
+  // transfer as a whole failed.
+  bool run(EntryQueue& queue);
 
  private:
   struct Slot {

@@ -112,10 +112,13 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       ::close(target.base);
     }
   } else {
-    std::vector<Entry> entries;
+    // Walked whole before the reply: the walk's errors go to the client
+    // first (a pull's sources are few and named by the client).
+    EntryQueue entries;
     const SourceRoot root{s.root, true};
     for (const std::string& p : paths)
       walk_source(root, p, flags & kFlagRecursive, &entries, &report);
+    entries.finish();
     reply(ch, true, static_cast<uint32_t>(lane), Failure::kNone, "");
     for (const FileError& e : report.errors()) {
       Writer w = message(Msg::kFileError);
@@ -175,7 +178,13 @@ int serve(const ServeOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  const session::SessionOptions so = session_options(o.provider);
+  session::SessionOptions so = session_options(o.provider);
+  // One shared progress thread for every client: with a poller per
+  // endpoint the session keeps each closed endpoint's thread until the
+  // server ends, so a long-lived server would gain an idle-polling thread
+  // per copy (measured: each one costs the receiving CPU a few percent).
+  so.thread_mode = session::ThreadMode::kSharedWorkers;
+  so.workers = 1;
   session::Handlers h;
   h.on_connect = [&s](session::Endpoint& ep) {
     auto self = ep.shared_from_this();

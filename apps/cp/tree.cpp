@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "confine.hpp"
+#include "entry_queue.hpp"
 
 namespace rdmakit::cp {
 
@@ -39,26 +40,42 @@ void fill_meta(const struct stat& st, Entry* e) {
   e->size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
-              std::vector<Entry>* out, Report* report) {
+bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
+              EntryQueue* out, Report* report, bool file_stats) {
   const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
   if (dir == nullptr) {
     report->error(classify_errno(errno), open_path,
                   std::string("cannot list directory: ") + std::strerror(errno));
     if (fd >= 0) ::close(fd);
-    return;
+    return true;
   }
-  std::vector<std::string> names;
+  struct Name {
+    std::string name;
+    bool regular;  // known from d_type
+    bool operator<(const Name& o) const { return name < o.name; }
+  };
+  std::vector<Name> names;
   while (dirent* d = ::readdir(dir)) {
     if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
-    names.emplace_back(d->d_name);
+    names.push_back({d->d_name, d->d_type == DT_REG});
   }
   std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+  bool go_on = true;
+  for (const auto& [name, regular] : names) {
+    if (!go_on) break;
     struct stat st {};
     std::string child_open = open_path;
     child_open.append("/").append(name);
+    if (regular && !file_stats) {
+      Entry e;
+      e.kind = Kind::kFile;
+      e.rel = rel;
+      e.rel.append("/").append(name);
+      e.open = std::move(child_open);
+      go_on = out->push(std::move(e));
+      continue;
+    }
     if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       report->error(classify_errno(errno), child_open, std::strerror(errno));
       continue;
@@ -70,7 +87,7 @@ void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
     fill_meta(st, &e);
     if (S_ISREG(st.st_mode)) {
       e.kind = Kind::kFile;
-      out->push_back(std::move(e));
+      go_on = out->push(std::move(e));
     } else if (S_ISLNK(st.st_mode)) {
       e.kind = Kind::kSymlink;
       char buf[4096];
@@ -80,7 +97,7 @@ void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
         continue;
       }
       e.link.assign(buf, static_cast<size_t>(n));
-      out->push_back(std::move(e));
+      go_on = out->push(std::move(e));
     } else if (S_ISDIR(st.st_mode)) {
       e.kind = Kind::kDir;
       const int sub =
@@ -90,8 +107,8 @@ void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
         continue;
       }
       std::string child_rel = e.rel;
-      out->push_back(std::move(e));
-      walk_dir(sub, child_rel, child_open, out, report);
+      go_on = out->push(std::move(e)) &&
+              walk_dir(sub, child_rel, child_open, out, report, file_stats);
       ::close(sub);
     } else {
       std::fprintf(stderr, "rdmakit-cp: %s: skipped (not a file, directory or symlink)\n",
@@ -99,6 +116,7 @@ void walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
     }
   }
   ::closedir(dir);
+  return go_on;
 }
 
 }  // namespace
@@ -107,19 +125,19 @@ int open_source(const SourceRoot& root, const std::string& path) {
   return open_at(root, path, O_RDONLY | O_NOFOLLOW);
 }
 
-void walk_source(const SourceRoot& root, const std::string& source, bool recursive,
-                 std::vector<Entry>* out, Report* report) {
+bool walk_source(const SourceRoot& root, const std::string& source, bool recursive,
+                 EntryQueue* out, Report* report, bool file_stats) {
   const std::string name = source_name(source);
   if (name.empty() || name == "." || name == ".." || name == "/") {
     report->error(Failure::kUsage, source,
                   "name a file or directory, not '.', '..' or '/'");
-    return;
+    return true;
   }
   if (root.confined) {
     const std::string why = check_relative(source);
     if (!why.empty()) {
       report->error(Failure::kRefused, source, why);
-      return;
+      return true;
     }
   }
   const int fd = open_at(root, source, O_PATH | O_NOFOLLOW);
@@ -127,21 +145,22 @@ void walk_source(const SourceRoot& root, const std::string& source, bool recursi
     report->error(
         classify_errno(-fd), source,
         -fd == EXDEV ? "refused: the path leaves the served root" : std::strerror(-fd));
-    return;
+    return true;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     report->error(classify_errno(errno), source, std::strerror(errno));
     ::close(fd);
-    return;
+    return true;
   }
   Entry e;
   e.rel = name;
   e.open = source;
   fill_meta(st, &e);
+  bool go_on = true;
   if (S_ISREG(st.st_mode)) {
     e.kind = Kind::kFile;
-    out->push_back(std::move(e));
+    go_on = out->push(std::move(e));
   } else if (S_ISLNK(st.st_mode)) {
     e.kind = Kind::kSymlink;
     char buf[4096];
@@ -150,20 +169,20 @@ void walk_source(const SourceRoot& root, const std::string& source, bool recursi
       report->error(classify_errno(errno), source, std::strerror(errno));
     } else {
       e.link.assign(buf, static_cast<size_t>(n));
-      out->push_back(std::move(e));
+      go_on = out->push(std::move(e));
     }
   } else if (S_ISDIR(st.st_mode)) {
     if (!recursive) {
       report->error(Failure::kFile, source, "is a directory (use -r)");
     } else {
       e.kind = Kind::kDir;
-      out->push_back(std::move(e));
-      walk_dir(fd, name, source, out, report);
+      go_on = out->push(std::move(e)) && walk_dir(fd, name, source, out, report, file_stats);
     }
   } else {
     report->error(Failure::kFile, source, "not a regular file, directory or symlink");
   }
   ::close(fd);
+  return go_on;
 }
 
 BlockHasher::BlockHasher() : state_(XXH3_createState()) {}

@@ -37,10 +37,16 @@ struct SourceRoot {
   bool confined;  // open_beneath (peer-named paths) vs plain openat
 };
 
-// Appends the entries of `source` (pre-order, names sorted). Errors (missing,
-// permission, escape, directory without -r) go to `report`.
-void walk_source(const SourceRoot& root, const std::string& source, bool recursive,
-                 std::vector<Entry>* out, Report* report);
+class EntryQueue;
+
+// Pushes the entries of `source` (pre-order, names sorted). Errors (missing,
+// permission, escape, directory without -r) go to `report`. Without
+// file_stats, regular files found in a directory are not stat'ed (size, mode
+// and mtime stay 0: the sender takes them from the opened file anyway), which
+// saves a system call per file when no progress display needs the sizes.
+// Returns false if the queue was cancelled.
+bool walk_source(const SourceRoot& root, const std::string& source, bool recursive,
+                 EntryQueue* out, Report* report, bool file_stats = true);
 
 // Opens a path on the source side (read-only, not following a final symlink).
 int open_source(const SourceRoot& root, const std::string& path);
