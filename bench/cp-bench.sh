@@ -6,14 +6,19 @@
 # (user + system) of both ends are reported, with ratios against rsync and cp.
 #   bench/cp-bench.sh [BUILD_DIR]       (default build-bench, built if missing)
 # CP_BENCH_BIG_MIB (default 2048), CP_BENCH_FILES (default 10000),
-# CP_BENCH_REPEAT (default 3; the best wall time of the repeats is kept).
-# Results: bench/results/cp-<date>.md and .csv.
+# CP_BENCH_ROUNDS (default 3): rounds run the tools alternately (shm, tcp,
+# rsync, cp, then again), so that a change of load during the run hits every
+# tool alike; the best and the median wall time of the rounds are reported.
+# Results: bench/results/cp-<date>.md (with the load average before and
+# after: figures taken with a load above the number of CPUs are marked as
+# such) and .csv (every round).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-bench}
 big_mib=${CP_BENCH_BIG_MIB:-2048}
 nfiles=${CP_BENCH_FILES:-10000}
-repeat=${CP_BENCH_REPEAT:-3}
+repeat=${CP_BENCH_ROUNDS:-${CP_BENCH_REPEAT:-3}}
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ ! -x "$build/apps/cp/rdmakit-cp" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRDMAKIT_BUILD_TESTS=OFF >/dev/null
   ninja -C "$build" -j2 rdmakit-cp >/dev/null
@@ -72,69 +77,80 @@ rsync_pid=$!
 pids+=($rsync_pid)
 sleep 0.5
 
-results=()
-run() {  # run NAME DATASET SERVER_PID CMD...  -> best of $repeat
-  local name=$1 set=$2 spid=$3; shift 3
-  local best_wall= best_line=
-  for _ in $(seq "$repeat"); do
-    rm -rf "${work:?}/dst/"* "$work/dst/".[!.]* 2>/dev/null || true
-    sync
-    local s0=0 s1=0
-    # rsync forks a child per connection: count the whole daemon tree.
-    if [ "$spid" != - ]; then s0=$(tree_cpu "$spid"); fi
-    local t
-    /usr/bin/time -o "$work/time" -f "%e %U %S" taskset -c $tx_cpu "$@" >/dev/null \
-      2>"$work/client.err" || { echo "$name failed:"; cat "$work/client.err"; tail -5 "$work"/serve.*.log; return 1; }
-    t=$(cat "$work/time")
-    sleep 0.2  # the daemon's per-connection child has exited
-    if [ "$spid" != - ]; then s1=$(tree_cpu "$spid"); fi
-    local wall user sys
-    read -r wall user sys <<<"$t"
-    local scpu
-    scpu=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.2f", b - a}')
-    if [ -z "$best_wall" ] || awk -v a="$wall" -v b="$best_wall" 'BEGIN{exit !(a < b)}'; then
-      best_wall=$wall
-      best_line="$set,$name,$wall,$user,$sys,$scpu"
-    fi
-  done
-  results+=("$best_line")
-  echo "  $best_line"
+rows=()  # set,tool,round,wall,user,sys,server_cpu
+run() {  # run NAME DATASET ROUND SERVER_PID CMD...  -> one timed run
+  local name=$1 set=$2 round=$3 spid=$4; shift 4
+  rm -rf "${work:?}/dst/"* "$work/dst/".[!.]* 2>/dev/null || true
+  sync
+  local s0=0 s1=0
+  # rsync forks a child per connection: count the whole daemon tree.
+  if [ "$spid" != - ]; then s0=$(tree_cpu "$spid"); fi
+  /usr/bin/time -o "$work/time" -f "%e %U %S" taskset -c $tx_cpu "$@" >/dev/null \
+    2>"$work/client.err" || { echo "$name failed:"; cat "$work/client.err"; tail -5 "$work"/serve.*.log; return 1; }
+  sleep 0.2  # the daemon's per-connection child has exited
+  if [ "$spid" != - ]; then s1=$(tree_cpu "$spid"); fi
+  local wall user sys scpu
+  read -r wall user sys <"$work/time"
+  scpu=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.2f", b - a}')
+  rows+=("$set,$name,$round,$wall,$user,$sys,$scpu")
+  echo "  $set,$name,$round,$wall,$user,$sys,$scpu"
 }
 # CPU of a process and its reaped children (rsync's per-connection children
 # are reaped by the daemon, so they are counted in its cutime/cstime).
 tree_cpu() { cpu_of "$1"; }
 
 port_shm=$(cat "$work/port.shm"); port_tcp=$(cat "$work/port.tcp")
-echo "set,tool,wall_s,client_user_s,client_sys_s,server_cpu_s"
+echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_cpu_s"
 for set in big small; do
   if [ $set = big ]; then src="$work/src/big"; flag=; else src="$work/src/small"; flag=-r; fi
-  run rdmakit-cp-shm $set "$server_shm" "$bin" -q --provider shm -p "$port_shm" $flag "$src" 127.0.0.1:.
-  run rdmakit-cp-tcp $set "$server_tcp" "$bin" -q --provider tcp -p "$port_tcp" $flag "$src" 127.0.0.1:.
-  run rsync-daemon $set "$rsync_pid" rsync -a "$src" "rsync://127.0.0.1:$rsync_port/dst/"
-  run cp $set - cp -a "$src" "$work/dst/"
+  for round in $(seq "$repeat"); do
+    run rdmakit-cp-shm $set "$round" "$server_shm" "$bin" -q --provider shm -p "$port_shm" $flag "$src" 127.0.0.1:.
+    run rdmakit-cp-tcp $set "$round" "$server_tcp" "$bin" -q --provider tcp -p "$port_tcp" $flag "$src" 127.0.0.1:.
+    run rsync-daemon $set "$round" "$rsync_pid" rsync -a "$src" "rsync://127.0.0.1:$rsync_port/dst/"
+    run cp $set "$round" - cp -a "$src" "$work/dst/"
+  done
 done
-
+# Per set and tool: the round with the best wall time (its CPU times), and
+# the median wall time of the rounds.
+results=()
+for set in big small; do
+  for tool in rdmakit-cp-shm rdmakit-cp-tcp rsync-daemon cp; do
+    walls=$(printf '%s\n' "${rows[@]}" | awk -F, -v s=$set -v t=$tool '$1==s && $2==t {print $4}' | sort -g)
+    median=$(echo "$walls" | awk '{a[NR]=$1} END{print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+    best=$(printf '%s\n' "${rows[@]}" | awk -F, -v s=$set -v t=$tool '$1==s && $2==t' | sort -t, -k4,4g | head -1)
+    IFS=, read -r _ _ _ bwall buser bsys bscpu <<<"$best"
+    results+=("$set,$tool,$bwall,$buser,$bsys,$bscpu,$median")
+  done
+done
 stamp=$(date -u +%Y%m%d-%H%M%S)
 mkdir -p bench/results
 csv=bench/results/cp-$stamp.csv
 md=bench/results/cp-$stamp.md
-{ echo "set,tool,wall_s,client_user_s,client_sys_s,server_cpu_s"; printf '%s\n' "${results[@]}"; } >"$csv"
+{ echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_cpu_s"; printf '%s\n' "${rows[@]}"; } >"$csv"
 {
   echo "# rdmakit-cp bench $stamp"
   echo
-  echo "Host: $(uname -r), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."
-  echo "Big file: ${big_mib} MiB; small: $nfiles files, $small_bytes bytes. tmpfs, loopback,"
-  echo "receiver on CPU $rx_cpu, sender on CPU $tx_cpu, best of $repeat."
-  echo "cp has no server side (both ends are one process)."
+  load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+  echo "Host: $(uname -r), $(nproc) CPUs, load average $load_before before, $load_after after."
+  if awk -v a="${load_before%% *}" -v b="${load_after%% *}" -v n="$(nproc)" 'BEGIN{exit !(a > n || b > n)}'; then
+    echo
+    echo "**Taken on a loaded machine** (load average above the $(nproc) CPUs): every tool is"
+    echo "slowed and the figures are noisy; the rounds alternate the tools so the ratios are fairer."
+  fi
   echo
-  echo "| set | tool | wall s | MiB/s | client user s | client sys s | server cpu s | vs rsync | vs cp |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "Big file: ${big_mib} MiB; small: $nfiles files, $small_bytes bytes. tmpfs, loopback,"
+  echo "receiver on CPU $rx_cpu, sender on CPU $tx_cpu; $repeat alternating rounds; best round"
+  echo "(wall and its CPU times), median wall of the rounds, ratios of the best walls."
+  echo "cp has no server side (both ends are one process). Every round: $csv."
+  echo
+  echo "| set | tool | wall s (best) | wall s (median) | MiB/s | client user s | client sys s | server cpu s | vs rsync | vs cp |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   for set in big small; do
     bytes=$([ $set = big ] && echo $((big_mib * 1024 * 1024)) || echo "$small_bytes")
     rs=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="rsync-daemon"{print $3}')
     cpw=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="cp"{print $3}')
     printf '%s\n' "${results[@]}" | awk -F, -v s=$set -v b="$bytes" -v rs="$rs" -v cpw="$cpw" \
-      '$1==s {printf "| %s | %s | %s | %.0f | %s | %s | %s | %.2fx | %.2fx |\n", $1, $2, $3, b/1048576/$3, $4, $5, $6, rs/$3, cpw/$3}'
+      '$1==s {printf "| %s | %s | %s | %s | %.0f | %s | %s | %s | %.2fx | %.2fx |\n", $1, $2, $3, $7, b/1048576/$3, $4, $5, $6, rs/$3, cpw/$3}'
   done
 } >"$md"
 cat "$md"

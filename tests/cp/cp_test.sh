@@ -218,7 +218,9 @@ case $mode in
       chmod -R u+rwx "$work/root" "$work/local" 2>/dev/null
       rm -rf "$work/root/tree" "$work/local/tree"
       dir=$([ $((i % 2)) = 0 ] && echo push || echo pull)
-      victim=$([ $((RANDOM % 2)) = 0 ] && echo client || echo server)
+      # Every four runs cover push and pull with either side killed; the
+      # moment of the kill is random.
+      victim=$([ $(((i / 2) % 2)) = 0 ] && echo client || echo server)
       if [ $dir = pull ]; then cp -a "$src" "$work/root/tree"; dest=$work/local/tree
       else dest=$work/root/tree; fi
       if [ $dir = push ]; then
@@ -242,6 +244,7 @@ case $mode in
       else fail "run $i: $dir, $victim killed: resume exit $rc"; cat "$work/err"; fi
     done
     echo "$midway of $runs kills landed while the copy was running"
+    [ "$midway" -gt 0 ] || fail "no kill landed while a copy was running"
     ;;
   netns)
     if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then echo "skipped: needs root"; exit 77; fi
