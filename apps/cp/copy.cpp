@@ -132,9 +132,10 @@ int copy(const CopyOptions& o) {
       // Only the receiving end needs the slots and only the sending end the
       // staging memory; the other one is a page (on shm each MiB is mapped
       // and populated at once, a visible cost for a short copy).
-      slots_mr = &client_holder->expose(kSlotsBuffer, push ? 4096 : kLaneBytes, kAccessAll);
-      staging = client_holder->context().allocate(push ? kLaneBytes : 4096,
-                                                  kAccessLocalWrite);
+      slots_mr =
+          &client_holder->expose(kSlotsBuffer, push ? 4096 : kLaneBytes, kAccessAll);
+      staging =
+          client_holder->context().allocate(push ? kLaneBytes : 4096, kAccessLocalWrite);
       try {
         ep_ptr = &client_holder->connect(address);
         break;

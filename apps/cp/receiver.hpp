@@ -61,9 +61,9 @@ class Receiver {
     bool open = false;
     bool failed = false;
     bool keep_final = false;
-    bool created = false;       // a new part file, empty when opened
-    uint32_t create_mode = 0;   // the mode it was created with
-    uint64_t written_end = 0;   // end of the last data written
+    bool created = false;      // a new part file, empty when opened
+    uint32_t create_mode = 0;  // the mode it was created with
+    uint64_t written_end = 0;  // end of the last data written
     int fd = -1;
     int parent = -1;
     std::string path, name, tmp;

@@ -176,7 +176,8 @@ bool walk_source(const SourceRoot& root, const std::string& source, bool recursi
       report->error(Failure::kFile, source, "is a directory (use -r)");
     } else {
       e.kind = Kind::kDir;
-      go_on = out->push(std::move(e)) && walk_dir(fd, name, source, out, report, file_stats);
+      go_on =
+          out->push(std::move(e)) && walk_dir(fd, name, source, out, report, file_stats);
     }
   } else {
     report->error(Failure::kFile, source, "not a regular file, directory or symlink");
