@@ -284,13 +284,23 @@ bool Receiver::on_entry(Reader& rd) {
     cur_.keep_final = true;
     fd = ::openat(parent, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   } else {
-    const int trunc = probed ? 0 : O_TRUNC;
-    // Created with the final permission bits (owner read/write added while
-    // it is written), so that on_end needs no fchmod in the common case.
+    // A new part file is created with the final permission bits (owner
+    // read/write added while it is written), so that on_end needs no fchmod
+    // in the common case. O_EXCL: only a file this call created has them; a
+    // part file left by an earlier run is truncated and gets its fchmod.
     cur_.create_mode = (cur_.mode & 0777) | 0600;
-    fd = ::openat(parent, cur_.tmp.c_str(),
-                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, cur_.create_mode);
-    cur_.created = fd >= 0 && !probed;
+    fd = -1;
+    errno = EEXIST;
+    if (!probed) {
+      fd = ::openat(parent, cur_.tmp.c_str(),
+                    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, cur_.create_mode);
+      cur_.created = fd >= 0;
+    }
+    if (fd < 0 && errno == EEXIST) {
+      const int trunc = probed ? 0 : O_TRUNC;
+      fd = ::openat(parent, cur_.tmp.c_str(),
+                    O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, 0600);
+    }
   }
   if (fd < 0) {
     fail_file(classify_errno(errno), errno_reason(errno));

@@ -94,6 +94,11 @@ case $mode in
     src=$work/src/tree; mkdir -p "$work/src" "$work/root" "$work/pulled"
     make_tree "$src"
     start_server "$work/root"
+    # A part file left by an earlier run, with other permissions: replaced,
+    # and the final file gets the source's mode all the same.
+    mkdir -p "$work/root/tree"
+    echo stale >"$work/root/tree/.small.txt.rdmakit-cp-part"
+    chmod 666 "$work/root/tree/.small.txt.rdmakit-cp-part"
     cp_ -r "$src" "$host:." && pass "push -r exit 0" || fail "push -r exit $?"
     same_tree "$src" "$work/root/tree" && pass "push: tree identical" || fail "push: trees differ"
     sparse_kept "$src/sparse" "$work/root/tree/sparse" && pass "push: holes kept" ||
