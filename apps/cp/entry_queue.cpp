@@ -42,6 +42,11 @@ bool EntryQueue::finished() const {
   return done_ && pending_.empty();
 }
 
+bool EntryQueue::walk_done() const {
+  std::lock_guard lock(mu_);
+  return done_;
+}
+
 uint64_t EntryQueue::files() const {
   std::lock_guard lock(mu_);
   return files_;

@@ -20,7 +20,8 @@ class EntryQueue {
   // wait, it blocks until there is one or the walk is finished. Returns
   // false once the walk is finished and everything was taken.
   bool take(std::vector<Entry>* out, bool wait);
-  bool finished() const;
+  bool finished() const;   // walk done and everything taken
+  bool walk_done() const;  // walk done (totals final)
   void cancel();
   // Totals of what was pushed (sizes as the walk saw them).
   uint64_t files() const;

@@ -381,6 +381,8 @@ bool Sender::run(EntryQueue& queue) {
   std::vector<Entry> batch;
   uint32_t id = 0;
   for (;;) {
+    // As soon as the walk is done (at once when it ran before, as a pull's).
+    if (!totals_sent && queue.walk_done() && !send_totals()) return false;
     if (!queue.take(&batch, false)) break;
     if (batch.empty()) {
       // The walk is behind: let the receiver work on what is pending.
