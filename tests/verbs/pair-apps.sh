@@ -95,9 +95,12 @@ case $mode in
       truncate -s 1M "$src/sparse"
       head -c 5000 /dev/urandom | dd of="$src/sparse" bs=4096 seek=100 conv=notrunc status=none
       for i in 1 2 3 4 5; do head -c $((i * 97)) /dev/urandom >"$src/sub/f$i"; done
+      echo "with space" >"$src/name with space"
       ln -s small.txt "$src/link"
+      ln -s does/not/exist "$src/dangling"
       chmod 600 "$src/small.txt"
       chmod 755 "$src/sub/odd"
+      mkdir "$src/ro" && echo ro >"$src/ro/file" && chmod 555 "$src/ro"
       touch -h -d '2001-02-03 04:05:06.123456789' "$src/link" "$src/empty"
       manifest "$src" >"$work/want"
       cp_() { timeout --kill-after=5 90 "$bin" -q --provider "$provider" -p "$port" "$@"; }
