@@ -2,8 +2,10 @@
 # CI stage: the verbs provider under Soft-RoCE in throw-away qemu VMs.
 #   one VM (rxe loopback): rdmakit-info, rdmakit_verbs_test, the conformance
 #     suite, and the rdmakit-perf cross-check on verbs (perf_crosscheck_verbs);
-#   two VMs (two hosts): rdmakit_verbs_test and the conformance suite with
-#     server and client roles on different VMs.
+#   two VMs (two hosts): rdmakit_verbs_test, the conformance, stream and
+#     session suites with server and client roles on different VMs, then
+#     rdmakit-mesh (2 ranks) and rdmakit-cp push/pull across the two
+#     (tests/verbs/pair-apps.sh; the full build below includes both tools).
 # tests/verbs/run-softroce-tests.sh installs qemu and the rest when missing
 # (as root) and kills its VMs on failure, timeout or interruption. The VM part
 # takes about 10 minutes on a 2-core machine; each VM run is capped.

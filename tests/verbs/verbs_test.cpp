@@ -782,6 +782,130 @@ void srq_client(const std::string& address) {
   wait_closed(b, 20s);
 }
 
+// Two clients connect at once to a listener polled with 1 ms accept()
+// timeouts (as a server loop that also does other work polls it). The
+// timeout bounds the wait for a request only: a request taken near its end
+// still completes its handshake. (accept() used to give up waiting for the
+// client's RTU at the caller's deadline and destroy the id; its REJ then
+// failed the client's connect with EINVAL from rdma_init_qp_attr, or, once
+// connect() had returned, left the client a QP whose peer was gone.)
+constexpr int kShortAcceptClients = 2;
+
+void short_accept_server(const std::string& address) {
+  Peer p = open_peer();
+  auto listener = p.ctx->listen(address);
+  std::vector<std::unique_ptr<QueuePair>> qps;
+  const auto deadline = Clock::now() + 60s;
+  int polls = 0;
+  while (static_cast<int>(qps.size()) < kShortAcceptClients) {
+    CHECK(Clock::now() < deadline, "only " + std::to_string(qps.size()) + " accepted");
+    ++polls;
+    try {
+      qps.push_back(listener->accept(qp_options(p), 1ms));
+    } catch (const Error& e) {
+      CHECK(e.sys_errno() == ETIMEDOUT, std::string("accept: ") + e.what());
+    }
+  }
+  std::printf("  server: %d connections accepted over %d polls of 1 ms\n",
+              kShortAcceptClients, polls);
+  // Each client sends one message; each is echoed back.
+  for (int i = 0; i < kShortAcceptClients; ++i) {
+    RecvWr wr{static_cast<uint64_t>(i), p.mr->data() + 1024 * i, 64, p.mr->lkey()};
+    CHECK(qps[i]->post_recv(wr).ok(), "post_recv");
+  }
+  // One CQ for both: RECVs (wr_id = client) and echo SENDs (100 + client)
+  // complete in any order.
+  int recvs = 0;
+  int sends = 0;
+  while (recvs < kShortAcceptClients || sends < kShortAcceptClients) {
+    Completion c = wait_one(*p.cq, 20s);
+    const uint64_t client = c.wr_id >= 100 ? c.wr_id - 100 : c.wr_id;
+    CHECK(client < qps.size(), "unexpected wr_id " + std::to_string(c.wr_id));
+    CHECK(c.ok(), describe(c, *qps[client]));
+    if (c.opcode == Opcode::kSend) {
+      ++sends;
+      continue;
+    }
+    CHECK(c.opcode == Opcode::kRecv, opcode_name(c.opcode));
+    ++recvs;
+    SendWr wr;
+    wr.wr_id = 100 + client;
+    wr.opcode = Opcode::kSend;
+    wr.flags = kSignaled;
+    wr.length = c.byte_len;
+    wr.local_addr = p.mr->data() + 1024 * client;
+    wr.lkey = p.mr->lkey();
+    CHECK(qps[client]->post_send(wr).ok(), "post_send");
+  }
+  for (auto& qp : qps) wait_closed(*qp, 20s);
+}
+
+void short_accept_client(const std::string& address) {
+  std::vector<std::string> errors(kShortAcceptClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kShortAcceptClients; ++i) {
+    clients.emplace_back([&, i] {
+      try {
+        Peer p = open_peer();
+        dial(p, address, nullptr);
+        post_recv(p, 1, 4096, 64);
+        const std::string text = "client " + std::to_string(i);
+        std::memcpy(p.mr->data(), text.data(), text.size());
+        SendWr wr;
+        wr.wr_id = 2;
+        wr.opcode = Opcode::kSend;
+        wr.flags = kSignaled;
+        wr.length = static_cast<uint32_t>(text.size());
+        wr.local_addr = p.mr->data();
+        wr.lkey = p.mr->lkey();
+        CHECK(p.qp->post_send(wr).ok(), "post_send");
+        // The echo may complete before our SEND's ACK does.
+        for (int done = 0; done < 2; ++done) {
+          Completion c = wait_one(*p.cq, 20s);
+          CHECK(c.ok() && (c.wr_id == 1 || c.wr_id == 2), describe(c, *p.qp));
+        }
+        CHECK(std::memcmp(p.mr->data() + 4096, text.data(), text.size()) == 0,
+              "echo payload");
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kShortAcceptClients; ++i) {
+    CHECK(errors[i].empty(), "client " + std::to_string(i) + ": " + errors[i]);
+  }
+}
+
+// A RECV posted after the peer left completes with WR_FLUSH_ERROR, as on a
+// NIC. (rxe flushes a receive queue only when its responder runs, and a
+// RECV posted from user space does not run it: a server that posted its
+// RECVs after the client had already gone waited for them forever.)
+void recv_after_peer_left_server(const std::string& address) {
+  Peer p = open_peer();
+  serve(p, address, nullptr);
+  post_recv(p, 1, 0, 64);
+  expect_ok(*p.cq, *p.qp, Opcode::kRecv);  // "bye": the client closes next
+  wait_closed(p, 20s);
+  // Its own RECVs were flushed when it left (none were posted); these come later.
+  std::vector<RecvWr> recvs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    recvs.push_back({10 + i, p.mr->data() + 256 * i, 64, p.mr->lkey()});
+  }
+  const PostResult r = p.qp->post_recv(recvs);
+  CHECK(r.ok() && r.posted == 3, post_status_name(r.status));
+  for (uint64_t i = 0; i < 3; ++i) {
+    Completion c = wait_one(*p.cq, 5s);
+    CHECK(c.wr_id == 10 + i && c.status == Status::kWrFlushError, describe(c, *p.qp));
+  }
+}
+
+void recv_after_peer_left_client(const std::string& address) {
+  Peer p = open_peer();
+  dial(p, address, nullptr);
+  send_text(p, "bye");
+}
+
 struct Case {
   const char* name;
   void (*server)(const std::string&);  // null: client-only
@@ -801,6 +925,8 @@ const Case kCases[] = {
     {"memlock", nullptr, memlock_client},
     {"huge_pages", nullptr, huge_pages_client},
     {"srq", srq_server, srq_client},
+    {"short_accept_polls", short_accept_server, short_accept_client},
+    {"recv_after_peer_left", recv_after_peer_left_server, recv_after_peer_left_client},
 };
 
 bool run_case(const Case& c, const std::string& role, const std::string& address) {

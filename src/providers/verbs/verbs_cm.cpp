@@ -124,6 +124,17 @@ CmEvent next_event(rdma_event_channel* channel, Clock::time_point deadline,
                           event.status, why));
 }
 
+std::optional<CmEvent> queued_event(rdma_event_channel* channel, const char* operation,
+                                    const std::string& peer) {
+  pollfd pfd{channel->fd, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) <= 0) return std::nullopt;
+  try {
+    return next_event(channel, Clock::now(), operation, "a queued event", peer);
+  } catch (const Error&) {
+    return std::nullopt;  // announced but gone (EAGAIN until the deadline)
+  }
+}
+
 CmEvent expect_event(rdma_event_channel* channel, Clock::time_point deadline,
                      rdma_cm_event_type want, const char* operation, const char* verb,
                      const std::string& peer) {

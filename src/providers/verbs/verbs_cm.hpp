@@ -6,7 +6,9 @@
 #include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,13 @@
 #include "providers/verbs/verbs_objects.hpp"
 
 namespace rdmakit::verbs {
+
+// How long the connection handshake may take once accept() has taken a
+// request, whatever the caller's accept timeout (which bounds only the wait
+// for a request: a server polling accept() with a short timeout must not
+// abandon a connection the peer already sees accepted). Covers one lost
+// REP or RTU, which the CM resends after its response timeout (~4.3 s).
+inline constexpr std::chrono::milliseconds kHandshakeTimeout{8000};
 
 struct SockAddr {
   sockaddr_storage storage{};
@@ -44,6 +53,10 @@ CmEvent next_event(rdma_event_channel* channel, core::Clock::time_point deadline
 // event, its status and the peer.
 [[noreturn]] void throw_cm_failure(const CmEvent& event, const char* operation,
                                    const char* verb, const std::string& peer);
+
+// The event already queued on the channel, if any (no waiting).
+std::optional<CmEvent> queued_event(rdma_event_channel* channel, const char* operation,
+                                    const std::string& peer);
 
 CmEvent expect_event(rdma_event_channel* channel, core::Clock::time_point deadline,
                      rdma_cm_event_type want, const char* operation, const char* verb,

@@ -76,6 +76,11 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
     core::log().debug("verbs: listener {} ignores {}", self,
                       rdma_event_str(request.type));
   }
+  // The caller's timeout bounded the wait for a request. The handshake gets
+  // its own bound: once we answer, the client moves its QP to RTS and may
+  // return from connect(); giving up on the RTU then (a server polling with
+  // a short timeout on a slow link) would leave it a QP whose peer is gone.
+  const auto handshake_deadline = std::max(deadline, Clock::now() + kHandshakeTimeout);
   // Declared before the id, so it is destroyed after it: rdma_destroy_id
   // writes to its id's channel (a use-after-free when accept() threw).
   EventChannelHandle channel;
@@ -142,8 +147,21 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
   if (rdma_accept(id.get(), &param) != 0) {
     throw Error("accept", kProvider, peer, errno, "rdma_accept");
   }
-  expect_event(channel.get(), deadline, RDMA_CM_EVENT_ESTABLISHED, "accept",
-               "rdma_accept", peer);
+  CmEvent established;
+  try {
+    established = next_event(channel.get(), handshake_deadline, "accept",
+                             rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), peer);
+  } catch (const Error& e) {
+    if (e.sys_errno() != ETIMEDOUT) throw;
+    // Not ETIMEDOUT: a caller polling accept() reads that as "no request
+    // yet", and this request was real and answered.
+    throw Error("accept", kProvider, peer, ECONNABORTED,
+                fmt::format("accepted, but no {} (the peer's RTU) within {} ms",
+                            rdma_event_str(RDMA_CM_EVENT_ESTABLISHED),
+                            kHandshakeTimeout.count()));
+  }
+  if (established.type != RDMA_CM_EVENT_ESTABLISHED)
+    throw_cm_failure(established, "accept", "rdma_accept", peer);
   if (overflow) {
     ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
                 static_cast<uint32_t>(parts.handshake_buf.size()),
@@ -166,7 +184,8 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
       throw Error("ibv_post_send", kProvider, peer, rc,
                   "READ of the private data overflow");
     }
-    const ibv_wc wc = parts.send_cq->wait_handshake(parts.core.get(), 0, deadline);
+    const ibv_wc wc =
+        parts.send_cq->wait_handshake(parts.core.get(), 0, handshake_deadline);
     if (wc.status != IBV_WC_SUCCESS) {
       throw Error(
           "accept", kProvider, peer, EPROTO,
@@ -378,15 +397,25 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   // The acceptor already chose min(its port, ours); re-clamp in case it is older.
   const ibv_mtu mtu = std::min(device_->port_attr.active_mtu, answer->mtu);
   Negotiated negotiated{};
+  // A peer that gave up on the handshake after its REP (its REJ moves our
+  // CM id out of REP_RCVD) makes rdma_init_qp_attr or rdma_establish fail
+  // with EINVAL; its REJECTED event says why, so report that instead.
+  auto abandoned = [&](const Error& e) {
+    if (auto event = queued_event(channel.get(), "connect", address)) {
+      throw_cm_failure(*event, "connect",
+                       "the peer abandoned the handshake after accepting", address);
+    }
+    throw e;
+  };
   try {
     negotiated =
         bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, address);
-  } catch (const Error&) {
+  } catch (const Error& e) {
     rdma_reject(id.get(), nullptr, 0);
-    throw;
+    abandoned(e);
   }
   if (rdma_establish(id.get()) != 0) {
-    throw Error("connect", kProvider, address, errno, "rdma_establish");
+    abandoned(Error("connect", kProvider, address, errno, "rdma_establish"));
   }
   log_connected(*device_, "connected to", address, parts, negotiated, answer->mtu);
   auto conn = std::make_shared<ConnState>();

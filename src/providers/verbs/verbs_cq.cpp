@@ -121,6 +121,7 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
     if (core == nullptr) return false;
     last_ = core;
   }
+  if (wc.status != IBV_WC_SUCCESS) core->failed.store(true, std::memory_order_relaxed);
   *out = Completion{};
   out->status = map_wc_status(wc.status);
   out->vendor_err = wc.vendor_err;

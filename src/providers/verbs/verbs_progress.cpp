@@ -86,10 +86,17 @@ void ProgressThread::run() noexcept {
         Entry& entry = it->second;
         switch (event->event) {
           case RDMA_CM_EVENT_DISCONNECTED:
-          case RDMA_CM_EVENT_DEVICE_REMOVAL: {
+          case RDMA_CM_EVENT_DEVICE_REMOVAL:
+          // A peer that gave up on the handshake after we sent our RTU (its
+          // REJ reached us once connect() had returned): gone as well.
+          case RDMA_CM_EVENT_REJECTED:
+          case RDMA_CM_EVENT_CONNECT_ERROR:
+          case RDMA_CM_EVENT_UNREACHABLE: {
             // Flush outstanding work (WR_FLUSH_ERROR) so nobody waits forever
             // on a peer that is gone; rdma_disconnect answers the DREQ.
-            entry.conn->disconnected.store(true, std::memory_order_release);
+            // seq_cst, paired with post_recv's load: a RECV posted after
+            // the move to the error state is flushed by the poster.
+            entry.conn->disconnected.store(true, std::memory_order_seq_cst);
             ibv_qp_attr attr{};
             attr.qp_state = IBV_QPS_ERR;
             ibv_modify_qp(entry.qp, &attr, IBV_QP_STATE);

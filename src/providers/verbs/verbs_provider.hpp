@@ -107,6 +107,9 @@ struct alignas(64) QpCore {
   static constexpr int kHandshakeIdle = -2;
   static constexpr int kHandshakePending = -1;
   std::atomic<int> handshake_status{kHandshakeIdle};
+  // Set by the poller when a completion of this QP failed (the QP is in the
+  // error state): RECVs posted from then on are flushed by the poster.
+  std::atomic<bool> failed{false};
 };
 
 class VerbsCq final : public CompletionQueue {
@@ -229,6 +232,7 @@ class VerbsQp final : public QueuePair {
  private:
   PostResult post_send_locked(std::span<const SendWr> wrs) noexcept;
   PostResult post_recv_locked(std::span<const RecvWr> wrs) noexcept;
+  void flush_in_error() noexcept;
 
   std::shared_ptr<Device> device_;
   CmIdHandle id_;

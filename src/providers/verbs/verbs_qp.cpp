@@ -240,7 +240,26 @@ PostResult VerbsQp::post_recv_locked(std::span<const RecvWr> wrs) noexcept {
     return {map_post_errno(rc), static_cast<uint32_t>(accepted)};
   }
   core.recv_posted += n;
+  // A device flushes the receive queue when the QP enters the error state,
+  // but need not flush RECVs posted after that: rxe's user-space post_recv
+  // never enters the kernel, and its responder drains only when it next
+  // runs, which for a QP whose peer is gone is never. Entering the error
+  // state again (ERR -> ERR is allowed) makes it drain now, so these RECVs
+  // complete with WR_FLUSH_ERROR as on a NIC. Cold path: only after the
+  // peer left or a completion of this QP failed.
+  if (conn_->disconnected.load(std::memory_order_seq_cst) ||
+      core.failed.load(std::memory_order_relaxed)) {
+    flush_in_error();
+  }
   return {status, static_cast<uint32_t>(n)};
+}
+
+void VerbsQp::flush_in_error() noexcept {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE); rc != 0) {
+    log_release_failure("ibv_modify_qp to ERR (flush of RECVs posted in error)", rc);
+  }
 }
 
 }  // namespace rdmakit::verbs

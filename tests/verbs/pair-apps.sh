@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The applications across two hosts, one process per host: node0 (this
+# script with NODE=0) serves, node1 is the client. Run by guest-tests.sh in
+# the two Soft-RoCE VMs; any two hosts that share a directory will do.
+#   pair-apps.sh mesh BUILD_DIR   rdmakit-mesh, 2 ranks (standalone bootstrap),
+#                                 rank 0 on node0, rank 1 on node1
+#   pair-apps.sh cp BUILD_DIR     rdmakit-cp: node1 pushes a small tree to
+#                                 node0's server and pulls it back; both
+#                                 copies byte-identical to the source
+# Environment: SOFTROCE_NODE (0|1), SOFTROCE_IP (this host), SOFTROCE_PEER_IP,
+# SOFTROCE_PAIR_DIR (a directory both hosts see), PAIR_PROVIDER (default verbs),
+# PAIR_PORT (default 7990). Every wait is bounded.
+set -u
+mode=${1:?mode}
+build=${2:?build dir}
+node=${SOFTROCE_NODE:?}
+self=${SOFTROCE_IP:?}
+peer=${SOFTROCE_PEER_IP:?}
+pair=${SOFTROCE_PAIR_DIR:?}
+provider=${PAIR_PROVIDER:-verbs}
+port=${PAIR_PORT:-7990}
+work=$(mktemp -d "${TMPDIR:-/tmp}/pair-apps.XXXXXX")
+server_pid=
+trap '[ -z "$server_pid" ] || kill -9 "$server_pid" 2>/dev/null; chmod -R u+rwx "$work"; rm -rf "$work"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+pass() { echo "ok: $*"; }
+# wait_for FILE SECONDS: the other node's signal (a file in the shared dir).
+wait_for() {
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do [ -e "$1" ] && return 0; sleep 0.1; done
+  fail "the other node never wrote $(basename "$1")"
+  return 1
+}
+
+# What a tree holds: names, kinds, modes, sizes, mtimes, link targets, and
+# a hash of every regular file's bytes.
+manifest() {
+  (cd "$1" && find . -mindepth 1 -printf '%p %y %m %s %T@ %l\n' | LC_ALL=C sort &&
+    find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+}
+
+case $mode in
+  mesh)
+    bin=$build/apps/mesh/rdmakit-mesh
+    if [ "$node" = 0 ]; then
+      root="$self:$port"
+    else
+      root="$peer:$port"
+    fi
+    timeout --kill-after=5 60 "$bin" --rank "$node" --size 2 --root "$root" --host "$self" \
+      -p "$provider" -t 1 --chunk 16384 --window 2 >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc = 0 ] && pass "rank $node exit 0" || fail "rank $node exit $rc"
+    if [ "$node" = 0 ]; then
+      grep -q "rdmakit-mesh: 2 ranks (standalone bootstrap, $provider)" "$work/out" ||
+        fail "no 2-rank $provider table"
+      [ "$(grep -cE '^ +[01]:' "$work/out")" = 2 ] || fail "not 2 rows"
+      ! grep -qE 'LOST|did not report' "$work/out" || fail "a rank was lost"
+      grep -q "connection setup" "$work/out" || fail "no setup time"
+    fi
+    grep -v '^\[' "$work/out"
+    [ $fails = 0 ] || { echo "--- stderr"; cat "$work/err"; }
+    ;;
+  cp)
+    bin=$build/apps/cp/rdmakit-cp
+    rm -f "$pair/cp."*.node"$node"
+    if [ "$node" = 0 ]; then
+      mkdir -p "$work/root"
+      "$bin" serve --root "$work/root" -p "$port" --bind "$self" --provider "$provider" \
+        --port-file "$work/port" 2>"$work/server.log" &
+      server_pid=$!
+      for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
+      [ -s "$work/port" ] || { fail "server did not start"; cat "$work/server.log"; exit 1; }
+      touch "$pair/cp.ready.node0"
+      # What arrived, for node1 to compare with its source.
+      if wait_for "$pair/cp.pushed.node1" 120; then
+        manifest "$work/root/tree" >"$pair/cp.manifest.node0.tmp" &&
+          mv "$pair/cp.manifest.node0.tmp" "$pair/cp.manifest.node0"
+      fi
+      wait_for "$pair/cp.done.node1" 120
+      kill "$server_pid" 2>/dev/null
+      wait "$server_pid"
+      rc=$?
+      server_pid=
+      [ $rc = 0 ] && pass "server stopped cleanly" || { fail "server exit $rc"; cat "$work/server.log"; }
+    else
+      # A small tree of every entry kind; a file of several chunks, a hole.
+      src=$work/src/tree
+      mkdir -p "$src/sub/deeper" "$src/empty dir" "$work/pulled"
+      : >"$src/empty"
+      echo hello >"$src/small.txt"
+      head -c 4095 /dev/urandom >"$src/sub/odd"
+      head -c $((2 * 1024 * 1024 + 17)) /dev/urandom >"$src/sub/deeper/multi"
+      truncate -s 1M "$src/sparse"
+      head -c 5000 /dev/urandom | dd of="$src/sparse" bs=4096 seek=100 conv=notrunc status=none
+      for i in 1 2 3 4 5; do head -c $((i * 97)) /dev/urandom >"$src/sub/f$i"; done
+      echo "with space" >"$src/name with space"
+      ln -s small.txt "$src/link"
+      ln -s does/not/exist "$src/dangling"
+      chmod 600 "$src/small.txt"
+      chmod 755 "$src/sub/odd"
+      mkdir "$src/ro" && echo ro >"$src/ro/file" && chmod 555 "$src/ro"
+      touch -h -d '2001-02-03 04:05:06.123456789' "$src/link" "$src/empty"
+      manifest "$src" >"$work/want"
+      cp_() { timeout --kill-after=5 90 "$bin" -q --provider "$provider" -p "$port" "$@"; }
+      if wait_for "$pair/cp.ready.node0" 60; then
+        cp_ -r "$src" "$peer:." && pass "push -r exit 0" || fail "push -r exit $?"
+        touch "$pair/cp.pushed.node1"
+        if wait_for "$pair/cp.manifest.node0" 60; then
+          diff "$work/want" "$pair/cp.manifest.node0" >"$work/diff" &&
+            pass "push: the tree on node0 is identical" ||
+            { fail "push: trees differ"; head -20 "$work/diff"; }
+        fi
+        cp_ -r "$peer:tree" "$work/pulled" && pass "pull -r exit 0" || fail "pull -r exit $?"
+        manifest "$work/pulled/tree" >"$work/got"
+        diff "$work/want" "$work/got" >"$work/diff" &&
+          pass "pull: the tree back on node1 is identical" ||
+          { fail "pull: trees differ"; head -20 "$work/diff"; }
+      fi
+      touch "$pair/cp.done.node1"
+    fi
+    ;;
+  *) echo "usage: pair-apps.sh mesh|cp BUILD_DIR" >&2; exit 2 ;;
+esac
+echo "pair-apps $mode (node$node): $([ $fails = 0 ] && echo PASS || echo "$fails failed")"
+exit $((fails > 0))
