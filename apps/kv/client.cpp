@@ -59,26 +59,40 @@ void Client::fail(const std::string& what) {
 
 Completion Client::await(uint64_t wr_id, const char* what) {
   std::chrono::steady_clock::time_point deadline{};  // read only once we have to wait
+  Completion read_done{};
+  bool have_read = false;
   for (;;) {
     if (wr_id == kSendId && send_done_) break;
     if (wr_id == kRecvId && recv_done_) break;
-    Completion c;
-    if (cq_->poll({&c, 1}) == 0) {
+    if (wr_id == kReadId && have_read) return read_done;
+    // Everything ready at once (a reply brings the request's SEND and the
+    // reply's RECV completions together): one poll, so no second poll drives
+    // the QP in between. On tcp such a poll would send the reply's ACK on
+    // its own; without it the ACK rides on our next request.
+    Completion batch[4];
+    int n = cq_->poll(batch);
+    if (n == 0) {
       const auto now = std::chrono::steady_clock::now();
       if (deadline == std::chrono::steady_clock::time_point{})
         deadline = now + options_.timeout;
-      if (now >= deadline || cq_->wait({&c, 1}, deadline - now) == 0)
+      if (now >= deadline || (n = cq_->wait(batch, deadline - now)) == 0)
         fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
     }
-    if (!c.ok())
-      fail(fmt::format("{} failed: {} (the server is gone or refused the request)", what,
-                       status_name(c.status)));
-    if (c.wr_id == kSendId) send_done_ = true;
-    if (c.wr_id == kRecvId) {
-      recv_done_ = true;
-      recv_len_ = c.byte_len;
+    for (int i = 0; i < n; ++i) {
+      const Completion& c = batch[i];
+      if (!c.ok())
+        fail(fmt::format("{} failed: {} (the server is gone or refused the request)",
+                         what, status_name(c.status)));
+      if (c.wr_id == kSendId) send_done_ = true;
+      if (c.wr_id == kRecvId) {
+        recv_done_ = true;
+        recv_len_ = c.byte_len;
+      }
+      if (c.wr_id == kReadId) {
+        read_done = c;
+        have_read = true;
+      }
     }
-    if (c.wr_id == wr_id && wr_id == kReadId) return c;
   }
   return {};
 }
@@ -224,6 +238,7 @@ KvStatus Client::get_by_read(std::string_view key, std::string* value) {
     ProbeResult p =
         probe_neighborhood({mr_->data() + kReadOffset, len}, key, hash, value);
     if (p.probe == Probe::kMore) {
+      ++stats_.wide;
       const uint32_t have = len / kSlotSize;
       read(table_.slot_offset(home + have), (p.reach - have) * kSlotSize, len);
       len = p.reach * kSlotSize;

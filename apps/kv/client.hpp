@@ -35,6 +35,7 @@ enum class GetMode { kRpc, kRead };
 struct ReadStats {
   uint64_t reads = 0;        // READ work requests posted
   uint64_t bytes = 0;        // bytes they copied
+  uint64_t wide = 0;         // GETs whose home slot's reach took a second READ
   uint64_t retries = 0;      // snapshots rejected (being written, torn, stale block)
   uint64_t table_moves = 0;  // new tables learnt
 };
