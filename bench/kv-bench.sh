@@ -48,6 +48,7 @@ for p in shm tcp; do
       echo "kv bench $p $run failed" >&2
   done
 done
+echo "end: $(uptime)" >>"$out/machine.txt"
 python3 - "$out" "$read_size" "$runs" <<'PY'
 import json, os, sys
 out, read_size, runs = sys.argv[1], sys.argv[2], sys.argv[3].split()
@@ -66,6 +67,9 @@ def load(name):
 rows = ["# rdmakit-kv bench", "",
         "Taken on a loaded machine (2 cores shared with other builds and tests): compare ratios "
         "within this run, not absolute figures across runs.", "",
+        "Load (uptime at start and end): " + "; ".join(
+            l.strip() for l in open(os.path.join(out, "machine.txt"))
+            if "load average" in l), "",
         "Runs: idle = 2 client threads, server core idle; busy = the same with a CPU hog on the "
         "server's core (--server-busy); lat = 1 client thread. `-bp`: the server busy-polls its "
         "completion queue (--server-busy-poll, as rdmakit-perf read_lat's target does); "
