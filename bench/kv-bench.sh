@@ -31,7 +31,7 @@ runs="idle busy lat idle-bp busy-bp lat-bp"
 for p in shm tcp; do
   n=$ops; [ $p = tcp ] && n=$((ops / 4))   # tcp READs cost a loopback round trip each
   for size in $read_size 2048; do
-    timeout 300 "$perf" read_lat --loopback --provider $p -s $size -n $n --json \
+    timeout 300 "$perf" read_lat --loopback --provider $p -s "$size" -n "$n" --json \
       >"$out/read_lat_${p}_$size.json" 2>"$out/read_lat_${p}_$size.log" ||
       echo "read_lat $p $size failed" >&2
   done
