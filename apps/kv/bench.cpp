@@ -82,7 +82,7 @@ nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
   const double ops_s = p.wall_ns == 0 ? 0 : double(ops) * 1e9 / double(p.wall_ns);
   const double cpu_share =
       p.wall_ns == 0 ? 0 : double(p.server_cpu_ns) / double(p.wall_ns);
-  out << fmt::format("{:<10} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} {:>14.2f} {:>8}\n",
+  out << fmt::format("{:<10} {:>12.0f} {:>9.3f} {:>9.3f} {:>9.3f} {:>14.2f} {:>8}\n",
                      p.name, ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, p.wrong);
   return {{"phase", p.name},
           {"ops", ops},
@@ -93,6 +93,32 @@ nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
           {"server_cpu_s", double(p.server_cpu_ns) / 1e9},
           {"server_cpu_share", cpu_share},
           {"wrong", p.wrong}};
+}
+
+struct Floors {
+  double timer_ns = 0;  // one timing of an operation: two CLOCK_MONOTONIC reads
+  double check_ns = 0;  // what a READ-GET does with its copy: hash, verify, copy out
+};
+
+// The costs a READ-GET adds to its READ, measured in this run on warm data:
+// the gap between get_read and read_raw cannot be below check_ns.
+Floors measure_floors(Client& c, uint64_t keys) {
+  Floors f;
+  constexpr int kReps = 20000;
+  uint64_t sink = 0;
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < kReps; ++i) sink += now_ns();
+  f.timer_ns = double(now_ns() - t0) / kReps;
+  const std::string key = key_of(keys / 2);
+  c.read_raw(key);
+  const std::vector<std::byte> copy(c.read_buffer().begin(), c.read_buffer().end());
+  std::string value;
+  t0 = now_ns();
+  for (int i = 0; i < kReps; ++i)
+    sink += uint64_t(probe_neighborhood(copy, key, key_hash(key), &value).probe);
+  f.check_ns = double(now_ns() - t0) / kReps;
+  if (sink == 1) std::fputc(' ', stderr);  // keeps the loops
+  return f;
 }
 
 }  // namespace
@@ -113,6 +139,7 @@ int run_bench(const BenchOptions& o) {
       so.provider = o.provider;
       so.quiet = true;
       so.table.capacity = o.keys;
+      so.busy_poll = o.server_busy_poll;
       Server server(so);
       const uint16_t port = server.port();
       if (write(fds[1], &port, sizeof port) != sizeof port) _exit(1);
@@ -142,10 +169,14 @@ int run_bench(const BenchOptions& o) {
   pin(o.client_cpu);
 
   int rc = 0;
-  std::vector<Phase> phases(3);
+  // read_raw: the first READ of each READ-GET alone (same bytes, QP, wait and
+  // clock), the baseline the READ-GET's latency is compared with.
+  std::vector<Phase> phases(4);
   phases[0].name = "put";
   phases[1].name = "get_rpc";
   phases[2].name = "get_read";
+  phases[3].name = "read_raw";
+  Floors floors;
   std::string provider = "?";
   try {
     if (!got_port) throw std::runtime_error("the server did not start");
@@ -153,6 +184,7 @@ int run_bench(const BenchOptions& o) {
     std::vector<std::vector<uint64_t>> lat(threads);
     std::vector<uint64_t> wrong(threads);
     std::vector<uint64_t> retries(threads);
+    std::vector<ReadStats> get_reads(threads);  // during the get_read phase
     std::vector<std::string> errors(threads);
     std::atomic<bool> failed{false};
     // Start and end of each phase; the main thread reads the clock and the
@@ -175,6 +207,7 @@ int run_bench(const BenchOptions& o) {
             // Every key exists before the GET phases, whatever N and K are.
             for (uint64_t k = 0; k < o.keys; ++k)
               c->put(key_of(k), value_of(k, o.value_size));
+            floors = measure_floors(*c, o.keys);
           }
         } catch (const std::exception& e) {
           errors[t] = e.what();
@@ -189,6 +222,7 @@ int run_bench(const BenchOptions& o) {
           lat[t].reserve(share);
           wrong[t] = 0;
           sync.arrive_and_wait();  // phase start
+          const ReadStats before = c ? c->read_stats() : ReadStats{};
           try {
             for (uint64_t i = 0; i < share && !failed; ++i) {
               const uint64_t k = (i * threads + t) % o.keys;
@@ -197,16 +231,24 @@ int run_bench(const BenchOptions& o) {
               KvStatus s;
               if (ph == 0) {
                 s = c->put(key, value_of(k, o.value_size));
+              } else if (ph == 3) {
+                c->read_raw(key);
+                s = KvStatus::kOk;
               } else {
                 s = c->get(key, &value, ph == 1 ? GetMode::kRpc : GetMode::kRead);
               }
               lat[t].push_back(now_ns() - t0);
-              if (s != KvStatus::kOk || (ph > 0 && value != value_of(k, o.value_size)))
+              if (s != KvStatus::kOk ||
+                  ((ph == 1 || ph == 2) && value != value_of(k, o.value_size)))
                 ++wrong[t];
             }
           } catch (const std::exception& e) {
             if (errors[t].empty()) errors[t] = e.what();
             failed = true;
+          }
+          if (ph == 2 && c) {
+            get_reads[t].reads = c->read_stats().reads - before.reads;
+            get_reads[t].bytes = c->read_stats().bytes - before.bytes;
           }
           sync.arrive_and_wait();  // phase end
           sync.arrive_and_wait();  // results collected
@@ -233,6 +275,11 @@ int run_bench(const BenchOptions& o) {
       if (!errors[t].empty()) throw std::runtime_error(errors[t]);
     uint64_t read_retries = 0;
     for (uint64_t r : retries) read_retries += r;
+    ReadStats gr;
+    for (const ReadStats& r : get_reads) {
+      gr.reads += r.reads;
+      gr.bytes += r.bytes;
+    }
 
     std::cout << fmt::format(
         "rdmakit-kv bench: provider {}, {} ops per phase, {} keys, {} B values, {} "
@@ -250,7 +297,14 @@ int run_bench(const BenchOptions& o) {
                         {"value_size", o.value_size},
                         {"threads", threads},
                         {"server_busy", o.server_busy},
-                        {"read_retries", read_retries}};
+                        {"read_retries", read_retries},
+                        {"server_busy_poll", o.server_busy_poll},
+                        {"get_read_reads_per_get",
+                         double(gr.reads) / double(std::max<uint64_t>(o.ops, 1))},
+                        {"get_read_bytes_per_get",
+                         double(gr.bytes) / double(std::max<uint64_t>(o.ops, 1))},
+                        {"floor_timer_ns", floors.timer_ns},
+                        {"floor_check_ns", floors.check_ns}};
     for (auto& p : phases) {
       j["phases"].push_back(summarize(p, o.ops, std::cout));
       if (p.wrong != 0) rc = 1;
@@ -258,8 +312,17 @@ int run_bench(const BenchOptions& o) {
     const double rpc = j["phases"][1]["ops_per_s"];
     const double rd = j["phases"][2]["ops_per_s"];
     j["read_over_rpc"] = rpc > 0 ? rd / rpc : 0.0;
+    const double get_p50 = j["phases"][2]["p50_us"];
+    const double raw_p50 = j["phases"][3]["p50_us"];
+    j["get_read_over_read_raw_p50"] = raw_p50 > 0 ? get_p50 / raw_p50 : 0.0;
     std::cout << fmt::format("READ GET / RPC GET ops/s: {:.2f}x\n",
                              rpc > 0 ? rd / rpc : 0.0);
+    std::cout << fmt::format(
+        "READ GET p50 / its bare READ p50: {:.2f}x ({:.2f} READs, {:.0f} B per GET; "
+        "floors: timer {:.0f} ns, checks of a {} B snapshot {:.0f} ns)\n",
+        raw_p50 > 0 ? get_p50 / raw_p50 : 0.0, double(gr.reads) / double(o.ops),
+        double(gr.bytes) / double(o.ops), floors.timer_ns, kFirstReadSlots * kSlotSize,
+        floors.check_ns);
     if (o.json == "-") {
       std::cout << j.dump() << '\n';
     } else if (!o.json.empty()) {

@@ -16,8 +16,9 @@ struct BenchOptions {
   uint64_t keys = 1000;
   uint32_t value_size = 8;
   int threads = 2;
-  bool server_busy = false;  // a CPU hog on the server's core
-  int server_cpu = 0;        // -1: no pinning
+  bool server_busy = false;       // a CPU hog on the server's core
+  bool server_busy_poll = false;  // ServerOptions::busy_poll
+  int server_cpu = 0;             // -1: no pinning
   int client_cpu = 1;
   std::string json;  // file to write the JSON result to ("-" = stdout)
 };

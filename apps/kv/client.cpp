@@ -1,5 +1,6 @@
 #include "client.hpp"
 
+#include <algorithm>
 #include <cerrno>
 
 #include "fmt/format.h"
@@ -58,26 +59,40 @@ void Client::fail(const std::string& what) {
 
 Completion Client::await(uint64_t wr_id, const char* what) {
   std::chrono::steady_clock::time_point deadline{};  // read only once we have to wait
+  Completion read_done{};
+  bool have_read = false;
   for (;;) {
     if (wr_id == kSendId && send_done_) break;
     if (wr_id == kRecvId && recv_done_) break;
-    Completion c;
-    if (cq_->poll({&c, 1}) == 0) {
+    if (wr_id == kReadId && have_read) return read_done;
+    // Everything ready at once (a reply brings the request's SEND and the
+    // reply's RECV completions together): one poll, so no second poll drives
+    // the QP in between. On tcp such a poll would send the reply's ACK on
+    // its own; without it the ACK rides on our next request.
+    Completion batch[4];
+    int n = cq_->poll(batch);
+    if (n == 0) {
       const auto now = std::chrono::steady_clock::now();
       if (deadline == std::chrono::steady_clock::time_point{})
         deadline = now + options_.timeout;
-      if (now >= deadline || cq_->wait({&c, 1}, deadline - now) == 0)
+      if (now >= deadline || (n = cq_->wait(batch, deadline - now)) == 0)
         fail(fmt::format("no answer to {} within {} ms", what, options_.timeout.count()));
     }
-    if (!c.ok())
-      fail(fmt::format("{} failed: {} (the server is gone or refused the request)", what,
-                       status_name(c.status)));
-    if (c.wr_id == kSendId) send_done_ = true;
-    if (c.wr_id == kRecvId) {
-      recv_done_ = true;
-      recv_len_ = c.byte_len;
+    for (int i = 0; i < n; ++i) {
+      const Completion& c = batch[i];
+      if (!c.ok())
+        fail(fmt::format("{} failed: {} (the server is gone or refused the request)",
+                         what, status_name(c.status)));
+      if (c.wr_id == kSendId) send_done_ = true;
+      if (c.wr_id == kRecvId) {
+        recv_done_ = true;
+        recv_len_ = c.byte_len;
+      }
+      if (c.wr_id == kReadId) {
+        read_done = c;
+        have_read = true;
+      }
     }
-    if (c.wr_id == wr_id && wr_id == kReadId) return c;
   }
   return {};
 }
@@ -177,6 +192,7 @@ void Client::refresh_table() {
 void Client::read(uint64_t offset, uint32_t len, size_t at) {
   if (!broken_.empty()) throw ClientError(broken_);
   ++stats_.reads;
+  stats_.bytes += len;
   const PostResult r = qp_->post_send({.wr_id = kReadId,
                                        .opcode = Opcode::kRead,
                                        .flags = kSignaled,
@@ -189,22 +205,52 @@ void Client::read(uint64_t offset, uint32_t len, size_t at) {
   await(kReadId, "READ of the table");
 }
 
+uint32_t Client::read_home(uint64_t slot, uint32_t slots) {
+  // A neighborhood never wraps (slot_count = buckets + kNeighborhood - 1).
+  slots = static_cast<uint32_t>(
+      std::min<uint64_t>(slots, table_.slot_count - std::min(slot, table_.slot_count)));
+  const auto len = static_cast<uint32_t>(slots * kSlotSize);
+  read(table_.slot_offset(slot), len, 0);
+  return len;
+}
+
+std::span<const std::byte> Client::read_buffer() const noexcept {
+  return {mr_->data() + kReadOffset, kFirstReadSlots * kSlotSize};
+}
+
+void Client::read_raw(std::string_view key) {
+  read_home(table_.home_bucket(key_hash(key)), kFirstReadSlots);
+}
+
 KvStatus Client::get_by_read(std::string_view key, std::string* value) {
   const uint64_t hash = key_hash(key);
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  std::chrono::steady_clock::time_point deadline{};  // read only once we retry
   for (uint64_t attempt = 0;; ++attempt) {
     if (table_stale_) refresh_table();
+    if (attempt == 1) deadline = std::chrono::steady_clock::now() + options_.timeout;
     if (attempt > 0 && (attempt & 63) == 0 && std::chrono::steady_clock::now() > deadline)
       fail(fmt::format("READ-GET: the key's slots kept changing for {} ms ({} retries)",
                        options_.timeout.count(), attempt));
     const uint64_t home = table_.home_bucket(hash);
-    read(table_.slot_offset(home), static_cast<uint32_t>(kNeighborhoodBytes), 0);
-    const ProbeResult p =
-        probe_neighborhood({mr_->data() + kReadOffset, kNeighborhoodBytes}, key, value);
+    // The home slot and the next few; the home slot's reach says whether the
+    // key may lie further (then one more READ of the rest).
+    uint32_t len = read_home(home, kFirstReadSlots);
+    ProbeResult p =
+        probe_neighborhood({mr_->data() + kReadOffset, len}, key, hash, value);
+    if (p.probe == Probe::kMore) {
+      ++stats_.wide;
+      const uint32_t have = len / kSlotSize;
+      read(table_.slot_offset(home + have), (p.reach - have) * kSlotSize, len);
+      len = p.reach * kSlotSize;
+      p = probe_neighborhood({mr_->data() + kReadOffset, len}, key, hash, value);
+    }
     switch (p.probe) {
       case Probe::kFound: return KvStatus::kOk;
       case Probe::kAbsent: return KvStatus::kNotFound;
-      case Probe::kRetry: ++stats_.retries; continue;
+      case Probe::kRetry:
+      case Probe::kMore:  // the reach grew between the two READs
+        ++stats_.retries;
+        continue;
       case Probe::kMoved: table_stale_ = true; continue;
       case Probe::kIndirect: break;
     }
@@ -213,10 +259,10 @@ KvStatus Client::get_by_read(std::string_view key, std::string* value) {
       ++stats_.retries;
       continue;
     }
-    const uint32_t len = static_cast<uint32_t>(kBlockHeader + key.size() + p.value_len);
-    read(table_.block_offset(p.block), len, kNeighborhoodBytes);
-    if (verify_block({mr_->data() + kReadOffset + kNeighborhoodBytes, len}, key, p.seq,
-                     value))
+    const auto block_len = static_cast<uint32_t>(kBlockHeader + key.size() + p.value_len);
+    read(table_.block_offset(p.block), block_len, kNeighborhoodBytes);
+    if (verify_block({mr_->data() + kReadOffset + kNeighborhoodBytes, block_len}, key,
+                     p.seq, value))
       return KvStatus::kOk;
     ++stats_.retries;  // the block was reused since the slot was copied
   }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -33,6 +34,8 @@ enum class GetMode { kRpc, kRead };
 
 struct ReadStats {
   uint64_t reads = 0;        // READ work requests posted
+  uint64_t bytes = 0;        // bytes they copied
+  uint64_t wide = 0;         // GETs whose home slot's reach took a second READ
   uint64_t retries = 0;      // snapshots rejected (being written, torn, stale block)
   uint64_t table_moves = 0;  // new tables learnt
 };
@@ -51,6 +54,11 @@ class Client {
   KvStatus del(std::string_view key, std::string* why = nullptr);
   // Fetches the server's current table (a new epoch after growth).
   void refresh_table();
+  // The bench's baseline: the first READ a READ-GET of key posts (the same
+  // bytes, QP and wait), with no hashing of the copy, no checks, no copy out.
+  void read_raw(std::string_view key);
+  // What the last READ of a home bucket copied (kFirstReadSlots slots at most).
+  std::span<const std::byte> read_buffer() const noexcept;
 
   const TableInfo& table() const noexcept { return table_; }
   const ReadStats& read_stats() const noexcept { return stats_; }
@@ -62,6 +70,9 @@ class Client {
   KvStatus get_by_read(std::string_view key, std::string* value);
   // Runs one READ of len bytes at offset of the table into read_buf_ + at.
   void read(uint64_t offset, uint32_t len, size_t at);
+  // READs up to `slots` slots from `slot` to the start of the read buffer;
+  // returns the bytes copied.
+  uint32_t read_home(uint64_t slot, uint32_t slots);
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
   Completion await(uint64_t wr_id, const char* what);
   [[noreturn]] void fail(const std::string& what);

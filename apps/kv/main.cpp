@@ -50,6 +50,8 @@ static int run_tool(int argc, char** argv) {
   server_cmd->add_option("--max-clients", so.max_clients,
                          "Clients served at once (default 64)");
   server_cmd->add_flag("-q,--quiet", so.quiet, "No line per request");
+  server_cmd->add_flag("--busy-poll", so.busy_poll,
+                       "Poll without sleeping (lowest latency; takes a core)");
 
   auto* client_cmd =
       app.add_subcommand("client", "Menu, one command, or commands from stdin");
@@ -82,6 +84,8 @@ static int run_tool(int argc, char** argv) {
   bench_cmd->add_option("-t,--threads", bo.threads, "Client threads (default 2)");
   bench_cmd->add_flag("--server-busy", bo.server_busy,
                       "A CPU hog shares the server's core");
+  bench_cmd->add_flag("--server-busy-poll", bo.server_busy_poll,
+                      "The server polls without sleeping (as read_lat's target)");
   bench_cmd->add_option("--server-cpu", bo.server_cpu,
                         "Server core (default 0; -1 unpinned)");
   bench_cmd->add_option("--client-cpu", bo.client_cpu,

@@ -173,9 +173,17 @@ void Server::drop(uint32_t id, const char* why) {
 
 void Server::run(const std::atomic<bool>& stop) {
   Completion batch[32];
+  uint32_t polls = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    adopt_pending();
-    const int n = cq_->wait(batch, 20ms);
+    int n = 0;
+    if (options_.busy_poll) {
+      // New connections are looked for between polls, not on every one.
+      if ((polls++ & 1023) == 0) adopt_pending();
+      n = cq_->poll(batch);
+    } else {
+      adopt_pending();
+      n = cq_->wait(batch, 20ms);
+    }
     for (int i = 0; i < n; ++i) on_completion(batch[i]);
     if (options_.exit_after_clients > 0 &&
         finished_clients_ >= options_.exit_after_clients && conns_.empty())

@@ -24,6 +24,11 @@ struct ServerOptions {
   bool quiet = false;          // no line per request
   uint32_t max_clients = 64;   // connections served at once
   int exit_after_clients = 0;  // > 0: return once this many clients came and went
+  // Poll the completion queue without ever sleeping. On tcp the polling
+  // thread then serves the clients' READs itself (no wake-up of the
+  // provider's progress thread per READ), as rdmakit-perf's read_lat target
+  // does; it costs a whole core.
+  bool busy_poll = false;
 };
 
 class Server {

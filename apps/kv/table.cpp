@@ -63,6 +63,7 @@ Slot next_slot(const Slot& current) {
   Slot s{};
   s.version = (current.version | 1) + 1;  // next even version
   s.block = kNoBlock;
+  s.reach = current.reach;  // the bucket's, whatever entry the slot holds
   return s;
 }
 
@@ -129,9 +130,9 @@ int64_t Table::find(const Generation& g, std::string_view key, uint64_t hash) co
     const Slot* s = slot(g, i);
     if (s->key_hash != hash || s->key_len != key.size()) continue;
     const std::byte* k = nullptr;
-    if (s->state == uint32_t(SlotState::kInline)) {
+    if (s->state == uint16_t(SlotState::kInline)) {
       k = s->data;
-    } else if (s->state == uint32_t(SlotState::kIndirect)) {
+    } else if (s->state == uint16_t(SlotState::kIndirect)) {
       k = block(g, s->block) + kBlockHeader;
     } else {
       continue;
@@ -149,7 +150,7 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
   if (!existing) {
     const uint64_t home = g.info.home_bucket(hash);
     for (uint64_t i = home; i < home + kNeighborhood && index < 0; ++i)
-      if (slot(g, i)->state == uint32_t(SlotState::kEmpty))
+      if (slot(g, i)->state == uint16_t(SlotState::kEmpty))
         index = static_cast<int64_t>(i);
     if (index < 0) return PutOutcome::kFullNeighborhood;
   }
@@ -178,16 +179,28 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
     h.check = block_check(h, b + kBlockHeader);
     std::memcpy(b, &h, sizeof h);
     KV_PUBLISH_END();
-    next.state = uint32_t(SlotState::kIndirect);
+    next.state = uint16_t(SlotState::kIndirect);
   } else {
     std::memcpy(next.data, key.data(), key.size());
     if (!value.empty()) std::memcpy(next.data + key.size(), value.data(), value.size());
-    next.state = uint32_t(SlotState::kInline);
+    next.state = uint16_t(SlotState::kInline);
   }
   const uint32_t old_block =
-      dst->state == uint32_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+      dst->state == uint16_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+  const uint64_t home = g.info.home_bucket(hash);
+  const auto reach = static_cast<uint16_t>(static_cast<uint64_t>(index) - home + 1);
+  if (dst == slot(g, home) && next.reach < reach) next.reach = reach;
   seal(next);
   publish_slot(dst, next);
+  // The entry first, then the reach that lets readers find it; both before
+  // the reply, so a GET issued after it sees both.
+  if (Slot* h = slot(g, home); h->reach < reach) {
+    Slot widened = *h;
+    widened.version = (h->version | 1) + 1;
+    widened.reach = reach;
+    seal(widened);
+    publish_slot(h, widened);
+  }
   // A reader still holding the old slot fails the block's seq check from here.
   if (old_block != kNoBlock) g.free_blocks.push_back(old_block);
   if (!existing) ++size_;
@@ -207,7 +220,7 @@ bool Table::get(std::string_view key, std::string* value) const {
   const int64_t i = find(current_, key, key_hash(key));
   if (i < 0) return false;
   const Slot* s = slot(current_, static_cast<uint64_t>(i));
-  const std::byte* v = s->state == uint32_t(SlotState::kInline)
+  const std::byte* v = s->state == uint16_t(SlotState::kInline)
                            ? s->data + s->key_len
                            : block(current_, s->block) + kBlockHeader + s->key_len;
   value->assign(reinterpret_cast<const char*>(v), s->value_len);
@@ -219,7 +232,7 @@ bool Table::erase(std::string_view key) {
   if (i < 0) return false;
   Slot* dst = slot(current_, static_cast<uint64_t>(i));
   const uint32_t old_block =
-      dst->state == uint32_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+      dst->state == uint16_t(SlotState::kIndirect) ? dst->block : kNoBlock;
   Slot next = next_slot(*dst);
   next.seq = ++seq_;
   seal(next);
@@ -240,10 +253,10 @@ bool Table::grow(bool more_slots, bool more_blocks) {
     std::string value;
     for (uint64_t i = 0; i < current_.info.slot_count && ok; ++i) {
       const Slot* s = slot(current_, i);
-      if (s->state != uint32_t(SlotState::kInline) &&
-          s->state != uint32_t(SlotState::kIndirect))
+      if (s->state != uint16_t(SlotState::kInline) &&
+          s->state != uint16_t(SlotState::kIndirect))
         continue;
-      const std::byte* k = s->state == uint32_t(SlotState::kInline)
+      const std::byte* k = s->state == uint16_t(SlotState::kInline)
                                ? s->data
                                : block(current_, s->block) + kBlockHeader;
       key.assign(reinterpret_cast<const char*>(k), s->key_len);
@@ -271,7 +284,7 @@ void Table::retire(Generation& g) {
   for (uint64_t i = 0; i < g.info.slot_count; ++i) {
     Slot* dst = slot(g, i);
     Slot next = next_slot(*dst);
-    next.state = uint32_t(SlotState::kMoved);
+    next.state = uint16_t(SlotState::kMoved);
     seal(next);
     publish_slot(dst, next);
   }

@@ -1,5 +1,8 @@
 #include "table_layout.hpp"
 
+// Inlined: a READ-GET's checks are on its latency path (a call into the
+// shared library costs about as much as hashing a slot).
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstring>
@@ -64,10 +67,33 @@ uint64_t key_hash(std::string_view key) noexcept {
   return XXH3_64bits(key.data(), key.size());
 }
 
+namespace {
+
+constexpr size_t kCheckCovered = offsetof(Slot, check) + sizeof(uint64_t);
+
+// The check of a slot's bytes as they lie at raw (any alignment).
+uint64_t raw_slot_check(const std::byte* raw, uint64_t version) noexcept {
+  return XXH3_64bits_withSeed(raw + kCheckCovered, sizeof(Slot) - kCheckCovered, version);
+}
+
+// A slot's fields without its data, read in place from a snapshot.
+struct SlotHead {
+  uint64_t version;
+  uint64_t check;
+  uint64_t seq;
+  uint64_t key_hash;
+  uint32_t key_len;
+  uint32_t value_len;
+  uint32_t block;
+  uint16_t state;
+  uint16_t reach;
+};
+static_assert(sizeof(SlotHead) == kSlotHeader);
+
+}  // namespace
+
 uint64_t slot_check(const Slot& slot) noexcept {
-  const auto* bytes = reinterpret_cast<const std::byte*>(&slot);
-  constexpr size_t kCovered = offsetof(Slot, check) + sizeof(uint64_t);
-  return XXH3_64bits_withSeed(bytes + kCovered, sizeof(Slot) - kCovered, slot.version);
+  return raw_slot_check(reinterpret_cast<const std::byte*>(&slot), slot.version);
 }
 
 uint64_t block_check(const BlockHeader& header, const std::byte* payload) noexcept {
@@ -76,12 +102,12 @@ uint64_t block_check(const BlockHeader& header, const std::byte* payload) noexce
 }
 
 ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_view key,
-                               std::string* value_out) {
-  const uint64_t hash = key_hash(key);
+                               uint64_t hash, std::string* value_out) {
+  // Verified in place, with no copy of the slots: the snapshot is ours.
   ProbeResult best;
-  const Slot* best_inline = nullptr;
-  Slot copies[2];  // the current candidate and the best one so far
-  const size_t n = std::min<size_t>(kNeighborhood, slots.size() / kSlotSize);
+  const std::byte* best_data = nullptr;  // the data of the best inline hit
+  size_t n = std::min<size_t>(kNeighborhood, slots.size() / kSlotSize);
+  if (n == 0) return {Probe::kRetry};
   for (size_t i = 0; i < n; ++i) {
     const std::byte* raw = slots.data() + i * kSlotSize;
     // Only slots that may hold the key are verified. A slot whose key_hash
@@ -89,21 +115,31 @@ ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_vie
     // states of the slot, and if any of them held our key then either both
     // did (the key's bytes are the same in both, so the mix matches) or the
     // key is being inserted or deleted right now, when absent is a right
-    // answer. A torn kMoved only costs a table refresh.
-    uint64_t raw_hash;
-    uint32_t raw_state;
-    std::memcpy(&raw_hash, raw + offsetof(Slot, key_hash), sizeof raw_hash);
-    std::memcpy(&raw_state, raw + offsetof(Slot, state), sizeof raw_state);
-    if (raw_hash != hash && raw_state != uint32_t(SlotState::kMoved)) continue;
-    Slot& s = copies[best_inline == &copies[0] ? 1 : 0];
-    std::memcpy(&s, raw, kSlotSize);
-    if ((s.version & 1) != 0 || s.check != slot_check(s)) return {Probe::kRetry};
+    // answer. A torn kMoved only costs a table refresh. The home slot is
+    // always verified: its reach says how far the key can be.
+    SlotHead s;
+    std::memcpy(&s, raw, sizeof s);
+    if (i != 0 && s.key_hash != hash && s.state != uint16_t(SlotState::kMoved)) continue;
+    if ((s.version & 1) != 0 || s.check != raw_slot_check(raw, s.version))
+      return {Probe::kRetry};
     const auto state = static_cast<SlotState>(s.state);
     if (state == SlotState::kMoved) return {Probe::kMoved};
+    if (i == 0) {
+      if (s.reach > kNeighborhood) return {Probe::kRetry};  // never in a checked slot
+      if (s.reach > n) {
+        ProbeResult more{Probe::kMore};
+        more.reach = s.reach;
+        return more;
+      }
+      n = s.reach;  // no key of this bucket lies further
+      if (n == 0) return best;
+    }
+    if (s.key_hash != hash) continue;  // the home slot holds another bucket's key
     if (state == SlotState::kEmpty || s.key_len != key.size()) continue;
+    const std::byte* data = raw + kSlotHeader;
     if (state == SlotState::kInline) {
       if (s.key_len + size_t{s.value_len} > kInlineBytes) return {Probe::kRetry};
-      if (std::memcmp(s.data, key.data(), key.size()) != 0) continue;
+      if (std::memcmp(data, key.data(), key.size()) != 0) continue;
     } else if (state != SlotState::kIndirect) {
       return {Probe::kRetry};
     }
@@ -114,11 +150,11 @@ ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_vie
     best.seq = s.seq;
     best.block = s.block;
     best.value_len = s.value_len;
-    best_inline = state == SlotState::kInline ? &s : nullptr;
+    best_data = state == SlotState::kInline ? data : nullptr;
   }
-  if (best_inline != nullptr && value_out != nullptr) {
-    value_out->assign(reinterpret_cast<const char*>(best_inline->data) + key.size(),
-                      best_inline->value_len);
+  if (best_data != nullptr && value_out != nullptr) {
+    value_out->assign(reinterpret_cast<const char*>(best_data) + key.size(),
+                      best.value_len);
   }
   return best;
 }

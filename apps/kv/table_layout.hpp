@@ -40,9 +40,13 @@ inline constexpr size_t kBlockSize = 65856;  // header + kMaxKey + kMaxValue, 64
 inline constexpr size_t kTableHeader = 64;
 inline constexpr uint64_t kTableMagic = 0x314c4254564b5452ull;  // "RTKVTBL1"
 inline constexpr uint32_t kNoBlock = 0xffffffffu;
+// A READ-GET first copies this many slots from the key's home bucket (512 B):
+// enough for every key of the bucket unless the home slot's reach says more,
+// when a second READ copies the rest (rare at the table's half load).
+inline constexpr uint32_t kFirstReadSlots = 4;
 static_assert(kBlockSize >= kBlockHeader + kMaxKey + kMaxValue && kBlockSize % 64 == 0);
 
-enum class SlotState : uint32_t {
+enum class SlotState : uint16_t {
   kEmpty = 0,
   kInline = 1,    // key and value in data[]
   kIndirect = 2,  // key and value in block `block`
@@ -57,7 +61,12 @@ struct Slot {
   uint32_t key_len;
   uint32_t value_len;
   uint32_t block;
-  uint32_t state;  // SlotState
+  uint16_t state;  // SlotState
+  // A property of the bucket this slot is the home of, not of the entry in
+  // it: every key whose home bucket this is lies in this slot or the next
+  // reach-1 (0: none). Only grows within a table (a delete leaves it), so a
+  // reader that copied this slot knows how many slots it must look at.
+  uint16_t reach;
   std::byte data[kInlineBytes];
 };
 static_assert(sizeof(Slot) == kSlotSize && offsetof(Slot, data) == kSlotHeader);
@@ -119,16 +128,24 @@ enum class Probe {
   kAbsent,
   kRetry,  // a slot of the neighborhood was being written: READ again
   kMoved,  // the table was replaced: fetch the new one
+  kMore,   // the home slot's reach goes past the slots given: READ up to `reach`
 };
 struct ProbeResult {
   Probe probe = Probe::kAbsent;
   uint32_t block = kNoBlock;
   uint64_t seq = 0;
   uint32_t value_len = 0;
+  uint32_t reach = 0;  // kMore: the slots to copy from the home bucket
 };
-// slots: kNeighborhood slots copied from the table, in any alignment.
+// slots: 1..kNeighborhood slots copied from the table starting at the key's
+// home bucket, in any alignment. The home slot is always verified (its reach
+// bounds the search); kMore if the copy is shorter than that reach.
 ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_view key,
-                               std::string* value_out);
+                               uint64_t hash, std::string* value_out);
+inline ProbeResult probe_neighborhood(std::span<const std::byte> slots,
+                                      std::string_view key, std::string* value_out) {
+  return probe_neighborhood(slots, key, key_hash(key), value_out);
+}
 // block: kBlockHeader + key + value bytes copied from the block. True if it is
 // exactly the entry the slot (seq) named, for this key; the value goes out.
 bool verify_block(std::span<const std::byte> block, std::string_view key, uint64_t seq,

@@ -28,6 +28,32 @@ std::string get(Client& c, std::string_view key, GetMode mode,
   return v;
 }
 
+// --busy-poll: the server never sleeps; it still adopts clients that come
+// later, serves both GET modes (on tcp it answers READs itself) and exits
+// when its clients are gone.
+TEST_P(KvTest, BusyPollingServerServesBothGetModes) {
+  run_roles(
+      GetParam(),
+      [](RoleEnv& env) { serve(env, 2, {.capacity = 8}, /*busy_poll=*/true); },
+      [](RoleEnv& env) {
+        Client c(client_options(env));
+        // 40 keys in a table sized for 8: it grows and stays crowded, so
+        // some READ-GETs read past the first 4 slots.
+        for (int i = 0; i < 40; ++i)
+          ASSERT_EQ(c.put(std::to_string(i), "v" + std::to_string(i)), KvStatus::kOk);
+        for (int i = 0; i < 40; ++i) {
+          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), "v" + std::to_string(i));
+          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRpc), "v" + std::to_string(i));
+        }
+        EXPECT_GT(c.read_stats().wide, 0u);
+        EXPECT_GT(c.table().epoch, 1u);
+        Client later(client_options(env));
+        EXPECT_EQ(get(later, "7", GetMode::kRead), "v7");
+        ASSERT_EQ(later.del("7"), KvStatus::kOk);
+        get(c, "7", GetMode::kRead, KvStatus::kNotFound);
+      });
+}
+
 TEST_P(KvTest, PutGetDeleteAndLimits) {
   run_roles(
       GetParam(), [](RoleEnv& env) { serve(env, 2); },

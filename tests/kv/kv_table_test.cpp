@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,19 @@ struct Snapshot {
   }
 };
 
-Probe read_get(const TableInfo& t, std::string_view key, std::string* value) {
+// As the client does it: the first kFirstReadSlots slots, and all the home
+// slot's reach only if it says more. *reads counts the READs.
+Probe read_get(const TableInfo& t, std::string_view key, std::string* value,
+               int* reads = nullptr) {
   Snapshot s(t, key);
-  ProbeResult p = probe_neighborhood(s.slots, key, value);
+  const std::span<const std::byte> all(s.slots);
+  ProbeResult p = probe_neighborhood(all.first(kFirstReadSlots * kSlotSize), key, value);
+  if (reads != nullptr) *reads = 1;
+  if (p.probe == Probe::kMore) {
+    EXPECT_GT(p.reach, kFirstReadSlots);
+    p = probe_neighborhood(all.first(p.reach * kSlotSize), key, value);
+    if (reads != nullptr) *reads = 2;
+  }
   if (p.probe != Probe::kIndirect) return p.probe;
   const auto* block =
       reinterpret_cast<const std::byte*>(t.region.addr) + t.block_offset(p.block);
@@ -100,6 +111,68 @@ TEST(KvTable, CollidingKeysShareANeighborhood) {
   ASSERT_TRUE(table.erase(same[3]));
   EXPECT_EQ(table.put(same[kNeighborhood], "x"), PutOutcome::kOk);
   EXPECT_EQ(read_get(table.info(), same[3], &v), Probe::kAbsent);
+}
+
+Slot slot_at(const TableInfo& t, uint64_t index) {
+  Slot s;
+  std::memcpy(&s,
+              reinterpret_cast<const std::byte*>(t.region.addr) + t.slot_offset(index),
+              sizeof s);
+  return s;
+}
+
+TEST(KvTable, HomeSlotReachBoundsTheReadGet) {
+  auto ctx = shm_context();
+  Table table(*ctx, {.capacity = 8, .grow = false});  // 16 buckets
+  std::vector<std::string> same;
+  const uint64_t home = table.info().home_bucket(key_hash("0"));
+  for (int i = 0; same.size() < kFirstReadSlots + 3; ++i) {
+    std::string k = std::to_string(i);
+    if (table.info().home_bucket(key_hash(k)) == home) same.push_back(k);
+  }
+  EXPECT_EQ(slot_at(table.info(), home).reach, 0);
+  std::string v;
+  int reads = 0;
+  // An empty bucket: absent after one READ.
+  EXPECT_EQ(read_get(table.info(), same[0], &v, &reads), Probe::kAbsent);
+  EXPECT_EQ(reads, 1);
+  for (size_t i = 0; i < same.size(); ++i) {
+    ASSERT_EQ(table.put(same[i], same[i] + "!"), PutOutcome::kOk);
+    // Every key of the bucket lies within the home slot's reach.
+    EXPECT_EQ(slot_at(table.info(), home).reach, i + 1);
+  }
+  for (size_t i = 0; i < same.size(); ++i) {
+    ASSERT_EQ(read_get(table.info(), same[i], &v, &reads), Probe::kFound) << same[i];
+    EXPECT_EQ(v, same[i] + "!");
+    // The home slot tells every READ-GET of the bucket to read on.
+    EXPECT_EQ(reads, 2);
+  }
+  // A delete leaves the reach: the last key is still found.
+  for (size_t i = 0; i + 1 < same.size(); ++i) ASSERT_TRUE(table.erase(same[i]));
+  EXPECT_EQ(slot_at(table.info(), home).reach, same.size());
+  ASSERT_EQ(read_get(table.info(), same.back(), &v), Probe::kFound);
+  EXPECT_EQ(read_get(table.info(), same[0], &v), Probe::kAbsent);
+  // A key of the next bucket takes a free slot inside our reach: our reach
+  // stays, and it is found through its own home slot.
+  const uint64_t next = (home + 1) & (table.info().buckets - 1);
+  std::string other;
+  for (int i = 1000; other.empty(); ++i) {
+    std::string k = std::to_string(i);
+    if (table.info().home_bucket(key_hash(k)) == next) other = k;
+  }
+  ASSERT_EQ(table.put(other, "o"), PutOutcome::kOk);
+  EXPECT_EQ(slot_at(table.info(), home).reach, same.size());
+  EXPECT_EQ(slot_at(table.info(), next).reach, 1);
+  EXPECT_EQ(read_get(table.info(), other, &v), Probe::kFound);
+  EXPECT_EQ(v, "o");
+  // A reach past the neighborhood never comes from a sealed slot: rejected.
+  Snapshot s(table.info(), same.back());
+  Slot h;
+  std::memcpy(&h, s.slots.data(), sizeof h);
+  h.reach = kNeighborhood + 1;
+  h.check = slot_check(h);
+  std::memcpy(s.slots.data(), &h, sizeof h);
+  EXPECT_EQ(probe_neighborhood(s.slots, same.back(), &v).probe, Probe::kRetry);
 }
 
 TEST(KvTable, FullBlocksAreRefusedWithoutGrowth) {

@@ -21,8 +21,9 @@ std::vector<std::string> kv_providers() {
   return out;
 }
 
-void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table) {
+void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table, bool busy_poll) {
   ServerOptions o;
+  o.busy_poll = busy_poll;
   o.address = env.listen_address();
   o.provider = env.kind();
   o.quiet = true;

@@ -19,7 +19,8 @@ std::vector<std::string> kv_providers();
 
 // Runs a Server on the harness's address until `clients` connections came
 // and went.
-void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table = {});
+void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table = {},
+           bool busy_poll = false);
 
 ClientOptions client_options(rdmakit::test::RoleEnv& env);
 

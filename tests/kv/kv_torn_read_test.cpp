@@ -43,13 +43,15 @@ INSTANTIATE_TEST_SUITE_P(Providers, KvTornReadTest, ::testing::ValuesIn(kv_provi
 TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
   const uint64_t total_reads = reads_for(GetParam());
   run_roles(
-      GetParam(), [](RoleEnv& env) { serve(env, kWriters + kReaders); },
+      // 16 buckets for 24 keys: crowded neighborhoods, so READ-GETs also
+      // take the second READ of a home slot's reach while it grows.
+      GetParam(), [](RoleEnv& env) { serve(env, kWriters + kReaders, {.capacity = 8}); },
       [total_reads](RoleEnv& env) {
         KeyState keys[kKeys];
         std::atomic<int> readers_left{kReaders};
         std::atomic<int> writers_started{0};  // each wrote its keys once
         std::atomic<uint64_t> torn{0}, stale{0}, stale_deleted{0}, found{0}, absent{0};
-        std::atomic<uint64_t> puts{0}, deletes{0}, retries{0};
+        std::atomic<uint64_t> puts{0}, deletes{0}, retries{0}, wide{0};
         std::atomic<bool> failed{false};
         std::vector<std::thread> threads;
         const ClientOptions co = client_options(env);
@@ -121,6 +123,7 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
                 if (n < floor || (floor_deleted && n <= floor)) stale.fetch_add(1);
               }
               retries.fetch_add(c.read_stats().retries);
+              wide.fetch_add(c.read_stats().wide);
             } catch (const std::exception& e) {
               failed = true;
               ADD_FAILURE() << "reader " << r << ": " << e.what();
@@ -132,19 +135,21 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
         std::printf(
             "[ kv      ] %s: %lu READ-GETs (%lu found, %lu absent), %lu PUTs, %lu "
             "DELETEs, "
-            "%lu snapshots retried\n",
+            "%lu snapshots retried, %lu GETs read past 4 slots\n",
             env.provider().c_str(), static_cast<unsigned long>(found + absent),
             static_cast<unsigned long>(found.load()),
             static_cast<unsigned long>(absent.load()),
             static_cast<unsigned long>(puts.load()),
             static_cast<unsigned long>(deletes.load()),
-            static_cast<unsigned long>(retries.load()));
+            static_cast<unsigned long>(retries.load()),
+            static_cast<unsigned long>(wide.load()));
         EXPECT_EQ(torn.load(), 0u);
         EXPECT_EQ(stale.load(), 0u);
         EXPECT_EQ(stale_deleted.load(), 0u);
         EXPECT_EQ(found + absent, total_reads / kReaders * kReaders);
         EXPECT_GT(puts.load(), 0u);
         EXPECT_GT(deletes.load(), 0u);
+        EXPECT_GT(wide.load(), 0u);
       },
       {.timeout = std::chrono::seconds(200)});
 }
