@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "conn_io.hpp"
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous.hpp"
@@ -139,8 +140,11 @@ void fill_peer(const Conn& c, sockaddr* addr, socklen_t* len) {
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
+#define CALLER __builtin_return_address(0)
+
 EXPORT int socket(int domain, int type, int protocol) {
-  const int fd = real().socket(domain, type, protocol);
+  int fd = real().socket(domain, type, protocol);
+  if (fd >= 0 && internal_caller(CALLER)) fd = place_high(fd);
   if (fd >= 0) forget_stale(fd);
   return fd;
 }
@@ -209,7 +213,13 @@ EXPORT int listen(int fd, int backlog) {
   return r;
 }
 
-EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+namespace {
+int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* caller) {
+  if (internal_caller(caller)) {  // rdmakit's own (shm handshake)
+    const int s = place_high(real().accept4(fd, addr, len, flags));
+    if (s >= 0) forget_stale(s);
+    return s;
+  }
   const int s = real().accept4(fd, addr, len, flags);
   if (s < 0) return s;
   forget_stale(s);
@@ -231,9 +241,14 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   errno = saved;
   return s;
 }
+}  // namespace
+
+EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  return accept_hook(fd, addr, len, flags, CALLER);
+}
 
 EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
-  return accept4(fd, addr, len, 0);
+  return accept_hook(fd, addr, len, 0, CALLER);
 }
 
 EXPORT int close(int fd) {
@@ -339,8 +354,29 @@ EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
   return send_one(fd, buf, len, flags);  // connected: the address is ignored, as TCP does
 }
 
+namespace {
+// Descriptors rdmakit receives (shm regions) go to the high range too.
+void place_passed_fds(msghdr* msg) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    auto* fds = reinterpret_cast<int*>(CMSG_DATA(c));  // NOLINT
+    for (size_t i = 0; i < n; ++i) {
+      int v = 0;
+      std::memcpy(&v, fds + i, sizeof v);
+      v = place_high(v);
+      std::memcpy(fds + i, &v, sizeof v);
+    }
+  }
+}
+}  // namespace
+
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
-  if (!is_conn(fd)) return real().recvmsg(fd, msg, flags);
+  if (!is_conn(fd)) {
+    const ssize_t r = real().recvmsg(fd, msg, flags);
+    if (r >= 0 && msg->msg_controllen > 0 && internal_caller(CALLER)) place_passed_fds(msg);
+    return r;
+  }
   auto c = find_conn(fd);
   if (!c) return real().recvmsg(fd, msg, flags);
   const ssize_t r =
@@ -362,9 +398,13 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
 }
 
 namespace {
-int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg) {
+int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
+               const void* caller) {
   if (!is_conn(fd)) {
-    const int r = libc_fcntl(fd, cmd, arg);
+    int r = libc_fcntl(fd, cmd, arg);
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && internal_caller(caller)) {
+      r = place_high(r);
+    }
     if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_stale(r);
     return r;
   }
@@ -398,7 +438,7 @@ EXPORT int fcntl(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);  // every fcntl argument fits (int, long or pointer)
   va_end(ap);
-  return fcntl_hook(real().fcntl, fd, cmd, arg);
+  return fcntl_hook(real().fcntl, fd, cmd, arg, CALLER);
 }
 
 EXPORT int fcntl64(int fd, int cmd, ...) {
@@ -406,7 +446,7 @@ EXPORT int fcntl64(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  return fcntl_hook(real().fcntl64, fd, cmd, arg);
+  return fcntl_hook(real().fcntl64, fd, cmd, arg, CALLER);
 }
 
 EXPORT int ioctl(int fd, unsigned long req,

@@ -45,6 +45,13 @@ struct Libc {
   int (*dup3)(int, int, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
   ssize_t (*pread)(int, void*, size_t, off_t);
+  int (*socketpair)(int, int, int, int*);
+  int (*eventfd)(unsigned, int);
+  int (*epoll_create1)(int);
+  int (*memfd_create)(const char*, unsigned);
+  int (*timerfd_create)(int, int);
+  int (*open)(const char*, int, ...);
+  int (*poll)(pollfd*, nfds_t, int);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

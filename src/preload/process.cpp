@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "state.hpp"
 
@@ -53,6 +54,7 @@ void on_exit() {
 
 __attribute__((constructor)) void on_load() {
   resolve_libc();
+  find_own_code();
   g_pid = getpid();
   pthread_atfork(on_prepare, on_parent, on_child);
 }
