@@ -25,6 +25,7 @@
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous.hpp"
+#include "rules.hpp"
 #include "state.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
@@ -52,6 +53,23 @@ bool inet(const sockaddr* sa) {
 void forget_stale(int fd) {
   if (is_conn(fd)) (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
+}
+
+uint16_t port_of(const sockaddr* sa) {
+  return ntohs(sa->sa_family == AF_INET
+                   ? reinterpret_cast<const sockaddr_in*>(sa)->sin_port      // NOLINT
+                   : reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);  // NOLINT
+}
+
+// Whether this process may upgrade anything ("" yes); bad rule variables
+// are reported once.
+const std::string& process_rules() {
+  static bool reported = false;
+  if (!reported) {
+    reported = true;
+    if (!rule_errors().empty()) log_line("config: %s", rule_errors().c_str());
+  }
+  return process_denied();
 }
 
 std::string describe(int fd) {
@@ -150,11 +168,13 @@ EXPORT int socket(int domain, int type, int protocol) {
 }
 
 EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
-  if (!inet(addr) || !config().enabled || fd >= kMaxFd || !tcp_stream_socket(fd)) {
+  if (!inet(addr) || fd >= kMaxFd || !tcp_stream_socket(fd)) {
     return real().connect(fd, addr, len);
   }
-  std::string reason;
-  PendingOfferPtr offer = prepare_connect(fd, addr, &reason);
+  std::string reason = process_rules();
+  if (reason.empty()) reason = connection_denied(port_of(addr), addr);
+  PendingOfferPtr offer;
+  if (reason.empty()) offer = prepare_connect(fd, addr, &reason);
   if (!offer) {
     const int r = real().connect(fd, addr, len);
     if (r == 0 || errno == EINPROGRESS) {
@@ -199,13 +219,14 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 
 EXPORT int listen(int fd, int backlog) {
   const int r = real().listen(fd, backlog);
-  if (r == 0 && config().enabled && fd < kMaxFd && tcp_stream_socket(fd)) {
+  if (r == 0 && fd < kMaxFd && process_rules().empty() && tcp_stream_socket(fd)) {
     sockaddr_storage ss{};
     socklen_t l = sizeof ss;
+    const auto* sa = reinterpret_cast<sockaddr*>(&ss);  // NOLINT
+    // A port the rules deny is not registered: clients do not offer.
     if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 &&  // NOLINT
-        inet(reinterpret_cast<sockaddr*>(&ss))) {                             // NOLINT
-      const uint16_t port =
-          ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);  // NOLINT
+        inet(sa) && connection_denied(port_of(sa), nullptr).empty()) {
+      const uint16_t port = port_of(sa);
       add_listener(fd, port);
       register_listener(port);
     }
@@ -227,10 +248,22 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
   // listeners registered here: a listener inherited across exec (nginx
   // binary upgrade) is not in the table, but its port may still be
   // registered, and its clients are waiting.
-  if (s >= kMaxFd || !config().enabled || !tcp_stream_socket(s)) return s;
+  if (s >= kMaxFd || !tcp_stream_socket(s)) return s;
   const int saved = errno;
   const std::string where = describe(s);
-  Upgrade up = upgrade_accepted(s);
+  std::string deny = process_rules();
+  if (deny.empty()) {
+    sockaddr_storage local{};
+    sockaddr_storage peer{};
+    socklen_t ll = sizeof local;
+    socklen_t pl = sizeof peer;
+    if (real().getsockname(s, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&  // NOLINT
+        real().getpeername(s, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) {   // NOLINT
+      deny = connection_denied(port_of(reinterpret_cast<sockaddr*>(&local)),     // NOLINT
+                               reinterpret_cast<sockaddr*>(&peer));              // NOLINT
+    }
+  }
+  Upgrade up = upgrade_accepted(s, deny);
   if (up.stream == nullptr) {
     log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(),
              up.reason.c_str());

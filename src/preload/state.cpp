@@ -56,8 +56,6 @@ int64_t env_int(const char* name, int64_t def, int64_t lo, int64_t hi) {
 
 Config load_config() {
   Config c;
-  const char* on = std::getenv("RDMAKIT_PRELOAD");
-  c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
   c.timeout =
       std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
   c.busy_poll =

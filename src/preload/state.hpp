@@ -16,7 +16,6 @@
 namespace rdmakit::preload {
 
 struct Config {
-  bool enabled = true;
   std::string dir;          // private rendezvous directory (per uid, per netns)
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection

@@ -380,6 +380,48 @@ PY
     grep -q "using $( [ "$iomux" = select ] && echo select || echo "$iomux")()" "$work/s.out" ||
       fail "the server did not use $iomux: $(grep -i using "$work/s.out")"
     ;;
+  rules)
+    # Allow/deny rules: each excluded connection stays on kernel TCP with the
+    # rule named in the log, and a server-side rule refuses the client's
+    # offer at once (the client must not spend its 60 s budget waiting).
+    export RDMAKIT_PRELOAD_TIMEOUT_MS=60000
+    small=200000
+    rule_pair() {  # label, server env, client env (VAR=VALUE or -)
+      local senv=() cenv=()
+      [ "$2" != - ] && senv=("$2"); [ "$3" != - ] && cenv=("$3")
+      rm -f "$work/port"
+      env "${senv[@]}" "$run" --log "$log" timeout 20 "$pair" server "$work/port" $small \
+        >"$work/server.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+      port=$(cat "$work/port")
+      env "${cenv[@]}" "$run" --log "$log" timeout 20 "$pair" client "$port" $small \
+        >"$work/client.out" 2>&1 || fail "$1: client: $(cat "$work/client.out")"
+      finish_pair
+    }
+    rule_pair deny-port-client - RDMAKIT_PRELOAD_DENY_PORTS=1-65535
+    expect_count 1 "connect fd=.*path=kernel reason=port [0-9]+ is in RDMAKIT_PRELOAD_DENY_PORTS" "client port denials"
+    rule_pair deny-port-server RDMAKIT_PRELOAD_DENY_PORTS=1-65535 -
+    expect_count 1 "connect fd=.*path=kernel reason=no rdmakit listener on port" "clients of an unregistered port"
+    rule_pair allow-port-other - RDMAKIT_PRELOAD_ALLOW_PORTS=1
+    expect_count 1 "connect fd=.*path=kernel reason=port [0-9]+ is not in RDMAKIT_PRELOAD_ALLOW_PORTS" "allow-port misses"
+    rule_pair deny-addr-server RDMAKIT_PRELOAD_DENY_ADDRS=127.0.0.0/8 -
+    expect_count 1 "accept fd=.*path=kernel reason=address 127.0.0.1 is in RDMAKIT_PRELOAD_DENY_ADDRS \(offer refused\)" "server address denials"
+    expect_count 1 "connect fd=.*path=kernel reason=the peer's allow/deny rules keep this connection on kernel TCP" "clients told by the server"
+    rule_pair allow-addr-other - RDMAKIT_PRELOAD_ALLOW_ADDRS=10.0.0.0/8,::1
+    expect_count 1 "connect fd=.*path=kernel reason=address 127.0.0.1 is not in RDMAKIT_PRELOAD_ALLOW_ADDRS" "allow-addr misses"
+    rule_pair deny-program RDMAKIT_PRELOAD_DENY_PROGRAMS=sh,rdmakit_preload_pair -
+    expect_count 1 "accept fd=.*path=kernel reason=program rdmakit_preload_pair is in RDMAKIT_PRELOAD_DENY_PROGRAMS" "program denials"
+    rule_pair allow-program-other - RDMAKIT_PRELOAD_ALLOW_PROGRAMS=iperf3
+    expect_count 1 "connect fd=.*path=kernel reason=program rdmakit_preload_pair is not in RDMAKIT_PRELOAD_ALLOW_PROGRAMS" "allow-program misses"
+    rule_pair off - RDMAKIT_PRELOAD=0
+    expect_count 1 "connect fd=.*path=kernel reason=preload switched off" "switched-off clients"
+    rule_pair bad-rule - RDMAKIT_PRELOAD_DENY_PORTS=http
+    expect_count 1 "config: RDMAKIT_PRELOAD_DENY_PORTS: 'http' is not a port" "reports of a bad rule"
+    # Rules that match nothing leave the upgrade alone.
+    rule_pair allowed RDMAKIT_PRELOAD_ALLOW_ADDRS=127.0.0.1/32 RDMAKIT_PRELOAD_ALLOW_PROGRAMS=rdmakit_preload_pair
+    expect_count 4 "(connect|accept) fd=.* path=shm" "upgraded ends (bad-rule and allowed, both ends)"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
