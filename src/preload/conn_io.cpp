@@ -49,7 +49,7 @@ int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline
     timeout = static_cast<int>(left);
   }
   pollfd p{fd, events, 0};
-  const int r = poll(&p, 1, timeout);
+  const int r = real().poll(&p, 1, timeout);  // already spun: sleep now
   if (r < 0) return -errno;
   if (r == 0) return -EAGAIN;
   return 0;

@@ -57,6 +57,8 @@ void resolve_libc() noexcept {
   bind(l.timerfd_create, "timerfd_create");
   bind(l.open, "open");
   bind(l.poll, "poll");
+  bind(l.epoll_wait, "epoll_wait");
+  bind(l.select, "select");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
 }

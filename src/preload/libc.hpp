@@ -4,6 +4,8 @@
 // non-socket fds is a table load and an indirect call: no lock, no malloc,
 // async-signal-safe.
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -52,6 +54,8 @@ struct Libc {
   int (*timerfd_create)(int, int);
   int (*open)(const char*, int, ...);
   int (*poll)(pollfd*, nfds_t, int);
+  int (*epoll_wait)(int, epoll_event*, int, int);
+  int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

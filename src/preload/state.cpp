@@ -217,6 +217,8 @@ void count_path(bool accelerated) noexcept {
   (accelerated ? g_shm_count : g_kernel_count).fetch_add(1, std::memory_order_relaxed);
 }
 
+bool any_upgraded() noexcept { return g_shm_count.load(std::memory_order_relaxed) > 0; }
+
 void reset_counts_in_child() {
   g_shm_count = 0;
   g_kernel_count = 0;

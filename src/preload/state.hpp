@@ -57,6 +57,8 @@ void remove_listener(int fd);
 // One line per connection decision ("path=shm" or "path=kernel reason=...").
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void count_path(bool accelerated) noexcept;
+// Upgraded connections this process has made (wait hooks spin only then).
+bool any_upgraded() noexcept;
 
 void log_summary();
 void reset_counts_in_child();

@@ -343,7 +343,8 @@ PY
     # Server and clients multiplex with -F s|p|e (sockperf needs a feed file
     # for -F): ping-pong, throughput and under-load clients at once against
     # one server (so the server's select/poll/epoll set holds three streams),
-    # first with blocking sockets, then with --nonblocked on every side.
+    # first with blocking sockets, then with --nonblocked on every side and a
+    # 50 us busy-poll (the select/poll/epoll_wait hooks spin before sleeping).
     need sockperf
     iomux=${case_name#sockperf-}
     sp_round() {  # extra options for server and clients
@@ -373,7 +374,7 @@ PY
       done
     }
     sp_round
-    sp_round --nonblocked
+    RDMAKIT_PRELOAD_BUSY_POLL_US=50 sp_round --nonblocked
     expect_count 6 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
     expect_count 6 "sockperf\]: accept fd=.* path=shm" "server connections on shm"
     expect_count 0 "path=kernel" "kernel fallbacks"
