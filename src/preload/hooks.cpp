@@ -407,7 +407,8 @@ void place_passed_fds(msghdr* msg) {
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   if (!is_conn(fd)) {
     const ssize_t r = real().recvmsg(fd, msg, flags);
-    if (r >= 0 && msg->msg_controllen > 0 && internal_caller(CALLER)) place_passed_fds(msg);
+    if (r >= 0 && msg->msg_controllen > 0 && internal_caller(CALLER))
+      place_passed_fds(msg);
     return r;
   }
   auto c = find_conn(fd);

@@ -466,8 +466,9 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   if (!fits || c.get() < 0 ||
       real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
           0) {  // NOLINT
-    up.reason = deny.empty() ? "no rendezvous offer from the peer (peer not rdmakit-enabled)"
-                             : deny;
+    up.reason = deny.empty()
+                    ? "no rendezvous offer from the peer (peer not rdmakit-enabled)"
+                    : deny;
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;

@@ -57,7 +57,8 @@ std::vector<PortRange> ports(const char* var, Rules* r) {
     long hi = lo;
     if (*end == '-') hi = std::strtol(end + 1, &end, 10);
     if (*end != '\0' || lo < 1 || hi > 65535 || hi < lo) {
-      note(r, std::string(var) + ": '" + item + "' is not a port or port range (ignored)");
+      note(r,
+           std::string(var) + ": '" + item + "' is not a port or port range (ignored)");
       continue;
     }
     out.push_back({static_cast<uint16_t>(lo), static_cast<uint16_t>(hi)});

@@ -69,7 +69,8 @@ EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
 EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
   const int timeout =
       tv == nullptr ? -1 : static_cast<int>(tv->tv_sec * 1000 + tv->tv_usec / 1000);
-  const auto spin = budget(tv != nullptr && timeout == 0 && tv->tv_usec > 0 ? 1 : timeout);
+  const auto spin =
+      budget(tv != nullptr && timeout == 0 && tv->tv_usec > 0 ? 1 : timeout);
   if (spin.count() == 0) return real().select(n, rd, wr, ex, tv);
   // select overwrites its sets: each try starts from the caller's.
   fd_set r0;
