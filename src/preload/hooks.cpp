@@ -308,10 +308,7 @@ EXPORT int close_range(unsigned first, unsigned last, int flags) {
 EXPORT int shutdown(int fd, int how) {
   auto c = find_conn(fd);
   if (!c) return real().shutdown(fd, how);
-  if (c->owner != process_id()) {
-    errno = EOPNOTSUPP;
-    return -1;
-  }
+  if (refuse_foreign(*c, fd, "shutdown")) return -1;
   const int r = c->stream->shutdown(how);
   if (r < 0) {
     errno = -r;

@@ -219,6 +219,18 @@ void count_path(bool accelerated) noexcept {
 
 bool any_upgraded() noexcept { return g_shm_count.load(std::memory_order_relaxed) > 0; }
 
+bool refuse_foreign(Conn& c, int fd, const char* call) {
+  if (c.owner == process_id()) return false;
+  if (!c.foreign_logged.exchange(true)) {
+    log_line(
+        "%s fd=%d: EOPNOTSUPP: the connection was upgraded by pid %d; a forked child "
+        "cannot use it (accept-then-fork is not supported)",
+        call, fd, static_cast<int>(c.owner));
+  }
+  errno = EOPNOTSUPP;
+  return true;
+}
+
 void reset_counts_in_child() {
   g_shm_count = 0;
   g_kernel_count = 0;
