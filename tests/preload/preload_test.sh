@@ -19,7 +19,10 @@ need() { command -v "$1" >/dev/null || fail "$1 is not installed (scripts/deps.s
 export RDMAKIT_PRELOAD_DIR=$work/rdv
 mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 log=$work/log
-pre() { "$run" --log "$log" "$@"; }
+# An array, not a function: "${pre[@]}" CMD & is then one process whose pid
+# is $! (a backgrounded function is a subshell, and killing it would leave
+# the server running until its timeout).
+pre=("$run" --log "$log")
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_listen() {  # up to 20 s for a server to listen on port $1
   for _ in $(seq 400); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
@@ -35,7 +38,7 @@ expect_count() {  # N PATTERN WHAT
 # Starts the pair server (maybe preloaded) in the background; sets port.
 start_pair_server() {  # preloaded(0|1) size
   rm -f "$work/port"
-  if [ "$1" = 1 ]; then pre timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 &
+  if [ "$1" = 1 ]; then "${pre[@]}" timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 &
   else timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 & fi
   server_pid=$!
   pids+=("$server_pid")
@@ -52,7 +55,7 @@ size=5000000
 case "$case_name" in
   pair-shm)  # both ends preloaded: shm, every byte checked both ways
     start_pair_server 1 $size
-    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
       fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
@@ -62,7 +65,7 @@ case "$case_name" in
     start_pair_server 0 $size
     # A client that waited for a rendezvous would spend the 60 s budget and
     # be killed at 30 s.
-    RDMAKIT_PRELOAD_TIMEOUT_MS=60000 pre timeout 30 "$pair" client "$port" $size \
+    RDMAKIT_PRELOAD_TIMEOUT_MS=60000 "${pre[@]}" timeout 30 "$pair" client "$port" $size \
       >"$work/client.out" 2>&1 || fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 1 "connect fd=.*path=kernel reason=no rdmakit listener on port $port" \
@@ -79,7 +82,7 @@ case "$case_name" in
   unsafe-dir)  # a rendezvous directory others can write is refused
     chmod 777 "$RDMAKIT_PRELOAD_DIR"
     start_pair_server 1 $size
-    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
       fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 2 "path=kernel reason=rendezvous directory unusable: .* has mode 777" \
@@ -106,10 +109,10 @@ case "$case_name" in
     [ "$case_name" = iperf3-R ] && args+=(-R)
     [ "$case_name" = iperf3-Z ] && args+=(-Z)  # sendfile
     port=$(free_port)
-    pre timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
+    "${pre[@]}" timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
     server_pid=$!; pids+=("$server_pid")
     wait_listen "$port"
-    pre timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
+    "${pre[@]}" timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
       fail "iperf3 client: $(cat "$work/c.err" "$work/c.json" | tail -n 20)"
     wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err" "$work/s.json")"
     python3 - "$work/c.json" "$work/s.json" "$case_name" <<'PY' || fail "byte counts do not match"
@@ -168,18 +171,18 @@ PY
     # (fork) during the load, then 2000 known keys written and read back.
     need redis-server; need redis-benchmark; need redis-cli
     port=$(free_port)
-    pre timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    "${pre[@]}" timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
       --dir "$work" --daemonize no >"$work/s.out" 2>&1 &
     server_pid=$!; pids+=("$server_pid")
     wait_listen "$port"
-    pre timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
+    "${pre[@]}" timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
       >"$work/b1.out" 2>&1 &
     bench_pid=$!
     sleep 0.3
-    [ "$(pre timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
+    [ "$("${pre[@]}" timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
       fail "BGSAVE was not started"
     wait "$bench_pid" || fail "redis-benchmark: $(tail -n 5 "$work/b1.out")"
-    pre timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
+    "${pre[@]}" timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
       >"$work/b2.out" 2>&1 || fail "redis-benchmark -P 16: $(tail -n 5 "$work/b2.out")"
     tr '\r' '\n' <"$work/b1.out" >"$work/b1.txt"
     tr '\r' '\n' <"$work/b2.out" >"$work/b2.txt"
@@ -192,21 +195,21 @@ PY
     tr '\r' '\n' <"$work/b1.out" | grep "requests per second" | tail -n 3
     tr '\r' '\n' <"$work/b2.out" | grep "requests per second" | tail -n 2
     for _ in $(seq 100); do
-      pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
+      "${pre[@]}" timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
       sleep 0.1
     done
-    pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
+    "${pre[@]}" timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
       fail "BGSAVE failed"
     # redis-cli --pipe: non-blocking mode set through fcntl64
     for i in $(seq 0 1999); do
       printf 'SET k%d v%d-%05d\r\n' "$i" "$i" $((i * 7919 % 100000))
     done >"$work/cmds"
-    pre timeout 20 redis-cli -p "$port" --pipe <"$work/cmds" >"$work/pipe.out" 2>&1 ||
+    "${pre[@]}" timeout 20 redis-cli -p "$port" --pipe <"$work/cmds" >"$work/pipe.out" 2>&1 ||
       fail "redis-cli --pipe: $(cat "$work/pipe.out")"
     grep -q "errors: 0, replies: 2000" "$work/pipe.out" || fail "pipe: $(cat "$work/pipe.out")"
     for i in $(seq 0 1999); do echo "v$i-$(printf %05d $((i * 7919 % 100000)))"; done >"$work/expect"
     # shellcheck disable=SC2046
-    pre timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
+    "${pre[@]}" timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
     cmp -s "$work/expect" "$work/got" || fail "keys read back differ"
     echo "2000 keys read back intact after BGSAVE"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
@@ -257,7 +260,7 @@ NGINX
       need wrk
       # 4 connections per thread: wrk sizes its event loop by that count, so
       # descriptors the library keeps for itself must not take low numbers.
-      pre timeout 20 wrk -t 2 -c 8 -d 2 "http://127.0.0.1:$port/small.bin" >"$work/wrk.out" 2>&1 ||
+      "${pre[@]}" timeout 20 wrk -t 2 -c 8 -d 2 "http://127.0.0.1:$port/small.bin" >"$work/wrk.out" 2>&1 ||
         fail "wrk: $(cat "$work/wrk.out")"
       cat "$work/wrk.out"
       grep -qE "^ +[1-9][0-9]* requests in" "$work/wrk.out" || fail "wrk made no requests"
@@ -350,12 +353,12 @@ PY
     sp_round() {  # extra options for server and clients
       local port; port=$(free_port)
       echo "T:127.0.0.1:$port" >"$work/feed"
-      pre timeout 40 sockperf sr -f "$work/feed" -F "$iomux" "$@" >>"$work/s.out" 2>&1 &
+      "${pre[@]}" timeout 40 sockperf sr -f "$work/feed" -F "$iomux" "$@" >>"$work/s.out" 2>&1 &
       server_pid=$!; pids+=("$server_pid")
       wait_listen "$port"
       local m cp=()
       for m in pp tp ul; do
-        pre timeout 20 sockperf $m -f "$work/feed" -F "$iomux" -t 1 -m 64 "$@" >"$work/c-$m.out" 2>&1 &
+        "${pre[@]}" timeout 20 sockperf $m -f "$work/feed" -F "$iomux" -t 1 -m 64 "$@" >"$work/c-$m.out" 2>&1 &
         cp+=($!)
       done
       for m in 0 1 2; do wait "${cp[$m]}" || fail "sockperf client $m $*: $(tail -n 20 "$work"/c-*.out)"; done
@@ -443,10 +446,10 @@ _, st = os.waitpid(pid, 0)
 if os.waitstatus_to_exitcode(st) != 0: sys.exit("child: exit %d" % os.waitstatus_to_exitcode(st))
 c.sendall(b"from the parent\n"); c.close()
 PY
-    pre timeout 20 python3 "$work/srv.py" "$port" >"$work/s.out" 2>&1 &
+    "${pre[@]}" timeout 20 python3 "$work/srv.py" "$port" >"$work/s.out" 2>&1 &
     server_pid=$!; pids+=("$server_pid")
     wait_listen "$port"
-    pre timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); print(s.makefile().read(), end="")' \
+    "${pre[@]}" timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); print(s.makefile().read(), end="")' \
       "$port" >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
     wait "$server_pid" || fail "server: $(cat "$work/s.out")"
     [ "$(cat "$work/c.out")" = "from the parent" ] || fail "client got: $(cat "$work/c.out")"
