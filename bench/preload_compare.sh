@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Preloaded programs against kernel TCP, in one run, pinned, as ratios
-# (docs/preload.md). Both ends on loopback; rounds alternate kernel and
-# preload so load changes hit both alike.
+# (docs/preload.md). Both ends on loopback; rounds alternate the modes so
+# load changes hit all of them alike. Modes:
+#   kernel    plain programs (the baseline)
+#   shm       both ends under rdmakit-run: connections upgraded to shm streams
+#   spin      shm with --busy-poll 50 (blocking calls and poll/epoll_wait/
+#             select spin up to 50 us before sleeping)
+#   fallback  both ends under rdmakit-run with --deny-ports 1-65535: every
+#             connection stays on kernel TCP, every call goes through the hooks
+# Rows:
 #   sockperf TCP ping-pong, 16 B: half round trip p50 / p99 / average
-#     kernel | preload (sleeping) | preload (--busy-poll 100)
-#   iperf3, one stream: Gbit/s   kernel | preload
+#   iperf3, one stream: Gbit/s
+#   redis-benchmark SET and GET, 50 clients, no pipelining: requests/s, p50,
+#     p99, CPU (server + client) per request
+#   nginx (master + 2 workers) + wrk (2 threads, 50 connections), 600 B file:
+#     requests/s, p50, p99, CPU per request
 # Usage: bench/preload_compare.sh [BUILD_DIR]   (default: build)
 #   RDMAKIT_BENCH_CPUS=0,1  RDMAKIT_BENCH_SECONDS=3  RDMAKIT_BENCH_ROUNDS=3
-#   RDMAKIT_BENCH_NOTE="loaded machine"
+#   RDMAKIT_BENCH_ROWS="pp iperf redis nginx"  RDMAKIT_BENCH_NOTE="loaded machine"
 # Writes bench/results/preload-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -15,30 +25,44 @@ build=${1:-build}
 cpus=${RDMAKIT_BENCH_CPUS:-0,1}
 secs=${RDMAKIT_BENCH_SECONDS:-3}
 rounds=${RDMAKIT_BENCH_ROUNDS:-3}
+rows=${RDMAKIT_BENCH_ROWS:-pp iperf redis nginx}
 note=${RDMAKIT_BENCH_NOTE:-}
-run=$build/tools/rdmakit-run/rdmakit-run
-for p in sockperf iperf3 taskset python3; do
+run=$(realpath "$build/tools/rdmakit-run/rdmakit-run")
+for p in sockperf iperf3 taskset python3 redis-server redis-benchmark nginx wrk /usr/bin/time; do
   command -v $p >/dev/null || { echo "missing $p (scripts/deps.sh --bench)"; exit 1; }
 done
 [ -x "$run" ] || { echo "missing $run (ninja -C $build rdmakit_preload rdmakit-run)"; exit 1; }
 c_srv=${cpus#*,} c_cli=${cpus%,*}
 stamp=$(date -u +%Y%m%d-%H%M%S)
-out=bench/results/preload-$stamp
+out=$PWD/bench/results/preload-$stamp
 mkdir -p bench/results
 : >"$out.log"
-export RDMAKIT_PRELOAD_DIR=$(mktemp -d /tmp/rdmakit-bench.XXXXXX)
-trap 'rm -rf "$RDMAKIT_PRELOAD_DIR"' EXIT
+tmp=$(mktemp -d /tmp/rdmakit-bench.XXXXXX)
+export RDMAKIT_PRELOAD_DIR=$tmp/rdv
+mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
+trap 'rm -rf "$tmp"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_listen() { for _ in $(seq 100); do ss -ltn "sport = :$1" | grep -q LISTEN && return; sleep 0.05; done; }
+wait_listen() { for _ in $(seq 200); do ss -ltn "sport = :$1" | grep -q LISTEN && return; sleep 0.05; done; }
+# pre MODE: the wrapper (and options) for a mode, in the array P
+pre() {
+  case $1 in
+    kernel) P=() ;;
+    shm) P=("$run") ;;
+    spin) P=("$run" --busy-poll 50) ;;
+    fallback) P=("$run" --deny-ports 1-65535) ;;
+  esac
+}
+# cpu_of FILE...: user+sys seconds summed over /usr/bin/time -f "%U %S" files
+cpu_of() { cat "$@" | awk '{s += $1 + $2} END {printf "%.3f", s}'; }
 
-# sockperf MODE(kernel|preload|spin): prints "p50 p99 avg" (usec)
+# sockperf ping-pong MODE: prints "p50 p99 avg" (usec)
 sockperf_pp() {
-  local pre=() port; port=$(free_port)
-  case $1 in preload) pre=("$run" --stats) ;; spin) pre=("$run" --stats --busy-poll 100) ;; esac
-  taskset -c "$c_srv" "${pre[@]}" sockperf sr --tcp -i 127.0.0.1 -p "$port" >>"$out.log" 2>&1 &
+  local port; port=$(free_port); pre "$1"
+  taskset -c "$c_srv" "${P[@]}" timeout $((secs + 30)) sockperf sr --tcp -i 127.0.0.1 -p "$port" \
+    >>"$out.log" 2>&1 &
   local spid=$!
   wait_listen "$port"
-  local o; o=$(taskset -c "$c_cli" "${pre[@]}" timeout $((secs + 20)) sockperf pp --tcp -i 127.0.0.1 \
+  local o; o=$(taskset -c "$c_cli" "${P[@]}" timeout $((secs + 20)) sockperf pp --tcp -i 127.0.0.1 \
     -p "$port" -m 16 -t "$secs" 2>&1)
   kill $spid 2>/dev/null; wait $spid 2>/dev/null
   echo "== sockperf $1" >>"$out.log"; echo "$o" >>"$out.log"
@@ -53,48 +77,149 @@ print(pct("50.000"), pct("99.000"), m.group(1) if m else "nan")
 PY
 }
 
-# iperf3 MODE(kernel|preload): prints Gbit/s (receiver)
+# iperf3 MODE: prints Gbit/s (receiver)
 iperf() {
-  local pre=() port; port=$(free_port)
-  [ "$1" = preload ] && pre=("$run" --stats)
-  taskset -c "$c_srv" "${pre[@]}" iperf3 -s -1 -p "$port" >>"$out.log" 2>&1 &
+  local port; port=$(free_port); pre "$1"
+  taskset -c "$c_srv" "${P[@]}" timeout $((secs + 30)) iperf3 -s -1 -p "$port" >>"$out.log" 2>&1 &
   local spid=$!
   wait_listen "$port"
-  local o; o=$(taskset -c "$c_cli" "${pre[@]}" timeout $((secs + 20)) iperf3 -c 127.0.0.1 -p "$port" \
+  local o; o=$(taskset -c "$c_cli" "${P[@]}" timeout $((secs + 20)) iperf3 -c 127.0.0.1 -p "$port" \
     -t "$secs" -J 2>>"$out.log")
   wait $spid 2>/dev/null
   echo "== iperf3 $1" >>"$out.log"
   python3 -c 'import json,sys; print("%.3f" % (json.loads(sys.argv[1])["end"]["sum_received"]["bits_per_second"]/1e9))' "$o" 2>/dev/null || echo nan
 }
 
+# redis MODE: prints "set_rps set_p50 set_p99 get_rps get_p50 get_p99 cpu_us_per_req"
+redis() {
+  local port; port=$(free_port); pre "$1"
+  local n=$((secs * 20000))
+  rm -f "$tmp"/t-*
+  taskset -c "$c_srv" /usr/bin/time -f "%U %S" -o "$tmp/t-srv" "${P[@]}" timeout $((secs * 4 + 30)) \
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >>"$out.log" 2>&1 &
+  local spid=$!
+  wait_listen "$port"
+  local o; o=$(taskset -c "$c_cli" /usr/bin/time -f "%U %S" -o "$tmp/t-cli" "${P[@]}" \
+    timeout $((secs * 4 + 20)) redis-benchmark -p "$port" -t set,get -n "$n" -c 50 --csv 2>>"$out.log")
+  timeout 5 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1; wait $spid 2>/dev/null
+  echo "== redis $1" >>"$out.log"; echo "$o" >>"$out.log"
+  python3 - "$o" "$n" "$(cpu_of "$tmp/t-srv" "$tmp/t-cli" 2>/dev/null || echo nan)" <<'PY'
+import csv, io, sys
+rows = {r["test"]: r for r in csv.DictReader(io.StringIO(sys.argv[1]))}
+n, cpu = int(sys.argv[2]), float(sys.argv[3])
+v = []
+for t in ("SET", "GET"):
+    r = rows.get(t, {})
+    v += [r.get("rps", "nan"), r.get("p50_latency_ms", "nan"), r.get("p99_latency_ms", "nan")]
+print(*v, "%.2f" % (cpu / (2 * n) * 1e6))
+PY
+}
+
+# nginx MODE: prints "rps p50_ms p99_ms cpu_us_per_req"
+nginx_wrk() {
+  local port; port=$(free_port); pre "$1"
+  local d=$tmp/ngx-$1; mkdir -p "$d/www"
+  head -c 600 /dev/urandom >"$d/www/small.bin"
+  cat >"$d/nginx.conf" <<EOF
+daemon off; master_process on; worker_processes 2; user $(id -un) $(id -gn);
+pid $d/nginx.pid; error_log $d/error.log warn;
+events { use epoll; worker_connections 512; }
+http { access_log off; sendfile on; client_body_temp_path $d/b; proxy_temp_path $d/p;
+  fastcgi_temp_path $d/f; uwsgi_temp_path $d/u; scgi_temp_path $d/s;
+  server { listen 127.0.0.1:$port; root $d/www; } }
+EOF
+  rm -f "$tmp"/t-*
+  taskset -c "$c_srv" /usr/bin/time -f "%U %S" -o "$tmp/t-srv" "${P[@]}" timeout $((secs + 30)) \
+    nginx -c "$d/nginx.conf" -p "$d" -e "$d/error.log" >>"$out.log" 2>&1 &
+  local spid=$!
+  wait_listen "$port"
+  local o; o=$(taskset -c "$c_cli" /usr/bin/time -f "%U %S" -o "$tmp/t-cli" "${P[@]}" \
+    timeout $((secs + 20)) wrk -t 2 -c 50 -d "$secs" --latency "http://127.0.0.1:$port/small.bin" 2>&1)
+  kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null; wait $spid 2>/dev/null
+  echo "== nginx+wrk $1" >>"$out.log"; echo "$o" >>"$out.log"
+  python3 - "$o" "$(cpu_of "$tmp/t-srv" "$tmp/t-cli" 2>/dev/null || echo nan)" <<'PY'
+import re, sys
+o, cpu = sys.argv[1], float(sys.argv[2])
+def ms(p):
+    m = re.search(r"^\s*%s%%\s+([\d.]+)(us|ms|s)" % p, o, re.M)
+    if not m: return float("nan")
+    return float(m.group(1)) * {"us": 1e-3, "ms": 1, "s": 1e3}[m.group(2)]
+m = re.search(r"(\d+) requests in", o)
+r = re.search(r"Requests/sec:\s*([\d.]+)", o)
+n = int(m.group(1)) if m else 0
+bad = "Socket errors" in o or "Non-2xx" in o
+print(r.group(1) if r and not bad else "nan", "%.3f" % ms(50), "%.3f" % ms(99),
+      "%.2f" % (cpu / n * 1e6) if n else "nan")
+PY
+}
+
 declare -A res
 for r in $(seq "$rounds"); do
-  for m in kernel preload spin; do res[pp_$m]+="$(sockperf_pp $m);"; done
-  for m in kernel preload; do res[bw_$m]+="$(iperf $m) "; done
+  for row in $rows; do
+    case $row in
+      pp) for m in kernel shm spin fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in kernel shm fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in kernel shm fallback; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in kernel shm fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+    esac
+  done
   echo "round $r done" >&2
 done
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" \
-  "${res[pp_kernel]}" "${res[pp_preload]}" "${res[pp_spin]}" "${res[bw_kernel]}" "${res[bw_preload]}" <<'PY'
-import statistics as st, sys
-md, stamp, cpus, secs, rounds, load, note, ppk, ppp, pps, bwk, bwp = sys.argv[1:]
-def lat(s):
-    rows = [r.split() for r in s.split(";") if r.strip()]
-    return [st.median(float(r[i]) for r in rows) for i in range(3)]
-def bw(s):
-    return st.median(float(x) for x in s.split())
-k, p, sp = lat(ppk), lat(ppp), lat(pps)
-bk, bp = bw(bwk), bw(bwp)
+{ for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
+python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" <<'PY'
+import math, statistics as st, sys
+md, stamp, cpus, secs, rounds, load, note, resf = sys.argv[1:]
+res = dict(l.rstrip("\n").split("=", 1) for l in open(resf) if "=" in l)
+def med(key):
+    rows = [r.split() for r in res.get(key, "").split(";") if r.strip()]
+    if not rows: return None
+    out = []
+    for i in range(len(rows[0])):
+        vals = [float(r[i]) for r in rows if i < len(r) and r[i] != "nan"]
+        out.append(st.median(vals) if vals else math.nan)
+    return out
+def ratio(a, b): return f"{a / b:.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
 lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Pinned to CPUs {cpus} (server, client), {secs} s per run, median of {rounds} alternating rounds.",
          f"Load average at the end: {load}. " + (note or ""),
          "**Taken on a machine shared with other builds: absolute numbers are noisy; compare the ratios.**", "",
-         "| sockperf TCP ping-pong 16 B (half RTT, usec) | p50 | p99 | avg | avg / kernel |", "|---|---|---|---|---|"]
-for name, v in (("kernel TCP", k), ("preload (sleeping)", p), ("preload (--busy-poll 100)", sp)):
-    lines.append(f"| {name} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {v[2] / k[2]:.2f}x |")
-lines += ["", "| iperf3, 1 stream | Gbit/s | / kernel |", "|---|---|---|",
-          f"| kernel TCP | {bk:.2f} | 1.00x |", f"| preload (shm) | {bp:.2f} | {bp / bk:.2f}x |", "",
-          "Goals (issue 14): ping-pong at most 0.1x kernel, iperf3 at least 2x."]
+         "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams); "
+         "spin = shm with --busy-poll 50; fallback = both ends preloaded with --deny-ports 1-65535 "
+         "(kernel TCP through the hooks).", ""]
+names = {"kernel": "kernel TCP", "shm": "preload shm", "spin": "preload shm, --busy-poll 50",
+         "fallback": "preload fallback (kernel TCP)"}
+k = med("pp_kernel")
+if k:
+    lines += ["| sockperf TCP ping-pong 16 B (half RTT, usec) | p50 | p99 | avg | avg / kernel |", "|---|---|---|---|---|"]
+    for m in ("kernel", "shm", "spin", "fallback"):
+        v = med("pp_" + m)
+        if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {ratio(v[2], k[2])} |")
+    lines.append("")
+k = med("bw_kernel")
+if k:
+    lines += ["| iperf3, 1 stream | Gbit/s | / kernel |", "|---|---|---|"]
+    for m in ("kernel", "shm", "fallback"):
+        v = med("bw_" + m)
+        if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {ratio(v[0], k[0])} |")
+    lines.append("")
+k = med("rd_kernel")
+if k:
+    lines += ["| redis-benchmark, 50 clients | SET req/s | p50 ms | p99 ms | GET req/s | p50 ms | p99 ms | CPU us/req | SET / kernel | GET / kernel |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in ("kernel", "shm", "fallback"):
+        v = med("rd_" + m)
+        if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} | {v[4]:.3f} | {v[5]:.3f} | {v[6]:.1f} | {ratio(v[0], k[0])} | {ratio(v[3], k[3])} |")
+    lines.append("")
+k = med("ng_kernel")
+if k:
+    lines += ["| nginx (2 workers) + wrk, 600 B file, 50 connections | req/s | p50 ms | p99 ms | CPU us/req | / kernel |", "|---|---|---|---|---|---|"]
+    for m in ("kernel", "shm", "fallback"):
+        v = med("ng_" + m)
+        if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.1f} | {ratio(v[0], k[0])} |")
+    lines.append("")
+lines += ["Goals (issue 14): ping-pong at most 0.1x kernel; iperf3 at least 2x; redis GET and SET at least 1.5x;",
+          "nginx+wrk at least 1.3x; fallback within 5% of kernel TCP."]
 open(md, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -15,7 +15,7 @@ pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibver
        rdmacm-utils perftest python3)
 [ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib rsync)
 # The preload tests run these programs under the library.
-pkgs+=(iperf3 sockperf curl redis-server redis-tools)
+pkgs+=(iperf3 sockperf curl redis-server redis-tools nginx-light wrk)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

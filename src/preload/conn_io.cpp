@@ -49,22 +49,16 @@ int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline
     timeout = static_cast<int>(left);
   }
   pollfd p{fd, events, 0};
-  const int r = poll(&p, 1, timeout);
+  const int r = real().poll(&p, 1, timeout);  // already spun: sleep now
   if (r < 0) return -errno;
   if (r == 0) return -EAGAIN;
   return 0;
 }
 
-bool foreign(const Conn& c) {
-  if (c.owner == process_id()) return false;
-  errno = EOPNOTSUPP;  // a fork child: the parent's accelerated connection is not ours
-  return true;
-}
-
 }  // namespace
 
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (foreign(c)) return -1;
+  if (refuse_foreign(c, fd, "recv")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const bool peek = (flags & MSG_PEEK) != 0;
@@ -109,7 +103,7 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 }
 
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (foreign(c)) return -1;
+  if (refuse_foreign(c, fd, "send")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const size_t want = total_len(iov, iovcnt);

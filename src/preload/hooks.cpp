@@ -21,9 +21,11 @@
 #include <cstring>
 
 #include "conn_io.hpp"
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous.hpp"
+#include "rules.hpp"
 #include "state.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
@@ -51,6 +53,23 @@ bool inet(const sockaddr* sa) {
 void forget_stale(int fd) {
   if (is_conn(fd)) (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
+}
+
+uint16_t port_of(const sockaddr* sa) {
+  return ntohs(sa->sa_family == AF_INET
+                   ? reinterpret_cast<const sockaddr_in*>(sa)->sin_port      // NOLINT
+                   : reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);  // NOLINT
+}
+
+// Whether this process may upgrade anything ("" yes); bad rule variables
+// are reported once.
+const std::string& process_rules() {
+  static bool reported = false;
+  if (!reported) {
+    reported = true;
+    if (!rule_errors().empty()) log_line("config: %s", rule_errors().c_str());
+  }
+  return process_denied();
 }
 
 std::string describe(int fd) {
@@ -139,18 +158,23 @@ void fill_peer(const Conn& c, sockaddr* addr, socklen_t* len) {
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
+#define CALLER __builtin_return_address(0)
+
 EXPORT int socket(int domain, int type, int protocol) {
-  const int fd = real().socket(domain, type, protocol);
+  int fd = real().socket(domain, type, protocol);
+  if (fd >= 0 && internal_caller(CALLER)) fd = place_high(fd);
   if (fd >= 0) forget_stale(fd);
   return fd;
 }
 
 EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
-  if (!inet(addr) || !config().enabled || fd >= kMaxFd || !tcp_stream_socket(fd)) {
+  if (!inet(addr) || fd >= kMaxFd || !tcp_stream_socket(fd)) {
     return real().connect(fd, addr, len);
   }
-  std::string reason;
-  PendingOfferPtr offer = prepare_connect(fd, addr, &reason);
+  std::string reason = process_rules();
+  if (reason.empty()) reason = connection_denied(port_of(addr), addr);
+  PendingOfferPtr offer;
+  if (reason.empty()) offer = prepare_connect(fd, addr, &reason);
   if (!offer) {
     const int r = real().connect(fd, addr, len);
     if (r == 0 || errno == EINPROGRESS) {
@@ -195,13 +219,14 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 
 EXPORT int listen(int fd, int backlog) {
   const int r = real().listen(fd, backlog);
-  if (r == 0 && config().enabled && fd < kMaxFd && tcp_stream_socket(fd)) {
+  if (r == 0 && fd < kMaxFd && process_rules().empty() && tcp_stream_socket(fd)) {
     sockaddr_storage ss{};
     socklen_t l = sizeof ss;
+    const auto* sa = reinterpret_cast<sockaddr*>(&ss);  // NOLINT
+    // A port the rules deny is not registered: clients do not offer.
     if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 &&  // NOLINT
-        inet(reinterpret_cast<sockaddr*>(&ss))) {                             // NOLINT
-      const uint16_t port =
-          ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);  // NOLINT
+        inet(sa) && connection_denied(port_of(sa), nullptr).empty()) {
+      const uint16_t port = port_of(sa);
       add_listener(fd, port);
       register_listener(port);
     }
@@ -209,7 +234,13 @@ EXPORT int listen(int fd, int backlog) {
   return r;
 }
 
-EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+namespace {
+int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* caller) {
+  if (internal_caller(caller)) {  // rdmakit's own (shm handshake)
+    const int s = place_high(real().accept4(fd, addr, len, flags));
+    if (s >= 0) forget_stale(s);
+    return s;
+  }
   const int s = real().accept4(fd, addr, len, flags);
   if (s < 0) return s;
   forget_stale(s);
@@ -217,10 +248,22 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   // listeners registered here: a listener inherited across exec (nginx
   // binary upgrade) is not in the table, but its port may still be
   // registered, and its clients are waiting.
-  if (s >= kMaxFd || !config().enabled || !tcp_stream_socket(s)) return s;
+  if (s >= kMaxFd || !tcp_stream_socket(s)) return s;
   const int saved = errno;
   const std::string where = describe(s);
-  Upgrade up = upgrade_accepted(s);
+  std::string deny = process_rules();
+  if (deny.empty()) {
+    sockaddr_storage local{};
+    sockaddr_storage peer{};
+    socklen_t ll = sizeof local;
+    socklen_t pl = sizeof peer;
+    if (real().getsockname(s, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&  // NOLINT
+        real().getpeername(s, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) {   // NOLINT
+      deny = connection_denied(port_of(reinterpret_cast<sockaddr*>(&local)),     // NOLINT
+                               reinterpret_cast<sockaddr*>(&peer));              // NOLINT
+    }
+  }
+  Upgrade up = upgrade_accepted(s, deny);
   if (up.stream == nullptr) {
     log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(),
              up.reason.c_str());
@@ -231,9 +274,14 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   errno = saved;
   return s;
 }
+}  // namespace
+
+EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  return accept_hook(fd, addr, len, flags, CALLER);
+}
 
 EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
-  return accept4(fd, addr, len, 0);
+  return accept_hook(fd, addr, len, 0, CALLER);
 }
 
 EXPORT int close(int fd) {
@@ -260,10 +308,7 @@ EXPORT int close_range(unsigned first, unsigned last, int flags) {
 EXPORT int shutdown(int fd, int how) {
   auto c = find_conn(fd);
   if (!c) return real().shutdown(fd, how);
-  if (c->owner != process_id()) {
-    errno = EOPNOTSUPP;
-    return -1;
-  }
+  if (refuse_foreign(*c, fd, "shutdown")) return -1;
   const int r = c->stream->shutdown(how);
   if (r < 0) {
     errno = -r;
@@ -339,8 +384,30 @@ EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
   return send_one(fd, buf, len, flags);  // connected: the address is ignored, as TCP does
 }
 
+namespace {
+// Descriptors rdmakit receives (shm regions) go to the high range too.
+void place_passed_fds(msghdr* msg) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    auto* fds = reinterpret_cast<int*>(CMSG_DATA(c));  // NOLINT
+    for (size_t i = 0; i < n; ++i) {
+      int v = 0;
+      std::memcpy(&v, fds + i, sizeof v);
+      v = place_high(v);
+      std::memcpy(fds + i, &v, sizeof v);
+    }
+  }
+}
+}  // namespace
+
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
-  if (!is_conn(fd)) return real().recvmsg(fd, msg, flags);
+  if (!is_conn(fd)) {
+    const ssize_t r = real().recvmsg(fd, msg, flags);
+    if (r >= 0 && msg->msg_controllen > 0 && internal_caller(CALLER))
+      place_passed_fds(msg);
+    return r;
+  }
   auto c = find_conn(fd);
   if (!c) return real().recvmsg(fd, msg, flags);
   const ssize_t r =
@@ -362,9 +429,13 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
 }
 
 namespace {
-int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg) {
+int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
+               const void* caller) {
   if (!is_conn(fd)) {
-    const int r = libc_fcntl(fd, cmd, arg);
+    int r = libc_fcntl(fd, cmd, arg);
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && internal_caller(caller)) {
+      r = place_high(r);
+    }
     if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_stale(r);
     return r;
   }
@@ -398,7 +469,7 @@ EXPORT int fcntl(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);  // every fcntl argument fits (int, long or pointer)
   va_end(ap);
-  return fcntl_hook(real().fcntl, fd, cmd, arg);
+  return fcntl_hook(real().fcntl, fd, cmd, arg, CALLER);
 }
 
 EXPORT int fcntl64(int fd, int cmd, ...) {
@@ -406,7 +477,7 @@ EXPORT int fcntl64(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  return fcntl_hook(real().fcntl64, fd, cmd, arg);
+  return fcntl_hook(real().fcntl64, fd, cmd, arg, CALLER);
 }
 
 EXPORT int ioctl(int fd, unsigned long req,

@@ -50,6 +50,15 @@ void resolve_libc() noexcept {
   bind(l.dup3, "dup3");
   bind(l.sendfile, "sendfile");
   bind(l.pread, "pread");
+  bind(l.socketpair, "socketpair");
+  bind(l.eventfd, "eventfd");
+  bind(l.epoll_create1, "epoll_create1");
+  bind(l.memfd_create, "memfd_create");
+  bind(l.timerfd_create, "timerfd_create");
+  bind(l.open, "open");
+  bind(l.poll, "poll");
+  bind(l.epoll_wait, "epoll_wait");
+  bind(l.select, "select");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
 }

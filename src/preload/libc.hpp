@@ -4,6 +4,8 @@
 // non-socket fds is a table load and an indirect call: no lock, no malloc,
 // async-signal-safe.
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -45,6 +47,15 @@ struct Libc {
   int (*dup3)(int, int, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
   ssize_t (*pread)(int, void*, size_t, off_t);
+  int (*socketpair)(int, int, int, int*);
+  int (*eventfd)(unsigned, int);
+  int (*epoll_create1)(int);
+  int (*memfd_create)(const char*, unsigned);
+  int (*timerfd_create)(int, int);
+  int (*open)(const char*, int, ...);
+  int (*poll)(pollfd*, nfds_t, int);
+  int (*epoll_wait)(int, epoll_event*, int, int);
+  int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "state.hpp"
 
@@ -20,6 +21,7 @@ pid_t g_pid = 0;
 std::mutex g_engine_mu;
 std::shared_ptr<stream::Engine>* g_engine = nullptr;  // leaked on fork in the child
 bool g_exit_registered = false;
+char g_launch_name[64] = "";
 
 void on_prepare() {
   g_engine_mu.lock();
@@ -53,6 +55,10 @@ void on_exit() {
 
 __attribute__((constructor)) void on_load() {
   resolve_libc();
+  find_own_code();
+  if (program_invocation_short_name != nullptr) {
+    std::strncpy(g_launch_name, program_invocation_short_name, sizeof g_launch_name - 1);
+  }
   g_pid = getpid();
   pthread_atfork(on_prepare, on_parent, on_child);
 }
@@ -62,6 +68,8 @@ __attribute__((constructor)) void on_load() {
 pid_t process_id() noexcept { return g_pid; }
 
 const char* program_name() noexcept { return program_invocation_short_name; }
+
+const char* launch_name() noexcept { return g_launch_name; }
 
 stream::Engine* engine(std::string* why) {
   std::lock_guard lock(g_engine_mu);

@@ -12,6 +12,9 @@ namespace rdmakit::preload {
 
 pid_t process_id() noexcept;
 const char* program_name() noexcept;
+// The program's name when the library loaded (nginx later rewrites its
+// argv, and so program_name(), to "nginx: worker process").
+const char* launch_name() noexcept;
 // The process's engine on shm, created on first use; nullptr with *why set
 // if it cannot be created (logged by the caller as the fallback reason).
 stream::Engine* engine(std::string* why);

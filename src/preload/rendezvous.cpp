@@ -30,6 +30,7 @@ using std::chrono::milliseconds;
 constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kNonce = 16;
+constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
 using Nonce = std::array<uint8_t, kNonce>;
 
 // The TCP connection as both sides name it: client end, server end.
@@ -419,6 +420,10 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
       up.reason = "rendezvous: no answer from the peer";
       return up;
     }
+    if (answer.status == kDeniedByRules) {
+      up.reason = "the peer's allow/deny rules keep this connection on kernel TCP";
+      return up;
+    }
     if (answer.status != 0) {
       up.reason =
           "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
@@ -439,9 +444,13 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
   return up;
 }
 
-Upgrade upgrade_accepted(int tcp_fd) {
+Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   Upgrade up;
   const Config& cfg = config();
+  if (!cfg.dir_problem.empty() && !deny.empty()) {
+    up.reason = deny;
+    return up;
+  }
   if (!cfg.dir_problem.empty()) {
     up.reason = "rendezvous directory unusable: " + cfg.dir_problem;
     return up;
@@ -457,7 +466,9 @@ Upgrade upgrade_accepted(int tcp_fd) {
   if (!fits || c.get() < 0 ||
       real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
           0) {  // NOLINT
-    up.reason = "no rendezvous offer from the peer (peer not rdmakit-enabled)";
+    up.reason = deny.empty()
+                    ? "no rendezvous offer from the peer (peer not rdmakit-enabled)"
+                    : deny;
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;
@@ -480,6 +491,13 @@ Upgrade upgrade_accepted(int tcp_fd) {
   }
   if (std::memcmp(&offer.tuple, &t, sizeof t) != 0) {
     return refuse("rendezvous: offer names another connection: refused");
+  }
+  if (!deny.empty()) {
+    Answer no;
+    no.status = kDeniedByRules;
+    (void)io_all(c.get(), &no, sizeof no, true, deadline);
+    up.reason = deny + " (offer refused)";
+    return up;
   }
   std::string why;
   stream::Engine* eng = engine(&why);

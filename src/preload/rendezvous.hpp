@@ -35,7 +35,9 @@ struct PendingOfferDelete {
 using PendingOfferPtr = std::unique_ptr<PendingOffer, PendingOfferDelete>;
 PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);
 Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
-// Passive side, on a socket the kernel accept returned.
-Upgrade upgrade_accepted(int tcp_fd);
+// Passive side, on a socket the kernel accept returned. A non-empty `deny`
+// (the rules keep this connection on TCP) refuses a waiting offer at once,
+// so the client does not spend its budget waiting.
+Upgrade upgrade_accepted(int tcp_fd, const std::string& deny);
 
 }  // namespace rdmakit::preload

@@ -56,8 +56,6 @@ int64_t env_int(const char* name, int64_t def, int64_t lo, int64_t hi) {
 
 Config load_config() {
   Config c;
-  const char* on = std::getenv("RDMAKIT_PRELOAD");
-  c.enabled = on == nullptr || std::strcmp(on, "0") != 0;
   c.timeout =
       std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
   c.busy_poll =
@@ -217,6 +215,20 @@ void log_line(const char* fmt, ...) {
 
 void count_path(bool accelerated) noexcept {
   (accelerated ? g_shm_count : g_kernel_count).fetch_add(1, std::memory_order_relaxed);
+}
+
+bool any_upgraded() noexcept { return g_shm_count.load(std::memory_order_relaxed) > 0; }
+
+bool refuse_foreign(Conn& c, int fd, const char* call) {
+  if (c.owner == process_id()) return false;
+  if (!c.foreign_logged.exchange(true)) {
+    log_line(
+        "%s fd=%d: EOPNOTSUPP: the connection was upgraded by pid %d; a forked child "
+        "cannot use it (accept-then-fork is not supported)",
+        call, fd, static_cast<int>(c.owner));
+  }
+  errno = EOPNOTSUPP;
+  return true;
 }
 
 void reset_counts_in_child() {

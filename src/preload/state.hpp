@@ -16,7 +16,6 @@
 namespace rdmakit::preload {
 
 struct Config {
-  bool enabled = true;
   std::string dir;          // private rendezvous directory (per uid, per netns)
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
@@ -39,6 +38,7 @@ struct Conn {
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};
   std::atomic<int64_t> snd_timeout_us{0};
+  std::atomic<bool> foreign_logged{false};  // a fork child's use, logged once
   ~Conn();
 };
 
@@ -58,6 +58,11 @@ void remove_listener(int fd);
 // One line per connection decision ("path=shm" or "path=kernel reason=...").
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void count_path(bool accelerated) noexcept;
+// A forked child touched its parent's upgraded connection: EOPNOTSUPP,
+// logged once per connection (never a silent failure).
+bool refuse_foreign(Conn& c, int fd, const char* call);
+// Upgraded connections this process has made (wait hooks spin only then).
+bool any_upgraded() noexcept;
 
 void log_summary();
 void reset_counts_in_child();

@@ -19,7 +19,10 @@ need() { command -v "$1" >/dev/null || fail "$1 is not installed (scripts/deps.s
 export RDMAKIT_PRELOAD_DIR=$work/rdv
 mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 log=$work/log
-pre() { "$run" --log "$log" "$@"; }
+# An array, not a function: "${pre[@]}" CMD & is then one process whose pid
+# is $! (a backgrounded function is a subshell, and killing it would leave
+# the server running until its timeout).
+pre=("$run" --log "$log")
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_listen() {  # up to 20 s for a server to listen on port $1
   for _ in $(seq 400); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
@@ -35,7 +38,7 @@ expect_count() {  # N PATTERN WHAT
 # Starts the pair server (maybe preloaded) in the background; sets port.
 start_pair_server() {  # preloaded(0|1) size
   rm -f "$work/port"
-  if [ "$1" = 1 ]; then pre timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 &
+  if [ "$1" = 1 ]; then "${pre[@]}" timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 &
   else timeout 30 "$pair" server "$work/port" "$2" >"$work/server.out" 2>&1 & fi
   server_pid=$!
   pids+=("$server_pid")
@@ -52,7 +55,7 @@ size=5000000
 case "$case_name" in
   pair-shm)  # both ends preloaded: shm, every byte checked both ways
     start_pair_server 1 $size
-    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
       fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
@@ -62,7 +65,7 @@ case "$case_name" in
     start_pair_server 0 $size
     # A client that waited for a rendezvous would spend the 60 s budget and
     # be killed at 30 s.
-    RDMAKIT_PRELOAD_TIMEOUT_MS=60000 pre timeout 30 "$pair" client "$port" $size \
+    RDMAKIT_PRELOAD_TIMEOUT_MS=60000 "${pre[@]}" timeout 30 "$pair" client "$port" $size \
       >"$work/client.out" 2>&1 || fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 1 "connect fd=.*path=kernel reason=no rdmakit listener on port $port" \
@@ -79,7 +82,7 @@ case "$case_name" in
   unsafe-dir)  # a rendezvous directory others can write is refused
     chmod 777 "$RDMAKIT_PRELOAD_DIR"
     start_pair_server 1 $size
-    pre timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
       fail "client: $(cat "$work/client.out")"
     finish_pair
     expect_count 2 "path=kernel reason=rendezvous directory unusable: .* has mode 777" \
@@ -106,10 +109,10 @@ case "$case_name" in
     [ "$case_name" = iperf3-R ] && args+=(-R)
     [ "$case_name" = iperf3-Z ] && args+=(-Z)  # sendfile
     port=$(free_port)
-    pre timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
+    "${pre[@]}" timeout 40 iperf3 -s -1 -p "$port" -J >"$work/s.json" 2>"$work/s.err" &
     server_pid=$!; pids+=("$server_pid")
     wait_listen "$port"
-    pre timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
+    "${pre[@]}" timeout 40 iperf3 -c 127.0.0.1 -p "$port" "${args[@]}" -J >"$work/c.json" 2>"$work/c.err" ||
       fail "iperf3 client: $(cat "$work/c.err" "$work/c.json" | tail -n 20)"
     wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err" "$work/s.json")"
     python3 - "$work/c.json" "$work/s.json" "$case_name" <<'PY' || fail "byte counts do not match"
@@ -134,28 +137,6 @@ PY
     expect_count $((streams + 1)) "iperf3\]: connect fd=.* path=shm" "client connections on shm"
     expect_count $((streams + 1)) "iperf3\]: accept fd=.* path=shm" "server connections on shm"
     expect_count 0 "path=kernel" "kernel fallbacks"
-    ;;
-  sockperf-pp|sockperf-tp)
-    need sockperf
-    port=$(free_port)
-    pre timeout 40 sockperf sr --tcp -i 127.0.0.1 -p "$port" >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    mode=${case_name#sockperf-}
-    pre timeout 40 sockperf "$mode" --tcp -i 127.0.0.1 -p "$port" -t 2 -m 64 >"$work/c.out" 2>&1 ||
-      fail "sockperf $mode: $(tail -n 20 "$work/c.out")"
-    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
-    if [ "$mode" = pp ]; then
-      grep -q "Summary: Latency is" "$work/c.out" || fail "no latency summary: $(tail -n 20 "$work/c.out")"
-      grep -E "Summary: Latency is|SentMessages|ReceivedMessages|dropped" "$work/c.out"
-      # every ping got its pong
-      grep -qE "ReceivedMessages=([1-9][0-9]*)" "$work/c.out" || fail "no messages received"
-    else
-      grep -q "Summary: Message Rate is" "$work/c.out" || fail "no rate summary: $(tail -n 20 "$work/c.out")"
-      grep -E "Summary:" "$work/c.out"
-    fi
-    expect_count 1 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
-    expect_count 1 "sockperf\]: accept fd=.* path=shm" "server connections on shm"
     ;;
   curl-shm|curl-client-only|curl-server-only)
     # curl downloads 100 MiB from a Python HTTP server; the hash must match.
@@ -190,18 +171,18 @@ PY
     # (fork) during the load, then 2000 known keys written and read back.
     need redis-server; need redis-benchmark; need redis-cli
     port=$(free_port)
-    pre timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    "${pre[@]}" timeout 80 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
       --dir "$work" --daemonize no >"$work/s.out" 2>&1 &
     server_pid=$!; pids+=("$server_pid")
     wait_listen "$port"
-    pre timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
+    "${pre[@]}" timeout 40 redis-benchmark -p "$port" -t set,get,lpush -n 20000 -c 20 -q \
       >"$work/b1.out" 2>&1 &
     bench_pid=$!
     sleep 0.3
-    [ "$(pre timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
+    [ "$("${pre[@]}" timeout 10 redis-cli -p "$port" BGSAVE)" = "Background saving started" ] ||
       fail "BGSAVE was not started"
     wait "$bench_pid" || fail "redis-benchmark: $(tail -n 5 "$work/b1.out")"
-    pre timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
+    "${pre[@]}" timeout 40 redis-benchmark -p "$port" -t set,get -n 20000 -c 20 -P 16 -q \
       >"$work/b2.out" 2>&1 || fail "redis-benchmark -P 16: $(tail -n 5 "$work/b2.out")"
     tr '\r' '\n' <"$work/b1.out" >"$work/b1.txt"
     tr '\r' '\n' <"$work/b2.out" >"$work/b2.txt"
@@ -214,27 +195,271 @@ PY
     tr '\r' '\n' <"$work/b1.out" | grep "requests per second" | tail -n 3
     tr '\r' '\n' <"$work/b2.out" | grep "requests per second" | tail -n 2
     for _ in $(seq 100); do
-      pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
+      "${pre[@]}" timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_bgsave_in_progress:0" && break
       sleep 0.1
     done
-    pre timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
+    "${pre[@]}" timeout 10 redis-cli -p "$port" INFO persistence | grep -q "rdb_last_bgsave_status:ok" ||
       fail "BGSAVE failed"
     # redis-cli --pipe: non-blocking mode set through fcntl64
     for i in $(seq 0 1999); do
       printf 'SET k%d v%d-%05d\r\n' "$i" "$i" $((i * 7919 % 100000))
     done >"$work/cmds"
-    pre timeout 20 redis-cli -p "$port" --pipe <"$work/cmds" >"$work/pipe.out" 2>&1 ||
+    "${pre[@]}" timeout 20 redis-cli -p "$port" --pipe <"$work/cmds" >"$work/pipe.out" 2>&1 ||
       fail "redis-cli --pipe: $(cat "$work/pipe.out")"
     grep -q "errors: 0, replies: 2000" "$work/pipe.out" || fail "pipe: $(cat "$work/pipe.out")"
     for i in $(seq 0 1999); do echo "v$i-$(printf %05d $((i * 7919 % 100000)))"; done >"$work/expect"
     # shellcheck disable=SC2046
-    pre timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
+    "${pre[@]}" timeout 20 redis-cli -p "$port" --raw MGET $(seq -f 'k%g' 0 1999) >"$work/got"
     cmp -s "$work/expect" "$work/got" || fail "keys read back differ"
     echo "2000 keys read back intact after BGSAVE"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
     n=$(count "redis-benchmark\]: connect fd=.* path=shm")
     [ "$n" -ge 40 ] || fail "expected >= 40 redis-benchmark connections on shm, found $n"
     expect_count 0 "path=kernel" "kernel fallbacks"
+    ;;
+  nginx-wrk|nginx-client-only|nginx-server-only)
+    # nginx (master + 2 workers, epoll, sendfile) serving a 100 MiB file to
+    # curl (contents checked) and a small one to wrk. The workers accept on
+    # the listener the master opened before fork.
+    need nginx; need curl
+    mkdir -p "$work/www" "$work/ngx"
+    head -c $((100 << 20)) /dev/urandom >"$work/www/file.bin"
+    head -c 600 /dev/urandom >"$work/www/small.bin"
+    port=$(free_port)
+    cat >"$work/nginx.conf" <<NGINX
+daemon off;
+master_process on;
+worker_processes 2;
+user $(id -un) $(id -gn);
+pid $work/ngx/nginx.pid;
+error_log $work/ngx/error.log info;
+events { use epoll; worker_connections 512; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
+  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+  server { listen 127.0.0.1:$port; root $work/www; }
+}
+NGINX
+    srv=(); cli=()
+    [ "$case_name" != nginx-client-only ] && srv=("$run" --log "$log")
+    [ "$case_name" != nginx-server-only ] && cli=("$run" --log "$log")
+    "${srv[@]}" timeout 60 nginx -c "$work/nginx.conf" -p "$work/ngx" -e "$work/ngx/error.log" \
+      >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    for _ in $(seq 100); do [ -s "$work/ngx/nginx.pid" ] && break; sleep 0.05; done
+    master=$(cat "$work/ngx/nginx.pid")
+    "${cli[@]}" timeout 30 curl -sS -o "$work/got.bin" "http://127.0.0.1:$port/file.bin" ||
+      fail "curl failed: $(tail -n 5 "$work/ngx/error.log")"
+    cmp -s "$work/www/file.bin" "$work/got.bin" || fail "downloaded file differs"
+    echo "100 MiB downloaded from nginx, contents identical"
+    if [ "$case_name" = nginx-wrk ]; then
+      need wrk
+      # 4 connections per thread: wrk sizes its event loop by that count, so
+      # descriptors the library keeps for itself must not take low numbers.
+      "${pre[@]}" timeout 20 wrk -t 2 -c 8 -d 2 "http://127.0.0.1:$port/small.bin" >"$work/wrk.out" 2>&1 ||
+        fail "wrk: $(cat "$work/wrk.out")"
+      cat "$work/wrk.out"
+      grep -qE "^ +[1-9][0-9]* requests in" "$work/wrk.out" || fail "wrk made no requests"
+      if grep -qE "Socket errors|Non-2xx" "$work/wrk.out"; then fail "wrk saw errors"; fi
+    fi
+    # QUIT: the workers finish, then the master exits; then the log is complete.
+    kill -QUIT "$master"; wait "$server_pid" 2>/dev/null || true
+    case $case_name in
+      nginx-wrk)
+        expect_count 1 "curl\]: connect fd=.* path=shm" "curl connections on shm"
+        n=$(count "wrk\]: connect fd=.* path=shm")
+        [ "$n" -ge 8 ] || fail "expected >= 8 wrk connections on shm, found $n"
+        expect_count $((n + 1)) "nginx[^]]*\]: accept fd=.* path=shm" "nginx connections on shm"
+        expect_count 0 "^rdmakit-preload\[$master [^]]*\]: accept" "connections accepted by the master"
+        expect_count 0 "path=kernel" "kernel fallbacks" ;;
+      nginx-client-only)
+        expect_count 1 "curl\]: connect fd=.*path=kernel reason=no rdmakit listener on port $port" "curl fallbacks" ;;
+      nginx-server-only)
+        expect_count 1 "nginx[^]]*\]: accept fd=.*path=kernel reason=no rendezvous offer" "nginx fallbacks" ;;
+    esac
+    ;;
+  netns-iperf3|netns-curl)
+    # Two hosts: network namespaces joined by a veth pair, created and torn
+    # down here (root only: anything else is a failure, never a silent pass).
+    # Both ends are preloaded; different hosts with no RDMA device must stay
+    # on kernel TCP, with the reason logged, and move every byte.
+    [ "$(id -u)" = 0 ] || fail "needs root to create network namespaces (ip netns)"
+    command -v ip >/dev/null || fail "ip (iproute2) is not installed"
+    ns_a=rkpa$$ ns_b=rkpb$$
+    netns_cleanup() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
+    trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; netns_cleanup; rm -rf "$work"' EXIT
+    ip netns add "$ns_a" && ip netns add "$ns_b" || fail "ip netns add failed"
+    ip link add "va$$" netns "$ns_a" type veth peer name "vb$$" netns "$ns_b" || fail "veth failed"
+    ip -n "$ns_a" addr add 10.251.77.1/24 dev "va$$"
+    ip -n "$ns_b" addr add 10.251.77.2/24 dev "vb$$"
+    for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
+    ip -n "$ns_a" link set "va$$" up; ip -n "$ns_b" link set "vb$$" up
+    in_a() { ip netns exec "$ns_a" "$@"; }
+    in_b() { ip netns exec "$ns_b" "$@"; }
+    wait_listen_ns() {
+      for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
+      fail "no server listening on port $1 in $ns_a"
+    }
+    port=5201
+    if [ "$case_name" = netns-iperf3 ]; then
+      need iperf3
+      in_a "$run" --log "$log" timeout 40 iperf3 -s -1 -p $port -J >"$work/s.json" 2>"$work/s.err" &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen_ns $port
+      in_b "$run" --log "$log" timeout 40 iperf3 -c 10.251.77.1 -p $port -t 2 -P 2 -J \
+        >"$work/c.json" 2>"$work/c.err" || fail "iperf3 client: $(tail -n 20 "$work/c.err" "$work/c.json")"
+      wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err")"
+      # Bytes still in flight at the end: at most each stream's kernel send
+      # and receive buffers (the namespaces' TCP buffer limits).
+      inflight=$(( 2 * ($(in_b cut -f3 /proc/sys/net/ipv4/tcp_wmem) + $(in_a cut -f3 /proc/sys/net/ipv4/tcp_rmem)) ))
+      python3 - "$work/c.json" "$work/s.json" "$inflight" <<'PY' || fail "byte counts do not match"
+import json, sys
+c = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+cs, cr = c["end"]["sum_sent"]["bytes"], c["end"]["sum_received"]["bytes"]
+sr = s["end"]["sum_received"]["bytes"]
+print(f"client sent={cs} received(server's count)={cr}; server received={sr}; "
+      f"in flight at the end {cs - sr} (bound {sys.argv[3]})")
+sys.exit(0 if sr == cr and 0 < sr <= cs and cs - sr <= int(sys.argv[3]) else 1)
+PY
+      expect_count 3 "iperf3\]: connect fd=.*peer=10.251.77.1:$port path=kernel reason=peer is not on this host" \
+        "client connections on kernel TCP"
+      expect_count 3 "iperf3\]: accept fd=.*path=kernel reason=peer is not on this host" \
+        "server connections on kernel TCP"
+    else
+      need curl
+      mkdir "$work/www"
+      head -c $((100 << 20)) /dev/urandom >"$work/www/file.bin"
+      (cd "$work/www" && exec ip netns exec "$ns_a" "$run" --log "$log" timeout 60 \
+        python3 -m http.server $port --bind 10.251.77.1) >"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen_ns $port
+      in_b "$run" --log "$log" timeout 60 curl -sS -o "$work/got.bin" "http://10.251.77.1:$port/file.bin" ||
+        fail "curl failed"
+      cmp -s "$work/www/file.bin" "$work/got.bin" || fail "downloaded file differs"
+      echo "100 MiB downloaded across namespaces, contents identical"
+      expect_count 1 "curl\]: connect fd=.*path=kernel reason=peer is not on this host" "curl fallbacks"
+      expect_count 1 "python3\]: accept fd=.*path=kernel reason=peer is not on this host" "server fallbacks"
+    fi
+    expect_count 0 "path=shm" "accelerated connections"
+    ;;
+  sockperf-select|sockperf-poll|sockperf-epoll)
+    # Server and clients multiplex with -F s|p|e (sockperf needs a feed file
+    # for -F): ping-pong, throughput and under-load clients at once against
+    # one server (so the server's select/poll/epoll set holds three streams),
+    # first with blocking sockets, then with --nonblocked on every side and a
+    # 50 us busy-poll (the select/poll/epoll_wait hooks spin before sleeping).
+    need sockperf
+    iomux=${case_name#sockperf-}
+    sp_round() {  # extra options for server and clients
+      local port; port=$(free_port)
+      echo "T:127.0.0.1:$port" >"$work/feed"
+      "${pre[@]}" timeout 40 sockperf sr -f "$work/feed" -F "$iomux" "$@" >>"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen "$port"
+      local m cp=()
+      for m in pp tp ul; do
+        "${pre[@]}" timeout 20 sockperf $m -f "$work/feed" -F "$iomux" -t 1 -m 64 "$@" >"$work/c-$m.out" 2>&1 &
+        cp+=($!)
+      done
+      for m in 0 1 2; do wait "${cp[$m]}" || fail "sockperf client $m $*: $(tail -n 20 "$work"/c-*.out)"; done
+      kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true
+      for m in pp tp ul; do
+        local o=$work/c-$m.out
+        grep -E "Summary:|dropped" "$o" | sed "s/^/$m $*: /"
+        if [ $m = tp ]; then
+          grep -qE "Summary: Message Rate is [1-9]" "$o" || fail "tp $*: no rate: $(tail -n 10 "$o")"
+        else
+          grep -q "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$o" ||
+            fail "$m $*: messages lost: $(tail -n 10 "$o")"
+          grep -qE "Summary: Latency is [0-9]" "$o" || fail "$m $*: no latency: $(tail -n 10 "$o")"
+          grep -qE "\[Valid Duration\].*ReceivedMessages=[1-9]" "$o" || fail "$m $*: no replies"
+        fi
+      done
+    }
+    sp_round
+    RDMAKIT_PRELOAD_BUSY_POLL_US=50 sp_round --nonblocked
+    expect_count 6 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 6 "sockperf\]: accept fd=.* path=shm" "server connections on shm"
+    expect_count 0 "path=kernel" "kernel fallbacks"
+    grep -q "using $( [ "$iomux" = select ] && echo select || echo "$iomux")()" "$work/s.out" ||
+      fail "the server did not use $iomux: $(grep -i using "$work/s.out")"
+    ;;
+  rules)
+    # Allow/deny rules: each excluded connection stays on kernel TCP with the
+    # rule named in the log, and a server-side rule refuses the client's
+    # offer at once (the client must not spend its 60 s budget waiting).
+    export RDMAKIT_PRELOAD_TIMEOUT_MS=60000
+    small=200000
+    rule_pair() {  # label, server env, client env (VAR=VALUE or -)
+      local senv=() cenv=()
+      [ "$2" != - ] && senv=("$2"); [ "$3" != - ] && cenv=("$3")
+      rm -f "$work/port"
+      env "${senv[@]}" "$run" --log "$log" timeout 20 "$pair" server "$work/port" $small \
+        >"$work/server.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+      port=$(cat "$work/port")
+      env "${cenv[@]}" "$run" --log "$log" timeout 20 "$pair" client "$port" $small \
+        >"$work/client.out" 2>&1 || fail "$1: client: $(cat "$work/client.out")"
+      finish_pair
+    }
+    rule_pair deny-port-client - RDMAKIT_PRELOAD_DENY_PORTS=1-65535
+    expect_count 1 "connect fd=.*path=kernel reason=port [0-9]+ is in RDMAKIT_PRELOAD_DENY_PORTS" "client port denials"
+    rule_pair deny-port-server RDMAKIT_PRELOAD_DENY_PORTS=1-65535 -
+    expect_count 1 "connect fd=.*path=kernel reason=no rdmakit listener on port" "clients of an unregistered port"
+    rule_pair allow-port-other - RDMAKIT_PRELOAD_ALLOW_PORTS=1
+    expect_count 1 "connect fd=.*path=kernel reason=port [0-9]+ is not in RDMAKIT_PRELOAD_ALLOW_PORTS" "allow-port misses"
+    rule_pair deny-addr-server RDMAKIT_PRELOAD_DENY_ADDRS=127.0.0.0/8 -
+    expect_count 1 "accept fd=.*path=kernel reason=address 127.0.0.1 is in RDMAKIT_PRELOAD_DENY_ADDRS \(offer refused\)" "server address denials"
+    expect_count 1 "connect fd=.*path=kernel reason=the peer's allow/deny rules keep this connection on kernel TCP" "clients told by the server"
+    rule_pair allow-addr-other - RDMAKIT_PRELOAD_ALLOW_ADDRS=10.0.0.0/8,::1
+    expect_count 1 "connect fd=.*path=kernel reason=address 127.0.0.1 is not in RDMAKIT_PRELOAD_ALLOW_ADDRS" "allow-addr misses"
+    rule_pair deny-program RDMAKIT_PRELOAD_DENY_PROGRAMS=sh,rdmakit_preload_pair -
+    expect_count 1 "accept fd=.*path=kernel reason=program rdmakit_preload_pair is in RDMAKIT_PRELOAD_DENY_PROGRAMS" "program denials"
+    rule_pair allow-program-other - RDMAKIT_PRELOAD_ALLOW_PROGRAMS=iperf3
+    expect_count 1 "connect fd=.*path=kernel reason=program rdmakit_preload_pair is not in RDMAKIT_PRELOAD_ALLOW_PROGRAMS" "allow-program misses"
+    rule_pair off - RDMAKIT_PRELOAD=0
+    expect_count 1 "connect fd=.*path=kernel reason=preload switched off" "switched-off clients"
+    rule_pair bad-rule - RDMAKIT_PRELOAD_DENY_PORTS=http
+    expect_count 1 "config: RDMAKIT_PRELOAD_DENY_PORTS: 'http' is not a port" "reports of a bad rule"
+    # Rules that match nothing leave the upgrade alone.
+    rule_pair allowed RDMAKIT_PRELOAD_ALLOW_ADDRS=127.0.0.1/32 RDMAKIT_PRELOAD_ALLOW_PROGRAMS=rdmakit_preload_pair
+    expect_count 4 "(connect|accept) fd=.* path=shm" "upgraded ends (bad-rule and allowed, both ends)"
+    ;;
+  accept-then-fork)
+    # A server that accepts, then forks a child to answer (classic inetd
+    # style). The child cannot use the parent's upgraded connection: it must
+    # get EOPNOTSUPP, logged, never a silent loss; the parent still answers.
+    port=$(free_port)
+    cat >"$work/srv.py" <<'PY'
+import errno, os, socket, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1)
+c, _ = ls.accept()
+pid = os.fork()
+if pid == 0:
+    try:
+        c.sendall(b"from the child\n"); os._exit(3)
+    except OSError as e:
+        os._exit(0 if e.errno == errno.EOPNOTSUPP else 4)
+_, st = os.waitpid(pid, 0)
+if os.waitstatus_to_exitcode(st) != 0: sys.exit("child: exit %d" % os.waitstatus_to_exitcode(st))
+c.sendall(b"from the parent\n"); c.close()
+PY
+    "${pre[@]}" timeout 20 python3 "$work/srv.py" "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); print(s.makefile().read(), end="")' \
+      "$port" >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    [ "$(cat "$work/c.out")" = "from the parent" ] || fail "client got: $(cat "$work/c.out")"
+    expect_count 1 "python3\]: accept fd=.* path=shm" "server connections on shm"
+    expect_count 1 "send fd=[0-9]+: EOPNOTSUPP: the connection was upgraded by pid [0-9]+; a forked child cannot use it" \
+      "logged refusals in the child"
     ;;
   *) fail "unknown case" ;;
 esac

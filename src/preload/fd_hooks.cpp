@@ -1,0 +1,60 @@
+// Descriptor-creating libc calls that rdmakit code inside the process makes
+// for itself (fd_place.hpp): the result moves to the high range. Called by
+// the application, they pass straight through.
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+
+#include <cstdarg>
+
+#include "fd_place.hpp"
+#include "libc.hpp"
+
+using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+#define CALLER __builtin_return_address(0)
+
+EXPORT int socketpair(int domain, int type, int protocol, int sv[2]) {
+  const int r = real().socketpair(domain, type, protocol, sv);
+  if (r == 0 && internal_caller(CALLER)) {
+    sv[0] = place_high(sv[0]);
+    sv[1] = place_high(sv[1]);
+  }
+  return r;
+}
+
+EXPORT int eventfd(unsigned initval, int flags) {
+  const int fd = real().eventfd(initval, flags);
+  return internal_caller(CALLER) ? place_high(fd) : fd;
+}
+
+EXPORT int epoll_create1(int flags) {
+  const int fd = real().epoll_create1(flags);
+  return internal_caller(CALLER) ? place_high(fd) : fd;
+}
+
+EXPORT int memfd_create(const char* name, unsigned flags) {
+  const int fd = real().memfd_create(name, flags);
+  return internal_caller(CALLER) ? place_high(fd) : fd;
+}
+
+EXPORT int timerfd_create(int clockid, int flags) {
+  const int fd = real().timerfd_create(clockid, flags);
+  return internal_caller(CALLER) ? place_high(fd) : fd;
+}
+
+EXPORT int open(const char* path, int flags, ...) {
+  mode_t mode = 0;
+  if ((flags & O_CREAT) != 0 || (flags & O_TMPFILE) == O_TMPFILE) {
+    va_list ap;
+    va_start(ap, flags);
+    mode = va_arg(ap, mode_t);
+    va_end(ap);
+  }
+  const int fd = real().open(path, flags, mode);
+  return internal_caller(CALLER) ? place_high(fd) : fd;
+}

@@ -1,0 +1,19 @@
+#pragma once
+// Descriptors the library (and the rdmakit core and streams inside it)
+// creates for itself are moved to a high range, so the application's own
+// fd numbers stay as small as without the preload: wrk sizes its event loop
+// by connection count, select() users by FD_SETSIZE. The stream API offers
+// no way to choose its descriptors' numbers, so the creating libc calls are
+// interposed here and recognised by their caller's address.
+namespace rdmakit::preload {
+
+// Finds the address ranges of the library and of librdmakit (load time).
+void find_own_code() noexcept;
+// Whether a return address lies in rdmakit code.
+bool internal_caller(const void* ret) noexcept;
+// fd moved to the high range (close-on-exec); fd itself when no room.
+int place_high(int fd) noexcept;
+// The lowest fd number the high range starts at (0: no high range).
+int high_base() noexcept;
+
+}  // namespace rdmakit::preload
