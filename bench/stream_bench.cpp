@@ -5,6 +5,9 @@
 //   bw    one direction, --size byte writes for --seconds: MB/s (10^6) at
 //         the reader, every byte checked against a pattern on the first pass
 //   idle  --streams idle streams: resident KiB and fds per stream (client)
+//   floor the least any cross-core byte stream costs: two pinned threads, a
+//         bare SPSC byte ring of --rx-ring bytes (default 2 MiB) with one
+//         atomic index per side, --size byte copies in and out (MB/s)
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
 //       [--inline N] [--bind ADDR]
@@ -16,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -230,14 +234,76 @@ int client(const Args& a, uint16_t port) {
   return checked && received == sent ? 0 : 1;
 }
 
+// Two copies through a shared ring, nothing else: no protocol, no locks, no
+// completions. A stream cannot beat it; memcpy of a hot buffer (one core,
+// one copy) is not a floor a stream can reach.
+int spsc_floor(const Args& a) {
+  const size_t ring = a.rx_ring != 0 ? a.rx_ring : (2u << 20);
+  const size_t chunk = std::min(a.size, ring);
+  std::vector<uint8_t> mem(ring);
+  alignas(64) std::atomic<uint64_t> head{0};  // bytes written
+  alignas(64) std::atomic<uint64_t> tail{0};  // bytes read
+  std::atomic<bool> stop{false};
+  uint64_t total = 0;
+  std::thread reader([&] {
+    pin(a.cpus[1]);
+    std::vector<uint8_t> out(chunk);
+    uint64_t t = 0;
+    for (uint32_t spins = 0;;) {
+      const uint64_t h = head.load(std::memory_order_acquire);
+      if (h == t) {
+        if (stop.load(std::memory_order_acquire) && head.load() == t) break;
+        if (++spins % 64 == 0) ::sched_yield();  // as the stream's busy-poll
+        continue;
+      }
+      const size_t at = t % ring;
+      const size_t n = std::min<uint64_t>({h - t, ring - at, chunk});
+      std::memcpy(out.data(), &mem[at], n);
+      t += n;
+      tail.store(t, std::memory_order_release);
+    }
+    total = t;
+  });
+  pin(a.cpus[0]);
+  std::vector<uint8_t> in(chunk, 0x5a);
+  uint64_t h = 0;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(a.seconds);
+  for (uint32_t i = 0;; ++i) {
+    if (i % 16 == 0 && Clock::now() >= end) break;
+    for (uint32_t spins = 1; h + chunk - tail.load(std::memory_order_acquire) > ring;
+         ++spins) {
+      if (spins % 64 == 0) ::sched_yield();
+    }
+    size_t done = 0;
+    while (done < chunk) {
+      const size_t at = (h + done) % ring;
+      const size_t n = std::min(chunk - done, ring - at);
+      std::memcpy(&mem[at], &in[done], n);
+      done += n;
+    }
+    h += chunk;
+    head.store(h, std::memory_order_release);
+  }
+  stop.store(true, std::memory_order_release);
+  reader.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf(
+      "{\"test\":\"spsc_floor\",\"size\":%zu,\"ring\":%zu,\"bytes\":%llu,"
+      "\"seconds\":%.3f,\"bw_MBps\":%.1f}\n",
+      chunk, ring, static_cast<unsigned long long>(total), secs,
+      static_cast<double>(total) / secs / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   Args a;
   CLI::App app{"rdmakit-stream-bench: stream latency, bandwidth and idle cost"};
-  app.add_option("test", a.test, "lat, bw or idle")
+  app.add_option("test", a.test, "lat, bw, idle or floor")
       ->required()
-      ->check(CLI::IsMember({"lat", "bw", "idle"}));
+      ->check(CLI::IsMember({"lat", "bw", "idle", "floor"}));
   app.add_option("--provider", a.provider, "shm, tcp or verbs");
   app.add_option("-s,--size", a.size, "Message (lat) or write (bw) size");
   app.add_option("-D,--seconds", a.seconds, "Duration");
@@ -249,6 +315,7 @@ int main(int argc, char** argv) try {
   app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
   CLI11_PARSE(app, argc, argv);
   if (a.size == 0) a.size = 1;
+  if (a.test == "floor") return spsc_floor(a);
   if (a.test == "idle") {
     rlimit rl{};
     ::getrlimit(RLIMIT_NOFILE, &rl);

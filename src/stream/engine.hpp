@@ -2,6 +2,7 @@
 // Internal state of streams and of the engine that drives them. Everything
 // here is guarded by EngineImpl::mu.
 #include <poll.h>
+#include <sched.h>
 
 #include <array>
 #include <atomic>
@@ -167,7 +168,16 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
       kick();
     }
     for (uint32_t spins = 1; !pred(); ++spins) {
-      if (spins % 64 == 0 && Clock::now() >= spin_until) break;
+      if (spins % 64 == 0) {
+        if (Clock::now() >= spin_until) break;
+        // The peer may need this core (a loaded machine, or both ends on
+        // one core): spinning through our time slice would stall it, and
+        // us with it (measured: 0.8 GB/s instead of 5+ GB/s on one core).
+        // With nothing else runnable this returns at once.
+        lock.unlock();
+        ::sched_yield();
+        lock.lock();
+      }
       drain();
       if (pred()) break;
       lock.unlock();
