@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -109,6 +110,32 @@ size_t rss_bytes() {
   return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
+// Resident KiB by mapping name (memfds by their names, "anon" for heap and
+// anonymous memory), from /proc/self/smaps: where an idle stream's memory is.
+std::map<std::string, double> rss_by_mapping() {
+  std::map<std::string, double> out;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return out;
+  char line[512];
+  std::string name = "anon";
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long kb = 0;
+    if (std::sscanf(line, "Rss: %lu kB", &kb) == 1) {
+      out[name] += static_cast<double>(kb);
+    } else if (const char* sp = std::strchr(line, ' ');
+               sp != nullptr && sp > line && sp[-1] != ':') {
+      // A mapping header: "start-end perms offset dev inode [path]".
+      const char* path = std::strchr(line, '/');
+      if (path == nullptr) path = std::strchr(line, '[');
+      name = path == nullptr ? "anon" : std::string(path, std::strcspn(path, " \n"));
+      if (name == "[heap]") name = "anon";
+      if (name.rfind("/memfd:", 0) == 0) name = name.substr(7);
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
 // ------------------------------------------------------------------ roles
 
 int server(const Args& a, int port_fd) {
@@ -163,20 +190,30 @@ int client(const Args& a, uint16_t port) {
   if (a.test == "idle") {
     const size_t fds0 = open_fds();
     const size_t rss0 = rss_bytes();
+    const auto map0 = rss_by_mapping();
     std::vector<std::unique_ptr<Stream>> streams;
     for (int i = 0; i < a.streams; ++i) streams.push_back(engine->connect(address, so));
     std::this_thread::sleep_for(200ms);
     const size_t fds1 = open_fds();
     const size_t rss1 = rss_bytes();
-    std::printf(
+    std::string by;
+    for (const auto& [name, kb] : rss_by_mapping()) {
+      const double before = map0.count(name) != 0 ? map0.at(name) : 0.0;
+      const double per = (kb - before) / a.streams;
+      if (per < 0.05) continue;
+      char item[160];
+      std::snprintf(item, sizeof item, "%s\"%s\":%.1f", by.empty() ? "" : ",",
+                    name.c_str(), per);
+      by += item;
+    }    std::printf(
         "{\"test\":\"stream_idle\",\"provider\":\"%s\",\"streams\":%d,\"rx_ring\":%u,"
         "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":"
         "%.1f,"
-        "\"fds_per_stream\":%.2f}\n",
+        "\"fds_per_stream\":%.2f,\"resident_KiB_per_stream_by_mapping\":{%s}}\n",
         prov, a.streams, so.rx_ring, so.tx_buffer,
         static_cast<double>(streams[0]->memory_bytes()) / 1024.0,
         static_cast<double>(rss1 - rss0) / a.streams / 1024.0,
-        static_cast<double>(fds1 - fds0) / a.streams);
+        static_cast<double>(fds1 - fds0) / a.streams, by.c_str());
     (void)streams[0]->write("x", 1);
     return 0;
   }

@@ -43,8 +43,9 @@ class StreamCore;
 struct StreamOptions {
   // Receive ring the peer WRITEs into (4 KiB .. 2 MiB).
   uint32_t rx_ring = 32 * 1024;
-  // Send buffer: write() copies here when the data cannot go out at once.
-  uint32_t tx_buffer = 16 * 1024;
+  // Send buffer: write() copies here when the data cannot go out at once
+  // (with rx_ring and the provider's per-stream state: under 64 KiB).
+  uint32_t tx_buffer = 12 * 1024;
   // Writes up to this size go out straight from the caller's buffer when the
   // peer has room (provider limits apply: tcp 4 KiB). Costs max_inline bytes
   // per send-queue slot on shm.
