@@ -10,7 +10,7 @@
 //         atomic index per side, --size byte copies in and out (MB/s)
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
-//       [--inline N] [--bind ADDR]
+//       [--inline N] [--busy-poll-us N] [--bind ADDR]
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -49,6 +49,7 @@ struct Args {
   uint32_t rx_ring = 0;  // 0: per-test default
   uint32_t tx_buffer = 0;
   uint32_t max_inline = 0;
+  int64_t busy_poll_us = -1;  // -1: per-test default
   std::string bind = "127.0.0.1";
 };
 
@@ -75,6 +76,7 @@ StreamOptions options_for(const Args& a) {
   if (a.rx_ring != 0) so.rx_ring = a.rx_ring;
   if (a.tx_buffer != 0) so.tx_buffer = a.tx_buffer;
   if (a.max_inline != 0) so.max_inline = a.max_inline;
+  if (a.busy_poll_us >= 0) so.busy_poll = std::chrono::microseconds(a.busy_poll_us);
   return so;
 }
 
@@ -349,6 +351,8 @@ int main(int argc, char** argv) try {
   app.add_option("--rx-ring", a.rx_ring, "Receive ring bytes");
   app.add_option("--tx-buffer", a.tx_buffer, "Send buffer bytes");
   app.add_option("--inline", a.max_inline, "max_inline");
+  app.add_option("--busy-poll-us", a.busy_poll_us,
+                 "StreamOptions::busy_poll in us (default: 1 s for lat and bw)");
   app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
   CLI11_PARSE(app, argc, argv);
   if (a.size == 0) a.size = 1;
