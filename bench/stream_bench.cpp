@@ -21,9 +21,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,7 +207,8 @@ int client(const Args& a, uint16_t port) {
       std::snprintf(item, sizeof item, "%s\"%s\":%.1f", by.empty() ? "" : ",",
                     name.c_str(), per);
       by += item;
-    }    std::printf(
+    }
+    std::printf(
         "{\"test\":\"stream_idle\",\"provider\":\"%s\",\"streams\":%d,\"rx_ring\":%u,"
         "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":"
         "%.1f,"

@@ -7,6 +7,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "stream/acceptor.hpp"
 #include "stream/engine.hpp"
@@ -237,8 +238,15 @@ std::unique_ptr<Stream> StreamListener::try_accept(int* error) noexcept {
     err = EAGAIN;
     return nullptr;
   }
+  std::unique_ptr<Stream> stream(new (std::nothrow) Stream(engine_, core));
+  if (!stream) {
+    std::lock_guard engine_lock(engine_->mu);
+    engine_->close(*core);
+    err = ENOMEM;
+    return nullptr;
+  }
   err = 0;
-  return std::unique_ptr<Stream>(new Stream(engine_, std::move(core)));
+  return stream;
 }
 
 void StreamListener::set_nonblocking(bool on) noexcept {
