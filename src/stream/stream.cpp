@@ -203,8 +203,20 @@ int StreamListener::start_background() noexcept {
     EngineImpl* e = engine_.get();
     Listener* l = listener_.get();
     const StreamOptions o = options_;
+    // The buffers of a stream-to-be are kept across attempts that time out,
+    // so an idle listener does not allocate and register them four times a
+    // second.
     acceptor_ = std::make_unique<detail::Acceptor>(
-        [e, l, o](std::chrono::milliseconds t) { return accept_core(*e, *l, t, o); });
+        [e, l, o, spare = std::shared_ptr<StreamCore>()](
+            std::chrono::milliseconds t) mutable -> std::shared_ptr<StreamCore> {
+          if (!spare) spare = e->make_core(o);
+          const auto hello = hello_bytes(*spare);
+          auto qp = l->accept(e->qp_options(o), t, hello);
+          auto core = std::move(spare);  // a peer saw this ring: never reused
+          const wire::Hello peer = peer_hello(*e, *qp, "stream accept");
+          e->start(core, std::move(qp), peer);
+          return core;
+        });
     return 0;
   } catch (const Error& err) {
     return -(err.sys_errno() != 0 ? err.sys_errno() : ENOMEM);
