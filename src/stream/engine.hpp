@@ -66,6 +66,8 @@ class StreamCore {
   uint32_t sends_outstanding = 0;  // posted, not yet retired by a completion
   uint32_t unsignaled = 0;         // inline sends since the last signaled one
   uint32_t send_depth = 0;
+  uint32_t repost_pending = 0;  // receives consumed, re-posted in batches
+  uint32_t repost_batch = 1;
 
   bool nonblocking = false;
   std::chrono::milliseconds read_timeout{0};
@@ -124,6 +126,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   void before_would_block() noexcept;  // the caller is about to return EAGAIN
   void close(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
+  // Re-posts the consumed receives (one post for several messages: the
+  // post lock is taken once per batch); only posted ones are reported.
+  bool flush_reposts(StreamCore& s) noexcept;
 
   std::mutex mu;
   EngineOptions options;
