@@ -5,9 +5,12 @@
 //   bw    one direction, --size byte writes for --seconds: MB/s (10^6) at
 //         the reader, every byte checked against a pattern on the first pass
 //   idle  --streams idle streams: resident KiB and fds per stream (client)
+//   floor the least any cross-core byte stream costs: two pinned threads, a
+//         bare SPSC byte ring of --rx-ring bytes (default 2 MiB) with one
+//         atomic index per side, --size byte copies in and out (MB/s)
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
-//       [--inline N] [--bind ADDR]
+//       [--inline N] [--busy-poll-us N] [--bind ADDR]
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -16,9 +19,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +49,7 @@ struct Args {
   uint32_t rx_ring = 0;  // 0: per-test default
   uint32_t tx_buffer = 0;
   uint32_t max_inline = 0;
+  int64_t busy_poll_us = -1;  // -1: per-test default
   std::string bind = "127.0.0.1";
 };
 
@@ -70,6 +76,7 @@ StreamOptions options_for(const Args& a) {
   if (a.rx_ring != 0) so.rx_ring = a.rx_ring;
   if (a.tx_buffer != 0) so.tx_buffer = a.tx_buffer;
   if (a.max_inline != 0) so.max_inline = a.max_inline;
+  if (a.busy_poll_us >= 0) so.busy_poll = std::chrono::microseconds(a.busy_poll_us);
   return so;
 }
 
@@ -103,6 +110,32 @@ size_t rss_bytes() {
   if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
   std::fclose(f);
   return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Resident KiB by mapping name (memfds by their names, "anon" for heap and
+// anonymous memory), from /proc/self/smaps: where an idle stream's memory is.
+std::map<std::string, double> rss_by_mapping() {
+  std::map<std::string, double> out;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return out;
+  char line[512];
+  std::string name = "anon";
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long kb = 0;
+    if (std::sscanf(line, "Rss: %lu kB", &kb) == 1) {
+      out[name] += static_cast<double>(kb);
+    } else if (const char* sp = std::strchr(line, ' ');
+               sp != nullptr && sp > line && sp[-1] != ':') {
+      // A mapping header: "start-end perms offset dev inode [path]".
+      const char* path = std::strchr(line, '/');
+      if (path == nullptr) path = std::strchr(line, '[');
+      name = path == nullptr ? "anon" : std::string(path, std::strcspn(path, " \n"));
+      if (name == "[heap]") name = "anon";
+      if (name.rfind("/memfd:", 0) == 0) name = name.substr(7);
+    }
+  }
+  std::fclose(f);
+  return out;
 }
 
 // ------------------------------------------------------------------ roles
@@ -159,20 +192,31 @@ int client(const Args& a, uint16_t port) {
   if (a.test == "idle") {
     const size_t fds0 = open_fds();
     const size_t rss0 = rss_bytes();
+    const auto map0 = rss_by_mapping();
     std::vector<std::unique_ptr<Stream>> streams;
     for (int i = 0; i < a.streams; ++i) streams.push_back(engine->connect(address, so));
     std::this_thread::sleep_for(200ms);
     const size_t fds1 = open_fds();
     const size_t rss1 = rss_bytes();
+    std::string by;
+    for (const auto& [name, kb] : rss_by_mapping()) {
+      const double before = map0.count(name) != 0 ? map0.at(name) : 0.0;
+      const double per = (kb - before) / a.streams;
+      if (per < 0.05) continue;
+      char item[160];
+      std::snprintf(item, sizeof item, "%s\"%s\":%.1f", by.empty() ? "" : ",",
+                    name.c_str(), per);
+      by += item;
+    }
     std::printf(
         "{\"test\":\"stream_idle\",\"provider\":\"%s\",\"streams\":%d,\"rx_ring\":%u,"
         "\"tx_buffer\":%u,\"configured_KiB_per_stream\":%.1f,\"resident_KiB_per_stream\":"
         "%.1f,"
-        "\"fds_per_stream\":%.2f}\n",
+        "\"fds_per_stream\":%.2f,\"resident_KiB_per_stream_by_mapping\":{%s}}\n",
         prov, a.streams, so.rx_ring, so.tx_buffer,
         static_cast<double>(streams[0]->memory_bytes()) / 1024.0,
         static_cast<double>(rss1 - rss0) / a.streams / 1024.0,
-        static_cast<double>(fds1 - fds0) / a.streams);
+        static_cast<double>(fds1 - fds0) / a.streams, by.c_str());
     (void)streams[0]->write("x", 1);
     return 0;
   }
@@ -230,14 +274,76 @@ int client(const Args& a, uint16_t port) {
   return checked && received == sent ? 0 : 1;
 }
 
+// Two copies through a shared ring, nothing else: no protocol, no locks, no
+// completions. A stream cannot beat it; memcpy of a hot buffer (one core,
+// one copy) is not a floor a stream can reach.
+int spsc_floor(const Args& a) {
+  const size_t ring = a.rx_ring != 0 ? a.rx_ring : (2u << 20);
+  const size_t chunk = std::min(a.size, ring);
+  std::vector<uint8_t> mem(ring);
+  alignas(64) std::atomic<uint64_t> head{0};  // bytes written
+  alignas(64) std::atomic<uint64_t> tail{0};  // bytes read
+  std::atomic<bool> stop{false};
+  uint64_t total = 0;
+  std::thread reader([&] {
+    pin(a.cpus[1]);
+    std::vector<uint8_t> out(chunk);
+    uint64_t t = 0;
+    for (uint32_t spins = 0;;) {
+      const uint64_t h = head.load(std::memory_order_acquire);
+      if (h == t) {
+        if (stop.load(std::memory_order_acquire) && head.load() == t) break;
+        if (++spins % 64 == 0) ::sched_yield();  // as the stream's busy-poll
+        continue;
+      }
+      const size_t at = t % ring;
+      const size_t n = std::min<uint64_t>({h - t, ring - at, chunk});
+      std::memcpy(out.data(), &mem[at], n);
+      t += n;
+      tail.store(t, std::memory_order_release);
+    }
+    total = t;
+  });
+  pin(a.cpus[0]);
+  std::vector<uint8_t> in(chunk, 0x5a);
+  uint64_t h = 0;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(a.seconds);
+  for (uint32_t i = 0;; ++i) {
+    if (i % 16 == 0 && Clock::now() >= end) break;
+    for (uint32_t spins = 1; h + chunk - tail.load(std::memory_order_acquire) > ring;
+         ++spins) {
+      if (spins % 64 == 0) ::sched_yield();
+    }
+    size_t done = 0;
+    while (done < chunk) {
+      const size_t at = (h + done) % ring;
+      const size_t n = std::min(chunk - done, ring - at);
+      std::memcpy(&mem[at], &in[done], n);
+      done += n;
+    }
+    h += chunk;
+    head.store(h, std::memory_order_release);
+  }
+  stop.store(true, std::memory_order_release);
+  reader.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf(
+      "{\"test\":\"spsc_floor\",\"size\":%zu,\"ring\":%zu,\"bytes\":%llu,"
+      "\"seconds\":%.3f,\"bw_MBps\":%.1f}\n",
+      chunk, ring, static_cast<unsigned long long>(total), secs,
+      static_cast<double>(total) / secs / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   Args a;
   CLI::App app{"rdmakit-stream-bench: stream latency, bandwidth and idle cost"};
-  app.add_option("test", a.test, "lat, bw or idle")
+  app.add_option("test", a.test, "lat, bw, idle or floor")
       ->required()
-      ->check(CLI::IsMember({"lat", "bw", "idle"}));
+      ->check(CLI::IsMember({"lat", "bw", "idle", "floor"}));
   app.add_option("--provider", a.provider, "shm, tcp or verbs");
   app.add_option("-s,--size", a.size, "Message (lat) or write (bw) size");
   app.add_option("-D,--seconds", a.seconds, "Duration");
@@ -246,9 +352,12 @@ int main(int argc, char** argv) try {
   app.add_option("--rx-ring", a.rx_ring, "Receive ring bytes");
   app.add_option("--tx-buffer", a.tx_buffer, "Send buffer bytes");
   app.add_option("--inline", a.max_inline, "max_inline");
+  app.add_option("--busy-poll-us", a.busy_poll_us,
+                 "StreamOptions::busy_poll in us (default: 1 s for lat and bw)");
   app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
   CLI11_PARSE(app, argc, argv);
   if (a.size == 0) a.size = 1;
+  if (a.test == "floor") return spsc_floor(a);
   if (a.test == "idle") {
     rlimit rl{};
     ::getrlimit(RLIMIT_NOFILE, &rl);

@@ -2,6 +2,7 @@
 # Streams next to the core and the floors, in one run, pinned, as ratios:
 #   shm 16 B ping-pong half round trip   vs  rdmakit-perf send_lat (shm, 16 B)
 #   shm 64 KiB streaming                 vs  single-core memcpy of 64 KiB
+#                                        and a bare two-thread SPSC ring (the floor)
 #   tcp 1 MiB streaming                  vs  rdmakit-perf write_bw (tcp, 1 MiB)
 #   memory and fds per idle stream (1,000 streams, shm and tcp)
 # Usage: bench/stream_compare.sh [BUILD_DIR]   (default: build)
@@ -38,6 +39,10 @@ run core_shm_send_lat_16 "$perf" send_lat --loopback --provider shm -s 16 -D "$s
 run stream_shm_lat_16 "$sbench" lat --provider shm -s 16 -D "$secs" --cpus "$cpus"
 run floor_memcpy_64k "$floors" --json --cpus "$cpus" --sizes 65536
 run stream_shm_bw_64k "$sbench" bw --provider shm -s 65536 -D "$secs" --cpus "$cpus"
+run floor_spsc_64k "$sbench" floor -s 65536 -D "$secs" --cpus "$cpus"
+# The same with blocking waits (busy_poll 0): on a loaded machine spinning
+# ends stall each other, sleeping ones are woken by the scheduler.
+run stream_shm_bw_64k_sleep "$sbench" bw --provider shm -s 65536 -D "$secs" --cpus "$cpus" --busy-poll-us 0
 run core_tcp_write_bw_1m "$perf" write_bw --loopback --provider tcp -s 1048576 -D "$secs" --cpu "$c0" --json
 run stream_tcp_bw_1m "$sbench" bw --provider tcp -s 1048576 -D "$secs" --cpus "$cpus"
 run core_shm_write_bw_64k "$perf" write_bw --loopback --provider shm -s 65536 -D "$secs" --cpu "$c0" --json
@@ -65,6 +70,10 @@ def ratio(name, a, b, goal, better):
 ratio("shm 16 B half RTT (us): stream / core send_lat", g("stream_shm_lat_16", "half_rtt_us"),
       g("core_shm_send_lat_16", "t_typical_us"), 1.5, "lower")
 ratio("shm 64 KiB streaming (MB/s): stream / memcpy", g("stream_shm_bw_64k", "bw_MBps"),
+      g("floor_memcpy_64k", "bw_MBps"), 0.45, "higher")
+ratio("shm 64 KiB streaming (MB/s): stream / bare SPSC ring floor", g("stream_shm_bw_64k", "bw_MBps"),
+      g("floor_spsc_64k", "bw_MBps"), 0.0, "higher")
+ratio("shm 64 KiB streaming, busy_poll 0 (MB/s): stream / memcpy", g("stream_shm_bw_64k_sleep", "bw_MBps"),
       g("floor_memcpy_64k", "bw_MBps"), 0.45, "higher")
 ratio("tcp 1 MiB streaming (MB/s): stream / core write_bw", g("stream_tcp_bw_1m", "bw_MBps"),
       g("core_tcp_write_bw_1m", "bw_avg_MBps"), 0.9, "higher")

@@ -15,6 +15,9 @@ namespace {
 constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
 constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
 constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
+// Receives re-posted together: at most 1/8 of the credits wait (so the
+// peer keeps its reserves), at most kMaxRepostBatch per post.
+constexpr uint32_t kMaxRepostBatch = 16;
 }  // namespace
 
 short StreamCore::events() const noexcept {
@@ -164,6 +167,7 @@ void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
   s.flow.msg_credits = peer.recv_credits;
   s.last_rx = s.last_tx = Clock::now();
   s.send_depth = s.qp->options().max_send_wr;
+  s.repost_batch = std::clamp<uint32_t>(s.opt.recv_credits / 8, 1, kMaxRepostBatch);
   std::vector<RecvWr> recvs(s.opt.recv_credits,
                             RecvWr{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0});
   const PostResult r = s.qp->post_recv(recvs);
@@ -231,12 +235,7 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   // peer that broke the protocol is not listened to any more.
   if (s.err == EPROTO) return;
   ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
-  const RecvWr again{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0};
-  if (!s.qp->post_recv(again).ok()) {
-    fail(s, ECONNRESET, Status::kGeneralError);
-    return;
-  }
-  ++s.flow.rx_unreported;
+  if (++s.repost_pending >= s.repost_batch && !flush_reposts(s)) return;
   if (!c.has_imm() || c.opcode != Opcode::kRecvWriteWithImm ||
       s.flow.on_message(c.imm, c.byte_len) != wire::Flow::Result::kOk) {
     std::fprintf(
@@ -249,6 +248,21 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   }
   if (s.flow.rst_received) fail(s, ECONNRESET, Status::kSuccess);
   if (s.rd_shut) s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
+}
+
+bool EngineImpl::flush_reposts(StreamCore& s) noexcept {
+  if (s.repost_pending == 0 || !s.qp) return true;
+  std::array<RecvWr, kMaxRepostBatch> again;
+  const uint32_t n = std::min(s.repost_pending, kMaxRepostBatch);
+  again.fill(RecvWr{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0});
+  const PostResult r = s.qp->post_recv(std::span<const RecvWr>(again.data(), n));
+  if (!r.ok() || r.posted != n) {
+    fail(s, ECONNRESET, Status::kGeneralError);
+    return false;
+  }
+  s.repost_pending -= n;
+  s.flow.rx_unreported += n;
+  return true;
 }
 
 bool EngineImpl::post_message(StreamCore& s, uint32_t imm) noexcept {
@@ -379,6 +393,8 @@ void EngineImpl::timers(Clock::time_point now) noexcept {
       s.tx_seen = s.tx_msgs;
       s.last_tx = now;
     }
+    // Receives a batch left waiting: an idle stream gives them back here.
+    if (s.err == 0 && s.repost_pending > 0) (void)flush_reposts(s);
     if (s.err == 0) {
       if (s.closed && now >= s.linger_deadline) {
         fail(s, ETIMEDOUT, Status::kSuccess);

@@ -7,7 +7,9 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
+#include "stream/acceptor.hpp"
 #include "stream/engine.hpp"
 
 namespace rdmakit::stream {
@@ -136,29 +138,139 @@ std::unique_ptr<Stream> Engine::connect(const std::string& address,
 }
 
 std::unique_ptr<StreamListener> Engine::listen(const std::string& address) {
+  return listen(address, impl_->options.stream);
+}
+
+std::unique_ptr<StreamListener> Engine::listen(const std::string& address,
+                                               const StreamOptions& options) {
+  EngineImpl::validate(options);
   return std::unique_ptr<StreamListener>(
-      new StreamListener(impl_, impl_->ctx->listen(address)));
+      new StreamListener(impl_, impl_->ctx->listen(address), options));
 }
 
 // ---------------------------------------------------------------- Listener
 
 StreamListener::StreamListener(std::shared_ptr<detail::EngineImpl> engine,
-                               std::unique_ptr<Listener> listener) noexcept
-    : engine_(std::move(engine)), listener_(std::move(listener)) {}
+                               std::unique_ptr<Listener> listener,
+                               const StreamOptions& options) noexcept
+    : engine_(std::move(engine)), listener_(std::move(listener)), options_(options) {}
 StreamListener::~StreamListener() = default;
 
+namespace {
+std::shared_ptr<StreamCore> accept_core(EngineImpl& e, Listener& l,
+                                        std::chrono::milliseconds timeout,
+                                        const StreamOptions& options) {
+  auto core = e.make_core(options);
+  const auto hello = hello_bytes(*core);
+  auto qp = l.accept(e.qp_options(options), timeout, hello);
+  const wire::Hello peer = peer_hello(e, *qp, "stream accept");
+  e.start(core, std::move(qp), peer);
+  return core;
+}
+}  // namespace
+
 std::unique_ptr<Stream> StreamListener::accept(std::chrono::milliseconds timeout) {
-  return accept(timeout, engine_->options.stream);
+  return accept(timeout, options_);
 }
 
 std::unique_ptr<Stream> StreamListener::accept(std::chrono::milliseconds timeout,
                                                const StreamOptions& options) {
-  auto core = engine_->make_core(options);
-  const auto hello = hello_bytes(*core);
-  auto qp = listener_->accept(engine_->qp_options(options), timeout, hello);
-  const wire::Hello peer = peer_hello(*engine_, *qp, "stream accept");
-  engine_->start(core, std::move(qp), peer);
-  return std::unique_ptr<Stream>(new Stream(engine_, core));
+  std::unique_lock lock(mu_);
+  if (nonblocking_ && !acceptor_) {
+    if (const int rc = start_background(); rc < 0)
+      throw Error("stream accept", engine_->ctx->provider_name(), address(), -rc,
+                  "listener readiness fd");
+  }
+  if (!acceptor_) {
+    lock.unlock();
+    return std::unique_ptr<Stream>(
+        new Stream(engine_, accept_core(*engine_, *listener_, timeout, options)));
+  }
+  const bool nb = nonblocking_;
+  detail::Acceptor& acceptor = *acceptor_;
+  lock.unlock();
+  auto core = acceptor.take(nb ? std::chrono::milliseconds(0) : timeout);
+  if (!core)
+    throw Error(
+        "stream accept", engine_->ctx->provider_name(), address(),
+        nb ? EAGAIN : ETIMEDOUT,
+        nb ? "no connection ready (non-blocking listener)" : "no connection request");
+  return std::unique_ptr<Stream>(new Stream(engine_, std::move(core)));
+}
+
+int StreamListener::start_background() noexcept {
+  try {
+    EngineImpl* e = engine_.get();
+    Listener* l = listener_.get();
+    const StreamOptions o = options_;
+    // The buffers of a stream-to-be are kept across attempts that time out,
+    // so an idle listener does not allocate and register them four times a
+    // second.
+    acceptor_ = std::make_unique<detail::Acceptor>(
+        [e, l, o, spare = std::shared_ptr<StreamCore>()](
+            std::chrono::milliseconds t) mutable -> std::shared_ptr<StreamCore> {
+          if (!spare) spare = e->make_core(o);
+          const auto hello = hello_bytes(*spare);
+          auto qp = l->accept(e->qp_options(o), t, hello);
+          auto core = std::move(spare);  // a peer saw this ring: never reused
+          const wire::Hello peer = peer_hello(*e, *qp, "stream accept");
+          e->start(core, std::move(qp), peer);
+          return core;
+        });
+    return 0;
+  } catch (const Error& err) {
+    return -(err.sys_errno() != 0 ? err.sys_errno() : ENOMEM);
+  } catch (const std::exception&) {
+    return -ENOMEM;
+  }
+}
+
+int StreamListener::fd() noexcept {
+  std::lock_guard lock(mu_);
+  if (!acceptor_) {
+    if (const int rc = start_background(); rc < 0) return rc;
+  }
+  return acceptor_->fd();
+}
+
+std::unique_ptr<Stream> StreamListener::try_accept(int* error) noexcept {
+  int dummy = 0;
+  int& err = error != nullptr ? *error : dummy;
+  std::unique_lock lock(mu_);
+  if (!acceptor_) {
+    if (const int rc = start_background(); rc < 0) {
+      err = -rc;
+      return nullptr;
+    }
+  }
+  detail::Acceptor& acceptor = *acceptor_;
+  lock.unlock();
+  auto core = acceptor.take(std::chrono::milliseconds(0));
+  if (!core) {
+    err = EAGAIN;
+    return nullptr;
+  }
+  std::unique_ptr<Stream> stream(new (std::nothrow) Stream(engine_, core));
+  if (!stream) {
+    std::lock_guard engine_lock(engine_->mu);
+    engine_->close(*core);
+    err = ENOMEM;
+    return nullptr;
+  }
+  err = 0;
+  return stream;
+}
+
+void StreamListener::set_nonblocking(bool on) noexcept {
+  std::lock_guard lock(mu_);
+  nonblocking_ = on;
+  // The background acceptor starts at the next accept (which reports an
+  // error creating it).
+}
+
+bool StreamListener::nonblocking() const noexcept {
+  std::lock_guard lock(mu_);
+  return nonblocking_;
 }
 
 std::string StreamListener::address() const { return listener_->address(); }

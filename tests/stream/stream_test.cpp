@@ -9,11 +9,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -437,6 +439,92 @@ TEST_P(StreamTest, EpollLevelAndEdgeTriggered) {
           ASSERT_GT(rc, 0);
           if (buf[rc - 1] == 'E') break;
         }
+      });
+}
+
+TEST_P(StreamTest, ListenerFdAndNonBlockingAccept) {
+  run(
+      [](RoleEnv& env) {
+        auto engine = Engine::create(engine_options(env));
+        auto listener = engine->listen(env.listen_address());
+        int err = 0;
+        EXPECT_EQ(listener->try_accept(&err), nullptr);
+        EXPECT_EQ(err, EAGAIN);
+        listener->set_nonblocking(true);
+        try {
+          listener->accept(scaled(10s));
+          ADD_FAILURE() << "non-blocking accept with nobody connecting returned a stream";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.sys_errno(), EAGAIN) << e.what();
+        }
+        const int lfd = listener->fd();
+        ASSERT_GE(lfd, 0);
+        EXPECT_EQ(listener->fd(), lfd);
+        const int lt = ::epoll_create1(EPOLL_CLOEXEC);
+        const int et = ::epoll_create1(EPOLL_CLOEXEC);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = lfd;
+        ASSERT_EQ(::epoll_ctl(lt, EPOLL_CTL_ADD, lfd, &ev), 0);
+        ev.events = EPOLLIN | EPOLLET;
+        ASSERT_EQ(::epoll_ctl(et, EPOLL_CTL_ADD, lfd, &ev), 0);
+        epoll_event out[4];
+        EXPECT_EQ(::epoll_wait(lt, out, 4, 0), 0);
+        EXPECT_EQ(::epoll_wait(et, out, 4, 0), 0);
+        env.publish_port(listener->port());
+        // The client connects twice; each stream carries one byte naming it.
+        std::vector<std::unique_ptr<Stream>> accepted;
+        const auto until = std::chrono::steady_clock::now() + scaled(10s);
+        while (accepted.size() < 2 && std::chrono::steady_clock::now() < until) {
+          if (::epoll_wait(lt, out, 4, 200) != 1) continue;
+          EXPECT_EQ(out[0].events, static_cast<uint32_t>(EPOLLIN));
+          // ET: one edge while connections wait, none again until taken.
+          EXPECT_EQ(::epoll_wait(et, out, 4, 0), 1);
+          EXPECT_EQ(::epoll_wait(et, out, 4, 0), 0);
+          for (;;) {
+            auto s = listener->try_accept(&err);
+            if (!s) {
+              EXPECT_EQ(err, EAGAIN);
+              break;
+            }
+            accepted.push_back(std::move(s));
+          }
+        }
+        ASSERT_EQ(accepted.size(), 2u);
+        EXPECT_EQ(::epoll_wait(lt, out, 4, 0), 0);  // nothing more to accept
+        EXPECT_EQ(::epoll_wait(et, out, 4, 0), 0);
+        EXPECT_EQ(listener->try_accept(&err), nullptr);
+        EXPECT_EQ(err, EAGAIN);
+        std::string seen;
+        for (auto& s : accepted) {
+          char c = 0;
+          read_exact(*s, &c, 1);
+          seen += c;
+          write_all(*s, &c, 1);
+        }
+        std::sort(seen.begin(), seen.end());
+        EXPECT_EQ(seen, "ab");
+        // A third connection, never taken, ends with the listener: its
+        // peer reads end of stream.
+        EXPECT_EQ(::epoll_wait(lt, out, 4, scaled(10s).count()), 1);
+        ::close(lt);
+        ::close(et);
+        listener.reset();
+      },
+      [](RoleEnv& env) {
+        auto engine = Engine::create(engine_options(env));
+        auto a = connect_retry(*engine, env.server_address(), {});
+        auto b = connect_retry(*engine, env.server_address(), {});
+        write_all(*a, "a", 1);
+        write_all(*b, "b", 1);
+        char c = 0;
+        read_exact(*a, &c, 1);
+        EXPECT_EQ(c, 'a');
+        read_exact(*b, &c, 1);
+        EXPECT_EQ(c, 'b');
+        auto never_taken = connect_retry(*engine, env.server_address(), {});
+        never_taken->set_timeouts(scaled(10s), scaled(10s));
+        EXPECT_EQ(never_taken->read(&c, 1), 0);
       });
 }
 

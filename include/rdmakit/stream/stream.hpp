@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "rdmakit/rdmakit.hpp"
@@ -34,6 +35,7 @@
 namespace rdmakit::stream {
 
 namespace detail {
+class Acceptor;
 class EngineImpl;
 class StreamCore;
 }  // namespace detail
@@ -41,8 +43,9 @@ class StreamCore;
 struct StreamOptions {
   // Receive ring the peer WRITEs into (4 KiB .. 2 MiB).
   uint32_t rx_ring = 32 * 1024;
-  // Send buffer: write() copies here when the data cannot go out at once.
-  uint32_t tx_buffer = 16 * 1024;
+  // Send buffer: write() copies here when the data cannot go out at once
+  // (with rx_ring and the provider's per-stream state: under 64 KiB).
+  uint32_t tx_buffer = 12 * 1024;
   // Writes up to this size go out straight from the caller's buffer when the
   // peer has room (provider limits apply: tcp 4 KiB). Costs max_inline bytes
   // per send-queue slot on shm.
@@ -83,6 +86,10 @@ class Engine {
   std::unique_ptr<Stream> connect(const std::string& address,
                                   const StreamOptions& options);
   std::unique_ptr<StreamListener> listen(const std::string& address);
+  // Streams this listener accepts in the background (fd(), non-blocking
+  // mode) get these options.
+  std::unique_ptr<StreamListener> listen(const std::string& address,
+                                         const StreamOptions& options);
 
   Context& context() noexcept;
   ProviderKind provider() const noexcept;
@@ -102,19 +109,39 @@ class StreamListener {
   StreamListener& operator=(const StreamListener&) = delete;
 
   // Throws Error(ETIMEDOUT) after timeout, Error(EPROTO) for a connecting
-  // peer that is not a stream endpoint.
+  // peer that is not a stream endpoint; Error(EAGAIN) at once in
+  // non-blocking mode when no connection is ready.
   std::unique_ptr<Stream> accept(std::chrono::milliseconds timeout);
   std::unique_ptr<Stream> accept(std::chrono::milliseconds timeout,
                                  const StreamOptions& options);
+  // Event-loop use. fd() is a kernel fd that is readable (epoll, poll,
+  // select) while a connection is ready to accept; try_accept() returns it
+  // or nullptr with *error = EAGAIN (or the errno that prevents accepting),
+  // never throwing. The first call of fd(), try_accept() or
+  // set_nonblocking(true) starts accepting in the background (up to 128
+  // streams queued); from then on streams get the options given to
+  // Engine::listen (accept's `options` no longer apply) and closing the
+  // listener may take up to 250 ms. -errno if the fd cannot be created.
+  int fd() noexcept;
+  std::unique_ptr<Stream> try_accept(int* error = nullptr) noexcept;
+  void set_nonblocking(bool on) noexcept;
+  bool nonblocking() const noexcept;
   std::string address() const;
   uint16_t port() const;
 
  private:
   friend class Engine;
   StreamListener(std::shared_ptr<detail::EngineImpl> engine,
-                 std::unique_ptr<Listener> listener) noexcept;
+                 std::unique_ptr<Listener> listener,
+                 const StreamOptions& options) noexcept;
+  int start_background() noexcept;  // 0 or -errno; mu_ held
   std::shared_ptr<detail::EngineImpl> engine_;
   std::unique_ptr<Listener> listener_;
+  StreamOptions options_;
+  mutable std::mutex mu_;
+  bool nonblocking_ = false;
+  // After listener_: it stops before the listener goes.
+  std::unique_ptr<detail::Acceptor> acceptor_;
 };
 
 class Stream {

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -133,6 +134,24 @@ std::unique_ptr<MemoryRegion> ShmContext::register_memory(void* addr, size_t len
   publish_region(key, region.get(), RegionKind::kUser, reinterpret_cast<uint64_t>(addr),
                  length, access);
   return region;
+}
+
+std::shared_ptr<const RegionTable> ShmContext::map_peer_table(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return nullptr;
+  const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+  std::lock_guard lock(peer_tables_mutex_);
+  if (auto live = peer_tables_[id].lock()) return live;
+  void* mem = map_fd(fd, sizeof(RegionTable), false);
+  if (mem == nullptr) return nullptr;
+  std::shared_ptr<const RegionTable> table(
+      static_cast<const RegionTable*>(mem), [](const RegionTable* t) {
+        ::munmap(const_cast<RegionTable*>(t), sizeof(RegionTable));
+      });
+  peer_tables_[id] = table;
+  // Drop entries of peers no QP leads to any more.
+  std::erase_if(peer_tables_, [](const auto& e) { return e.second.expired(); });
+  return table;
 }
 
 std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t access) {

@@ -1,6 +1,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +57,12 @@ class ShmContext final : public Context {
 
   uint32_t next_qp_num() noexcept { return next_qp_num_++; }
 
+  // A peer context's region table (fd as received in a handshake), mapped
+  // read-only once however many QPs lead to that peer: each mapping of it
+  // would otherwise hold up to 64 KiB resident (the kernel maps the pages
+  // around every fault). nullptr with errno set on failure.
+  std::shared_ptr<const RegionTable> map_peer_table(int fd);
+
  private:
   void service_loop();
   void serve_request(Link& link);
@@ -72,6 +79,9 @@ class ShmContext final : public Context {
   std::unordered_map<uint64_t, std::shared_ptr<Link>> links_;
   uint64_t next_link_id_ = 1;
   std::atomic<uint32_t> next_qp_num_{1};
+  std::mutex peer_tables_mutex_;
+  // By the memfd's (device, inode): a live mapping keeps its inode in use.
+  std::map<std::pair<dev_t, ino_t>, std::weak_ptr<const RegionTable>> peer_tables_;
   Fd epoll_;
   Fd stop_event_;
   std::thread service_;

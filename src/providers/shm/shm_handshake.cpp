@@ -231,9 +231,9 @@ void ShmQueuePair::set_up() {
                       "the peer's shared memory is not sealed against resizing or is "
                       "smaller than announced");
   }
-  void* table = map_fd(peer_.table_fd.get(), sizeof(RegionTable), false);
-  if (table == nullptr) throw fail("mmap(peer region table)", errno);
-  peer_table_ = static_cast<const RegionTable*>(table);
+  peer_table_ref_ = context_.map_peer_table(peer_.table_fd.get());
+  if (!peer_table_ref_) throw fail("mmap(peer region table)", errno);
+  peer_table_ = peer_table_ref_.get();
   void* block = map_fd(peer_.block_fd.get(), peer_block_bytes_, true);
   if (block == nullptr) throw fail("mmap(peer queue)", errno);
   peer_block_ = static_cast<InboundBlock*>(block);
@@ -254,15 +254,18 @@ void ShmQueuePair::set_up() {
   small_send_allowed_ = !options_.thread_safe && peer_srq_ == nullptr;
 
   const uint64_t sq_size = std::bit_ceil(options_.max_send_wr);
-  sq_.resize(sq_size);
+  sq_storage_ = std::make_unique_for_overwrite<std::byte[]>(sq_size * sizeof(SqEntry));
+  sq_ = reinterpret_cast<SqEntry*>(sq_storage_.get());
   sq_mask_ = sq_size - 1;
   if (options_.max_inline < 8) options_.max_inline = 8;
   // An inline SEND past max_inline is the general path's kInlineTooLarge.
   small_send_max_ = std::min<uint32_t>(kSlotInline, options_.max_inline);
-  inline_data_.resize(sq_size * options_.max_inline);
+  inline_data_ =
+      std::make_unique_for_overwrite<std::byte[]>(sq_size * options_.max_inline);
   rq_.resize(local_.ring_size);
   rq_mask_ = local_.ring_size - 1;
-  mappings_ = std::make_unique<Mapping[]>(kRegionTableSize);
+  mappings_ = std::make_unique<Mapping[]>(kInitialMappings);
+  mapping_mask_ = kInitialMappings - 1;
 
   local_.link->send_cq_wake.reset(::fcntl(send_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
   local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
@@ -287,8 +290,7 @@ void ShmQueuePair::set_up() {
 }
 
 void ShmQueuePair::unmap_peer() noexcept {
-  if (peer_table_ != nullptr)
-    ::munmap(const_cast<RegionTable*>(peer_table_), sizeof(RegionTable));
+  peer_table_ref_.reset();
   if (peer_block_ != nullptr) ::munmap(peer_block_, peer_block_bytes_);
   if (peer_srq_ != nullptr) ::munmap(peer_srq_, peer_srq_bytes_);
   peer_table_ = nullptr;
@@ -315,7 +317,7 @@ ShmQueuePair::~ShmQueuePair() {
       if (srq_->valid_claim(claimed) && srq_->claim_is_live(entry)) srq_->release(entry);
     }
   }
-  for (uint32_t i = 0; i < kRegionTableSize; ++i) {
+  for (uint32_t i = 0; i <= mapping_mask_; ++i) {
     if (mappings_[i].base != nullptr) ::munmap(mappings_[i].base, mappings_[i].bytes);
   }
   unmap_peer();

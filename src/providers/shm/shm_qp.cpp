@@ -19,6 +19,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "core/address.hpp"
 #include "core/log.hpp"
@@ -217,6 +218,34 @@ Status ShmQueuePair::check_local(const SendWr& wr, bool sink) const noexcept {
   return Status::kSuccess;
 }
 
+ShmQueuePair::Mapping& ShmQueuePair::mapping_for(uint32_t rkey) noexcept {
+  static_assert((kInitialMappings & (kInitialMappings - 1)) == 0 &&
+                kInitialMappings <= kRegionTableSize);
+  Mapping* m = &mappings_[rkey & mapping_mask_];
+  if (m->key == rkey) [[likely]]
+    return *m;  // mapped: the data path's only case, as cheap as the old table
+  while (m->base != nullptr && ((m->key ^ rkey) & kRegionIndexMask) != 0) {
+    // Another region's mapping: double the cache rather than evict (two
+    // regions used in turn would remap on every access). Entries distinct
+    // modulo n stay distinct modulo 2n.
+    const uint32_t size = (mapping_mask_ + 1) * 2;  // <= kRegionTableSize: indices differ
+    auto grown = std::unique_ptr<Mapping[]>(new (std::nothrow) Mapping[size]);
+    if (!grown) {
+      ::munmap(m->base, m->bytes);  // no memory: evict, it is mapped again on use
+      *m = Mapping{};
+      break;
+    }
+    for (uint32_t i = 0; i <= mapping_mask_; ++i) {
+      if (mappings_[i].base != nullptr)
+        grown[mappings_[i].key & (size - 1)] = mappings_[i];
+    }
+    mappings_ = std::move(grown);
+    mapping_mask_ = size - 1;
+    m = &mappings_[rkey & mapping_mask_];
+  }
+  return *m;
+}
+
 ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_t length,
                                            uint32_t need, bool want_write) noexcept {
   Target target;
@@ -230,7 +259,7 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
     target.user_addr = addr;
     return target;
   }
-  Mapping& m = mappings_[rkey & kRegionIndexMask];
+  Mapping& m = mapping_for(rkey);
   if (m.key != rkey) {
     // First touch of this region: ask the owner's progress thread for its
     // memfd (read-only unless the region grants remote writes).

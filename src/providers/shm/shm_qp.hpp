@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "providers/shm/posted_recv.hpp"
@@ -67,6 +68,9 @@ class ShmQueuePair final : public QueuePair {
   struct SqEntry {
     SendWr wr;
   };
+  static_assert(std::is_trivially_copyable_v<SqEntry> &&
+                    alignof(SqEntry) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+                "SqEntry lives in uninitialized byte storage");
   // kBlocked: no RECV posted at the peer yet (RNR).
   enum class Exec : uint8_t { kDone, kBlocked };
 
@@ -147,7 +151,8 @@ class ShmQueuePair final : public QueuePair {
   ShmContext& context_;
   LocalEnd local_;
   PeerEnd peer_;
-  const RegionTable* peer_table_ = nullptr;
+  const RegionTable* peer_table_ = nullptr;  // peer_table_ref_.get(), one load closer
+  std::shared_ptr<const RegionTable> peer_table_ref_;  // shared by the context's QPs
   InboundBlock* peer_block_ = nullptr;
   size_t peer_block_bytes_ = 0;
   SrqBlock* peer_srq_ = nullptr;  // the peer receives through an SRQ
@@ -163,8 +168,12 @@ class ShmQueuePair final : public QueuePair {
 
   // Send queue: [sq_retired_, sq_executed_) done awaiting retirement,
   // [sq_executed_, sq_posted_) waiting (behind an RNR-blocked SEND).
-  std::vector<SqEntry> sq_;
-  std::vector<std::byte> inline_data_;  // max_inline bytes per slot
+  // Only requests that must wait (RNR, or queued behind one) are copied
+  // here, so both arrays are left uninitialized: pages an idle or
+  // never-blocked QP does not touch cost no memory.
+  std::unique_ptr<std::byte[]> sq_storage_;
+  SqEntry* sq_ = nullptr;                     // sq_mask_ + 1 entries in sq_storage_
+  std::unique_ptr<std::byte[]> inline_data_;  // max_inline bytes per slot
   uint64_t sq_mask_ = 0;
   uint64_t sq_posted_ = 0;
   uint64_t sq_executed_ = 0;
@@ -194,7 +203,16 @@ class ShmQueuePair final : public QueuePair {
     size_t bytes = 0;
     uint64_t region_addr = 0;  // the owner's address of base[0]
   };
+  // Direct-mapped by region index modulo its size, which starts small and
+  // doubles when two mapped regions collide (at kRegionTableSize it is one
+  // entry per index): an idle QP touching one or two peer regions keeps a
+  // few entries, not 4096 (160 KiB).
+  static constexpr uint32_t kInitialMappings = 4;
   std::unique_ptr<Mapping[]> mappings_;
+  uint32_t mapping_mask_ = 0;
+  // The entry for rkey, grown so that no other mapped region holds it (an
+  // entry of the same index but another generation is the caller's to drop).
+  Mapping& mapping_for(uint32_t rkey) noexcept;
 
   // Atomic, as are the counters both sides of a QP read: a thread-safe QP
   // posts from any thread while its CQ's owner polls (plain loads on x86).
