@@ -212,6 +212,7 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
     ch->recv_mr_ = ctx_->allocate(size_t{ch->depth_} * ch->slot_size_, kAccessLocalWrite);
     ch->handler_mode_ = static_cast<bool>(handlers_.on_message);
     ch->app_progress_ = options_.thread_mode == ThreadMode::kApplication;
+    ch->mu_.set_shared(!ch->app_progress_);
     ch->inbox_.resize(ch->depth_);
     ch->peer_reposted_ = reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() +
                                                            kCtrlCredits + size_t{8} * i);

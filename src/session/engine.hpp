@@ -2,10 +2,12 @@
 // The session's machinery: the Engine (context, exposed buffers, workers,
 // the acceptor) and the Worker (one or more CQs, the endpoints they serve,
 // and the progress loop that runs on a library thread or in progress()).
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/endpoint.hpp>
 #include <rdmakit/session/options.hpp>
@@ -21,6 +23,8 @@ class Engine;
 
 class Worker {
  public:
+  static constexpr size_t kBatch = 32;  // completions per poll
+
   Worker(Engine& engine, bool threaded, uint32_t capacity);
   ~Worker();
   Worker(const Worker&) = delete;
@@ -39,6 +43,10 @@ class Worker {
   // One pass of the progress loop: adopt, poll/wait (by event mode, up to
   // timeout), dispatch, heartbeats and liveness, closes. Returns completions.
   int run_once(std::chrono::milliseconds timeout);
+  // One poll and dispatch, no wait; the clock is read (heartbeats, liveness)
+  // only every 64 passes, empty or not. For loops that spin on a result
+  // expected within microseconds (Channel::recv without library threads).
+  int poll_pass();
   void start();
   void stop();
   bool on_worker_thread() const noexcept;
@@ -66,6 +74,8 @@ class Worker {
   void reap(std::chrono::steady_clock::time_point now, bool all);
   void drain_fds() noexcept;
   void loop();
+  int pass(std::chrono::milliseconds timeout, bool clock_when_idle);
+  int wait_and_poll(std::span<Completion> batch, std::chrono::milliseconds timeout);
 
   Engine& engine_;
   bool threaded_;
@@ -98,6 +108,10 @@ class Worker {
   std::atomic<size_t> live_{0};
   std::chrono::steady_clock::time_point next_tick_{};
   uint32_t polls_since_clock_ = 0;
+  // The completion batch of the outermost pass, kept (not zeroed per pass);
+  // a nested pass (a handler's send waiting for a credit) uses its own.
+  std::array<Completion, kBatch> batch_{};
+  uint32_t depth_ = 0;
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

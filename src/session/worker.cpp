@@ -18,7 +18,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-constexpr size_t kBatch = 32;
 // A goodbye gets this long to leave before the QP that carries it is destroyed.
 constexpr milliseconds kLinger{100};
 // Blocking waits are cut into slices so that new endpoints and close
@@ -153,46 +152,68 @@ void Worker::adopt_pending() {
   }
 }
 
-int Worker::run_once(milliseconds timeout) {
+int Worker::run_once(milliseconds timeout) { return pass(timeout, true); }
+
+int Worker::poll_pass() { return pass(milliseconds(0), false); }
+
+int Worker::pass(milliseconds timeout, bool clock_when_idle) {
   if (inbox_pending_.load(std::memory_order_relaxed)) adopt_pending();
-  std::array<Completion, kBatch> batch;
-  int n = cq_->poll(batch);
-  if (n == 0 && timeout.count() > 0) {
-    switch (engine_.options().event_mode) {
-      case EventMode::kBusyPoll: {
-        // The clock is read every 64 empty polls, not between every two.
-        const auto deadline = Clock::now() + timeout;
-        for (uint32_t spins = 1; n == 0; ++spins) {
-          if ((spins & 63) == 0 && (Clock::now() >= deadline || inbox_pending_.load() ||
-                                    close_pending_.load()))
-            break;
-          n = cq_->poll(batch);
-        }
-        break;
-      }
-      case EventMode::kBlocking:
-        n = cq_->wait(batch, std::min(timeout, kBlockingSlice));
-        break;
-      case EventMode::kEpollFd: {
-        if (arm()) {
-          epoll_event events[4];
-          const auto ms =
-              static_cast<int>(std::min(timeout, engine_.options().heartbeat).count());
-          epoll_wait(epfd_, events, 4, ms);
-        }
-        drain_fds();
-        n = cq_->poll(batch);
-        break;
-      }
-    }
+  int n = 0;
+  if (depth_ == 0) {
+    ++depth_;
+    struct Leave {
+      uint32_t& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
+    n = wait_and_poll(batch_, timeout);
+    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+  } else {
+    std::array<Completion, kBatch> nested;
+    n = wait_and_poll(nested, timeout);
+    for (int i = 0; i < n; ++i) dispatch(nested[static_cast<size_t>(i)]);
   }
-  for (int i = 0; i < n; ++i) dispatch(batch[static_cast<size_t>(i)]);
   // The clock is read when idle and every 64 busy passes, not per message.
-  if (n == 0 || ++polls_since_clock_ >= 64) {
+  if ((n == 0 && clock_when_idle) || ++polls_since_clock_ >= 64) {
     polls_since_clock_ = 0;
     const auto now = Clock::now();
     if (now >= next_tick_ || close_pending_.load(std::memory_order_relaxed)) tick(now);
     if (!graves_.empty()) reap(now, false);
+  }
+  return n;
+}
+
+int Worker::wait_and_poll(std::span<Completion> batch, milliseconds timeout) {
+  int n = cq_->poll(batch);
+  if (n != 0 || timeout.count() <= 0) return n;
+  switch (engine_.options().event_mode) {
+    case EventMode::kBusyPoll: {
+      // The clock is read every 64 empty polls, not between every two (and
+      // not at all when a completion comes within the first 64).
+      Clock::time_point deadline{};
+      for (uint32_t spins = 1; n == 0; ++spins) {
+        if ((spins & 63) == 0) {
+          const auto now = Clock::now();
+          if (spins == 64) deadline = now + timeout;
+          if (now >= deadline || inbox_pending_.load() || close_pending_.load()) break;
+        }
+        n = cq_->poll(batch);
+      }
+      break;
+    }
+    case EventMode::kBlocking:
+      n = cq_->wait(batch, std::min(timeout, kBlockingSlice));
+      break;
+    case EventMode::kEpollFd: {
+      if (arm()) {
+        epoll_event events[4];
+        const auto ms =
+            static_cast<int>(std::min(timeout, engine_.options().heartbeat).count());
+        epoll_wait(epfd_, events, 4, ms);
+      }
+      drain_fds();
+      n = cq_->poll(batch);
+      break;
+    }
   }
   return n;
 }
@@ -421,9 +442,8 @@ void Worker::shutdown() {
   }
   // Let the goodbyes leave (their completions say they did).
   const auto until = Clock::now() + kLinger;
-  std::array<Completion, kBatch> batch;
   while (Clock::now() < until) {
-    if (cq_->poll(batch) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (cq_->poll(batch_) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   reap(Clock::now(), true);
   std::lock_guard lock(slots_mu_);
