@@ -1,6 +1,6 @@
 #include "engine.hpp"
 
-#include <spdlog/spdlog.h>
+#include "log.hpp"
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -66,7 +66,7 @@ Engine::Engine(SessionOptions options, Handlers handlers, bool server)
   ContextOptions co;
   co.provider = options_.provider;
   ctx_ = Context::open(co);
-  spdlog::info("session: {} on {} ({}), thread mode {}, event mode {}",
+  log().info("session: {} on {} ({}), thread mode {}, event mode {}",
                server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
                thread_mode_name(options_.thread_mode),
                event_mode_name(options_.event_mode));
@@ -306,9 +306,9 @@ void Engine::accept_loop() {
     try {
       accept_one(milliseconds(100));
     } catch (const Error& e) {
-      if (e.sys_errno() != ETIMEDOUT) spdlog::warn("session: accept: {}", e.what());
+      if (e.sys_errno() != ETIMEDOUT) log().warn("session: accept: {}", e.what());
     } catch (const std::exception& e) {
-      spdlog::warn("session: accept: {}", e.what());
+      log().warn("session: accept: {}", e.what());
     }
   }
 }
@@ -336,7 +336,7 @@ void Engine::accept_one(milliseconds timeout) {
   std::string why;
   const std::optional<Hello> hello = decode_hello(qp0->peer_private_data(), &why);
   if (!hello || hello->channel != 0) {
-    spdlog::warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
+    log().warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
                  ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
     return;  // qp0 is destroyed: the peer's QP leaves the connected state
   }
@@ -347,7 +347,7 @@ void Engine::accept_one(milliseconds timeout) {
   std::vector<Hello> extra_hellos;
   for (uint32_t c = 1; c < hello->channels; ++c) {
     if (reply.channel_port == 0) {
-      spdlog::warn("session: {} asks for {} channels; this server serves one",
+      log().warn("session: {} asks for {} channels; this server serves one",
                    qp0->peer(), hello->channels);
       return;
     }
@@ -355,7 +355,7 @@ void Engine::accept_one(milliseconds timeout) {
                                             reply_blob);
     const std::optional<Hello> h = decode_hello(qp->peer_private_data(), &why);
     if (!h || h->endpoint_id != hello->endpoint_id || h->channel != c) {
-      spdlog::warn("session: channel {} of {} : unexpected connection ({})", c,
+      log().warn("session: channel {} of {} : unexpected connection ({})", c,
                    qp0->peer(), h ? "wrong endpoint or channel" : why);
       return;
     }
@@ -372,7 +372,7 @@ void Engine::accept_one(milliseconds timeout) {
                           extra_hellos[i].depth, extra_hellos[i].max_message);
   }
   if (!w->reserve(ep)) {
-    spdlog::warn("session: rejected {}: the worker serves max_endpoints={} already",
+    log().warn("session: rejected {}: the worker serves max_endpoints={} already",
                  ep->peer(), options_.max_endpoints);
     return;
   }

@@ -1,4 +1,4 @@
-#include <spdlog/spdlog.h>
+#include "log.hpp"
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -369,7 +369,7 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
   if (info.reason == DisconnectReason::kLocalClose) {
     (void)EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {});
   }
-  spdlog::info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(),
+  log().info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(),
                ep.peer(), ep.provider_name(), disconnect_reason_name(info.reason),
                info.detail.empty() ? "" : ": ", info.detail);
   {
