@@ -98,6 +98,7 @@ void Engine::stop_all() {
           ch->release_memory();
         }
         ep->ctrl_mr_.reset();
+        ep->own_buffers_.clear();
         ep->state_.store(Endpoint::State::kClosed);
       }
     }
@@ -116,27 +117,42 @@ MemoryRegion& Engine::expose(const std::string& name, size_t size, uint32_t acce
 }
 
 void Engine::expose(const std::string& name, MemoryRegion& region) {
+  check_exposable(name);
+  exposed_.emplace_back(name, &region);
+}
+
+void Engine::expose_per_endpoint(const std::string& name, size_t size, uint32_t access) {
+  if (size == 0) {
+    throw Error("session expose", ctx_->provider_name(), "", EINVAL,
+                "per-endpoint buffer '" + name + "': size 0");
+  }
+  check_exposable(name);
+  per_endpoint_.push_back({name, size, access});
+}
+
+// Names are unique and the table (every buffer, shared or per endpoint) fits
+// the first message.
+void Engine::check_exposable(const std::string& name) const {
   if (name.empty() || name.size() > kMaxBufferName) {
     throw Error("session expose", ctx_->provider_name(), "", EINVAL,
                 "buffer name '" + name + "': 1 to 64 characters");
   }
-  for (const auto& [n, r] : exposed_) {
+  Table t;
+  t.channel_names = options_.channels;
+  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  for (const auto& b : per_endpoint_) t.buffers.emplace_back(b.name, RemoteRegion{});
+  for (const auto& [n, r] : t.buffers) {
     if (n == name) {
       throw Error("session expose", ctx_->provider_name(), "", EEXIST,
                   "a buffer named '" + name + "' is already exposed");
     }
   }
-  exposed_.emplace_back(name, &region);
-  Table t;
-  t.ctrl = region.remote();
-  t.channel_names = options_.channels;
-  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  t.buffers.emplace_back(name, RemoteRegion{});
   if (encode(t).size() > kMinMessage) {
-    exposed_.pop_back();
     throw Error("session expose", ctx_->provider_name(), "", E2BIG,
                 "exposing '" + name + "' would make the buffer table exceed " +
                     std::to_string(kMinMessage) + " bytes (" +
-                    std::to_string(exposed_.size()) + " buffers exposed already)");
+                    std::to_string(t.buffers.size() - 1) + " buffers exposed already)");
   }
 }
 
@@ -145,6 +161,8 @@ Table Engine::table_for(const Endpoint& ep) const {
   t.ctrl = ep.ctrl_mr_->remote();
   for (const auto& ch : ep.channels_) t.channel_names.push_back(ch->name());
   for (const auto& [name, region] : exposed_)
+    t.buffers.emplace_back(name, region->remote());
+  for (const auto& [name, region] : ep.own_buffers_)
     t.buffers.emplace_back(name, region->remote());
   return t;
 }
@@ -205,6 +223,9 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
   }
   ep->peer_ = peer;
   ep->ctrl_mr_ = ctx_->allocate(kCtrlSize, kAccessAll);
+  for (const auto& b : per_endpoint_) {
+    ep->own_buffers_.emplace_back(b.name, ctx_->allocate(b.size, b.access));
+  }
   for (uint32_t i = 0; i < names.size(); ++i) {
     auto ch = std::unique_ptr<Channel>(new Channel(ep.get(), i, names[i]));
     ch->slot_size_ = slot_size(options_.max_message);

@@ -130,6 +130,7 @@ class Engine {
 
   MemoryRegion& expose(const std::string& name, size_t size, uint32_t access);
   void expose(const std::string& name, MemoryRegion& region);
+  void expose_per_endpoint(const std::string& name, size_t size, uint32_t access);
   Table table_for(const Endpoint& ep) const;
 
   QpOptions qp_options(CompletionQueue* cq) const;
@@ -151,6 +152,7 @@ class Engine {
   void stop_all();
 
  private:
+  void check_exposable(const std::string& name) const;
   void accept_loop();
   void accept_one(std::chrono::milliseconds timeout);
 
@@ -160,6 +162,12 @@ class Engine {
   std::unique_ptr<Context> ctx_;
   std::vector<std::unique_ptr<MemoryRegion>> owned_;
   std::vector<std::pair<std::string, MemoryRegion*>> exposed_;
+  struct PerEndpoint {
+    std::string name;
+    size_t size;
+    uint32_t access;
+  };
+  std::vector<PerEndpoint> per_endpoint_;  // allocated in make_endpoint
 
   mutable std::mutex workers_mu_;
   std::vector<std::unique_ptr<Worker>> workers_;

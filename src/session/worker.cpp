@@ -406,7 +406,10 @@ void Worker::reap(Clock::time_point now, bool all) {
       // At shutdown the memory goes too: it must not outlive the context.
       if (all) ch->release_memory();
     }
-    if (all) ep->ctrl_mr_.reset();
+    if (all) {
+      ep->ctrl_mr_.reset();
+      ep->own_buffers_.clear();
+    }
     std::lock_guard lock(slots_mu_);
     slot_ptr_[ep->slot_].store(nullptr, std::memory_order_release);
     owners_[ep->slot_].reset();
