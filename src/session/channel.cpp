@@ -132,9 +132,8 @@ void Channel::progress_or_pause(uint32_t spins) {
   }
 }
 
-OpResult Channel::post_retrying(std::unique_lock<detail::DatapathMutex>& lock,
-                                SendWr& wr, uint8_t kind, OpCallback& done,
-                                Buffer* buffer) {
+OpResult Channel::post_retrying(std::unique_lock<detail::DatapathMutex>& lock, SendWr& wr,
+                                uint8_t kind, OpCallback& done, Buffer* buffer) {
   Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
     OpResult r = post_locked(wr, kind, done, buffer);
@@ -202,7 +201,7 @@ OpResult Channel::send(std::span<const std::byte> message) {
   if (OpResult r = wait_credit(lock); !r.ok()) return r;
   // Credits bound unconsumed SENDs to peer_depth_, so the slot used
   // peer_depth_ sends ago has been delivered and may be overwritten.
-  send_slot_ = static_cast<uint32_t>(sent_ % peer_depth_);
+  send_slot_ = next_slot_;
   const auto length = static_cast<uint32_t>(message.size());
   // INLINE data is copied at post time: no staging copy for small messages.
   const bool inline_data = length <= qp_->max_inline();
@@ -221,7 +220,7 @@ OpResult Channel::send(std::span<const std::byte> message) {
   OpCallback none;
   OpResult r =
       post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr);
-  if (r.ok()) ++sent_;
+  if (r.ok()) count_sent();
   return r;
 }
 
@@ -246,7 +245,7 @@ OpResult Channel::send(Buffer&& buffer) {
   OpCallback none;
   OpResult r =
       post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kSendZeroCopy), none, &buffer);
-  if (r.ok()) ++sent_;
+  if (r.ok()) count_sent();
   return r;
 }
 
@@ -323,7 +322,7 @@ OpResult Channel::one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t 
   OpResult r = post_retrying(lock, wr,
                              static_cast<uint8_t>(quiet ? WrKind::kOpQuiet : WrKind::kOp),
                              done, nullptr);
-  if (r.ok() && opcode == Opcode::kWriteWithImm) ++sent_;
+  if (r.ok() && opcode == Opcode::kWriteWithImm) count_sent();
   return r;
 }
 

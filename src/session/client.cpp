@@ -1,5 +1,3 @@
-#include "log.hpp"
-
 #include <algorithm>
 #include <cerrno>
 #include <rdmakit/session/client.hpp>
@@ -7,6 +5,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "log.hpp"
 
 namespace rdmakit::session {
 
@@ -48,10 +47,8 @@ bool retriable(int err) {
     case ENOENT:
     case ECONNRESET:
     case ECONNABORTED:
-    case EPIPE:
-      return true;
-    default:
-      return false;
+    case EPIPE: return true;
+    default: return false;
   }
 }
 
@@ -75,7 +72,7 @@ std::unique_ptr<QueuePair> connect_retrying(Context& ctx, const std::string& add
       }
       if (e.sys_errno() != ECONNREFUSED && e.sys_errno() != ENOENT) {
         detail::log().info("session: connect to {} ({}): {}; retrying", address,
-                   ctx.provider_name(), e.what());
+                           ctx.provider_name(), e.what());
       }
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(
@@ -102,7 +99,7 @@ Endpoint& Client::connect(const std::string& address) {
       endpoint_.reset();
       if (!setup_cut(e) || Clock::now() + backoff >= deadline) throw;
       detail::log().info("session: connect to {} ({}): {}; setting up again (attempt {})",
-                 address, engine_->ctx().provider_name(), e.what(), setups + 1);
+                         address, engine_->ctx().provider_name(), e.what(), setups + 1);
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, milliseconds(250));
@@ -155,8 +152,8 @@ Endpoint& Client::connect_once(const std::string& address,
     if (ep->closed()) {
       const DisconnectInfo info = ep->disconnect_info();
       throw Error("session connect", engine_->ctx().provider_name(), address, ECONNRESET,
-                  std::string(kSetupCut) +
-                      disconnect_reason_name(info.reason) + ": " + info.detail);
+                  std::string(kSetupCut) + disconnect_reason_name(info.reason) + ": " +
+                      info.detail);
     }
     if (Clock::now() >= deadline) {
       throw Error("session connect", engine_->ctx().provider_name(), address, ETIMEDOUT,

@@ -1,12 +1,13 @@
 #include "engine.hpp"
 
-#include "log.hpp"
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "log.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -67,9 +68,9 @@ Engine::Engine(SessionOptions options, Handlers handlers, bool server)
   co.provider = options_.provider;
   ctx_ = Context::open(co);
   log().info("session: {} on {} ({}), thread mode {}, event mode {}",
-               server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
-               thread_mode_name(options_.thread_mode),
-               event_mode_name(options_.event_mode));
+             server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
+             thread_mode_name(options_.thread_mode),
+             event_mode_name(options_.event_mode));
   std::lock_guard lock(workers_mu_);
   if (options_.thread_mode == ThreadMode::kApplication) {
     workers_.push_back(std::make_unique<Worker>(*this, false, options_.max_endpoints));
@@ -278,7 +279,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
     return false;
   const uint64_t returned = load_peer_written(ch.peer_reposted_);
   if (ch.sent_ - returned >= ch.peer_depth_) return false;
-  ch.send_slot_ = static_cast<uint32_t>(ch.sent_ % ch.peer_depth_);
+  ch.send_slot_ = ch.next_slot_;
   std::byte* slot = ch.send_mr_->data() +
                     size_t{ch.send_slot_} * (ch.peer_max_message_ + sizeof(MsgHeader));
   const MsgHeader header{kMagic, static_cast<uint16_t>(kind), 0, payload.size()};
@@ -293,7 +294,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
   if (!ch.post_locked(wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr).ok()) {
     return false;
   }
-  ++ch.sent_;
+  ch.count_sent();
   return true;
 }
 
@@ -358,7 +359,7 @@ void Engine::accept_one(milliseconds timeout) {
   const std::optional<Hello> hello = decode_hello(qp0->peer_private_data(), &why);
   if (!hello || hello->channel != 0) {
     log().warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
-                 ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
+               ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
     return;  // qp0 is destroyed: the peer's QP leaves the connected state
   }
   // Named by the peer's buffer table when it arrives.
@@ -368,16 +369,16 @@ void Engine::accept_one(milliseconds timeout) {
   std::vector<Hello> extra_hellos;
   for (uint32_t c = 1; c < hello->channels; ++c) {
     if (reply.channel_port == 0) {
-      log().warn("session: {} asks for {} channels; this server serves one",
-                   qp0->peer(), hello->channels);
+      log().warn("session: {} asks for {} channels; this server serves one", qp0->peer(),
+                 hello->channels);
       return;
     }
     auto qp = w->channel_listener()->accept(qp_options(&w->cq()), milliseconds(5000),
                                             reply_blob);
     const std::optional<Hello> h = decode_hello(qp->peer_private_data(), &why);
     if (!h || h->endpoint_id != hello->endpoint_id || h->channel != c) {
-      log().warn("session: channel {} of {} : unexpected connection ({})", c,
-                   qp0->peer(), h ? "wrong endpoint or channel" : why);
+      log().warn("session: channel {} of {} : unexpected connection ({})", c, qp0->peer(),
+                 h ? "wrong endpoint or channel" : why);
       return;
     }
     extra.push_back(std::move(qp));
@@ -394,7 +395,7 @@ void Engine::accept_one(milliseconds timeout) {
   }
   if (!w->reserve(ep)) {
     log().warn("session: rejected {}: the worker serves max_endpoints={} already",
-                 ep->peer(), options_.max_endpoints);
+               ep->peer(), options_.max_endpoints);
     return;
   }
   w->adopt(std::move(ep));

@@ -7,10 +7,10 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/endpoint.hpp>
 #include <rdmakit/session/options.hpp>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>

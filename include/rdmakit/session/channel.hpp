@@ -237,6 +237,10 @@ class Channel {
   OpResult fail(Errc code, const char* what, const std::string& why) const;
   void repost(uint32_t slot) noexcept;
   void report_credits_locked() noexcept;
+  void count_sent() noexcept {
+    ++sent_;
+    if (++next_slot_ == peer_depth_) next_slot_ = 0;
+  }
   // Worker side.
   void on_recv(const Completion& c);
   bool take_pending(uint32_t index, Pending* out);
@@ -260,9 +264,10 @@ class Channel {
 
   mutable detail::DatapathMutex mu_;  // everything below, and posting
   bool closed_ = false;
-  uint64_t sent_ = 0;      // SENDs + WRITE_WITH_IMMs posted (credits used)
-  uint64_t reposted_ = 0;  // our RECVs re-posted after delivery
-  uint64_t reported_ = 0;  // re-posts the peer has been told about
+  uint64_t sent_ = 0;       // SENDs + WRITE_WITH_IMMs posted (credits used)
+  uint32_t next_slot_ = 0;  // sent_ % peer_depth_, kept without a division
+  uint64_t reposted_ = 0;   // our RECVs re-posted after delivery
+  uint64_t reported_ = 0;   // re-posts the peer has been told about
   const uint64_t* peer_reposted_ = nullptr;  // in our control block, written by the peer
   std::vector<Pending> pending_;
   uint32_t next_pending_ = 0;

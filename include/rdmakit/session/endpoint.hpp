@@ -95,7 +95,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<std::pair<std::string, RemoteRegion>> remote_buffers_;
   std::unique_ptr<MemoryRegion> ctrl_mr_;  // the peer writes heartbeat + credits here
   std::vector<std::pair<std::string, std::unique_ptr<MemoryRegion>>> own_buffers_;
-  RemoteRegion peer_ctrl_;                 // ours in the peer
+  RemoteRegion peer_ctrl_;  // ours in the peer
   std::atomic<State> state_{State::kConnecting};
   std::atomic<bool> close_requested_{false};
   mutable std::mutex info_mu_;
