@@ -94,7 +94,7 @@ uint32_t Channel::credits() const noexcept {
 // Waits (lock released while waiting) until a credit is available. The peer
 // returns credits by a one-sided WRITE into our control block, so no progress
 // of ours is needed for one to arrive.
-OpResult Channel::wait_credit(std::unique_lock<std::mutex>& lock) {
+OpResult Channel::wait_credit(std::unique_lock<detail::DatapathMutex>& lock) {
   // The clock is read only once there is something to wait for.
   Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
@@ -132,7 +132,7 @@ void Channel::progress_or_pause(uint32_t spins) {
   }
 }
 
-OpResult Channel::post_retrying(std::unique_lock<std::mutex>& lock, SendWr& wr,
+OpResult Channel::post_retrying(std::unique_lock<detail::DatapathMutex>& lock, SendWr& wr,
                                 uint8_t kind, OpCallback& done, Buffer* buffer) {
   Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
@@ -201,7 +201,7 @@ OpResult Channel::send(std::span<const std::byte> message) {
   if (OpResult r = wait_credit(lock); !r.ok()) return r;
   // Credits bound unconsumed SENDs to peer_depth_, so the slot used
   // peer_depth_ sends ago has been delivered and may be overwritten.
-  send_slot_ = static_cast<uint32_t>(sent_ % peer_depth_);
+  send_slot_ = next_slot_;
   const auto length = static_cast<uint32_t>(message.size());
   // INLINE data is copied at post time: no staging copy for small messages.
   const bool inline_data = length <= qp_->max_inline();
@@ -220,7 +220,7 @@ OpResult Channel::send(std::span<const std::byte> message) {
   OpCallback none;
   OpResult r =
       post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr);
-  if (r.ok()) ++sent_;
+  if (r.ok()) count_sent();
   return r;
 }
 
@@ -245,7 +245,7 @@ OpResult Channel::send(Buffer&& buffer) {
   OpCallback none;
   OpResult r =
       post_retrying(lock, wr, static_cast<uint8_t>(WrKind::kSendZeroCopy), none, &buffer);
-  if (r.ok()) ++sent_;
+  if (r.ok()) count_sent();
   return r;
 }
 
@@ -322,7 +322,7 @@ OpResult Channel::one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t 
   OpResult r = post_retrying(lock, wr,
                              static_cast<uint8_t>(quiet ? WrKind::kOpQuiet : WrKind::kOp),
                              done, nullptr);
-  if (r.ok() && opcode == Opcode::kWriteWithImm) ++sent_;
+  if (r.ok() && opcode == Opcode::kWriteWithImm) count_sent();
   return r;
 }
 
@@ -459,6 +459,7 @@ OpResult Channel::write_batch(const RemoteBuffer& remote,
 // Waits for one operation: on the progress thread (or without library
 // threads) by running the progress loop, elsewhere on a condition variable.
 OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
+  if (app_progress_) return sync_progressing(start);
   struct Waiter {
     std::mutex mu;
     std::condition_variable cv;
@@ -497,6 +498,53 @@ OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
   return waiter->result;
 }
 
+struct Channel::SyncFrame {
+  uint64_t ticket = 0;
+  bool done = false;
+  OpResult result;
+  SyncFrame* below = nullptr;
+};
+
+// Without library threads the callback runs on this thread (inside
+// run_once), so the waiter is a frame on this stack: the callback captures
+// the channel and the operation's number (two words, inside std::function's
+// small buffer) and finds the frame while it waits; the callback of an
+// operation whose caller timed out finds none and does nothing.
+OpResult Channel::sync_progressing(const std::function<OpResult(OpCallback)>& start) {
+  SyncFrame frame;
+  frame.ticket = ++sync_issued_;
+  frame.below = sync_top_;
+  sync_top_ = &frame;
+  struct Pop {
+    Channel* ch;
+    SyncFrame* frame;
+    ~Pop() { ch->sync_top_ = frame->below; }
+  } pop{this, &frame};
+  OpResult posted = start([this, ticket = frame.ticket](const OpResult& r) {
+    for (SyncFrame* f = sync_top_; f != nullptr; f = f->below) {
+      if (f->ticket == ticket) {
+        f->result = r;
+        f->done = true;
+        return;
+      }
+    }
+  });
+  if (!posted.ok()) return posted;
+  detail::Worker* worker = endpoint_->worker_;
+  const auto timeout = endpoint_->engine_->options().op_timeout;
+  const Clock::time_point deadline = Clock::now() + timeout;
+  while (!frame.done) {
+    if (Clock::now() >= deadline) {
+      return fail(
+          Errc::kTimeout, "operation",
+          "no completion within op_timeout (" + std::to_string(timeout.count()) + " ms)");
+    }
+    if (worker == nullptr) return closed_result("operation");
+    worker->run_once(std::chrono::milliseconds(1));
+  }
+  return std::move(frame.result);
+}
+
 OpResult Channel::write_sync(std::string_view remote, uint64_t offset, Local src,
                              size_t length) {
   return sync(
@@ -514,35 +562,59 @@ OpResult Channel::write_with_imm_sync(std::string_view remote, uint64_t offset, 
   });
 }
 
+Message Channel::pop_inbox() noexcept {
+  Message m = std::move(inbox_[inbox_head_]);
+  inbox_head_ = inbox_head_ + 1 == inbox_.size() ? 0 : inbox_head_ + 1;
+  --inbox_count_;
+  return m;
+}
+
 OpResult Channel::recv(Message* out, std::chrono::milliseconds timeout) {
   if (handler_mode_) {
     return fail(Errc::kInvalid, "recv", "messages go to the on_message handler");
   }
-  detail::Worker* worker = endpoint_->worker_;
+  if (app_progress_) return recv_progressing(out, timeout);
   std::unique_lock lock(inbox_mu_);
   // The clock is read only once there is something to wait for.
   Clock::time_point deadline{};
   if (inbox_count_ == 0) deadline = Clock::now() + timeout;
   while (inbox_count_ == 0) {
     if (inbox_closed_) return closed_result("recv");
-    const auto now = Clock::now();
-    if (now >= deadline) {
+    if (Clock::now() >= deadline) {
       return fail(Errc::kTimeout, "recv",
                   "no message within " + std::to_string(timeout.count()) + " ms");
     }
-    if (app_progress_ && worker != nullptr) {
-      lock.unlock();
+    inbox_cv_.wait_until(lock, deadline);
+  }
+  *out = pop_inbox();
+  return {};
+}
+
+// Without library threads the caller is the progress thread: it polls for
+// the message itself, with no lock (the channel has one owner). A reply
+// that is on its way arrives within a few passes, which read no clock.
+OpResult Channel::recv_progressing(Message* out, std::chrono::milliseconds timeout) {
+  detail::Worker* worker = endpoint_->worker_;
+  constexpr uint32_t kClocklessPasses = 64;
+  for (uint32_t pass = 0; inbox_count_ == 0 && pass < kClocklessPasses; ++pass) {
+    if (inbox_closed_ || worker == nullptr) return closed_result("recv");
+    worker->poll_pass();
+  }
+  if (inbox_count_ == 0) {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    while (inbox_count_ == 0) {
+      if (inbox_closed_) return closed_result("recv");
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        return fail(Errc::kTimeout, "recv",
+                    "no message within " + std::to_string(timeout.count()) + " ms");
+      }
       worker->run_once(
           std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),
                    std::chrono::milliseconds(10)));
-      lock.lock();
-    } else {
-      inbox_cv_.wait_until(lock, deadline);
     }
   }
-  *out = std::move(inbox_[inbox_head_]);
-  inbox_head_ = (inbox_head_ + 1) % inbox_.size();
-  --inbox_count_;
+  *out = pop_inbox();
   return {};
 }
 
@@ -616,11 +688,14 @@ void Channel::on_recv(const Completion& c) {
     endpoint_->engine_->handlers().on_message(*this, m);
     return;
   }
-  std::lock_guard lock(inbox_mu_);
+  std::unique_lock lock(inbox_mu_, std::defer_lock);
+  if (mu_.shared()) lock.lock();
   if (inbox_count_ == inbox_.size()) return;  // cannot happen: one slot per RECV
-  inbox_[(inbox_head_ + inbox_count_) % inbox_.size()] = std::move(m);
+  size_t tail = inbox_head_ + inbox_count_;
+  if (tail >= inbox_.size()) tail -= inbox_.size();
+  inbox_[tail] = std::move(m);
   ++inbox_count_;
-  inbox_cv_.notify_one();
+  if (mu_.shared()) inbox_cv_.notify_one();
 }
 
 bool Channel::take_pending(uint32_t index, Pending* out) {

@@ -1,11 +1,11 @@
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <rdmakit/session/client.hpp>
+#include <string_view>
 #include <thread>
 
 #include "engine.hpp"
+#include "log.hpp"
 
 namespace rdmakit::session {
 
@@ -30,8 +30,29 @@ void Client::expose(const std::string& name, MemoryRegion& region) {
 }
 
 namespace {
-// Connects one QP, retrying "nobody listens yet" with exponential backoff
-// until the deadline.
+constexpr const char* kSetupCut = "disconnected during setup: ";
+
+bool setup_cut(const Error& e) {
+  return e.sys_errno() == ECONNRESET &&
+         std::string_view(e.what()).find(kSetupCut) != std::string_view::npos;
+}
+
+// Worth another attempt within connect_timeout: nobody listens yet
+// (refused; shm: no socket yet), or the handshake was cut (the server's
+// accept window closed under it, or it restarted). A wrong address, a
+// rejected handshake or the deadline are final.
+bool retriable(int err) {
+  switch (err) {
+    case ECONNREFUSED:
+    case ENOENT:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EPIPE: return true;
+    default: return false;
+  }
+}
+
+// Connects one QP, retrying with exponential backoff until the deadline.
 std::unique_ptr<QueuePair> connect_retrying(Context& ctx, const std::string& address,
                                             const QpOptions& qp_options,
                                             std::span<const std::byte> hello,
@@ -44,11 +65,14 @@ std::unique_ptr<QueuePair> connect_retrying(Context& ctx, const std::string& add
     try {
       return ctx.connect(address, qp_options, hello, std::max(left, milliseconds(100)));
     } catch (const Error& e) {
-      const bool retry = e.sys_errno() == ECONNREFUSED || e.sys_errno() == ENOENT;
-      if (!retry || Clock::now() >= deadline) {
+      if (!retriable(e.sys_errno()) || Clock::now() >= deadline) {
         throw Error("session connect", ctx.provider_name(), address, e.sys_errno(),
                     std::string(e.what()) + " (after " + std::to_string(attempts) +
                         (attempts == 1 ? " attempt)" : " attempts)"));
+      }
+      if (e.sys_errno() != ECONNREFUSED && e.sys_errno() != ENOENT) {
+        detail::log().info("session: connect to {} ({}): {}; retrying", address,
+                           ctx.provider_name(), e.what());
       }
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(
@@ -59,13 +83,33 @@ std::unique_ptr<QueuePair> connect_retrying(Context& ctx, const std::string& add
 }  // namespace
 
 Endpoint& Client::connect(const std::string& address) {
-  using namespace detail;
   if (endpoint_) {
     throw Error("session connect", engine_->ctx().provider_name(), address, EISCONN,
                 "this client is already connected to " + endpoint_->peer());
   }
+  const auto deadline = Clock::now() + engine_->options().connect_timeout;
+  // An endpoint whose QPs connected but that went down before the server's
+  // buffer table arrived (the server dropped it mid-setup) is retried whole,
+  // within the same deadline; connect_retrying retries each QP's handshake.
+  milliseconds backoff{5};
+  for (int setups = 1;; ++setups) {
+    try {
+      return connect_once(address, deadline);
+    } catch (const Error& e) {
+      endpoint_.reset();
+      if (!setup_cut(e) || Clock::now() + backoff >= deadline) throw;
+      detail::log().info("session: connect to {} ({}): {}; setting up again (attempt {})",
+                         address, engine_->ctx().provider_name(), e.what(), setups + 1);
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, milliseconds(250));
+  }
+}
+
+Endpoint& Client::connect_once(const std::string& address,
+                               std::chrono::steady_clock::time_point deadline) {
+  using namespace detail;
   const SessionOptions& o = engine_->options();
-  const auto deadline = Clock::now() + o.connect_timeout;
   Worker& w = o.thread_mode == ThreadMode::kApplication ? engine_->app_worker()
                                                         : engine_->next_worker();
   std::shared_ptr<Endpoint> ep = engine_->make_endpoint(random_id(), address, o.channels);
@@ -108,8 +152,8 @@ Endpoint& Client::connect(const std::string& address) {
     if (ep->closed()) {
       const DisconnectInfo info = ep->disconnect_info();
       throw Error("session connect", engine_->ctx().provider_name(), address, ECONNRESET,
-                  std::string("disconnected during setup: ") +
-                      disconnect_reason_name(info.reason) + ": " + info.detail);
+                  std::string(kSetupCut) + disconnect_reason_name(info.reason) + ": " +
+                      info.detail);
     }
     if (Clock::now() >= deadline) {
       throw Error("session connect", engine_->ctx().provider_name(), address, ETIMEDOUT,

@@ -7,8 +7,9 @@ namespace rdmakit::session {
 Endpoint::Endpoint(detail::Engine* engine, uint64_t id) : engine_(engine), id_(id) {}
 
 Endpoint::~Endpoint() {
-  // Channels go first: their QPs before the control block's region.
+  // Channels go first: their QPs before the regions the peer writes into.
   channels_.clear();
+  own_buffers_.clear();
 }
 
 Channel* Endpoint::channel(std::string_view name) const noexcept {
@@ -28,6 +29,13 @@ std::optional<RemoteRegion> Endpoint::remote_buffer(
     if (n == name) return region;
   }
   return std::nullopt;
+}
+
+MemoryRegion* Endpoint::local_buffer(std::string_view name) const noexcept {
+  for (const auto& [n, region] : own_buffers_) {
+    if (n == name) return region.get();
+  }
+  return nullptr;
 }
 
 DisconnectInfo Endpoint::disconnect_info() const {

@@ -1,12 +1,13 @@
 #include "engine.hpp"
 
-#include <spdlog/spdlog.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "log.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -66,10 +67,10 @@ Engine::Engine(SessionOptions options, Handlers handlers, bool server)
   ContextOptions co;
   co.provider = options_.provider;
   ctx_ = Context::open(co);
-  spdlog::info("session: {} on {} ({}), thread mode {}, event mode {}",
-               server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
-               thread_mode_name(options_.thread_mode),
-               event_mode_name(options_.event_mode));
+  log().info("session: {} on {} ({}), thread mode {}, event mode {}",
+             server_ ? "server" : "client", ctx_->provider_name(), ctx_->device_name(),
+             thread_mode_name(options_.thread_mode),
+             event_mode_name(options_.event_mode));
   std::lock_guard lock(workers_mu_);
   if (options_.thread_mode == ThreadMode::kApplication) {
     workers_.push_back(std::make_unique<Worker>(*this, false, options_.max_endpoints));
@@ -98,6 +99,7 @@ void Engine::stop_all() {
           ch->release_memory();
         }
         ep->ctrl_mr_.reset();
+        ep->own_buffers_.clear();
         ep->state_.store(Endpoint::State::kClosed);
       }
     }
@@ -116,27 +118,42 @@ MemoryRegion& Engine::expose(const std::string& name, size_t size, uint32_t acce
 }
 
 void Engine::expose(const std::string& name, MemoryRegion& region) {
+  check_exposable(name);
+  exposed_.emplace_back(name, &region);
+}
+
+void Engine::expose_per_endpoint(const std::string& name, size_t size, uint32_t access) {
+  if (size == 0) {
+    throw Error("session expose", ctx_->provider_name(), "", EINVAL,
+                "per-endpoint buffer '" + name + "': size 0");
+  }
+  check_exposable(name);
+  per_endpoint_.push_back({name, size, access});
+}
+
+// Names are unique and the table (every buffer, shared or per endpoint) fits
+// the first message.
+void Engine::check_exposable(const std::string& name) const {
   if (name.empty() || name.size() > kMaxBufferName) {
     throw Error("session expose", ctx_->provider_name(), "", EINVAL,
                 "buffer name '" + name + "': 1 to 64 characters");
   }
-  for (const auto& [n, r] : exposed_) {
+  Table t;
+  t.channel_names = options_.channels;
+  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  for (const auto& b : per_endpoint_) t.buffers.emplace_back(b.name, RemoteRegion{});
+  for (const auto& [n, r] : t.buffers) {
     if (n == name) {
       throw Error("session expose", ctx_->provider_name(), "", EEXIST,
                   "a buffer named '" + name + "' is already exposed");
     }
   }
-  exposed_.emplace_back(name, &region);
-  Table t;
-  t.ctrl = region.remote();
-  t.channel_names = options_.channels;
-  for (const auto& [n, r] : exposed_) t.buffers.emplace_back(n, r->remote());
+  t.buffers.emplace_back(name, RemoteRegion{});
   if (encode(t).size() > kMinMessage) {
-    exposed_.pop_back();
     throw Error("session expose", ctx_->provider_name(), "", E2BIG,
                 "exposing '" + name + "' would make the buffer table exceed " +
                     std::to_string(kMinMessage) + " bytes (" +
-                    std::to_string(exposed_.size()) + " buffers exposed already)");
+                    std::to_string(t.buffers.size() - 1) + " buffers exposed already)");
   }
 }
 
@@ -145,6 +162,8 @@ Table Engine::table_for(const Endpoint& ep) const {
   t.ctrl = ep.ctrl_mr_->remote();
   for (const auto& ch : ep.channels_) t.channel_names.push_back(ch->name());
   for (const auto& [name, region] : exposed_)
+    t.buffers.emplace_back(name, region->remote());
+  for (const auto& [name, region] : ep.own_buffers_)
     t.buffers.emplace_back(name, region->remote());
   return t;
 }
@@ -205,6 +224,9 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
   }
   ep->peer_ = peer;
   ep->ctrl_mr_ = ctx_->allocate(kCtrlSize, kAccessAll);
+  for (const auto& b : per_endpoint_) {
+    ep->own_buffers_.emplace_back(b.name, ctx_->allocate(b.size, b.access));
+  }
   for (uint32_t i = 0; i < names.size(); ++i) {
     auto ch = std::unique_ptr<Channel>(new Channel(ep.get(), i, names[i]));
     ch->slot_size_ = slot_size(options_.max_message);
@@ -212,6 +234,7 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
     ch->recv_mr_ = ctx_->allocate(size_t{ch->depth_} * ch->slot_size_, kAccessLocalWrite);
     ch->handler_mode_ = static_cast<bool>(handlers_.on_message);
     ch->app_progress_ = options_.thread_mode == ThreadMode::kApplication;
+    ch->mu_.set_shared(!ch->app_progress_);
     ch->inbox_.resize(ch->depth_);
     ch->peer_reposted_ = reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() +
                                                            kCtrlCredits + size_t{8} * i);
@@ -256,7 +279,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
     return false;
   const uint64_t returned = load_peer_written(ch.peer_reposted_);
   if (ch.sent_ - returned >= ch.peer_depth_) return false;
-  ch.send_slot_ = static_cast<uint32_t>(ch.sent_ % ch.peer_depth_);
+  ch.send_slot_ = ch.next_slot_;
   std::byte* slot = ch.send_mr_->data() +
                     size_t{ch.send_slot_} * (ch.peer_max_message_ + sizeof(MsgHeader));
   const MsgHeader header{kMagic, static_cast<uint16_t>(kind), 0, payload.size()};
@@ -271,7 +294,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
   if (!ch.post_locked(wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr).ok()) {
     return false;
   }
-  ++ch.sent_;
+  ch.count_sent();
   return true;
 }
 
@@ -305,9 +328,9 @@ void Engine::accept_loop() {
     try {
       accept_one(milliseconds(100));
     } catch (const Error& e) {
-      if (e.sys_errno() != ETIMEDOUT) spdlog::warn("session: accept: {}", e.what());
+      if (e.sys_errno() != ETIMEDOUT) log().warn("session: accept: {}", e.what());
     } catch (const std::exception& e) {
-      spdlog::warn("session: accept: {}", e.what());
+      log().warn("session: accept: {}", e.what());
     }
   }
 }
@@ -335,8 +358,8 @@ void Engine::accept_one(milliseconds timeout) {
   std::string why;
   const std::optional<Hello> hello = decode_hello(qp0->peer_private_data(), &why);
   if (!hello || hello->channel != 0) {
-    spdlog::warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
-                 ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
+    log().warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
+               ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
     return;  // qp0 is destroyed: the peer's QP leaves the connected state
   }
   // Named by the peer's buffer table when it arrives.
@@ -346,16 +369,16 @@ void Engine::accept_one(milliseconds timeout) {
   std::vector<Hello> extra_hellos;
   for (uint32_t c = 1; c < hello->channels; ++c) {
     if (reply.channel_port == 0) {
-      spdlog::warn("session: {} asks for {} channels; this server serves one",
-                   qp0->peer(), hello->channels);
+      log().warn("session: {} asks for {} channels; this server serves one", qp0->peer(),
+                 hello->channels);
       return;
     }
     auto qp = w->channel_listener()->accept(qp_options(&w->cq()), milliseconds(5000),
                                             reply_blob);
     const std::optional<Hello> h = decode_hello(qp->peer_private_data(), &why);
     if (!h || h->endpoint_id != hello->endpoint_id || h->channel != c) {
-      spdlog::warn("session: channel {} of {} : unexpected connection ({})", c,
-                   qp0->peer(), h ? "wrong endpoint or channel" : why);
+      log().warn("session: channel {} of {} : unexpected connection ({})", c, qp0->peer(),
+                 h ? "wrong endpoint or channel" : why);
       return;
     }
     extra.push_back(std::move(qp));
@@ -371,8 +394,8 @@ void Engine::accept_one(milliseconds timeout) {
                           extra_hellos[i].depth, extra_hellos[i].max_message);
   }
   if (!w->reserve(ep)) {
-    spdlog::warn("session: rejected {}: the worker serves max_endpoints={} already",
-                 ep->peer(), options_.max_endpoints);
+    log().warn("session: rejected {}: the worker serves max_endpoints={} already",
+               ep->peer(), options_.max_endpoints);
     return;
   }
   w->adopt(std::move(ep));

@@ -2,6 +2,7 @@
 // The session's machinery: the Engine (context, exposed buffers, workers,
 // the acceptor) and the Worker (one or more CQs, the endpoints they serve,
 // and the progress loop that runs on a library thread or in progress()).
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/endpoint.hpp>
 #include <rdmakit/session/options.hpp>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,8 @@ class Engine;
 
 class Worker {
  public:
+  static constexpr size_t kBatch = 32;  // completions per poll
+
   Worker(Engine& engine, bool threaded, uint32_t capacity);
   ~Worker();
   Worker(const Worker&) = delete;
@@ -39,6 +43,10 @@ class Worker {
   // One pass of the progress loop: adopt, poll/wait (by event mode, up to
   // timeout), dispatch, heartbeats and liveness, closes. Returns completions.
   int run_once(std::chrono::milliseconds timeout);
+  // One poll and dispatch, no wait; the clock is read (heartbeats, liveness)
+  // only every 64 passes, empty or not. For loops that spin on a result
+  // expected within microseconds (Channel::recv without library threads).
+  int poll_pass();
   void start();
   void stop();
   bool on_worker_thread() const noexcept;
@@ -66,6 +74,8 @@ class Worker {
   void reap(std::chrono::steady_clock::time_point now, bool all);
   void drain_fds() noexcept;
   void loop();
+  int pass(std::chrono::milliseconds timeout, bool clock_when_idle);
+  int wait_and_poll(std::span<Completion> batch, std::chrono::milliseconds timeout);
 
   Engine& engine_;
   bool threaded_;
@@ -98,6 +108,10 @@ class Worker {
   std::atomic<size_t> live_{0};
   std::chrono::steady_clock::time_point next_tick_{};
   uint32_t polls_since_clock_ = 0;
+  // The completion batch of the outermost pass, kept (not zeroed per pass);
+  // a nested pass (a handler's send waiting for a credit) uses its own.
+  std::array<Completion, kBatch> batch_{};
+  uint32_t depth_ = 0;
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -116,6 +130,7 @@ class Engine {
 
   MemoryRegion& expose(const std::string& name, size_t size, uint32_t access);
   void expose(const std::string& name, MemoryRegion& region);
+  void expose_per_endpoint(const std::string& name, size_t size, uint32_t access);
   Table table_for(const Endpoint& ep) const;
 
   QpOptions qp_options(CompletionQueue* cq) const;
@@ -137,6 +152,7 @@ class Engine {
   void stop_all();
 
  private:
+  void check_exposable(const std::string& name) const;
   void accept_loop();
   void accept_one(std::chrono::milliseconds timeout);
 
@@ -146,6 +162,12 @@ class Engine {
   std::unique_ptr<Context> ctx_;
   std::vector<std::unique_ptr<MemoryRegion>> owned_;
   std::vector<std::pair<std::string, MemoryRegion*>> exposed_;
+  struct PerEndpoint {
+    std::string name;
+    size_t size;
+    uint32_t access;
+  };
+  std::vector<PerEndpoint> per_endpoint_;  // allocated in make_endpoint
 
   mutable std::mutex workers_mu_;
   std::vector<std::unique_ptr<Worker>> workers_;

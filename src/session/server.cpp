@@ -19,6 +19,9 @@ MemoryRegion& Server::expose(const std::string& name, size_t size, uint32_t acce
 void Server::expose(const std::string& name, MemoryRegion& region) {
   engine_->expose(name, region);
 }
+void Server::expose_per_endpoint(const std::string& name, size_t size, uint32_t access) {
+  engine_->expose_per_endpoint(name, size, access);
+}
 void Server::start() { engine_->start_accepting(); }
 uint16_t Server::port() const noexcept { return engine_->port(); }
 std::string Server::address() const { return engine_->address(); }

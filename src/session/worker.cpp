@@ -1,4 +1,3 @@
-#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "log.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -18,7 +18,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-constexpr size_t kBatch = 32;
 // A goodbye gets this long to leave before the QP that carries it is destroyed.
 constexpr milliseconds kLinger{100};
 // Blocking waits are cut into slices so that new endpoints and close
@@ -153,46 +152,70 @@ void Worker::adopt_pending() {
   }
 }
 
-int Worker::run_once(milliseconds timeout) {
+int Worker::run_once(milliseconds timeout) { return pass(timeout, true); }
+
+int Worker::poll_pass() { return pass(milliseconds(0), false); }
+
+int Worker::pass(milliseconds timeout, bool clock_when_idle) {
   if (inbox_pending_.load(std::memory_order_relaxed)) adopt_pending();
-  std::array<Completion, kBatch> batch;
-  int n = cq_->poll(batch);
-  if (n == 0 && timeout.count() > 0) {
-    switch (engine_.options().event_mode) {
-      case EventMode::kBusyPoll: {
-        // The clock is read every 64 empty polls, not between every two.
-        const auto deadline = Clock::now() + timeout;
-        for (uint32_t spins = 1; n == 0; ++spins) {
-          if ((spins & 63) == 0 && (Clock::now() >= deadline || inbox_pending_.load() ||
-                                    close_pending_.load()))
-            break;
-          n = cq_->poll(batch);
-        }
-        break;
-      }
-      case EventMode::kBlocking:
-        n = cq_->wait(batch, std::min(timeout, kBlockingSlice));
-        break;
-      case EventMode::kEpollFd: {
-        if (arm()) {
-          epoll_event events[4];
-          const auto ms =
-              static_cast<int>(std::min(timeout, engine_.options().heartbeat).count());
-          epoll_wait(epfd_, events, 4, ms);
-        }
-        drain_fds();
-        n = cq_->poll(batch);
-        break;
-      }
-    }
+  int n = 0;
+  if (depth_ == 0) {
+    ++depth_;
+    struct Leave {
+      uint32_t& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
+    n = wait_and_poll(batch_, timeout);
+    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+  } else {
+    std::array<Completion, kBatch> nested;
+    n = wait_and_poll(nested, timeout);
+    for (int i = 0; i < n; ++i) dispatch(nested[static_cast<size_t>(i)]);
   }
-  for (int i = 0; i < n; ++i) dispatch(batch[static_cast<size_t>(i)]);
   // The clock is read when idle and every 64 busy passes, not per message.
-  if (n == 0 || ++polls_since_clock_ >= 64) {
+  if ((n == 0 && clock_when_idle) || ++polls_since_clock_ >= 64) {
     polls_since_clock_ = 0;
     const auto now = Clock::now();
     if (now >= next_tick_ || close_pending_.load(std::memory_order_relaxed)) tick(now);
     if (!graves_.empty()) reap(now, false);
+  }
+  return n;
+}
+
+int Worker::wait_and_poll(std::span<Completion> batch, milliseconds timeout) {
+  int n = cq_->poll(batch);
+  if (n != 0 || timeout.count() <= 0) return n;
+  switch (engine_.options().event_mode) {
+    case EventMode::kBusyPoll: {
+      // The clock is read every 1024 empty polls (tens of microseconds), not
+      // between every two: a message that arrives while the clock is read
+      // waits for it. None at all when a completion comes within the first
+      // 1024 (the deadline is late by as much, at most).
+      Clock::time_point deadline{};
+      for (uint32_t spins = 1; n == 0; ++spins) {
+        if ((spins & 1023) == 0) {
+          const auto now = Clock::now();
+          if (spins == 1024) deadline = now + timeout;
+          if (now >= deadline || inbox_pending_.load() || close_pending_.load()) break;
+        }
+        n = cq_->poll(batch);
+      }
+      break;
+    }
+    case EventMode::kBlocking:
+      n = cq_->wait(batch, std::min(timeout, kBlockingSlice));
+      break;
+    case EventMode::kEpollFd: {
+      if (arm()) {
+        epoll_event events[4];
+        const auto ms =
+            static_cast<int>(std::min(timeout, engine_.options().heartbeat).count());
+        epoll_wait(epfd_, events, 4, ms);
+      }
+      drain_fds();
+      n = cq_->poll(batch);
+      break;
+    }
   }
   return n;
 }
@@ -348,9 +371,9 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
   if (info.reason == DisconnectReason::kLocalClose) {
     (void)EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {});
   }
-  spdlog::info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(),
-               ep.peer(), ep.provider_name(), disconnect_reason_name(info.reason),
-               info.detail.empty() ? "" : ": ", info.detail);
+  log().info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
+             ep.provider_name(), disconnect_reason_name(info.reason),
+             info.detail.empty() ? "" : ": ", info.detail);
   {
     std::lock_guard lock(ep.info_mu_);
     ep.info_ = info;
@@ -385,7 +408,10 @@ void Worker::reap(Clock::time_point now, bool all) {
       // At shutdown the memory goes too: it must not outlive the context.
       if (all) ch->release_memory();
     }
-    if (all) ep->ctrl_mr_.reset();
+    if (all) {
+      ep->ctrl_mr_.reset();
+      ep->own_buffers_.clear();
+    }
     std::lock_guard lock(slots_mu_);
     slot_ptr_[ep->slot_].store(nullptr, std::memory_order_release);
     owners_[ep->slot_].reset();
@@ -421,9 +447,8 @@ void Worker::shutdown() {
   }
   // Let the goodbyes leave (their completions say they did).
   const auto until = Clock::now() + kLinger;
-  std::array<Completion, kBatch> batch;
   while (Clock::now() < until) {
-    if (cq_->poll(batch) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (cq_->poll(batch_) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   reap(Clock::now(), true);
   std::lock_guard lock(slots_mu_);

@@ -31,6 +31,29 @@ namespace detail {
 class Worker;
 class Engine;
 struct EndpointSetup;
+
+// A channel's lock. Where library threads share the channel (poller and
+// worker thread modes) it is a mutex; in ThreadMode::kApplication the channel
+// has one owner at a time (the thread that drives progress(), as the core's
+// QPs there are single-owner), so locking is a predictable branch and no
+// atomic instruction on the data path.
+class DatapathMutex {
+ public:
+  void lock() {
+    if (shared_) mu_.lock();
+  }
+  void unlock() {
+    if (shared_) mu_.unlock();
+  }
+  bool try_lock() { return !shared_ || mu_.try_lock(); }
+  // Set once, before the channel carries traffic.
+  void set_shared(bool shared) noexcept { shared_ = shared; }
+  bool shared() const noexcept { return shared_; }
+
+ private:
+  std::mutex mu_;
+  bool shared_ = true;
+};
 }  // namespace detail
 
 // A received message or notification. Its buffer is lent by the channel and
@@ -202,15 +225,22 @@ class Channel {
   // kSignalEvery-th of a run of unsignaled ones). Under mu_.
   bool signal_due() noexcept;
   OpResult sync(const std::function<OpResult(OpCallback)>& start);
-  OpResult wait_credit(std::unique_lock<std::mutex>& lock);
+  OpResult sync_progressing(const std::function<OpResult(OpCallback)>& start);
+  OpResult recv_progressing(Message* out, std::chrono::milliseconds timeout);
+  OpResult wait_credit(std::unique_lock<detail::DatapathMutex>& lock);
   OpResult post_locked(SendWr& wr, uint8_t kind, OpCallback& done, Buffer* buffer);
-  OpResult post_retrying(std::unique_lock<std::mutex>& lock, SendWr& wr, uint8_t kind,
-                         OpCallback& done, Buffer* buffer);
+  OpResult post_retrying(std::unique_lock<detail::DatapathMutex>& lock, SendWr& wr,
+                         uint8_t kind, OpCallback& done, Buffer* buffer);
+  Message pop_inbox() noexcept;
   void progress_or_pause(uint32_t spins);
   OpResult closed_result(const char* what) const;
   OpResult fail(Errc code, const char* what, const std::string& why) const;
   void repost(uint32_t slot) noexcept;
   void report_credits_locked() noexcept;
+  void count_sent() noexcept {
+    ++sent_;
+    if (++next_slot_ == peer_depth_) next_slot_ = 0;
+  }
   // Worker side.
   void on_recv(const Completion& c);
   bool take_pending(uint32_t index, Pending* out);
@@ -232,23 +262,33 @@ class Channel {
   uint32_t peer_depth_ = 0;
   uint32_t peer_max_message_ = 0;
 
-  mutable std::mutex mu_;  // everything below, and posting
+  mutable detail::DatapathMutex mu_;  // everything below, and posting
   bool closed_ = false;
-  uint64_t sent_ = 0;      // SENDs + WRITE_WITH_IMMs posted (credits used)
-  uint64_t reposted_ = 0;  // our RECVs re-posted after delivery
-  uint64_t reported_ = 0;  // re-posts the peer has been told about
+  uint64_t sent_ = 0;       // SENDs + WRITE_WITH_IMMs posted (credits used)
+  uint32_t next_slot_ = 0;  // sent_ % peer_depth_, kept without a division
+  uint64_t reposted_ = 0;   // our RECVs re-posted after delivery
+  uint64_t reported_ = 0;   // re-posts the peer has been told about
   const uint64_t* peer_reposted_ = nullptr;  // in our control block, written by the peer
   std::vector<Pending> pending_;
   uint32_t next_pending_ = 0;
   uint32_t send_slot_ = 0;
   uint32_t unsignaled_ = 0;  // WRs posted unsignaled since the last signaled one
 
+  // Taken only where library threads share the channel (mu_.shared()); the
+  // condition variable serves pull receivers on other threads than progress.
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::vector<Message> inbox_;  // ring of depth_
   size_t inbox_head_ = 0;
   size_t inbox_count_ = 0;
   bool inbox_closed_ = false;
+
+  // *_sync() without library threads: each waiting call (nested ones too,
+  // from handlers) is a frame on its caller's stack, linked here; a
+  // completion finds its frame by number. No allocation per call.
+  struct SyncFrame;
+  SyncFrame* sync_top_ = nullptr;
+  uint64_t sync_issued_ = 0;
 };
 
 }  // namespace rdmakit::session

@@ -1,6 +1,6 @@
 #pragma once
-// A client: connects to a server (retrying a refused connection with backoff
-// for up to connect_timeout) and yields one endpoint.
+// A client: connects to a server (retrying a refused connection or a cut
+// handshake with backoff for up to connect_timeout) and yields one endpoint.
 #include <chrono>
 #include <memory>
 #include <rdmakit/rdmakit.hpp>
@@ -30,7 +30,7 @@ class Client {
 
   // Connects every channel of options.channels and waits until the peer's
   // buffer table arrived. Throws Error naming the address, provider and cause
-  // (refused after the retries, timeout, handshake rejected).
+  // (refused or cut after the retries, timeout, handshake rejected).
   Endpoint& connect(const std::string& address);
   Endpoint& endpoint() const;
 
@@ -40,6 +40,9 @@ class Client {
   bool arm();
 
  private:
+  Endpoint& connect_once(const std::string& address,
+                         std::chrono::steady_clock::time_point deadline);
+
   std::unique_ptr<detail::Engine> engine_;
   std::shared_ptr<Endpoint> endpoint_;
 };

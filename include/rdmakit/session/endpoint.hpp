@@ -60,6 +60,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     return remote_buffers_;
   }
   std::optional<RemoteRegion> remote_buffer(std::string_view name) const noexcept;
+  // This side's buffer made for this endpoint alone (Server::expose_per_endpoint),
+  // e.g. where this peer WRITEs; nullptr if there is none of that name. Lives
+  // as long as the endpoint (or until the session is destroyed).
+  MemoryRegion* local_buffer(std::string_view name) const noexcept;
 
   bool connected() const noexcept { return state_.load() == State::kReady; }
   bool closed() const noexcept { return state_.load() == State::kClosed; }
@@ -90,7 +94,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<std::unique_ptr<Channel>> channels_;
   std::vector<std::pair<std::string, RemoteRegion>> remote_buffers_;
   std::unique_ptr<MemoryRegion> ctrl_mr_;  // the peer writes heartbeat + credits here
-  RemoteRegion peer_ctrl_;                 // ours in the peer
+  std::vector<std::pair<std::string, std::unique_ptr<MemoryRegion>>> own_buffers_;
+  RemoteRegion peer_ctrl_;  // ours in the peer
   std::atomic<State> state_{State::kConnecting};
   std::atomic<bool> close_requested_{false};
   mutable std::mutex info_mu_;

@@ -53,7 +53,8 @@ struct SessionOptions {
   std::chrono::milliseconds peer_timeout{2000};
   // How long send() waits for a credit, and *_sync() for a completion.
   std::chrono::milliseconds op_timeout{5000};
-  // Client: total time connect() keeps retrying a refused connection.
+  // Client: total time connect() keeps retrying a refused connection or a
+  // handshake cut short (reset, aborted).
   std::chrono::milliseconds connect_timeout{5000};
 };
 

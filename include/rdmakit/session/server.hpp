@@ -30,6 +30,13 @@ class Server {
   MemoryRegion& expose(const std::string& name, size_t size,
                        uint32_t access = kAccessAll);
   void expose(const std::string& name, MemoryRegion& region);
+  // Exposes to each peer a buffer of its own (before start()): every accepted
+  // endpoint gets a fresh zero-filled region of `size` bytes under `name`,
+  // which only that peer sees in its table, and which this side reaches
+  // with Endpoint::local_buffer(name) (e.g. in on_connect). It goes with the
+  // endpoint. Throws Error on a bad or taken name.
+  void expose_per_endpoint(const std::string& name, size_t size,
+                           uint32_t access = kAccessAll);
 
   void start();
   uint16_t port() const noexcept;
