@@ -13,7 +13,7 @@
 # and the conformance suite split into server and client roles.
 # Needs root the first time (it apt-gets qemu, busybox, rdma-core and fetches
 # a Debian kernel into /var/tmp/softroce-cache); later runs reuse the image.
-# Each VM run is capped (SOFTROCE_TIMEOUT, default here 420 s for one VM and
+# Each VM run is capped (SOFTROCE_TIMEOUT, default here 540 s for one VM and
 # 600 s for two), so the whole run stays inside CI's 15 minutes; the VMs are
 # killed when this script is interrupted or a cap is hit. Exit status: 0 when
 # every step passed in every run.
@@ -58,7 +58,7 @@ start=$SECONDS
 if [ $RUN_ONE = 1 ]; then
   t0=$SECONDS
   echo "######## one VM (rxe loopback)"
-  vm 420 "$HERE/guest-tests.sh" one-vm "$BUILD"; r=$?
+  vm 540 "$HERE/guest-tests.sh" one-vm "$BUILD"; r=$?
   echo "######## one VM: exit $r in $((SECONDS - t0)) s"
   [ $r = 0 ] || rc=1
 fi

@@ -143,6 +143,7 @@ VerbsQp::Parts create_qp(Device& device, const QpOptions& options,
   parts.options.max_inline = init.cap.max_inline_data;
   parts.core =
       std::make_unique<QpCore>(parts.qp->qp_num, options.max_send_wr, recv_depth);
+  parts.core->qp = parts.qp.get();
   parts.attachment = std::make_unique<CqAttachment>(parts.send_cq, parts.recv_cq,
                                                     parts.core.get(), parts.srq, peer);
   return parts;

@@ -108,8 +108,12 @@ struct alignas(64) QpCore {
   static constexpr int kHandshakePending = -1;
   std::atomic<int> handshake_status{kHandshakeIdle};
   // Set by the poller when a completion of this QP failed (the QP is in the
-  // error state): RECVs posted from then on are flushed by the poster.
+  // error state). The poller then moves the QP to the error state again,
+  // flushing RECVs posted before it saw the failure; RECVs posted after it
+  // are flushed by the poster.
   std::atomic<bool> failed{false};
+  // For that move; owned by the VerbsQp, which outlives its registration.
+  ibv_qp* qp = nullptr;
 };
 
 class VerbsCq final : public CompletionQueue {
