@@ -125,8 +125,8 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
   // state (rxe does not), and a poster that checked `failed` before this
   // store will not flush them itself: the first failure seen moves the QP
   // to the error state again, which drains them now. Error path only.
-  if (wc.status != IBV_WC_SUCCESS && !core->failed.exchange(true, std::memory_order_seq_cst) &&
-      core->qp != nullptr) {
+  if (wc.status != IBV_WC_SUCCESS &&
+      !core->failed.exchange(true, std::memory_order_seq_cst) && core->qp != nullptr) {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
     ibv_modify_qp(core->qp, &attr, IBV_QP_STATE);
