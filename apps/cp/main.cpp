@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
       app.add_option("--max-clients", o.max_clients,
                      "clients copying at once (each holds 8 MiB of registered memory); "
                      "one more is refused with \"server busy\"")
-          ->check(CLI::Range(1u, kMaxMaxClients));
+          ->check(CLI::Range(1u, kMaxMaxClients))
+          ->capture_default_str();
       try {
         app.parse(argc - 1, argv + 1);
       } catch (const CLI::ParseError& e) {

@@ -55,7 +55,8 @@ void hold_if_asked(const std::string& peer) {
   int i = 0;
   for (; i < 400 && ::access(path, F_OK) == 0; ++i) std::this_thread::sleep_for(20ms);
   if (i == 400)
-    std::fprintf(stderr, "rdmakit-cp serve: %s: hold file %s still there after 8 s; going on\n",
+    std::fprintf(stderr,
+                 "rdmakit-cp serve: %s: hold file %s still there after 8 s; going on\n",
                  peer.c_str(), path);
 }
 
@@ -113,8 +114,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
                  why.c_str());
     return;
   }
-  std::fprintf(stderr, "rdmakit-cp serve: %s: %s admitted (%u copying)\n", ep->peer().c_str(),
-               op == Op::kPush ? "push" : "pull", copying);
+  std::fprintf(stderr, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
+               ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying);
   hold_if_asked(ep->peer());
   Report report;
   const bool resume = flags & kFlagResume;
