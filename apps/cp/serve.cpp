@@ -60,6 +60,14 @@ void hold_if_asked(const std::string& peer) {
                  peer.c_str(), path);
 }
 
+// The client closes when it has read everything (or its refusal); a peer
+// that does not is closed after 5 s, so it cannot keep its buffer.
+void wait_for_close(session::Endpoint& ep) {
+  for (int i = 0; i < 100 && !ep.closed(); ++i) std::this_thread::sleep_for(50ms);
+  if (!ep.closed()) ep.close();
+  for (int i = 0; i < 100 && !ep.closed(); ++i) std::this_thread::sleep_for(10ms);
+}
+
 void reply(session::Channel& ch, bool ok, uint32_t lane, Failure kind,
            const std::string& why) {
   Writer w = message(Msg::kHelloReply);
@@ -93,6 +101,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       (op != Op::kPush && op != Op::kPull)) {
     reply(ch, false, 0, Failure::kPeer, "malformed request or protocol version mismatch");
     std::fprintf(stderr, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
+    wait_for_close(*ep);
     return;
   }
   // The peer's own buffer: the receiver's slots on a push, the sender's
@@ -102,6 +111,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     reply(ch, false, 0, Failure::kPeer, "server error: no slots buffer for this client");
     std::fprintf(stderr, "rdmakit-cp serve: %s: no per-client slots buffer\n",
                  ep->peer().c_str());
+    wait_for_close(*ep);
     return;
   }
   const uint32_t copying = admit(s);
@@ -112,6 +122,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     reply(ch, false, 0, Failure::kPeer, why);
     std::fprintf(stderr, "rdmakit-cp serve: %s: refused: %s\n", ep->peer().c_str(),
                  why.c_str());
+    wait_for_close(*ep);
     return;
   }
   std::fprintf(stderr, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
@@ -162,11 +173,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     sc.corrupt_chunk = corrupt_chunk_from_env();
     Sender(sc).run(entries);
   }
-  // The client closes when it has read everything; then its place is free
-  // (its buffer goes with the endpoint).
-  for (int i = 0; i < 100 && !ep->closed(); ++i) std::this_thread::sleep_for(50ms);
-  if (!ep->closed()) ep->close();
-  for (int i = 0; i < 100 && !ep->closed(); ++i) std::this_thread::sleep_for(10ms);
+  // Then its place is free (its buffer goes with the endpoint).
+  wait_for_close(*ep);
   std::fprintf(stderr, "rdmakit-cp serve: %s: %s done: %lu files, %lu bytes, %s\n",
                ep->peer().c_str(), op == Op::kPush ? "push" : "pull",
                static_cast<unsigned long>(report.files_done.load()),
