@@ -175,7 +175,9 @@ int copy(const CopyOptions& o) {
     Reader rd(m.data());
     const auto type = static_cast<Msg>(rd.get<uint8_t>());
     const auto ok = rd.get<uint8_t>();
-    const auto lane = rd.get<uint32_t>();  // our part of the server's slots
+    // Where our slots start in the server's buffer: 0 now that each client
+    // has a buffer of its own (servers before that cut lanes from one).
+    const auto lane = rd.get<uint32_t>();
     const auto kind = static_cast<Failure>(rd.get<uint8_t>());
     const std::string why = rd.str();
     m.release();

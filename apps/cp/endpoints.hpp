@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "protocol.hpp"
+
 namespace rdmakit::cp {
 
 struct ServeOptions {
@@ -13,7 +15,8 @@ struct ServeOptions {
   std::string bind = "0.0.0.0";
   uint16_t port = 7480;
   std::string provider = "auto";
-  std::string port_file;  // written with the bound port (for -p 0)
+  std::string port_file;                      // written with the bound port (for -p 0)
+  uint32_t max_clients = kDefaultMaxClients;  // transfers at once; more are refused
 };
 int serve(const ServeOptions& options);
 

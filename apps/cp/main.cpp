@@ -1,5 +1,5 @@
 // rdmakit-cp: copy files and trees between hosts over any rdmakit provider.
-//   rdmakit-cp serve --root DIR [-p PORT] [--provider P]
+//   rdmakit-cp serve --root DIR [-p PORT] [--provider P] [--max-clients N]
 //   rdmakit-cp [-r] [--resume] [--json] SRC... HOST:DST     (push)
 //   rdmakit-cp [-r] [--resume] [--json] HOST:SRC... DST     (pull)
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -29,6 +29,11 @@ int main(int argc, char** argv) {
       app.add_option("--bind", o.bind, "address to listen on");
       app.add_option("--provider", o.provider, "shm, tcp, verbs or auto");
       app.add_option("--port-file", o.port_file, "write the bound port here");
+      app.add_option("--max-clients", o.max_clients,
+                     "clients copying at once (each holds 8 MiB of registered memory); "
+                     "one more is refused with \"server busy\"")
+          ->check(CLI::Range(1u, kMaxMaxClients))
+          ->capture_default_str();
       try {
         app.parse(argc - 1, argv + 1);
       } catch (const CLI::ParseError& e) {

@@ -26,12 +26,15 @@ inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr uint32_t kSlotMagic = 0x52434b53;  // "SKCR"
 inline constexpr uint32_t kSlots = 8;               // chunks in flight
 inline constexpr uint32_t kSlotSize = 1u << 20;     // bytes per slot (header included)
-inline constexpr uint32_t kLanes = 4;               // concurrent clients per server
 inline constexpr uint64_t kBlockSize = 1u << 20;    // resume/hash granularity
 inline constexpr uint32_t kMaxMessage = 64 * 1024;
 inline constexpr uint32_t kMaxResends = 5;
 inline constexpr const char* kSlotsBuffer = "slots";
 inline constexpr uint64_t kLaneBytes = uint64_t{kSlots} * kSlotSize;
+// Concurrent transfers a server admits by default (--max-clients); each holds
+// kLaneBytes of registered memory on the server.
+inline constexpr uint32_t kDefaultMaxClients = 16;
+inline constexpr uint32_t kMaxMaxClients = 1024;
 
 struct SlotHeader {
   uint32_t magic;

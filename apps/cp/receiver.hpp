@@ -36,7 +36,7 @@ bool resolve_target(int root, const std::string& dst, bool confined, uint32_t ns
 
 struct ReceiverConfig {
   session::Channel* channel = nullptr;
-  std::byte* slots = nullptr;  // this transfer's lane (kLaneBytes)
+  std::byte* slots = nullptr;  // this transfer's slots (kLaneBytes)
   Target target;
   bool resume = false;
   Report* report = nullptr;

@@ -21,7 +21,7 @@ namespace rdmakit::cp {
 
 struct SenderConfig {
   session::Channel* channel = nullptr;
-  uint64_t remote_offset = 0;  // this transfer's lane in the receiver's slots
+  uint64_t remote_offset = 0;  // where this transfer's slots start in the receiver's
   session::Local staging;      // kLaneBytes of registered local memory
   SourceRoot root{};
   bool resume = false;

@@ -1,17 +1,17 @@
-// rdmakit-cp serve: one session server; each client gets a lane of the
-// exposed "slots" buffer (the session layer exposes a buffer to every peer,
-// so peers are kept apart by offset) and a thread running a Receiver (push)
-// or a Sender (pull) confined to --root.
+// rdmakit-cp serve: one session server; each client gets a "slots" buffer of
+// its own (Server::expose_per_endpoint: only that peer sees it) and a thread
+// running a Receiver (push) or a Sender (pull) confined to --root. At most
+// --max-clients copy at once; one more is refused with the limit named.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <rdmakit/session/session.hpp>
 #include <thread>
 
@@ -32,21 +32,40 @@ void on_signal(int) { g_stop = true; }
 
 struct ServerState {
   int root = -1;
-  MemoryRegion* slots = nullptr;
-  std::vector<std::unique_ptr<MemoryRegion>> staging;  // per lane, for pull
-  std::mutex mu;
-  bool lane_used[kLanes] = {};
-  std::atomic<int> active{0};
+  uint32_t max_clients = kDefaultMaxClients;
+  std::atomic<uint32_t> copying{0};  // admitted transfers, at most max_clients
+  std::atomic<int> active{0};        // handler threads (admitted or not)
 };
 
-int take_lane(ServerState& s) {
-  std::lock_guard lock(s.mu);
-  for (uint32_t i = 0; i < kLanes; ++i)
-    if (!s.lane_used[i]) {
-      s.lane_used[i] = true;
-      return static_cast<int>(i);
-    }
-  return -1;
+// Admits one more transfer unless max_clients are running; returns how many
+// run with it (0: refused).
+uint32_t admit(ServerState& s) {
+  uint32_t n = s.copying.load();
+  while (n < s.max_clients)
+    if (s.copying.compare_exchange_weak(n, n + 1)) return n + 1;
+  return 0;
+}
+
+// Test hook: RDMAKIT_CP_HOLD_FILE=PATH holds each admitted transfer before
+// its reply while PATH exists (at most 8 s, below the client's 10 s wait for
+// the reply), so a test can have many clients admitted at once.
+void hold_if_asked(const std::string& peer) {
+  const char* path = std::getenv("RDMAKIT_CP_HOLD_FILE");
+  if (path == nullptr || *path == '\0') return;
+  int i = 0;
+  for (; i < 400 && ::access(path, F_OK) == 0; ++i) std::this_thread::sleep_for(20ms);
+  if (i == 400)
+    std::fprintf(stderr,
+                 "rdmakit-cp serve: %s: hold file %s still there after 8 s; going on\n",
+                 peer.c_str(), path);
+}
+
+// The client closes when it has read everything (or its refusal); a peer
+// that does not is closed after 5 s, so it cannot keep its buffer.
+void wait_for_close(session::Endpoint& ep) {
+  for (int i = 0; i < 100 && !ep.closed(); ++i) std::this_thread::sleep_for(50ms);
+  if (!ep.closed()) ep.close();
+  for (int i = 0; i < 100 && !ep.closed(); ++i) std::this_thread::sleep_for(10ms);
 }
 
 void reply(session::Channel& ch, bool ok, uint32_t lane, Failure kind,
@@ -82,13 +101,33 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       (op != Op::kPush && op != Op::kPull)) {
     reply(ch, false, 0, Failure::kPeer, "malformed request or protocol version mismatch");
     std::fprintf(stderr, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
+    wait_for_close(*ep);
     return;
   }
-  const int lane = take_lane(s);
-  if (lane < 0) {
-    reply(ch, false, 0, Failure::kPeer, "server busy (all lanes in use)");
+  // The peer's own buffer: the receiver's slots on a push, the sender's
+  // staging on a pull (the client's slots are the target then).
+  MemoryRegion* own = ep->local_buffer(kSlotsBuffer);
+  if (own == nullptr || own->length() < kLaneBytes) {
+    reply(ch, false, 0, Failure::kPeer, "server error: no slots buffer for this client");
+    std::fprintf(stderr, "rdmakit-cp serve: %s: no per-client slots buffer\n",
+                 ep->peer().c_str());
+    wait_for_close(*ep);
     return;
   }
+  const uint32_t copying = admit(s);
+  if (copying == 0) {
+    const std::string why = "server busy: " + std::to_string(s.max_clients) +
+                            " clients are copying, its limit (--max-clients " +
+                            std::to_string(s.max_clients) + "); try again later";
+    reply(ch, false, 0, Failure::kPeer, why);
+    std::fprintf(stderr, "rdmakit-cp serve: %s: refused: %s\n", ep->peer().c_str(),
+                 why.c_str());
+    wait_for_close(*ep);
+    return;
+  }
+  std::fprintf(stderr, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
+               ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying);
+  hold_if_asked(ep->peer());
   Report report;
   const bool resume = flags & kFlagResume;
   if (op == Op::kPush) {
@@ -105,9 +144,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
                    paths[0].c_str(), why.c_str());
       reply(ch, false, 0, kind, paths[0] + ": " + why);
     } else {
-      reply(ch, true, static_cast<uint32_t>(lane), Failure::kNone, "");
-      Receiver rx(
-          {&ch, s.slots->data() + uint64_t(lane) * kLaneBytes, target, resume, &report});
+      reply(ch, true, 0, Failure::kNone, "");
+      Receiver rx({&ch, own->data(), target, resume, &report});
       rx.run();
       ::close(target.base);
     }
@@ -119,34 +157,30 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     for (const std::string& p : paths)
       walk_source(root, p, flags & kFlagRecursive, &entries, &report);
     entries.finish();
-    reply(ch, true, static_cast<uint32_t>(lane), Failure::kNone, "");
+    reply(ch, true, 0, Failure::kNone, "");
     for (const FileError& e : report.errors()) {
       Writer w = message(Msg::kFileError);
       w.put<uint8_t>(static_cast<uint8_t>(e.kind)).str(e.path).str(e.reason);
       (void)ch.send(std::span<const std::byte>(w.data()));
     }
-    MemoryRegion& staging = *s.staging[static_cast<size_t>(lane)];
     SenderConfig sc;
     sc.channel = &ch;
     sc.remote_offset = 0;
-    sc.staging = session::Local::of(staging);
+    sc.staging = session::Local::of(*own);
     sc.root = root;
     sc.resume = resume;
     sc.report = &report;
     sc.corrupt_chunk = corrupt_chunk_from_env();
     Sender(sc).run(entries);
   }
-  // The client closes when it has read everything; then the lane is free.
-  for (int i = 0; i < 100 && !ep->closed(); ++i) std::this_thread::sleep_for(50ms);
-  if (!ep->closed()) ep->close();
-  for (int i = 0; i < 100 && !ep->closed(); ++i) std::this_thread::sleep_for(10ms);
+  // Then its place is free (its buffer goes with the endpoint).
+  wait_for_close(*ep);
   std::fprintf(stderr, "rdmakit-cp serve: %s: %s done: %lu files, %lu bytes, %s\n",
                ep->peer().c_str(), op == Op::kPush ? "push" : "pull",
                static_cast<unsigned long>(report.files_done.load()),
                static_cast<unsigned long>(report.bytes_done.load()),
                failure_name(report.worst()));
-  std::lock_guard lock(s.mu);
-  s.lane_used[lane] = false;
+  s.copying--;
 }
 
 }  // namespace
@@ -169,6 +203,7 @@ int64_t corrupt_chunk_from_env() {
 
 int serve(const ServeOptions& o) {
   ServerState s;
+  s.max_clients = o.max_clients;
   s.root = ::open(o.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (s.root < 0) {
     std::fprintf(stderr, "rdmakit-cp serve: --root %s: %s\n", o.root.c_str(),
@@ -185,6 +220,10 @@ int serve(const ServeOptions& o) {
   // per copy (measured: each one costs the receiving CPU a few percent).
   so.thread_mode = session::ThreadMode::kSharedWorkers;
   so.workers = 1;
+  // Room for the admitted clients and as many being refused at the same
+  // time: past max_endpoints the session rejects a peer before it could be
+  // told why.
+  so.max_endpoints = std::max(so.max_endpoints, 2 * o.max_clients);
   session::Handlers h;
   h.on_connect = [&s](session::Endpoint& ep) {
     auto self = ep.shared_from_this();
@@ -196,14 +235,13 @@ int serve(const ServeOptions& o) {
   };
   const std::string address = o.bind + ":" + std::to_string(o.port);
   session::Server server(address, so, h);
-  s.slots = &server.expose(kSlotsBuffer, uint64_t{kLanes} * kLaneBytes, kAccessAll);
-  for (uint32_t i = 0; i < kLanes; ++i)
-    s.staging.push_back(server.context().allocate(kLaneBytes, kAccessLocalWrite));
+  server.expose_per_endpoint(kSlotsBuffer, kLaneBytes, kAccessAll);
   server.start();
   std::fprintf(stderr,
-               "rdmakit-cp serve: root %s, listening on %s (%s), confinement: %s\n",
+               "rdmakit-cp serve: root %s, listening on %s (%s), confinement: %s, "
+               "max clients %u\n",
                o.root.c_str(), server.address().c_str(), server.context().provider_name(),
-               confinement_method());
+               confinement_method(), o.max_clients);
   if (!o.port_file.empty()) {
     const std::string tmp = o.port_file + ".tmp";
     if (FILE* f = std::fopen(tmp.c_str(), "w")) {
@@ -221,9 +259,6 @@ int serve(const ServeOptions& o) {
                  s.active.load());
     std::_Exit(0);
   }
-  // The staging regions belong to the server's context: release them while
-  // it still exists (the server is destroyed first, being declared last).
-  s.staging.clear();
   ::close(s.root);
   return 0;
 }

@@ -5,6 +5,8 @@
 #   cp_test.sh BINARY fault PROVIDER    a chunk corrupted in flight is detected and re-sent
 #   cp_test.sh BINARY kill PROVIDER     SIGKILL of either side at random points (20 runs):
 #                                       no wrong file under a final name; --resume completes
+#   cp_test.sh BINARY many PROVIDER     8 clients at once (4 push, 4 pull, different trees),
+#                                       each byte-identical; a 9th refused by --max-clients 8
 #   cp_test.sh BINARY netns             two hosts (network namespaces, tcp); root only
 # RDMAKIT_CP_TEST_HOST: the server's address (default 127.0.0.1; the rxe IP on verbs).
 # RDMAKIT_CP_KILL_RUNS: number of kill runs (default 20).
@@ -18,6 +20,7 @@ base=/dev/shm
 [ -d "$base" ] && [ -w "$base" ] || base=${TMPDIR:-/tmp}
 work=$(mktemp -d "$base/rdmakit-cp-test.XXXXXX")
 server_pid=
+start_server_args=()
 cleanup() {
   [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
   wait 2>/dev/null
@@ -34,7 +37,7 @@ start_server() {  # start_server ROOT [ENV...]
   local root=$1; shift
   rm -f "$work/port"
   env "$@" "$bin" serve --root "$root" -p 0 --port-file "$work/port" --provider "$provider" \
-    --bind "$host" 2>>"$work/server.log" &
+    --bind "$host" "${start_server_args[@]}" 2>>"$work/server.log" &
   server_pid=$!
   for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
   port=$(cat "$work/port" 2>/dev/null) || { fail "server did not start"; tail "$work/server.log"; exit 1; }
@@ -250,6 +253,45 @@ case $mode in
     done
     echo "$midway of $runs kills landed while the copy was running"
     [ "$midway" -gt 0 ] || fail "no kill landed while a copy was running"
+    ;;
+  many)
+    # The server holds each admitted transfer while $hold exists (a test
+    # hook), so all 8 are admitted at once before any copies: more than the
+    # 4 lanes of the old shared buffer, and exactly --max-clients.
+    n=8; hold=$work/hold
+    mkdir -p "$work/src" "$work/root" "$work/pulled"
+    for k in $(seq 1 $n); do  # (make_tree uses $i)
+      make_tree "$work/src/t$k"
+      [ $((k % 2)) = 0 ] && cp -a "$work/src/t$k" "$work/root/t$k"  # to be pulled
+    done
+    touch "$hold"
+    start_server_args=(--max-clients $n)
+    start_server "$work/root" RDMAKIT_CP_HOLD_FILE="$hold"
+    pids=()
+    for i in $(seq 1 $n); do
+      if [ $((i % 2)) = 0 ]; then cp_ -r "$host:t$i" "$work/pulled" >/dev/null 2>"$work/err$i" &
+      else cp_ -r "$work/src/t$i" "$host:." >/dev/null 2>"$work/err$i" & fi
+      pids+=($!)
+    done
+    for _ in $(seq 150); do grep -q "($n copying)" "$work/server.log" && break; sleep 0.05; done
+    grep -q "($n copying)" "$work/server.log" && pass "$n clients admitted at once" ||
+      fail "$n clients were not admitted at once"
+    cp_ "$work/src/t1/small.txt" "$host:extra" 2>"$work/err"
+    rc=$?
+    if [ $rc = 5 ] && grep -q "server busy.*--max-clients $n" "$work/err" && [ ! -e "$work/root/extra" ]; then
+      pass "client $((n + 1)) refused: exit 5, the limit named"
+    else fail "client $((n + 1)) beyond --max-clients: exit $rc"; cat "$work/err"; fi
+    rm -f "$hold"
+    for i in $(seq 1 $n); do
+      wait "${pids[$((i - 1))]}"; rc=$?
+      if [ $((i % 2)) = 0 ]; then dir=pull; dst=$work/pulled/t$i; else dir=push; dst=$work/root/t$i; fi
+      if [ $rc = 0 ] && same_tree "$work/src/t$i" "$dst"; then pass "client $i ($dir): tree identical"
+      else fail "client $i ($dir): exit $rc"; cat "$work/err$i"; fi
+    done
+    # The places are free again once the clients are gone.
+    cp_ "$work/src/t1/small.txt" "$host:extra" >/dev/null && cmp -s "$work/src/t1/small.txt" "$work/root/extra" &&
+      pass "a client after them is admitted" || fail "a client after them"
+    stop_server
     ;;
   netns)
     if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then echo "skipped: needs root"; exit 77; fi
