@@ -20,34 +20,6 @@ constexpr const char* kPartSuffix = ".rdmakit-cp-part";
 
 std::string part_name(const std::string& name) { return "." + name + kPartSuffix; }
 
-// The process umask, read once from /proc (umask(2) can only be read by
-// changing it, which would race with other threads creating files); -1 if
-// unknown, and then every file gets its fchmod.
-int process_umask() {
-  static const int mask = [] {
-    FILE* f = std::fopen("/proc/self/status", "r");
-    if (f == nullptr) return -1;
-    char line[256];
-    int m = -1;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      unsigned v = 0;
-      if (std::sscanf(line, "Umask: %o", &v) == 1) {
-        m = static_cast<int>(v & 0777);
-        break;
-      }
-    }
-    std::fclose(f);
-    return m;
-  }();
-  return mask;
-}
-
-// Whether a file created with `requested` already has exactly `wanted`.
-bool created_mode_is(uint32_t requested, uint32_t wanted) {
-  const int mask = process_umask();
-  return mask >= 0 && (requested & ~static_cast<uint32_t>(mask)) == wanted;
-}
-
 int open_dir(int root, const std::string& path, bool confined) {
   if (confined) return open_beneath(root, path, O_RDONLY | O_DIRECTORY);
   const int fd = ::openat(root, path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -284,11 +256,11 @@ bool Receiver::on_entry(Reader& rd) {
     cur_.keep_final = true;
     fd = ::openat(parent, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   } else {
-    // A new part file is created with the final permission bits (owner
-    // read/write added while it is written), so that on_end needs no fchmod
-    // in the common case. O_EXCL: only a file this call created has them; a
-    // part file left by an earlier run is truncated and gets its fchmod.
-    cur_.create_mode = (cur_.mode & 0777) | 0600;
+    // A part file is owner read/write only while it is written: group or
+    // other write bits would let another user change bytes after they were
+    // verified. Its final mode is set by on_end's fchmod (always: under a
+    // default ACL the umask does not decide the created mode).
+    cur_.create_mode = 0600;
     fd = -1;
     errno = EEXIST;
     if (!probed) {
@@ -383,9 +355,8 @@ void Receiver::on_end(Reader& rd) {
   const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
   if ((cur_.created && cur_.written_end < cur_.size &&
        ::ftruncate(cur_.fd, static_cast<off_t>(cur_.size)) != 0) ||
-      (!(cur_.created && created_mode_is(cur_.create_mode, cur_.mode)) &&
-       ::fchmod(cur_.fd, cur_.mode) != 0) ||
-      ::futimens(cur_.fd, times) != 0 || ::fsync(cur_.fd) != 0) {
+      ::fchmod(cur_.fd, cur_.mode) != 0 || ::futimens(cur_.fd, times) != 0 ||
+      ::fsync(cur_.fd) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
