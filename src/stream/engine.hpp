@@ -89,6 +89,9 @@ class StreamCore {
   Clock::time_point linger_deadline{};
 
   Readiness readiness;
+  // events() as of the last update(): what poll_readiness() reports while
+  // another thread holds the engine lock.
+  std::atomic<short> published{0};
   std::condition_variable cv;
   uint32_t waiters = 0;
 
@@ -124,6 +127,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   bool wait(std::unique_lock<std::mutex>& lock, StreamCore& s, Clock::time_point deadline,
             Pred pred);
   void before_would_block() noexcept;  // the caller is about to return EAGAIN
+  // Stream::poll_readiness: polls the CQ on the caller's thread (lock held).
+  short poll_readiness(StreamCore& s, bool about_to_sleep) noexcept;
   void close(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the
@@ -159,6 +164,10 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::thread thread_;
 };
 
+// Polls a busy-polling waiter makes between two releases of the engine lock.
+constexpr uint32_t kSpinPollsPerUnlock = 8;
+static_assert(64 % kSpinPollsPerUnlock == 0, "the yield round also releases the lock");
+
 template <class Pred>
 bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
                       Clock::time_point deadline, Pred pred) {
@@ -182,14 +191,17 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
         lock.unlock();
         ::sched_yield();
         lock.lock();
+      } else if (spins % kSpinPollsPerUnlock == 0) {
+        // Other threads of this engine get the lock between rounds of
+        // polls; releasing it after every poll put a lock round trip and a
+        // pause between two polls, i.e. into the time to notice a message.
+        lock.unlock();
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        lock.lock();
       }
       drain();
-      if (pred()) break;
-      lock.unlock();
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-      lock.lock();
     }
     --spinning_;
     if (pred()) return true;
