@@ -164,10 +164,6 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::thread thread_;
 };
 
-// Polls a busy-polling waiter makes between two releases of the engine lock.
-constexpr uint32_t kSpinPollsPerUnlock = 8;
-static_assert(64 % kSpinPollsPerUnlock == 0, "the yield round also releases the lock");
-
 template <class Pred>
 bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
                       Clock::time_point deadline, Pred pred) {
@@ -191,17 +187,14 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
         lock.unlock();
         ::sched_yield();
         lock.lock();
-      } else if (spins % kSpinPollsPerUnlock == 0) {
-        // Other threads of this engine get the lock between rounds of
-        // polls; releasing it after every poll put a lock round trip and a
-        // pause between two polls, i.e. into the time to notice a message.
-        lock.unlock();
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-        lock.lock();
       }
       drain();
+      if (pred()) break;
+      lock.unlock();
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      lock.lock();
     }
     --spinning_;
     if (pred()) return true;
