@@ -51,6 +51,8 @@ struct Args {
   uint32_t max_inline = 0;
   int64_t busy_poll_us = -1;  // -1: per-test default
   std::string bind = "127.0.0.1";
+  bool poll_readiness = false;  // lat: readers spin on Stream::poll_readiness()
+  bool poll_fd = false;         // lat: readers spin in poll(fd(), timeout 0)
 };
 
 void pin(int cpu) {
@@ -90,6 +92,40 @@ std::shared_ptr<Engine> make_engine(const Args& a, const StreamOptions& so) {
 
 bool read_full(Stream& s, void* p, size_t n) {
   return s.read(p, n, Stream::kWaitAll) == static_cast<ssize_t>(n);
+}
+// As an event loop spinning in poll/epoll_wait would: poll_readiness() until
+// readable, then non-blocking reads (gives up after 5 s of nothing).
+// With poll_fd: the same through the readiness fd (what an event loop
+// without poll_readiness() sees: the progress thread's updates).
+bool read_full_polling(Stream& s, void* p, size_t n, bool poll_fd) {
+  size_t got = 0;
+  auto give_up = Clock::now() + 5s;
+  for (uint32_t spins = 1; got < n; ++spins) {
+    short ev = 0;
+    if (poll_fd) {
+      pollfd pfd{s.fd(), POLLIN, 0};
+      if (::poll(&pfd, 1, 0) == 1) ev = pfd.revents;
+    } else {
+      ev = s.poll_readiness();
+    }
+    if ((ev & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      const ssize_t rc = s.read(static_cast<char*>(p) + got, n - got, Stream::kDontWait);
+      if (rc == 0 || (rc < 0 && rc != -EAGAIN)) return false;
+      if (rc > 0) {
+        got += static_cast<size_t>(rc);
+        give_up = Clock::now() + 5s;
+      }
+    }
+    if (spins % 64 == 0) {
+      if (Clock::now() > give_up) return false;
+      ::sched_yield();  // as the stream's own busy-poll
+    }
+  }
+  return true;
+}
+bool read_msg(const Args& a, Stream& s, void* p, size_t n) {
+  if (a.poll_readiness || a.poll_fd) return read_full_polling(s, p, n, a.poll_fd);
+  return read_full(s, p, n);
 }
 bool write_full(Stream& s, const void* p, size_t n) {
   return s.write(p, n) == static_cast<ssize_t>(n);
@@ -154,7 +190,7 @@ int server(const Args& a, int port_fd) {
   std::vector<uint8_t> buf(std::max<size_t>(a.size, 64));
   if (a.test == "lat") {
     for (;;) {
-      if (!read_full(s, buf.data(), a.size)) return 0;  // client done: EOF
+      if (!read_msg(a, s, buf.data(), a.size)) return 0;  // client done: EOF
       if (!write_full(s, buf.data(), a.size)) return 1;
     }
   }
@@ -226,13 +262,13 @@ int client(const Args& a, uint16_t port) {
     const auto end = Clock::now() + std::chrono::duration<double>(a.seconds);
     std::vector<double> batches;
     for (int w = 0; w < 1000; ++w) {  // warm-up
-      if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+      if (!write_full(*s, buf.data(), a.size) || !read_msg(a, *s, buf.data(), a.size))
         return 1;
     }
     while (Clock::now() < end) {
       const auto t0 = Clock::now();
       for (int i = 0; i < 100; ++i) {
-        if (!write_full(*s, buf.data(), a.size) || !read_full(*s, buf.data(), a.size))
+        if (!write_full(*s, buf.data(), a.size) || !read_msg(a, *s, buf.data(), a.size))
           return 1;
       }
       batches.push_back(
@@ -240,9 +276,13 @@ int client(const Args& a, uint16_t port) {
     }
     std::sort(batches.begin(), batches.end());
     std::printf(
-        "{\"test\":\"stream_lat\",\"provider\":\"%s\",\"size\":%zu,\"exchanges\":%zu,"
-        "\"half_rtt_us\":%.3f,\"best_half_rtt_us\":%.3f}\n",
-        prov, a.size, batches.size() * 100, batches[batches.size() / 2] / 1000.0,
+        "{\"test\":\"stream_lat\",\"provider\":\"%s\",\"size\":%zu,\"read\":\"%s\","
+        "\"exchanges\":%zu,\"half_rtt_us\":%.3f,\"best_half_rtt_us\":%.3f}\n",
+        prov, a.size,
+        a.poll_fd          ? "poll_fd"
+        : a.poll_readiness ? "poll_readiness"
+                           : "blocking",
+        batches.size() * 100, batches[batches.size() / 2] / 1000.0,
         batches.front() / 1000.0);
     return 0;
   }
@@ -355,6 +395,10 @@ int main(int argc, char** argv) try {
   app.add_option("--busy-poll-us", a.busy_poll_us,
                  "StreamOptions::busy_poll in us (default: 1 s for lat and bw)");
   app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
+  app.add_flag("--poll-readiness", a.poll_readiness,
+               "lat: readers spin on Stream::poll_readiness(), then read non-blocking");
+  app.add_flag("--poll-fd", a.poll_fd,
+               "lat: readers spin in poll() on Stream::fd(), then read non-blocking");
   CLI11_PARSE(app, argc, argv);
   if (a.size == 0) a.size = 1;
   if (a.test == "floor") return spsc_floor(a);

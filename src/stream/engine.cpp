@@ -173,6 +173,7 @@ void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
   const PostResult r = s.qp->post_recv(recvs);
   slots[s.slot] = core;
   ++live;
+  s.published.store(s.events(), std::memory_order_release);
   if (!r.ok()) fail(s, ECONNRESET, Status::kGeneralError);
 }
 
@@ -187,6 +188,24 @@ void EngineImpl::before_would_block() noexcept {
     progress_ = Progress::kRunning;
     kick();
   }
+}
+
+short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep) noexcept {
+  // A poll disarms the CQ: a progress thread sleeping armed would no longer
+  // be woken by arrivals, so it is sent back to look (as a spinning waiter
+  // does). A spinning caller also counts as busy-polling, which keeps the
+  // progress thread off the CQ (no wake-up syscall per peer message) while
+  // the calls go on.
+  if (!about_to_sleep) ++spin_epoch_;
+  if (progress_ == Progress::kSleepArmed) {
+    progress_ = Progress::kRunning;
+    kick();
+  }
+  drain();
+  update(s);
+  const short ev = s.events();
+  if (about_to_sleep) before_would_block();
+  return ev;
 }
 
 void EngineImpl::drain() noexcept {
@@ -352,6 +371,7 @@ void EngineImpl::fail(StreamCore& s, int err, Status status) noexcept {
 }
 
 void EngineImpl::update(StreamCore& s) noexcept {
+  s.published.store(s.events(), std::memory_order_release);
   if (s.readiness.is_open()) s.readiness.set(s.readable(), s.writable());
   if (s.waiters > 0) s.cv.notify_all();
 }

@@ -89,6 +89,9 @@ class StreamCore {
   Clock::time_point linger_deadline{};
 
   Readiness readiness;
+  // events() as of the last update(): what poll_readiness() reports while
+  // another thread holds the engine lock.
+  std::atomic<short> published{0};
   std::condition_variable cv;
   uint32_t waiters = 0;
 
@@ -124,6 +127,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   bool wait(std::unique_lock<std::mutex>& lock, StreamCore& s, Clock::time_point deadline,
             Pred pred);
   void before_would_block() noexcept;  // the caller is about to return EAGAIN
+  // Stream::poll_readiness: polls the CQ on the caller's thread (lock held).
+  short poll_readiness(StreamCore& s, bool about_to_sleep) noexcept;
   void close(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the

@@ -477,6 +477,19 @@ short Stream::poll_events() const noexcept {
   return core_->events();
 }
 
+short Stream::poll_readiness(bool about_to_sleep) noexcept {
+  if (!core_) return POLLNVAL;
+  std::unique_lock lock(engine_->mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    // Someone is inside the engine: it publishes what it changes before it
+    // leaves. A caller about to sleep must still get the progress thread
+    // watching, so it waits for the lock.
+    if (!about_to_sleep) return core_->published.load(std::memory_order_acquire);
+    lock.lock();
+  }
+  return engine_->poll_readiness(*core_, about_to_sleep);
+}
+
 int Stream::error() const noexcept {
   if (!core_) return EBADF;
   std::lock_guard lock(engine_->mu);

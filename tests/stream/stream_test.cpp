@@ -442,6 +442,74 @@ TEST_P(StreamTest, EpollLevelAndEdgeTriggered) {
       });
 }
 
+// poll_readiness() takes readiness from the ring on the caller's thread;
+// with about_to_sleep a caller sleeping on fd() is still woken.
+TEST_P(StreamTest, PollReadinessFromTheRing) {
+  run(
+      [](RoleEnv& env) {
+        auto srv = serve(env);
+        Stream& s = *srv.s;
+        s.set_nonblocking(true);
+        const int sfd = s.fd();
+        ASSERT_GE(sfd, 0);
+        // Spins (bounded) until poll_readiness() reports `want`.
+        auto spin_for = [&s](short want) {
+          const auto until = std::chrono::steady_clock::now() + scaled(5s);
+          short ev = 0;
+          while (((ev = s.poll_readiness()) & want) == 0 &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::yield();
+          return ev;
+        };
+        short ev = s.poll_readiness();
+        EXPECT_TRUE(ev & POLLOUT);
+        EXPECT_FALSE(ev & POLLIN);
+        write_all(s, "1", 1);  // the client sends 10 bytes
+        ev = spin_for(POLLIN);
+        ASSERT_TRUE(ev & POLLIN);
+        char buf[64];
+        size_t got = 0;
+        const auto until = std::chrono::steady_clock::now() + scaled(5s);
+        while (got < 10 && std::chrono::steady_clock::now() < until) {
+          const ssize_t rc = s.read(buf + got, sizeof buf - got);
+          if (rc == -EAGAIN) continue;
+          ASSERT_GT(rc, 0);
+          got += static_cast<size_t>(rc);
+        }
+        ASSERT_EQ(got, 10u);
+        EXPECT_EQ(std::string(buf, 10), "0123456789");
+        // Nothing left: sleep on the fd, about_to_sleep says so first.
+        ev = s.poll_readiness(true);
+        EXPECT_FALSE(ev & POLLIN);
+        const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+        epoll_event e{};
+        e.events = EPOLLIN;
+        e.data.fd = sfd;
+        ASSERT_EQ(::epoll_ctl(ep, EPOLL_CTL_ADD, sfd, &e), 0);
+        epoll_event out[2];
+        EXPECT_EQ(::epoll_wait(ep, out, 2, 0), 0);
+        write_all(s, "2", 1);  // the client sends 5 bytes, then end of stream
+        ASSERT_EQ(::epoll_wait(ep, out, 2, static_cast<int>(scaled(5s).count())), 1);
+        EXPECT_TRUE(s.poll_readiness() & POLLIN);
+        ev = spin_for(POLLRDHUP);
+        EXPECT_TRUE(ev & POLLRDHUP);
+        EXPECT_EQ(s.read(buf, sizeof buf), 5);
+        EXPECT_EQ(s.read(buf, sizeof buf), 0);
+        ::close(ep);
+      },
+      [](RoleEnv& env) {
+        auto cli = dial(env);
+        char c;
+        read_exact(*cli.s, &c, 1);
+        write_all(*cli.s, "0123456789", 10);
+        read_exact(*cli.s, &c, 1);
+        std::this_thread::sleep_for(50ms);  // the server sleeps on its fd by now
+        write_all(*cli.s, "abcde", 5);
+        EXPECT_EQ(cli.s->shutdown(SHUT_WR), 0);
+        EXPECT_EQ(cli.s->read(&c, 1), 0);  // the server's close
+      });
+}
+
 TEST_P(StreamTest, ListenerFdAndNonBlockingAccept) {
   run(
       [](RoleEnv& env) {

@@ -187,6 +187,16 @@ class Stream {
   int fd() noexcept;
   // POLLIN, POLLOUT, POLLHUP (peer closed its direction), POLLERR.
   short poll_events() const noexcept;
+  // As poll_events(), but first collects what the peer has put into the ring
+  // since (polls the engine's completion queue on the caller's thread), so a
+  // caller spinning in poll/epoll_wait learns readability and writability
+  // without waiting for the progress thread. Never blocks; while another
+  // thread is inside the engine it returns the readiness that thread last
+  // published. A caller that goes to sleep on fd() when this returns
+  // nothing it wants passes about_to_sleep = true: the engine then makes
+  // sure the progress thread watches for arrivals (fd() is signalled when
+  // the state changes). Spinning callers pass false and cost no syscall.
+  short poll_readiness(bool about_to_sleep = false) noexcept;
 
   // The error that ended the stream (0 while healthy) and its cause.
   int error() const noexcept;
