@@ -94,8 +94,12 @@ uint16_t rendezvous_port(uint16_t port) {
 
 // Budget for learning whether the peer host is rdmakit-enabled: a plain
 // host refuses the rendezvous port at once; a firewall that drops it must
-// not cost every connection the whole upgrade budget.
-milliseconds probe_budget() { return std::min(config().timeout, milliseconds(1000)); }
+// not cost every connection the whole upgrade budget (a quarter of it, at
+// least a second).
+milliseconds probe_budget() {
+  const milliseconds t = config().timeout;
+  return std::max(t / 4, std::min(t, milliseconds(1000)));
+}
 
 std::string ipv4_text(const uint8_t* addr) {
   char buf[INET_ADDRSTRLEN] = "?";
