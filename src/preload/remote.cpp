@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -126,6 +127,11 @@ struct Stored {
 std::mutex g_mu;
 std::vector<std::shared_ptr<RemoteListener>>* g_listeners = nullptr;  // under g_mu
 std::vector<Stored>* g_offers = nullptr;                              // under g_mu
+
+// A fork while the rendezvous thread holds g_mu must not leave the child's
+// copy locked (a child that closes its copy of a listener takes it).
+void lock_for_fork() { g_mu.lock(); }
+void unlock_after_fork() { g_mu.unlock(); }
 
 void purge_expired_locked() {
   const auto now = Clock::now();
@@ -263,6 +269,7 @@ void open_remote_listener(int app_fd, uint16_t port) {
   {
     std::lock_guard lock(g_mu);
     if (g_listeners == nullptr) {
+      (void)pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
       g_listeners =
           new std::vector<std::shared_ptr<RemoteListener>>();  // NOLINT: lives to exit
       g_offers = new std::vector<Stored>();                    // NOLINT

@@ -63,7 +63,7 @@ if [ "$node" = 0 ]; then
   want=$((2 * 2 + 1))  # iperf3: control + one stream, twice; sockperf: one
 else
   for t in P1 R; do
-    args=(-t 2); [ $t = R ] && args+=(-R)
+    args=(-t 1); [ $t = R ] && args+=(-R)
     if wait_for "$pair/preload.iperf-$t.node0" 30; then
       "${pre[@]}" timeout 40 iperf3 -c "$peer" -p $iperf_port "${args[@]}" -J >"$work/c-$t.json" 2>"$work/c-$t.err" &&
         pass "iperf3 client ($t) exit 0" || { fail "iperf3 client ($t) exit $?"; tail -n 5 "$work/c-$t.err" "$work/c-$t.json"; }
@@ -86,7 +86,7 @@ PY
   done
   if wait_for "$pair/preload.sockperf.node0" 30; then
     o=$work/sp-pp.out
-    "${pre[@]}" timeout 30 sockperf pp --tcp -i "$peer" -p $sp_port -t 2 -m 64 >"$o" 2>&1 &&
+    "${pre[@]}" timeout 30 sockperf pp --tcp -i "$peer" -p $sp_port -t 1 -m 64 >"$o" 2>&1 &&
       pass "sockperf ping-pong exit 0" || fail "sockperf ping-pong exit $?"
     grep -E "Summary:|dropped|ReceivedMessages" "$o"
     grep -q "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$o" ||
