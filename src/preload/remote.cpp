@@ -235,13 +235,14 @@ void serve(const std::shared_ptr<RemoteListener>& l) {
 }  // namespace
 
 void open_remote_listener(int app_fd, uint16_t port) {
-  const RemoteConfig& rc = remote_config();
-  if (!rc.problem.empty()) return;
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
-  if (real().getsockname(app_fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
-    return;                  // NOLINT
+  if (real().getsockname(app_fd, reinterpret_cast<sockaddr*>(&ss), &len) !=
+      0) {  // NOLINT
+    return;
+  }
   if (loopback(ss)) return;  // no other host can connect
+  if (!remote_config().problem.empty()) return;
   const uint16_t rport = rendezvous_port(port);
   if (ss.ss_family == AF_INET) {
     reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(rport);  // NOLINT
@@ -307,6 +308,7 @@ void close_remote_listener(uint16_t port) {
 
 PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
                                std::string* reason) {
+  const InternalScope internal;
   const RemoteConfig& rc = remote_config();
   if (!rc.problem.empty()) {
     *reason = kNotHere + rc.problem;
@@ -444,6 +446,7 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
 }
 
 Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
+  const InternalScope internal;
   Upgrade up;
   up.path = provider_name(remote_config().provider);
   Tuple t;
@@ -465,6 +468,7 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
 }
 
 Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
+  const InternalScope internal;
   (void)tcp_fd;
   Upgrade up;
   const RemoteConfig& rc = remote_config();

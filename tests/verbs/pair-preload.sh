@@ -24,7 +24,7 @@ server_pid=
 trap '[ -z "$server_pid" ] || kill -9 "$server_pid" 2>/dev/null; rm -rf "$work"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-pass() { echo "ok: $*"; }
+pass() { echo "ok: $* (at ${SECONDS} s)"; }
 wait_for() {  # FILE SECONDS: the other node's signal
   local i
   for ((i = 0; i < $2 * 10; i++)); do [ -e "$1" ] && return 0; sleep 0.1; done
