@@ -406,6 +406,14 @@ PY
     expect_count 2 "iperf3\]: accept fd=.*path=kernel reason=peer is not on this host; no rendezvous offer from the peer" \
       "server fallbacks with the reason"
     : >"$log"
+    # The server's rules deny the client's address: its rendezvous refuses
+    # the offer at once (the client's 60 s budget would fail the case).
+    RDMAKIT_PRELOAD_DENY_ADDRS=10.251.78.2 RDMAKIT_PRELOAD_TIMEOUT_MS=60000 iperf_pair 1 1 -t 1
+    expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; the peer's allow/deny rules keep this connection on kernel TCP" \
+      "client fallbacks refused by the server's rules"
+    expect_count 2 "iperf3\]: accept fd=.*path=kernel reason=address .*10.251.78.2 is in RDMAKIT_PRELOAD_DENY_ADDRS" \
+      "server fallbacks by its rules"
+    : >"$log"
     # A forged offer: from ns_b, naming 10.251.78.99 as the client of a
     # connection to the server's port. Refused (status 1), logged.
     in_a "$run" --log "$log" timeout 20 iperf3 -s -1 -p $port >"$work/s.out" 2>&1 &
