@@ -232,6 +232,46 @@ void serve(const std::shared_ptr<RemoteListener>& l) {
   real().close(l->fd);
 }
 
+// Peers found not rdmakit-enabled are not probed again for a while: a
+// program that opens many connections to a plain server (or one behind a
+// firewall that drops the rendezvous port) pays the probe once, not per
+// connection. Bounded: the oldest entry makes room.
+constexpr auto kRemember = std::chrono::seconds(10);
+constexpr size_t kRememberMax = 64;
+struct NotEnabled {
+  uint32_t addr = 0;
+  uint16_t port = 0;
+  Clock::time_point until;
+  std::string reason;
+};
+std::mutex g_cache_mu;
+std::vector<NotEnabled>* g_not_enabled = nullptr;  // under g_cache_mu; lives to exit
+
+bool remembered(uint32_t addr, uint16_t port, std::string* reason) {
+  std::lock_guard lock(g_cache_mu);
+  if (g_not_enabled == nullptr) return false;
+  const auto now = Clock::now();
+  for (const auto& e : *g_not_enabled) {
+    if (e.addr == addr && e.port == port && e.until > now) {
+      *reason = e.reason + " (remembered for up to 10 s)";
+      return true;
+    }
+  }
+  return false;
+}
+
+void remember(uint32_t addr, uint16_t port, const std::string& reason) {
+  std::lock_guard lock(g_cache_mu);
+  if (g_not_enabled == nullptr) g_not_enabled = new std::vector<NotEnabled>();  // NOLINT
+  auto& v = *g_not_enabled;
+  const auto now = Clock::now();
+  std::erase_if(v, [&](const NotEnabled& e) {
+    return e.until <= now || (e.addr == addr && e.port == port);
+  });
+  if (v.size() >= kRememberMax) v.erase(v.begin());
+  v.push_back(NotEnabled{addr, port, now + kRemember, reason});
+}
+
 }  // namespace
 
 void open_remote_listener(int app_fd, uint16_t port) {
@@ -327,6 +367,9 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   rs.sin_family = AF_INET;
   rs.sin_port = htons(rport);
   std::memcpy(&rs.sin_addr, t.server_addr, 4);
+  uint32_t addr_key = 0;
+  std::memcpy(&addr_key, t.server_addr, 4);
+  if (remembered(addr_key, rport, reason)) return nullptr;
   const auto probe_end = Clock::now() + probe_budget();
   const int us =
       place_high(real().socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -350,6 +393,7 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
     if (err != 0) {
       *reason = std::string(kNotHere) + "no rdmakit rendezvous at " + at + " (" +
                 std::strerror(err) + "; peer not rdmakit-enabled)";
+      remember(addr_key, rport, *reason);
       return nullptr;
     }
   }
@@ -360,6 +404,7 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
       hello.version != kVersion) {
     *reason = std::string(kNotHere) + "no rdmakit rendezvous answered at " + at +
               " (peer not rdmakit-enabled)";
+    remember(addr_key, rport, *reason);
     return nullptr;
   }
   // The kernel connection will leave from the address the rendezvous

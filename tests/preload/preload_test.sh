@@ -401,6 +401,9 @@ PY
     iperf_pair 0 1 -t 1  # plain server: nothing listens on the rendezvous port
     expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; no rdmakit rendezvous at 10.251.78.1:15201" \
       "client fallbacks with the reason"
+    # The second connection does not probe again: the peer is remembered.
+    expect_count 1 "iperf3\]: connect fd=.*path=kernel reason=.*\(remembered for up to 10 s\)" \
+      "client fallbacks without a second probe"
     : >"$log"
     iperf_pair 1 0 -t 1  # plain client: no offer
     expect_count 2 "iperf3\]: accept fd=.*path=kernel reason=peer is not on this host; no rendezvous offer from the peer" \
