@@ -51,7 +51,15 @@ void find_own_code() noexcept {
   }
 }
 
+namespace {
+thread_local int t_internal = 0;
+}  // namespace
+
+InternalScope::InternalScope() noexcept { ++t_internal; }
+InternalScope::~InternalScope() { --t_internal; }
+
 bool internal_caller(const void* ret) noexcept {
+  if (t_internal > 0) return true;
   const auto a = reinterpret_cast<uintptr_t>(ret);  // NOLINT
   for (int i = 0; i < g_nranges; ++i) {
     if (a >= g_ranges[i].lo && a < g_ranges[i].hi) return true;

@@ -9,8 +9,20 @@ namespace rdmakit::preload {
 
 // Finds the address ranges of the library and of librdmakit (load time).
 void find_own_code() noexcept;
-// Whether a return address lies in rdmakit code.
+// Whether a return address lies in rdmakit code, or the calling thread is
+// inside an InternalScope.
 bool internal_caller(const void* ret) noexcept;
+// Marks the library's own calls into the stream API on this thread: with a
+// sanitizer runtime preloaded first, every libc call reaches the hooks
+// through its interceptors, so the return address no longer tells whose
+// call it is (the tcp provider's sockets would look like the application's).
+class InternalScope {
+ public:
+  InternalScope() noexcept;
+  ~InternalScope();
+  InternalScope(const InternalScope&) = delete;
+  InternalScope& operator=(const InternalScope&) = delete;
+};
 // fd moved to the high range (close-on-exec); fd itself when no room.
 int place_high(int fd) noexcept;
 // The lowest fd number the high range starts at (0: no high range).

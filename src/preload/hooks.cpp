@@ -24,6 +24,7 @@
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "remote.hpp"
 #include "rendezvous.hpp"
 #include "rules.hpp"
 #include "state.hpp"
@@ -119,8 +120,8 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   conn->owner = process_id();
   conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
   install_conn(fd, std::move(conn));
-  log_line("%s fd=%d %s path=shm", side, fd, where.c_str());
-  count_path(true);
+  log_line("%s fd=%d %s path=%s", side, fd, where.c_str(), up.path);
+  count_path(true, std::strcmp(up.path, "shm") != 0);
   return true;
 }
 
@@ -168,7 +169,8 @@ EXPORT int socket(int domain, int type, int protocol) {
 }
 
 EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
-  if (!inet(addr) || fd >= kMaxFd || !tcp_stream_socket(fd)) {
+  // rdmakit's own connections (the tcp provider) are not candidates.
+  if (!inet(addr) || fd >= kMaxFd || internal_caller(CALLER) || !tcp_stream_socket(fd)) {
     return real().connect(fd, addr, len);
   }
   std::string reason = process_rules();
@@ -219,7 +221,8 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 
 EXPORT int listen(int fd, int backlog) {
   const int r = real().listen(fd, backlog);
-  if (r == 0 && fd < kMaxFd && process_rules().empty() && tcp_stream_socket(fd)) {
+  if (r == 0 && fd < kMaxFd && !internal_caller(CALLER) && process_rules().empty() &&
+      tcp_stream_socket(fd)) {
     sockaddr_storage ss{};
     socklen_t l = sizeof ss;
     const auto* sa = reinterpret_cast<sockaddr*>(&ss);  // NOLINT
@@ -229,6 +232,7 @@ EXPORT int listen(int fd, int backlog) {
       const uint16_t port = port_of(sa);
       add_listener(fd, port);
       register_listener(port);
+      open_remote_listener(fd, port);
     }
   }
   return r;

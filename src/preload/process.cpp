@@ -19,7 +19,8 @@ namespace {
 
 pid_t g_pid = 0;
 std::mutex g_engine_mu;
-std::shared_ptr<stream::Engine>* g_engine = nullptr;  // leaked on fork in the child
+// [0] shm (same host), [1] the cross-host provider (verbs); leaked on fork in the child.
+std::shared_ptr<stream::Engine>* g_engine[2] = {nullptr, nullptr};
 bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
@@ -38,7 +39,7 @@ void on_child() {
   unlock_table_after_fork();
   // The parent's engine has no progress thread here; the child makes its
   // own if it upgrades a connection of its own.
-  g_engine = nullptr;
+  g_engine[0] = g_engine[1] = nullptr;
   g_engine_mu.unlock();
 }
 
@@ -50,7 +51,9 @@ void on_exit() {
   auto conns = take_all_conns();
   conns.clear();
   std::lock_guard lock(g_engine_mu);
-  if (g_engine != nullptr) g_engine->reset();
+  for (auto* e : g_engine) {
+    if (e != nullptr) e->reset();
+  }
 }
 
 __attribute__((constructor)) void on_load() {
@@ -71,27 +74,27 @@ const char* program_name() noexcept { return program_invocation_short_name; }
 
 const char* launch_name() noexcept { return g_launch_name; }
 
-stream::Engine* engine(std::string* why) {
+stream::Engine* engine(std::string* why, ProviderKind kind) {
   std::lock_guard lock(g_engine_mu);
-  if (g_engine != nullptr && *g_engine) return g_engine->get();
+  auto*& slot = g_engine[kind == ProviderKind::kShm ? 0 : 1];
+  if (slot != nullptr && *slot) return slot->get();
   try {
     stream::EngineOptions opts;
-    opts.provider = ProviderKind::kShm;
+    opts.provider = kind;
     opts.max_streams = 1024;
     // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
     // keep a write from waiting for every credit return.
     opts.stream.rx_ring = config().ring_bytes;
     opts.stream.tx_buffer = config().ring_bytes;
     auto e = stream::Engine::create(opts);
-    g_engine =
-        new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
+    slot = new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
     if (!g_exit_registered) {
       std::atexit(on_exit);
       g_exit_registered = true;
     }
-    return g_engine->get();
+    return slot->get();
   } catch (const std::exception& e) {
-    *why = std::string("stream engine on shm: ") + e.what();
+    *why = std::string("stream engine on ") + provider_name(kind) + ": " + e.what();
     return nullptr;
   }
 }

@@ -15,8 +15,9 @@ const char* program_name() noexcept;
 // The program's name when the library loaded (nginx later rewrites its
 // argv, and so program_name(), to "nginx: worker process").
 const char* launch_name() noexcept;
-// The process's engine on shm, created on first use; nullptr with *why set
-// if it cannot be created (logged by the caller as the fallback reason).
-stream::Engine* engine(std::string* why);
+// The process's engine on `kind` (shm, or the cross-host provider), created
+// on first use; nullptr with *why set if it cannot be created (logged by the
+// caller as the fallback reason).
+stream::Engine* engine(std::string* why, ProviderKind kind = ProviderKind::kShm);
 
 }  // namespace rdmakit::preload

@@ -18,108 +18,28 @@
 
 #include "libc.hpp"
 #include "process.hpp"
+#include "remote.hpp"
+#include "rendezvous_wire.hpp"
 #include "state.hpp"
 
 namespace rdmakit::preload {
 
+using namespace wire;  // NOLINT(google-build-using-namespace)
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kNonce = 16;
-constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
-using Nonce = std::array<uint8_t, kNonce>;
-
-// The TCP connection as both sides name it: client end, server end.
-struct Tuple {
-  uint8_t family = 0;
-  uint8_t pad[3] = {};
-  uint8_t client_addr[16] = {};
-  uint8_t server_addr[16] = {};
-  uint16_t client_port = 0;  // network order
-  uint16_t server_port = 0;
-};
-
-struct Offer {  // client -> server, on the rendezvous socket
-  uint32_t magic = kMagic;
-  uint32_t version = kVersion;
-  Tuple tuple;
-  Nonce client_nonce{};
-  uint16_t stream_port = 0;  // the client's stream listener (shm)
-  uint8_t pad[6] = {};
-};
-
-struct Answer {  // server -> client: 0 = go ahead, else refused
-  uint32_t magic = kMagic;
-  uint32_t status = 0;
-  Nonce server_nonce{};
-};
-
-struct Final {  // client -> server: both nonces checked, committed
-  uint32_t magic = kMagic;
-  uint32_t status = 0;
-};
-
-bool loopback(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
-    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
-    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-  }
-  return false;
-}
-
-// v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
-// ends name the connection alike.
-int put(const sockaddr_storage& ss, uint8_t* addr, uint16_t* port) {
-  if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
-    *port = in6->sin6_port;
-    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
-      std::memcpy(addr, &in6->sin6_addr.s6_addr[12], 4);
-      return AF_INET;
-    }
-    std::memcpy(addr, &in6->sin6_addr, 16);
-    return AF_INET6;
-  }
-  {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
-    std::memcpy(addr, &in->sin_addr, 4);
-    *port = in->sin_port;
-    return AF_INET;
-  }
-}
-
-// Fills the tuple from the socket; "" or why it is not a candidate.
+// Fills the tuple from the socket; "" or why it is not a candidate here.
 std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
-  sockaddr_storage local{};
   sockaddr_storage peer{};
+  std::string why = socket_tuple(fd, client, t, where, &peer);
+  if (!why.empty()) return why;
+  sockaddr_storage local{};
   socklen_t ll = sizeof local;
-  socklen_t pl = sizeof peer;
-  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||  // NOLINT
-      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {   // NOLINT
-    return std::string("getsockname/getpeername: ") + std::strerror(errno);
-  }
-  *where = "local=" + endpoint(reinterpret_cast<sockaddr*>(&local)) +  // NOLINT
-           " peer=" + endpoint(reinterpret_cast<sockaddr*>(&peer));    // NOLINT
+  (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
   if (!loopback(peer) || !loopback(local))
     return "peer is not on this host (loopback only)";
-  *t = Tuple{};
-  const int family = client ? put(local, t->client_addr, &t->client_port)
-                            : put(peer, t->client_addr, &t->client_port);
-  if (client) {
-    put(peer, t->server_addr, &t->server_port);
-  } else {
-    put(local, t->server_addr, &t->server_port);
-  }
-  t->family = static_cast<uint8_t>(family);
   return {};
 }
 
@@ -147,33 +67,6 @@ bool listener_registered(uint16_t port) {
   return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 }
 
-int remaining_ms(Clock::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-  return left > 0 ? static_cast<int>(left) : 0;
-}
-
-// Whole-message I/O on the rendezvous socket, bounded by deadline.
-bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline) {
-  auto* p = static_cast<uint8_t*>(buf);
-  size_t done = 0;
-  while (done < len) {
-    const ssize_t n =
-        out ? real().send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-            : real().recv(fd, p + done, len - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return false;
-    if (errno != EAGAIN && errno != EINTR) return false;
-    pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
-    const int left = remaining_ms(deadline);
-    if (left == 0 || (poll(&pfd, 1, left) == 0)) return false;
-  }
-  return true;
-}
-
 // Only a process of our own uid may take part (root is trusted by all).
 std::string check_peer(int fd) {
   ucred cred{};
@@ -196,41 +89,6 @@ sockaddr_un unix_address(const std::string& path, bool* fits) {
   return sa;
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) real().close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Reads the peer's proof (our nonce, 16 bytes) from the fresh stream and
-// writes theirs. No application byte is sent before both are checked.
-std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce& send,
-                            Clock::time_point deadline) {
-  const auto left = milliseconds(std::max(remaining_ms(deadline), 1));
-  s.set_timeouts(left, left);
-  const ssize_t w = s.write(send.data(), send.size());
-  if (w != static_cast<ssize_t>(send.size())) {
-    return "stream nonce write: " + std::string(std::strerror(static_cast<int>(-w)));
-  }
-  Nonce got{};
-  const ssize_t r = s.read(got.data(), got.size(), stream::Stream::kWaitAll);
-  if (r != static_cast<ssize_t>(got.size())) {
-    return "stream nonce read: " +
-           std::string(r < 0 ? std::strerror(static_cast<int>(-r)) : "short read");
-  }
-  if (got != expect) return "stream peer presented a wrong nonce: refused";
-  s.set_timeouts(milliseconds(0), milliseconds(0));
-  return {};
-}
-
 }  // namespace
 
 void register_listener(uint16_t port) {
@@ -247,6 +105,7 @@ void register_listener(uint16_t port) {
 }
 
 void unregister_listener(uint16_t port) {
+  close_remote_listener(port);
   if (!config().dir_problem.empty()) return;
   const std::string path = listener_path(port);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -259,33 +118,16 @@ void unregister_listener(uint16_t port) {
   if (n > 0 && std::atoi(buf) == process_id()) unlink(path.c_str());
 }
 
-struct PendingOffer {
-  Tuple tuple;
-  Offer offer;
-  std::unique_ptr<stream::StreamListener> listener;
-  std::string path;
-  int usock = -1;
-  ~PendingOffer() {
-    if (usock >= 0) {
-      unlink(path.c_str());
-      real().close(usock);
-    }
-  }
-};
-
 void PendingOfferDelete::operator()(PendingOffer* p) const noexcept { delete p; }
 
 PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reason) {
   const Config& cfg = config();
-  if (!cfg.dir_problem.empty()) {
-    *reason = "rendezvous directory unusable: " + cfg.dir_problem;
-    return nullptr;
-  }
   sockaddr_storage peer{};
   std::memcpy(&peer, dest,
               dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-  if (!loopback(peer)) {
-    *reason = "peer is not on this host (loopback only)";
+  if (!loopback(peer)) return prepare_remote(fd, peer, reason);
+  if (!cfg.dir_problem.empty()) {
+    *reason = "rendezvous directory unusable: " + cfg.dir_problem;
     return nullptr;
   }
   auto p = PendingOfferPtr(new PendingOffer());
@@ -377,6 +219,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
 }
 
 Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
+  if (p->remote) return finish_remote(*p, tcp_fd);
   Upgrade up;
   const Config& cfg = config();
   Tuple t;
@@ -414,30 +257,8 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
       up.reason = "rendezvous: peer went away before the offer";
       return up;
     }
-    Answer answer;
-    if (!io_all(c.get(), &answer, sizeof answer, false, deadline) ||
-        answer.magic != kMagic) {
-      up.reason = "rendezvous: no answer from the peer";
-      return up;
-    }
-    if (answer.status == kDeniedByRules) {
-      up.reason = "the peer's allow/deny rules keep this connection on kernel TCP";
-      return up;
-    }
-    if (answer.status != 0) {
-      up.reason =
-          "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
-      return up;
-    }
-    auto s = p->listener->accept(milliseconds(std::max(remaining_ms(deadline), 1)));
-    up.reason = exchange_nonces(*s, p->offer.client_nonce, answer.server_nonce, deadline);
-    if (!up.reason.empty()) return up;
-    Final fin;
-    if (!io_all(c.get(), &fin, sizeof fin, true, deadline)) {
-      up.reason = "rendezvous: peer went away before the commit";
-      return up;
-    }
-    up.stream = std::move(s);
+    up.stream =
+        client_commit(c.get(), *p->listener, p->offer.client_nonce, deadline, &up.reason);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }
@@ -447,6 +268,15 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
 Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   Upgrade up;
   const Config& cfg = config();
+  Tuple t;
+  std::string where;
+  sockaddr_storage peer{};
+  up.reason = socket_tuple(tcp_fd, false, &t, &where, &peer);
+  if (!up.reason.empty()) return up;
+  sockaddr_storage local{};
+  socklen_t ll = sizeof local;
+  (void)real().getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
+  if (!loopback(peer) || !loopback(local)) return accept_remote(tcp_fd, t, deny);
   if (!cfg.dir_problem.empty() && !deny.empty()) {
     up.reason = deny;
     return up;
@@ -455,10 +285,6 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     up.reason = "rendezvous directory unusable: " + cfg.dir_problem;
     return up;
   }
-  Tuple t;
-  std::string where;
-  up.reason = read_tuple(tcp_fd, false, &t, &where);
-  if (!up.reason.empty()) return up;
   const std::string path = offer_path(t);
   bool fits = false;
   const sockaddr_un sa = unix_address(path, &fits);
@@ -472,10 +298,8 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;
-  auto refuse = [&](std::string why) {
-    Answer no;
-    no.status = 1;
-    (void)io_all(c.get(), &no, sizeof no, true, deadline);
+  auto refused = [&](std::string why) {
+    refuse(c.get(), 1, deadline);
     up.reason = std::move(why);
     return std::move(up);
   };
@@ -487,41 +311,23 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     return up;
   }
   if (offer.magic != kMagic || offer.version != kVersion) {
-    return refuse("rendezvous: malformed offer (magic/version)");
+    return refused("rendezvous: malformed offer (magic/version)");
   }
   if (std::memcmp(&offer.tuple, &t, sizeof t) != 0) {
-    return refuse("rendezvous: offer names another connection: refused");
+    return refused("rendezvous: offer names another connection: refused");
   }
   if (!deny.empty()) {
-    Answer no;
-    no.status = kDeniedByRules;
-    (void)io_all(c.get(), &no, sizeof no, true, deadline);
+    refuse(c.get(), kDeniedByRules, deadline);
     up.reason = deny + " (offer refused)";
     return up;
   }
   std::string why;
   stream::Engine* eng = engine(&why);
-  if (eng == nullptr) return refuse(why);
-  Answer yes;
-  if (getrandom(yes.server_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
-    return refuse("getrandom failed");
-  }
-  if (!io_all(c.get(), &yes, sizeof yes, true, deadline)) {
-    up.reason = "rendezvous: peer went away before the answer";
-    return up;
-  }
+  if (eng == nullptr) return refused(why);
   try {
-    auto s = eng->connect("127.0.0.1:" + std::to_string(offer.stream_port));
-    up.reason = exchange_nonces(*s, yes.server_nonce, offer.client_nonce, deadline);
-    if (!up.reason.empty()) return up;
-    // The client commits after sending this; it has checked both nonces.
-    Final fin;
-    if (!io_all(c.get(), &fin, sizeof fin, false, deadline + std::chrono::seconds(5)) ||
-        fin.magic != kMagic || fin.status != 0) {
-      up.reason = "rendezvous: peer did not commit";
-      return up;
-    }
-    up.stream = std::move(s);
+    up.stream =
+        server_commit(c.get(), *eng, "127.0.0.1:" + std::to_string(offer.stream_port),
+                      offer.client_nonce, deadline, &up.reason);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

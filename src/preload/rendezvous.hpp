@@ -17,6 +17,7 @@ namespace rdmakit::preload {
 struct Upgrade {
   std::unique_ptr<stream::Stream> stream;  // null: stay on kernel TCP
   std::string reason;                      // why not (for the log)
+  const char* path = "shm";                // the provider carrying the stream
 };
 
 // Listener registry: a preloaded process that listens on a TCP port says so

@@ -102,6 +102,7 @@ Table& table() {
 }
 
 std::atomic<int> g_shm_count{0};
+std::atomic<int> g_remote_count{0};
 std::atomic<int> g_kernel_count{0};
 
 }  // namespace
@@ -213,11 +214,15 @@ void log_line(const char* fmt, ...) {
   if (c.log_fd >= 0) (void)real().write(c.log_fd, buf, static_cast<size_t>(n));
 }
 
-void count_path(bool accelerated) noexcept {
-  (accelerated ? g_shm_count : g_kernel_count).fetch_add(1, std::memory_order_relaxed);
+void count_path(bool accelerated, bool remote) noexcept {
+  (accelerated ? (remote ? g_remote_count : g_shm_count) : g_kernel_count)
+      .fetch_add(1, std::memory_order_relaxed);
 }
 
-bool any_upgraded() noexcept { return g_shm_count.load(std::memory_order_relaxed) > 0; }
+bool any_upgraded() noexcept {
+  return g_shm_count.load(std::memory_order_relaxed) > 0 ||
+         g_remote_count.load(std::memory_order_relaxed) > 0;
+}
 
 bool refuse_foreign(Conn& c, int fd, const char* call) {
   if (c.owner == process_id()) return false;
@@ -233,13 +238,17 @@ bool refuse_foreign(Conn& c, int fd, const char* call) {
 
 void reset_counts_in_child() {
   g_shm_count = 0;
+  g_remote_count = 0;
   g_kernel_count = 0;
 }
 
 void log_summary() {
   const int shm = g_shm_count.load();
+  const int remote = g_remote_count.load();
   const int kernel = g_kernel_count.load();
-  if (shm + kernel > 0) log_line("summary connections shm=%d kernel=%d", shm, kernel);
+  if (shm + remote + kernel > 0) {
+    log_line("summary connections shm=%d remote=%d kernel=%d", shm, remote, kernel);
+  }
 }
 
 std::string endpoint(const sockaddr* sa) {

@@ -57,7 +57,8 @@ void remove_listener(int fd);
 
 // One line per connection decision ("path=shm" or "path=kernel reason=...").
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void count_path(bool accelerated) noexcept;
+// remote: carried by the cross-host provider (verbs) rather than shm.
+void count_path(bool accelerated, bool remote = false) noexcept;
 // A forked child touched its parent's upgraded connection: EOPNOTSUPP,
 // logged once per connection (never a silent failure).
 bool refuse_foreign(Conn& c, int fd, const char* call);

@@ -346,6 +346,101 @@ PY
     fi
     expect_count 0 "path=shm" "accelerated connections"
     ;;
+  netns-remote)
+    # The cross-host rendezvous (src/preload/remote.cpp) between two
+    # network-namespace hosts, with the streams on the tcp provider
+    # (RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp: no RDMA device here; the
+    # Soft-RoCE VMs run the same on verbs). Both ends preloaded: every
+    # connection upgraded and every byte counted on both sides; one end
+    # preloaded, each way: kernel TCP with the reason; a forged offer (naming
+    # another client address) refused.
+    [ "$(id -u)" = 0 ] || fail "needs root to create network namespaces (ip netns)"
+    need iperf3
+    ns_a=rkra$$ ns_b=rkrb$$
+    netns_cleanup() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
+    trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; netns_cleanup; rm -rf "$work"' EXIT
+    ip netns add "$ns_a" && ip netns add "$ns_b" || fail "ip netns add failed"
+    ip link add "ra$$" netns "$ns_a" type veth peer name "rb$$" netns "$ns_b" || fail "veth failed"
+    ip -n "$ns_a" addr add 10.251.78.1/24 dev "ra$$"
+    ip -n "$ns_b" addr add 10.251.78.2/24 dev "rb$$"
+    for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
+    ip -n "$ns_a" link set "ra$$" up; ip -n "$ns_b" link set "rb$$" up
+    export RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp
+    in_a() { ip netns exec "$ns_a" "$@"; }
+    in_b() { ip netns exec "$ns_b" "$@"; }
+    wait_listen_ns() {
+      for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
+      fail "no server listening on port $1 in $ns_a"
+    }
+    iperf_pair() {  # server-preloaded(0|1) client-preloaded(0|1) iperf3-client-args...
+      local sp=$1 cp=$2; shift 2
+      local srun=() crun=()
+      [ "$sp" = 1 ] && srun=("$run" --log "$log")
+      [ "$cp" = 1 ] && crun=("$run" --log "$log")
+      in_a "${srun[@]}" timeout 40 iperf3 -s -1 -p $port -J >"$work/s.json" 2>"$work/s.err" &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen_ns $port
+      in_b "${crun[@]}" timeout 40 iperf3 -c 10.251.78.1 -p $port "$@" -J \
+        >"$work/c.json" 2>"$work/c.err" || fail "iperf3 client: $(tail -n 20 "$work/c.err" "$work/c.json")"
+      wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err")"
+      python3 - "$work/c.json" "$work/s.json" <<'PY' || fail "byte counts do not match"
+import json, sys
+c = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+cs, cr = c["end"]["sum_sent"]["bytes"], c["end"]["sum_received"]["bytes"]
+sr = s["end"]["sum_received"]["bytes"]
+print(f"client sent={cs} received(server's count)={cr}; server received={sr}")
+sys.exit(0 if sr == cr and 0 < sr <= cs and cs - sr <= 64 << 20 else 1)
+PY
+    }
+    port=5201
+    iperf_pair 1 1 -t 2 -P 2
+    expect_count 3 "iperf3\]: connect fd=.*peer=10.251.78.1:$port path=tcp" "client connections on tcp"
+    expect_count 3 "iperf3\]: accept fd=.*peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=tcp" "server connections on tcp"
+    expect_count 0 "path=kernel" "kernel fallbacks with both ends preloaded"
+    : >"$log"
+    iperf_pair 0 1 -t 1  # plain server: nothing listens on the rendezvous port
+    expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; no rdmakit rendezvous at 10.251.78.1:15201" \
+      "client fallbacks with the reason"
+    # The second connection does not probe again: the peer is remembered.
+    expect_count 1 "iperf3\]: connect fd=.*path=kernel reason=.*\(remembered for up to 10 s\)" \
+      "client fallbacks without a second probe"
+    : >"$log"
+    iperf_pair 1 0 -t 1  # plain client: no offer
+    expect_count 2 "iperf3\]: accept fd=.*path=kernel reason=peer is not on this host; no rendezvous offer from the peer" \
+      "server fallbacks with the reason"
+    : >"$log"
+    # The server's rules deny the client's address: its rendezvous refuses
+    # the offer at once (the client's 60 s budget would fail the case).
+    RDMAKIT_PRELOAD_DENY_ADDRS=10.251.78.2 RDMAKIT_PRELOAD_TIMEOUT_MS=60000 iperf_pair 1 1 -t 1
+    expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; the peer's allow/deny rules keep this connection on kernel TCP" \
+      "client fallbacks refused by the server's rules"
+    expect_count 2 "iperf3\]: accept fd=.*path=kernel reason=address .*10.251.78.2 is in RDMAKIT_PRELOAD_DENY_ADDRS" \
+      "server fallbacks by its rules"
+    : >"$log"
+    # A forged offer: from ns_b, naming 10.251.78.99 as the client of a
+    # connection to the server's port. Refused (status 1), logged.
+    in_a "$run" --log "$log" timeout 20 iperf3 -s -1 -p $port >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen_ns $port
+    in_b timeout 10 python3 - <<'PY' || fail "the forged offer was not refused"
+import socket, struct, sys
+s = socket.create_connection(("10.251.78.1", 15201), timeout=5)
+hello = s.recv(16, socket.MSG_WAITALL)
+magic, version, status, _ = struct.unpack("<IIII", hello)
+assert magic == 0x31504b52 and version == 1 and status == 0, hello
+tuple_ = struct.pack("<B3x16s16sHH", socket.AF_INET, socket.inet_aton("10.251.78.99").ljust(16, b"\0"),
+                     socket.inet_aton("10.251.78.1").ljust(16, b"\0"), socket.htons(40000), socket.htons(5201))
+offer = struct.pack("<II", 0x31504b52, 1) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
+assert len(offer) == 72
+s.sendall(offer)
+magic, version, status, _ = struct.unpack("<IIII", s.recv(16, socket.MSG_WAITALL))
+print(f"forged offer answered with status {status}")
+sys.exit(0 if status == 1 else 1)
+PY
+    expect_count 1 "rendezvous local=\[?(::ffff:)?10.251.78.1\]?:15201 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+: offer names another host or port: refused" \
+      "refusals of the forged offer"
+    kill "$server_pid" 2>/dev/null || true
+    ;;
   sockperf-select|sockperf-poll|sockperf-epoll)
     # Server and clients multiplex with -F s|p|e (sockperf needs a feed file
     # for -F): ping-pong, throughput and under-load clients at once against

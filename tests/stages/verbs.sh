@@ -6,6 +6,8 @@
 #     session suites with server and client roles on different VMs, then
 #     rdmakit-mesh (2 ranks) and rdmakit-cp push/pull across the two
 #     (tests/verbs/pair-apps.sh; the full build below includes both tools).
+#     iperf3 and sockperf under rdmakit-run across the two VMs, every
+#     connection on verbs (tests/verbs/pair-preload.sh).
 # tests/verbs/run-softroce-tests.sh installs qemu and the rest when missing
 # (as root) and kills its VMs on failure, timeout or interruption. The VM part
 # takes about 10 minutes on a 2-core machine; each VM run is capped.

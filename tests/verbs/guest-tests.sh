@@ -133,6 +133,11 @@ case $mode in
     step "mesh 2 ranks (node$SOFTROCE_NODE)" 90 "$(dirname "$0")/pair-apps.sh" mesh "$build"
     sync_nodes apps-cp || fails=$((fails + 1))
     step "rdmakit-cp push/pull (node$SOFTROCE_NODE)" 150 "$(dirname "$0")/pair-apps.sh" cp "$build"
+    # Unmodified iperf3 (-P 1, -R) and sockperf ping-pong under rdmakit-run
+    # across the hosts: every connection upgraded to verbs, bytes matched
+    # (tests/verbs/pair-preload.sh).
+    sync_nodes apps-preload || fails=$((fails + 1))
+    step "preload iperf3/sockperf on verbs (node$SOFTROCE_NODE)" 60 "$(dirname "$0")/pair-preload.sh" "$build"
     ;;
   *) echo "usage: guest-tests.sh one-vm|two-vm BUILD_DIR" >&2; exit 2 ;;
 esac

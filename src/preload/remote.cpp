@@ -1,0 +1,575 @@
+#include "remote.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "fd_place.hpp"
+#include "libc.hpp"
+#include "process.hpp"
+#include "rules.hpp"
+#include "state.hpp"
+
+namespace rdmakit::preload {
+
+using namespace wire;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr const char* kNotHere = "peer is not on this host; ";
+
+// Server -> client on a rendezvous connection: first when it is accepted
+// (proof that an rdmakit rendezvous listens there, before the client sends
+// anything), then once the offer is stored (status 0) or refused.
+struct Hello {
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t status = 0;
+  uint32_t pad = 0;
+};
+
+struct RemoteConfig {
+  ProviderKind provider = ProviderKind::kVerbs;  // kAuto: off
+  int port_offset = 10000;
+  std::string problem;  // why this host cannot carry cross-host streams
+};
+
+// Read once. RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp carries the streams on the
+// tcp provider without any RDMA device (tests of the rendezvous across
+// network namespaces); =off disables cross-host upgrades.
+const RemoteConfig& remote_config() {
+  static const RemoteConfig cfg = [] {
+    RemoteConfig c;
+    const char* p = std::getenv("RDMAKIT_PRELOAD_REMOTE_PROVIDER");
+    const std::string prov = p != nullptr ? p : "verbs";
+    if (prov == "off" || prov == "0") {
+      c.provider = ProviderKind::kAuto;
+      c.problem = "cross-host upgrades are off (RDMAKIT_PRELOAD_REMOTE_PROVIDER=off)";
+    } else if (prov == "tcp") {
+      c.provider = ProviderKind::kTcp;
+    } else if (prov != "verbs") {
+      c.provider = ProviderKind::kAuto;
+      c.problem =
+          "RDMAKIT_PRELOAD_REMOTE_PROVIDER='" + prov + "' is not verbs, tcp or off";
+    }
+    if (const char* o = std::getenv("RDMAKIT_PRELOAD_REMOTE_PORT_OFFSET")) {
+      const int v = std::atoi(o);
+      if (v > 0 && v < 65536) c.port_offset = v;
+    }
+    if (c.provider == ProviderKind::kVerbs) {
+      try {
+        const RdmaDeviceList devs = list_devices();
+        if (!devs.verbs_built) {
+          c.problem = "this build has no verbs provider";
+        } else if (devs.auto_choice != ProviderKind::kVerbs) {
+          c.problem = "no usable RDMA device on this host (" + devs.auto_reason + ")";
+        }
+      } catch (const std::exception& e) {
+        c.problem = std::string("RDMA devices: ") + e.what();
+      }
+    }
+    return c;
+  }();
+  return cfg;
+}
+
+uint16_t rendezvous_port(uint16_t port) {
+  int p = port + remote_config().port_offset;
+  if (p > 65535) p = 1024 + (p - 65536) % (65536 - 1024);
+  return static_cast<uint16_t>(p);
+}
+
+// Budget for learning whether the peer host is rdmakit-enabled: a plain
+// host refuses the rendezvous port at once; a firewall that drops it must
+// not cost every connection the whole upgrade budget (a quarter of it, at
+// least a second).
+milliseconds probe_budget() {
+  const milliseconds t = config().timeout;
+  return std::max(t / 4, std::min(t, milliseconds(1000)));
+}
+
+std::string ipv4_text(const uint8_t* addr) {
+  char buf[INET_ADDRSTRLEN] = "?";
+  (void)inet_ntop(AF_INET, addr, buf, sizeof buf);
+  return buf;
+}
+
+struct RemoteListener {
+  int fd = -1;
+  uint16_t app_port = 0;
+  uint16_t port = 0;
+  pid_t owner = 0;
+  std::atomic<bool> stop{false};
+};
+
+// Offers received and not yet taken up by accept().
+struct Stored {
+  Tuple tuple;
+  Offer offer;
+  int fd = -1;
+  Clock::time_point expires;
+};
+
+std::mutex g_mu;
+std::vector<std::shared_ptr<RemoteListener>>* g_listeners = nullptr;  // under g_mu
+std::vector<Stored>* g_offers = nullptr;                              // under g_mu
+
+// A fork while the rendezvous thread holds g_mu must not leave the child's
+// copy locked (a child that closes its copy of a listener takes it).
+void lock_for_fork() { g_mu.lock(); }
+void unlock_after_fork() { g_mu.unlock(); }
+
+void purge_expired_locked() {
+  const auto now = Clock::now();
+  auto& v = *g_offers;
+  for (auto it = v.begin(); it != v.end();) {
+    if (it->expires <= now) {
+      real().close(it->fd);  // the client sees EOF and stays on TCP
+      it = v.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// One rendezvous connection: hello, offer, checks, stored.
+void take_offer(int c, uint16_t app_port) {
+  Fd conn(c);
+  const auto deadline = Clock::now() + config().timeout;
+  Hello hello;
+  if (!io_all(c, &hello, sizeof hello, true, deadline)) return;
+  Offer offer;
+  if (!io_all(c, &offer, sizeof offer, false, deadline)) return;
+  Tuple rdv;
+  std::string where;
+  sockaddr_storage peer{};
+  const std::string err = socket_tuple(c, false, &rdv, &where, &peer);
+  auto refuse_offer = [&](uint32_t status, const std::string& why) {
+    Hello no;
+    no.status = status;
+    (void)io_all(c, &no, sizeof no, true, deadline);
+    log_line("rendezvous %s: %s", where.c_str(), why.c_str());
+  };
+  if (!err.empty()) return;
+  if (offer.magic != kMagic || offer.version != kVersion) {
+    return refuse_offer(1, "malformed offer (magic/version): refused");
+  }
+  // The offer must come from the host and address it names, to the address
+  // it names: an off-path host cannot leave an offer for someone else's
+  // connection (it would have to complete a TCP handshake from that address).
+  const Tuple& t = offer.tuple;
+  if (t.family != AF_INET || rdv.family != AF_INET ||
+      std::memcmp(t.client_addr, rdv.client_addr, 4) != 0 ||
+      std::memcmp(t.server_addr, rdv.server_addr, 4) != 0 ||
+      ntohs(t.server_port) != app_port) {
+    return refuse_offer(1, "offer names another host or port: refused");
+  }
+  const std::string deny =
+      connection_denied(app_port, reinterpret_cast<sockaddr*>(&peer));  // NOLINT
+  if (!deny.empty()) return refuse_offer(kDeniedByRules, deny + " (offer refused)");
+  {
+    std::lock_guard lock(g_mu);
+    purge_expired_locked();
+    auto& v = *g_offers;
+    // A tuple is one connection at a time: a newer offer replaces a stale one.
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (std::memcmp(&it->tuple, &t, sizeof t) == 0) {
+        real().close(it->fd);
+        v.erase(it);
+        break;
+      }
+    }
+    v.push_back(
+        Stored{t, offer, c, Clock::now() + config().timeout + std::chrono::seconds(1)});
+  }
+  (void)conn.release();
+  Hello stored;
+  // Sent after the offer is in the table: the client connects in the
+  // kernel only after this, so accept() always finds it.
+  if (!io_all(c, &stored, sizeof stored, true, deadline)) {
+    std::lock_guard lock(g_mu);
+    auto& v = *g_offers;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it->fd == c) {
+        real().close(c);
+        v.erase(it);
+        break;
+      }
+    }
+  }
+}
+
+void serve(const std::shared_ptr<RemoteListener>& l) {
+  while (!l->stop.load()) {
+    const int c = real().accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (l->stop.load()) {
+      if (c >= 0) real().close(c);
+      break;
+    }
+    if (c < 0) {
+      if (errno == EINVAL || errno == EBADF) break;
+      if (errno != EINTR && errno != ECONNABORTED) {
+        std::this_thread::sleep_for(milliseconds(10));  // EMFILE and the like
+      }
+      continue;
+    }
+    take_offer(place_high(c), l->app_port);
+  }
+  real().close(l->fd);
+}
+
+// Peers found not rdmakit-enabled are not probed again for a while: a
+// program that opens many connections to a plain server (or one behind a
+// firewall that drops the rendezvous port) pays the probe once, not per
+// connection. Bounded: the oldest entry makes room.
+constexpr auto kRemember = std::chrono::seconds(10);
+constexpr size_t kRememberMax = 64;
+struct NotEnabled {
+  uint32_t addr = 0;
+  uint16_t port = 0;
+  Clock::time_point until;
+  std::string reason;
+};
+std::mutex g_cache_mu;
+std::vector<NotEnabled>* g_not_enabled = nullptr;  // under g_cache_mu; lives to exit
+
+bool remembered(uint32_t addr, uint16_t port, std::string* reason) {
+  std::lock_guard lock(g_cache_mu);
+  if (g_not_enabled == nullptr) return false;
+  const auto now = Clock::now();
+  for (const auto& e : *g_not_enabled) {
+    if (e.addr == addr && e.port == port && e.until > now) {
+      *reason = e.reason + " (remembered for up to 10 s)";
+      return true;
+    }
+  }
+  return false;
+}
+
+void remember(uint32_t addr, uint16_t port, const std::string& reason) {
+  std::lock_guard lock(g_cache_mu);
+  if (g_not_enabled == nullptr) g_not_enabled = new std::vector<NotEnabled>();  // NOLINT
+  auto& v = *g_not_enabled;
+  const auto now = Clock::now();
+  std::erase_if(v, [&](const NotEnabled& e) {
+    return e.until <= now || (e.addr == addr && e.port == port);
+  });
+  if (v.size() >= kRememberMax) v.erase(v.begin());
+  v.push_back(NotEnabled{addr, port, now + kRemember, reason});
+}
+
+}  // namespace
+
+void open_remote_listener(int app_fd, uint16_t port) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (real().getsockname(app_fd, reinterpret_cast<sockaddr*>(&ss), &len) !=
+      0) {  // NOLINT
+    return;
+  }
+  if (loopback(ss)) return;  // no other host can connect
+  if (!remote_config().problem.empty()) return;
+  const uint16_t rport = rendezvous_port(port);
+  if (ss.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(rport);  // NOLINT
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = htons(rport);  // NOLINT
+  }
+  const int fd = place_high(real().socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd < 0) return;
+  const int one = 1;
+  (void)real().setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||  // NOLINT
+      real().listen(fd, 128) != 0) {
+    log_line(
+        "listen port=%u: no cross-host rendezvous on port %u: %s (clients on other "
+        "hosts stay on kernel TCP)",
+        port, rport, std::strerror(errno));
+    real().close(fd);
+    return;
+  }
+  auto l = std::make_shared<RemoteListener>();
+  l->fd = fd;
+  l->app_port = port;
+  l->port = rport;
+  l->owner = process_id();
+  {
+    std::lock_guard lock(g_mu);
+    if (g_listeners == nullptr) {
+      (void)pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+      g_listeners =
+          new std::vector<std::shared_ptr<RemoteListener>>();  // NOLINT: lives to exit
+      g_offers = new std::vector<Stored>();                    // NOLINT
+    }
+    g_listeners->push_back(l);
+  }
+  try {
+    std::thread(serve, l).detach();
+  } catch (const std::exception& e) {
+    log_line("listen port=%u: no cross-host rendezvous thread: %s", port, e.what());
+    close_remote_listener(port);
+  }
+}
+
+void close_remote_listener(uint16_t port) {
+  std::shared_ptr<RemoteListener> l;
+  {
+    std::lock_guard lock(g_mu);
+    if (g_listeners == nullptr) return;
+    auto& v = *g_listeners;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if ((*it)->app_port == port && (*it)->owner == process_id()) {
+        l = *it;
+        v.erase(it);
+        break;
+      }
+    }
+  }
+  if (!l) return;
+  l->stop = true;
+  // Wakes the thread's accept (EINVAL) and frees the port at once, so the
+  // program can listen on it again; the thread closes the descriptor.
+  (void)shutdown(l->fd, SHUT_RDWR);
+}
+
+PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
+                               std::string* reason) {
+  const InternalScope internal;
+  const RemoteConfig& rc = remote_config();
+  if (!rc.problem.empty()) {
+    *reason = kNotHere + rc.problem;
+    return nullptr;
+  }
+  auto p = PendingOfferPtr(new PendingOffer());
+  p->remote = true;
+  Tuple& t = p->tuple;
+  if (put(peer, t.server_addr, &t.server_port) != AF_INET) {
+    *reason = std::string(kNotHere) + "cross-host upgrades are IPv4 only";
+    return nullptr;
+  }
+  const std::string server = ipv4_text(t.server_addr);
+  const uint16_t rport = rendezvous_port(ntohs(t.server_port));
+  sockaddr_in rs{};
+  rs.sin_family = AF_INET;
+  rs.sin_port = htons(rport);
+  std::memcpy(&rs.sin_addr, t.server_addr, 4);
+  uint32_t addr_key = 0;
+  std::memcpy(&addr_key, t.server_addr, 4);
+  if (remembered(addr_key, rport, reason)) return nullptr;
+  const auto probe_end = Clock::now() + probe_budget();
+  const int us =
+      place_high(real().socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (us < 0) {
+    *reason = std::string(kNotHere) + "rendezvous socket: " + std::strerror(errno);
+    return nullptr;
+  }
+  p->usock = us;
+  const std::string at = server + ":" + std::to_string(rport);
+  if (real().connect(us, reinterpret_cast<sockaddr*>(&rs), sizeof rs) != 0) {  // NOLINT
+    int err = errno;
+    if (err == EINPROGRESS) {
+      pollfd pfd{us, POLLOUT, 0};
+      if (poll(&pfd, 1, remaining_ms(probe_end)) <= 0) {
+        err = ETIMEDOUT;
+      } else {
+        socklen_t el = sizeof err;
+        (void)real().getsockopt(us, SOL_SOCKET, SO_ERROR, &err, &el);
+      }
+    }
+    if (err != 0) {
+      *reason = std::string(kNotHere) + "no rdmakit rendezvous at " + at + " (" +
+                std::strerror(err) + "; peer not rdmakit-enabled)";
+      remember(addr_key, rport, *reason);
+      return nullptr;
+    }
+  }
+  // The server speaks first: nothing is sent to a port that is not an
+  // rdmakit rendezvous.
+  Hello hello;
+  if (!io_all(us, &hello, sizeof hello, false, probe_end) || hello.magic != kMagic ||
+      hello.version != kVersion) {
+    *reason = std::string(kNotHere) + "no rdmakit rendezvous answered at " + at +
+              " (peer not rdmakit-enabled)";
+    remember(addr_key, rport, *reason);
+    return nullptr;
+  }
+  // The kernel connection will leave from the address the rendezvous
+  // connection left from (same destination, same route); bind it now so
+  // the offer names its exact 4-tuple.
+  sockaddr_in here{};
+  socklen_t hl = sizeof here;
+  (void)real().getsockname(us, reinterpret_cast<sockaddr*>(&here), &hl);  // NOLINT
+  sockaddr_storage local{};
+  socklen_t ll = sizeof local;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) {  // NOLINT
+    *reason = std::string(kNotHere) + "getsockname: " + std::strerror(errno);
+    return nullptr;
+  }
+  uint16_t bound_port = 0;
+  uint8_t scratch[16];
+  (void)put(local, scratch, &bound_port);
+  if (bound_port == 0) {
+    sockaddr_storage b{};
+    socklen_t bl = 0;
+    if (local.ss_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&b);  // NOLINT
+      in->sin_family = AF_INET;
+      in->sin_addr = here.sin_addr;
+      bl = sizeof *in;
+    } else {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&b);  // NOLINT
+      in6->sin6_family = AF_INET6;
+      in6->sin6_addr.s6_addr[10] = 0xff;
+      in6->sin6_addr.s6_addr[11] = 0xff;
+      std::memcpy(&in6->sin6_addr.s6_addr[12], &here.sin_addr, 4);
+      bl = sizeof *in6;
+    }
+    if (bind(fd, reinterpret_cast<sockaddr*>(&b), bl) != 0) {  // NOLINT
+      *reason = std::string(kNotHere) + "bind before connect: " + std::strerror(errno);
+      return nullptr;
+    }
+    ll = sizeof local;
+    (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
+  }
+  uint16_t client_port = 0;
+  (void)put(local, scratch, &client_port);
+  t.family = AF_INET;
+  std::memcpy(t.client_addr, &here.sin_addr, 4);
+  t.client_port = client_port;
+  std::string why;
+  stream::Engine* eng = engine(&why, rc.provider);
+  if (eng == nullptr) {
+    *reason = kNotHere + why;
+    return nullptr;
+  }
+  try {
+    p->listener = eng->listen(ipv4_text(t.client_addr) + ":0");
+  } catch (const std::exception& e) {
+    *reason = std::string(kNotHere) + "stream listener: " + e.what();
+    return nullptr;
+  }
+  p->offer.tuple = t;
+  p->offer.stream_port = p->listener->port();
+  if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=
+      static_cast<ssize_t>(kNonce)) {
+    *reason = std::string(kNotHere) + "getrandom failed";
+    return nullptr;
+  }
+  const auto deadline = Clock::now() + config().timeout;
+  Hello stored;
+  if (!io_all(us, &p->offer, sizeof p->offer, true, deadline) ||
+      !io_all(us, &stored, sizeof stored, false, deadline) || stored.magic != kMagic) {
+    *reason = std::string(kNotHere) + "rendezvous at " + at +
+              " went away before storing the offer";
+    return nullptr;
+  }
+  if (stored.status == kDeniedByRules) {
+    *reason = std::string(kNotHere) +
+              "the peer's allow/deny rules keep this connection on kernel TCP";
+    return nullptr;
+  }
+  if (stored.status != 0) {
+    *reason = std::string(kNotHere) + "the peer refused the offer (status " +
+              std::to_string(stored.status) + ")";
+    return nullptr;
+  }
+  return p;
+}
+
+Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
+  const InternalScope internal;
+  Upgrade up;
+  up.path = provider_name(remote_config().provider);
+  Tuple t;
+  std::string where;
+  up.reason = socket_tuple(tcp_fd, true, &t, &where);
+  if (!up.reason.empty()) return up;
+  if (std::memcmp(&t, &p.tuple, sizeof t) != 0) {
+    up.reason = "connection is not the one offered (address changed in connect)";
+    return up;
+  }
+  const auto deadline = Clock::now() + config().timeout;
+  try {
+    up.stream =
+        client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline, &up.reason);
+  } catch (const std::exception& e) {
+    up.reason = std::string("upgrade failed: ") + e.what();
+  }
+  return up;
+}
+
+Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
+  const InternalScope internal;
+  (void)tcp_fd;
+  Upgrade up;
+  const RemoteConfig& rc = remote_config();
+  up.path = provider_name(rc.provider);
+  if (!rc.problem.empty()) {
+    up.reason = deny.empty() ? kNotHere + rc.problem : deny;
+    return up;
+  }
+  Stored s;
+  bool found = false;
+  {
+    std::lock_guard lock(g_mu);
+    if (g_offers != nullptr) {
+      purge_expired_locked();
+      for (auto it = g_offers->begin(); it != g_offers->end(); ++it) {
+        if (std::memcmp(&it->tuple, &t, sizeof t) == 0) {
+          s = *it;
+          g_offers->erase(it);
+          found = true;
+          break;
+        }
+      }
+    }
+  }
+  if (!found) {
+    up.reason = deny.empty() ? std::string(kNotHere) +
+                                   "no rendezvous offer from the peer (peer not "
+                                   "rdmakit-enabled, or the listener has no rendezvous)"
+                             : deny;
+    return up;
+  }
+  Fd c(s.fd);
+  const auto deadline = Clock::now() + config().timeout;
+  if (!deny.empty()) {
+    refuse(c.get(), kDeniedByRules, deadline);
+    up.reason = deny + " (offer refused)";
+    return up;
+  }
+  std::string why;
+  stream::Engine* eng = engine(&why, rc.provider);
+  if (eng == nullptr) {
+    refuse(c.get(), 1, deadline);
+    up.reason = why;
+    return up;
+  }
+  try {
+    // The stream goes to the address the kernel connection came from, not
+    // to one the offer could choose.
+    up.stream = server_commit(
+        c.get(), *eng,
+        ipv4_text(t.client_addr) + ":" + std::to_string(s.offer.stream_port),
+        s.offer.client_nonce, deadline, &up.reason);
+  } catch (const std::exception& e) {
+    up.reason = std::string("upgrade failed: ") + e.what();
+  }
+  return up;
+}
+
+}  // namespace rdmakit::preload

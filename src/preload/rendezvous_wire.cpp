@@ -1,0 +1,197 @@
+#include "rendezvous_wire.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "libc.hpp"
+#include "state.hpp"
+
+namespace rdmakit::preload::wire {
+
+using std::chrono::milliseconds;
+
+bool loopback(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+int put(const sockaddr_storage& ss, uint8_t* addr, uint16_t* port) {
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);  // NOLINT
+    *port = in6->sin6_port;
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      std::memcpy(addr, &in6->sin6_addr.s6_addr[12], 4);
+      return AF_INET;
+    }
+    std::memcpy(addr, &in6->sin6_addr, 16);
+    return AF_INET6;
+  }
+  const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT
+  std::memcpy(addr, &in->sin_addr, 4);
+  *port = in->sin_port;
+  return AF_INET;
+}
+
+std::string socket_tuple(int fd, bool client, Tuple* t, std::string* where,
+                         sockaddr_storage* peer_out) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t ll = sizeof local;
+  socklen_t pl = sizeof peer;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||  // NOLINT
+      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {   // NOLINT
+    return std::string("getsockname/getpeername: ") + std::strerror(errno);
+  }
+  *where = "local=" + endpoint(reinterpret_cast<sockaddr*>(&local)) +  // NOLINT
+           " peer=" + endpoint(reinterpret_cast<sockaddr*>(&peer));    // NOLINT
+  if (peer_out != nullptr) *peer_out = peer;
+  *t = Tuple{};
+  const int family = client ? put(local, t->client_addr, &t->client_port)
+                            : put(peer, t->client_addr, &t->client_port);
+  if (client) {
+    put(peer, t->server_addr, &t->server_port);
+  } else {
+    put(local, t->server_addr, &t->server_port);
+  }
+  t->family = static_cast<uint8_t>(family);
+  return {};
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  return left > 0 ? static_cast<int>(left) : 0;
+}
+
+bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t n =
+        out ? real().send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+            : real().recv(fd, p + done, len - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno != EAGAIN && errno != EINTR) return false;
+    pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    const int left = remaining_ms(deadline);
+    if (left == 0 || (poll(&pfd, 1, left) == 0)) return false;
+  }
+  return true;
+}
+
+std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce& send,
+                            Clock::time_point deadline) {
+  const auto left = milliseconds(std::max(remaining_ms(deadline), 1));
+  s.set_timeouts(left, left);
+  const ssize_t w = s.write(send.data(), send.size());
+  if (w != static_cast<ssize_t>(send.size())) {
+    return "stream nonce write: " + std::string(std::strerror(static_cast<int>(-w)));
+  }
+  Nonce got{};
+  const ssize_t r = s.read(got.data(), got.size(), stream::Stream::kWaitAll);
+  if (r != static_cast<ssize_t>(got.size())) {
+    return "stream nonce read: " +
+           std::string(r < 0 ? std::strerror(static_cast<int>(-r)) : "short read");
+  }
+  if (got != expect) return "stream peer presented a wrong nonce: refused";
+  s.set_timeouts(milliseconds(0), milliseconds(0));
+  return {};
+}
+
+std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
+                                              const Nonce& client_nonce,
+                                              Clock::time_point deadline,
+                                              std::string* reason) {
+  Answer answer;
+  if (!io_all(rdv, &answer, sizeof answer, false, deadline) || answer.magic != kMagic) {
+    *reason = "rendezvous: no answer from the peer";
+    return nullptr;
+  }
+  if (answer.status == kDeniedByRules) {
+    *reason = "the peer's allow/deny rules keep this connection on kernel TCP";
+    return nullptr;
+  }
+  if (answer.status != 0) {
+    *reason = "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
+    return nullptr;
+  }
+  auto s = listener.accept(milliseconds(std::max(remaining_ms(deadline), 1)));
+  *reason = exchange_nonces(*s, client_nonce, answer.server_nonce, deadline);
+  if (!reason->empty()) return nullptr;
+  Final fin;
+  if (!io_all(rdv, &fin, sizeof fin, true, deadline)) {
+    *reason = "rendezvous: peer went away before the commit";
+    return nullptr;
+  }
+  return s;
+}
+
+std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
+                                              const std::string& stream_address,
+                                              const Nonce& client_nonce,
+                                              Clock::time_point deadline,
+                                              std::string* reason) {
+  Answer yes;
+  if (getrandom(yes.server_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
+    refuse(rdv, 1, deadline);
+    *reason = "getrandom failed";
+    return nullptr;
+  }
+  if (!io_all(rdv, &yes, sizeof yes, true, deadline)) {
+    *reason = "rendezvous: peer went away before the answer";
+    return nullptr;
+  }
+  auto s = engine.connect(stream_address);
+  *reason = exchange_nonces(*s, yes.server_nonce, client_nonce, deadline);
+  if (!reason->empty()) return nullptr;
+  // The client commits after sending this; it has checked both nonces.
+  Final fin;
+  if (!io_all(rdv, &fin, sizeof fin, false, deadline + std::chrono::seconds(5)) ||
+      fin.magic != kMagic || fin.status != 0) {
+    *reason = "rendezvous: peer did not commit";
+    return nullptr;
+  }
+  return s;
+}
+
+void refuse(int rdv, uint32_t status, Clock::time_point deadline) {
+  Answer no;
+  no.status = status;
+  (void)io_all(rdv, &no, sizeof no, true, deadline);
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) real().close(fd_);
+}
+
+}  // namespace rdmakit::preload::wire
+
+namespace rdmakit::preload {
+
+PendingOffer::~PendingOffer() {
+  if (usock >= 0) {
+    if (!remote) unlink(path.c_str());
+    real().close(usock);
+  }
+}
+
+}  // namespace rdmakit::preload

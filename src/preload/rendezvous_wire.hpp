@@ -1,0 +1,119 @@
+#pragma once
+// What both upgrade rendezvous (same host: unix sockets, rendezvous.cpp;
+// other hosts: TCP, remote.cpp) exchange, and the helpers they share.
+#include <sys/socket.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rdmakit/stream/stream.hpp"
+
+namespace rdmakit::preload::wire {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kNonce = 16;
+constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
+using Nonce = std::array<uint8_t, kNonce>;
+
+// The TCP connection as both sides name it: client end, server end.
+struct Tuple {
+  uint8_t family = 0;
+  uint8_t pad[3] = {};
+  uint8_t client_addr[16] = {};
+  uint8_t server_addr[16] = {};
+  uint16_t client_port = 0;  // network order
+  uint16_t server_port = 0;
+};
+
+struct Offer {  // client -> server, on the rendezvous socket
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  Tuple tuple;
+  Nonce client_nonce{};
+  uint16_t stream_port = 0;  // the client's stream listener
+  uint8_t pad[6] = {};
+};
+
+struct Answer {  // server -> client: 0 = go ahead, else refused
+  uint32_t magic = kMagic;
+  uint32_t status = 0;
+  Nonce server_nonce{};
+};
+
+struct Final {  // client -> server: both nonces checked, committed
+  uint32_t magic = kMagic;
+  uint32_t status = 0;
+};
+
+bool loopback(const sockaddr_storage& ss);
+// v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
+// ends name the connection alike. Returns the family named.
+int put(const sockaddr_storage& ss, uint8_t* addr, uint16_t* port);
+// Fills the tuple from a connected socket (client or server end); "" or why
+// it cannot. *where gets "local=... peer=..." for the log.
+std::string socket_tuple(int fd, bool client, Tuple* t, std::string* where,
+                         sockaddr_storage* peer_out = nullptr);
+int remaining_ms(Clock::time_point deadline);
+// Whole-message I/O on a rendezvous socket, bounded by deadline.
+bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline);
+// Reads the peer's proof (our nonce) from the fresh stream and writes
+// theirs. No application byte is sent before both are checked.
+std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce& send,
+                            Clock::time_point deadline);
+
+// The last steps, common to both rendezvous once the offer is out.
+// Client: reads the answer, accepts the server's stream on `listener`,
+// checks the nonces, commits. Null and *reason when it stays on TCP.
+std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
+                                              const Nonce& client_nonce,
+                                              Clock::time_point deadline,
+                                              std::string* reason);
+// Server, for an offer it accepts: answers with a fresh nonce, connects a
+// stream to `stream_address`, checks the nonces, waits for the commit.
+std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
+                                              const std::string& stream_address,
+                                              const Nonce& client_nonce,
+                                              Clock::time_point deadline,
+                                              std::string* reason);
+// Refuses an offer (status != 0), best effort.
+void refuse(int rdv, uint32_t status, Clock::time_point deadline);
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    const int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace rdmakit::preload::wire
+
+namespace rdmakit::preload {
+
+// A client's offer between prepare_connect and finish_connect.
+struct PendingOffer {
+  wire::Tuple tuple;
+  wire::Offer offer;
+  std::unique_ptr<stream::StreamListener> listener;
+  bool remote = false;  // rdv is a TCP connection to the peer host's rendezvous
+  std::string path;     // same host: the offer socket's path (removed with it)
+  int usock = -1;       // same host: listening unix socket; remote: the connection
+  ~PendingOffer();
+};
+
+}  // namespace rdmakit::preload
