@@ -591,18 +591,31 @@ OpResult Channel::recv(Message* out, std::chrono::milliseconds timeout) {
 }
 
 // Without library threads the caller is the progress thread: it polls for
-// the message itself, with no lock (the channel has one owner). A reply
-// that is on its way arrives within a few passes, which read no clock.
+// the message itself, with no lock (the channel has one owner), and the
+// completion path hands the message straight to it (no inbox). A reply that
+// is on its way arrives within a few passes, which read no clock.
 OpResult Channel::recv_progressing(Message* out, std::chrono::milliseconds timeout) {
+  if (inbox_count_ != 0) {
+    *out = pop_inbox();
+    return {};
+  }
   detail::Worker* worker = endpoint_->worker_;
+  // The message that arrives while we poll goes straight into *out. A recv()
+  // nested in a handler (on_disconnect) restores the outer one's on return.
+  struct Waiting {
+    Message*& slot;
+    Message* outer;
+    ~Waiting() { slot = outer; }
+  } waiting{waiting_, waiting_};
+  waiting_ = out;
   constexpr uint32_t kClocklessPasses = 64;
-  for (uint32_t pass = 0; inbox_count_ == 0 && pass < kClocklessPasses; ++pass) {
+  for (uint32_t pass = 0; waiting_ == out && pass < kClocklessPasses; ++pass) {
     if (inbox_closed_ || worker == nullptr) return closed_result("recv");
     worker->poll_pass();
   }
-  if (inbox_count_ == 0) {
+  if (waiting_ == out) {
     const Clock::time_point deadline = Clock::now() + timeout;
-    while (inbox_count_ == 0) {
+    while (waiting_ == out) {
       if (inbox_closed_) return closed_result("recv");
       const auto now = Clock::now();
       if (now >= deadline) {
@@ -614,7 +627,6 @@ OpResult Channel::recv_progressing(Message* out, std::chrono::milliseconds timeo
                    std::chrono::milliseconds(10)));
     }
   }
-  *out = pop_inbox();
   return {};
 }
 
@@ -686,6 +698,13 @@ void Channel::on_recv(const Completion& c) {
   }
   if (handler_mode_) {
     endpoint_->engine_->handlers().on_message(*this, m);
+    return;
+  }
+  if (waiting_ != nullptr) {
+    // Only set in kApplication mode, and only while the inbox is empty (a
+    // recv() takes from the inbox first), so the order is kept.
+    *waiting_ = std::move(m);  // releases what *waiting_ held, as pop_inbox's move did
+    waiting_ = nullptr;
     return;
   }
   std::unique_lock lock(inbox_mu_, std::defer_lock);

@@ -185,14 +185,16 @@ QpOptions Engine::qp_options(CompletionQueue* cq) const {
 }
 
 Worker& Engine::next_worker() {
-  std::lock_guard lock(workers_mu_);
   if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) {
-    // Workers of closed endpoints are kept until the session ends (their
-    // threads idle); a long-lived server with churn would recycle them.
+    sweep_retired();
+    std::lock_guard lock(workers_mu_);
+    // Its thread ends when the endpoint is closed; sweep_retired drops it.
     workers_.push_back(std::make_unique<Worker>(*this, true, 1));
+    workers_.back()->retire_when_idle();
     workers_.back()->start();
     return *workers_.back();
   }
+  std::lock_guard lock(workers_mu_);
   if (options_.thread_mode == ThreadMode::kApplication) return *workers_.front();
   // Shared workers: the one with the fewest endpoints.
   Worker* best = workers_.front().get();
@@ -201,6 +203,26 @@ Worker& Engine::next_worker() {
   }
   (void)next_worker_;
   return *best;
+}
+
+void Engine::sweep_retired() {
+  std::vector<std::unique_ptr<Worker>> retired;
+  {
+    std::lock_guard lock(workers_mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if ((*it)->retired() && (*it)->endpoints_gone()) {
+        retired.push_back(std::move(*it));
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Joined outside the lock: a handler on another worker may take it.
+  for (auto& w : retired) {
+    w->stop();
+    w->shutdown();
+  }
 }
 
 Worker& Engine::app_worker() {
@@ -273,7 +295,7 @@ bool EndpointSetup::post_initial_recvs(Channel& ch, std::string* why) {
 }
 
 bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
-                                 std::span<const std::byte> payload) {
+                                 std::span<const std::byte> payload, uint64_t* wr_id) {
   std::lock_guard lock(ch.mu_);
   if (ch.closed_ || ch.qp_ == nullptr || payload.size() > ch.peer_max_message_)
     return false;
@@ -294,6 +316,7 @@ bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
   if (!ch.post_locked(wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr).ok()) {
     return false;
   }
+  if (wr_id != nullptr) *wr_id = wr.wr_id;
   ch.count_sent();
   return true;
 }
@@ -326,6 +349,7 @@ void Engine::start_accepting() {
 void Engine::accept_loop() {
   while (!stopping_.load()) {
     try {
+      if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) sweep_retired();
       accept_one(milliseconds(100));
     } catch (const Error& e) {
       if (e.sys_errno() != ETIMEDOUT) log().warn("session: accept: {}", e.what());
@@ -344,6 +368,7 @@ void Engine::accept_one(milliseconds timeout) {
     if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) {
       std::lock_guard lock(workers_mu_);
       workers_.push_back(std::make_unique<Worker>(*this, true, 1));
+      workers_.back()->retire_when_idle();
       w = workers_.back().get();
     } else {
       w = &next_worker();

@@ -49,6 +49,12 @@ class Worker {
   int poll_pass();
   void start();
   void stop();
+  // Per-endpoint mode: the thread ends once its endpoint is closed and
+  // reaped; the Engine then joins it and drops the worker (sweep_retired).
+  void retire_when_idle() noexcept { retire_when_idle_ = true; }
+  bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+  // True once the endpoint this worker served has been destroyed.
+  bool endpoints_gone() const;
   bool on_worker_thread() const noexcept;
 
   // Called from the completion path (this worker's thread).
@@ -72,6 +78,8 @@ class Worker {
   void tick(std::chrono::steady_clock::time_point now);
   void kill(Endpoint& ep, DisconnectInfo info);
   void reap(std::chrono::steady_clock::time_point now, bool all);
+  void goodbye_left(uint64_t wr_id) noexcept;
+  bool lingering(std::chrono::steady_clock::time_point now) const noexcept;
   void drain_fds() noexcept;
   void loop();
   int pass(std::chrono::milliseconds timeout, bool clock_when_idle);
@@ -86,7 +94,7 @@ class Worker {
   int wake_fd_ = -1;
   int timer_fd_ = -1;
 
-  std::mutex inbox_mu_;
+  mutable std::mutex inbox_mu_;
   std::vector<std::shared_ptr<Endpoint>> inbox_;
   std::atomic<bool> inbox_pending_{false};
   std::atomic<bool> close_pending_{false};
@@ -103,6 +111,7 @@ class Worker {
   struct Grave {
     std::shared_ptr<Endpoint> endpoint;
     std::chrono::steady_clock::time_point until;
+    uint64_t goodbye = 0;  // wr_id of the goodbye still on its way, 0 if none
   };
   std::vector<Grave> graves_;  // closed endpoints whose QPs linger a moment
   std::atomic<size_t> live_{0};
@@ -112,6 +121,11 @@ class Worker {
   // a nested pass (a handler's send waiting for a credit) uses its own.
   std::array<Completion, kBatch> batch_{};
   uint32_t depth_ = 0;
+
+  bool retire_when_idle_ = false;
+  bool served_ = false;  // an endpoint was adopted (worker thread only)
+  std::atomic<bool> retired_{false};
+  std::vector<std::weak_ptr<Endpoint>> served_endpoints_;  // under inbox_mu_
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -138,6 +152,8 @@ class Engine {
   // The worker a new endpoint goes to (kPollerPerEndpoint: a new one).
   Worker& next_worker();
   Worker& app_worker();  // kApplication
+  // Joins and drops the per-endpoint workers whose endpoint is gone.
+  void sweep_retired();
 
   // Server side.
   void listen(const std::string& address);
@@ -193,7 +209,9 @@ struct EndpointSetup {
   }
   static void set_peer(Endpoint& ep, std::string peer) { ep.peer_ = std::move(peer); }
   static bool post_initial_recvs(Channel& ch, std::string* why);
-  static bool send_control(Channel& ch, MsgKind kind, std::span<const std::byte> payload);
+  // wr_id (if given) receives the id of the posted SEND.
+  static bool send_control(Channel& ch, MsgKind kind, std::span<const std::byte> payload,
+                           uint64_t* wr_id = nullptr);
   static void set_worker(Endpoint& ep, Worker* w) { ep.worker_ = w; }
 };
 

@@ -18,11 +18,9 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-// A goodbye gets this long to leave before the QP that carries it is destroyed.
+// A goodbye gets at most this long to leave before the QP that carries it is
+// destroyed; its completion ends the wait sooner.
 constexpr milliseconds kLinger{100};
-// Blocking waits are cut into slices so that new endpoints and close
-// requests are seen promptly without a wake-up channel into the CQ.
-constexpr milliseconds kBlockingSlice{10};
 
 int add_fd(int epfd, int fd) {
   epoll_event ev{};
@@ -96,6 +94,7 @@ bool Worker::reserve(const std::shared_ptr<Endpoint>& ep) {
 void Worker::adopt(std::shared_ptr<Endpoint> ep) {
   {
     std::lock_guard lock(inbox_mu_);
+    if (retire_when_idle_) served_endpoints_.push_back(ep);
     inbox_.push_back(std::move(ep));
   }
   inbox_pending_.store(true);
@@ -132,6 +131,7 @@ void Worker::adopt_pending() {
     inbox_pending_.store(false);
   }
   const auto now = Clock::now();
+  if (!batch.empty()) served_ = true;
   for (auto& ep : batch) {
     ++live_;
     ep->heartbeat_changed_ = now;
@@ -203,10 +203,19 @@ int Worker::wait_and_poll(std::span<Completion> batch, milliseconds timeout) {
       break;
     }
     case EventMode::kBlocking:
-      n = cq_->wait(batch, std::min(timeout, kBlockingSlice));
-      break;
     case EventMode::kEpollFd: {
-      if (arm()) {
+      // Blocking spins for the CQ's budget first (as CompletionQueue::wait),
+      // then sleeps in epoll like the epoll mode: the set holds the wake-up
+      // eventfd, so a close(), a new endpoint or stop() wakes the loop at
+      // once instead of after a timed slice.
+      if (engine_.options().event_mode == EventMode::kBlocking) {
+        const auto spin_until = Clock::now() + cq_->options().spin;
+        do {
+          if ((n = cq_->poll(batch)) != 0) return n;
+        } while (Clock::now() < spin_until && !inbox_pending_.load() &&
+                 !close_pending_.load() && !stop_.load(std::memory_order_relaxed));
+      }
+      if (!stop_.load(std::memory_order_relaxed) && arm()) {
         epoll_event events[4];
         const auto ms =
             static_cast<int>(std::min(timeout, engine_.options().heartbeat).count());
@@ -258,6 +267,8 @@ void Worker::dispatch(const Completion& c) {
       }
       return;
     case WrKind::kSendCopy:
+      if (closed) goodbye_left(c.wr_id);
+      [[fallthrough]];
     case WrKind::kInternal:
       if (!c.ok() && !closed) {
         fail_endpoint(
@@ -368,8 +379,10 @@ void Worker::tick(Clock::time_point now) {
 void Worker::kill(Endpoint& ep, DisconnectInfo info) {
   const Endpoint::State before = ep.state_.load();
   if (before == Endpoint::State::kClosed) return;
-  if (info.reason == DisconnectReason::kLocalClose) {
-    (void)EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {});
+  uint64_t goodbye = 0;
+  if (info.reason == DisconnectReason::kLocalClose &&
+      !EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {}, &goodbye)) {
+    goodbye = 0;
   }
   log().info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
              ep.provider_name(), disconnect_reason_name(info.reason),
@@ -389,14 +402,32 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
     std::lock_guard lock(slots_mu_);
     owner = owners_[ep.slot_];
   }
-  const auto linger =
-      info.reason == DisconnectReason::kLocalClose ? kLinger : milliseconds(0);
-  graves_.push_back({std::move(owner), Clock::now() + linger});
+  // Only a goodbye on its way is worth lingering for; its completion (or
+  // kLinger) ends the linger.
+  const auto linger = goodbye != 0 ? kLinger : milliseconds(0);
+  graves_.push_back({std::move(owner), Clock::now() + linger, goodbye});
+  // The next pass reaps (and a per-endpoint worker retires) without first
+  // sleeping for a heartbeat period.
+  if (goodbye == 0) close_pending_.store(true, std::memory_order_relaxed);
+}
+
+void Worker::goodbye_left(uint64_t wr_id) noexcept {
+  for (Grave& g : graves_) {
+    if (g.goodbye == wr_id) {
+      g.goodbye = 0;
+      close_pending_.store(true, std::memory_order_relaxed);
+    }
+  }
+}
+
+bool Worker::lingering(Clock::time_point now) const noexcept {
+  return std::any_of(graves_.begin(), graves_.end(),
+                     [now](const Grave& g) { return g.goodbye != 0 && now < g.until; });
 }
 
 void Worker::reap(Clock::time_point now, bool all) {
   for (size_t i = 0; i < graves_.size();) {
-    if (!all && now < graves_[i].until) {
+    if (!all && graves_[i].goodbye != 0 && now < graves_[i].until) {
       ++i;
       continue;
     }
@@ -424,7 +455,23 @@ void Worker::loop() {
   const milliseconds slice = engine_.options().event_mode == EventMode::kBusyPoll
                                  ? milliseconds(0)
                                  : engine_.options().heartbeat;
-  while (!stop_.load(std::memory_order_relaxed)) run_once(slice);
+  while (!stop_.load(std::memory_order_relaxed)) {
+    run_once(slice);
+    // Served, closed and reaped: nothing more can come to this worker (one
+    // endpoint per worker), so its thread ends here rather than idling until
+    // the session ends. It is joined by the Engine, never from itself.
+    if (retire_when_idle_ && served_ && live_.load() == 0 && graves_.empty() &&
+        !inbox_pending_.load()) {
+      retired_.store(true, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+bool Worker::endpoints_gone() const {
+  std::lock_guard lock(inbox_mu_);
+  return std::all_of(served_endpoints_.begin(), served_endpoints_.end(),
+                     [](const std::weak_ptr<Endpoint>& w) { return w.expired(); });
 }
 
 void Worker::start() {
@@ -445,10 +492,12 @@ void Worker::shutdown() {
       kill(*ep, {DisconnectReason::kLocalClose, "the session was destroyed"});
     }
   }
-  // Let the goodbyes leave (their completions say they did).
-  const auto until = Clock::now() + kLinger;
-  while (Clock::now() < until) {
-    if (cq_->poll(batch_) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Let the goodbyes leave: their completions say they did. Nothing to
+  // wait for when every endpoint was closed (and its goodbye gone) already.
+  while (lingering(Clock::now())) {
+    const int n = cq_->poll(batch_);
+    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+    if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   reap(Clock::now(), true);
   std::lock_guard lock(slots_mu_);

@@ -253,6 +253,9 @@ class Channel {
   std::string name_;
   bool handler_mode_ = false;  // Handlers::on_message set
   bool app_progress_ = false;  // kApplication: recv()/sync progress themselves
+  // kApplication: the destination of the recv() polling for the next message,
+  // which on_recv fills directly while the inbox is empty (no inbox pass).
+  Message* waiting_ = nullptr;
 
   std::unique_ptr<QueuePair> qp_;
   std::unique_ptr<MemoryRegion> recv_mr_;
