@@ -413,38 +413,17 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   sockaddr_in here{};
   socklen_t hl = sizeof here;
   (void)real().getsockname(us, reinterpret_cast<sockaddr*>(&here), &hl);  // NOLINT
+  in6_addr mapped{};  // here's address as an AF_INET6 socket names it
+  mapped.s6_addr[10] = 0xff;
+  mapped.s6_addr[11] = 0xff;
+  std::memcpy(&mapped.s6_addr[12], &here.sin_addr, 4);
   sockaddr_storage local{};
-  socklen_t ll = sizeof local;
-  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) {  // NOLINT
-    *reason = std::string(kNotHere) + "getsockname: " + std::strerror(errno);
+  if (std::string failed = bind_unbound(fd, here.sin_addr, mapped, &local);
+      !failed.empty()) {
+    *reason = kNotHere + failed;
     return nullptr;
   }
-  uint16_t bound_port = 0;
   uint8_t scratch[16];
-  (void)put(local, scratch, &bound_port);
-  if (bound_port == 0) {
-    sockaddr_storage b{};
-    socklen_t bl = 0;
-    if (local.ss_family == AF_INET) {
-      auto* in = reinterpret_cast<sockaddr_in*>(&b);  // NOLINT
-      in->sin_family = AF_INET;
-      in->sin_addr = here.sin_addr;
-      bl = sizeof *in;
-    } else {
-      auto* in6 = reinterpret_cast<sockaddr_in6*>(&b);  // NOLINT
-      in6->sin6_family = AF_INET6;
-      in6->sin6_addr.s6_addr[10] = 0xff;
-      in6->sin6_addr.s6_addr[11] = 0xff;
-      std::memcpy(&in6->sin6_addr.s6_addr[12], &here.sin_addr, 4);
-      bl = sizeof *in6;
-    }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&b), bl) != 0) {  // NOLINT
-      *reason = std::string(kNotHere) + "bind before connect: " + std::strerror(errno);
-      return nullptr;
-    }
-    ll = sizeof local;
-    (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
-  }
   uint16_t client_port = 0;
   (void)put(local, scratch, &client_port);
   t.family = AF_INET;

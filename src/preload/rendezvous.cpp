@@ -140,41 +140,17 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   }
   // The offer must exist before the peer can accept, so the client end is
   // bound now (an unbound socket would get its port only in connect()).
-  sockaddr_storage local{};
-  socklen_t ll = sizeof local;
-  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) {  // NOLINT
-    *reason = std::string("getsockname: ") + std::strerror(errno);
-    return nullptr;
+  in_addr v4{htonl(INADDR_LOOPBACK)};
+  in6_addr v6 = in6addr_loopback;
+  if (peer.ss_family == AF_INET6 &&
+      IN6_IS_ADDR_V4MAPPED(
+          &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)) {  // NOLINT
+    v6 = reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr;       // NOLINT
   }
-  uint16_t bound_port = 0;
-  uint8_t scratch[16];
-  (void)put(local, scratch, &bound_port);
-  if (bound_port == 0) {
-    sockaddr_storage any{};
-    socklen_t al = 0;
-    if (local.ss_family == AF_INET) {
-      auto* in = reinterpret_cast<sockaddr_in*>(&any);  // NOLINT
-      in->sin_family = AF_INET;
-      in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      al = sizeof *in;
-    } else {
-      auto* in6 = reinterpret_cast<sockaddr_in6*>(&any);  // NOLINT
-      in6->sin6_family = AF_INET6;
-      if (peer.ss_family == AF_INET6 &&
-          IN6_IS_ADDR_V4MAPPED(
-              &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)) {         // NOLINT
-        in6->sin6_addr = reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr;  // NOLINT
-      } else {
-        in6->sin6_addr = in6addr_loopback;
-      }
-      al = sizeof *in6;
-    }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&any), al) != 0) {  // NOLINT
-      *reason = std::string("bind before connect: ") + std::strerror(errno);
-      return nullptr;
-    }
-    ll = sizeof local;
-    (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
+  sockaddr_storage local{};
+  if (std::string failed = bind_unbound(fd, v4, v6, &local); !failed.empty()) {
+    *reason = failed;
+    return nullptr;
   }
   t.family = static_cast<uint8_t>(put(local, t.client_addr, &t.client_port));
   std::string why;

@@ -183,6 +183,37 @@ Fd::~Fd() {
   if (fd_ >= 0) real().close(fd_);
 }
 
+std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
+                         sockaddr_storage* local) {
+  socklen_t ll = sizeof *local;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(local), &ll) != 0) {  // NOLINT
+    return std::string("getsockname: ") + std::strerror(errno);
+  }
+  uint16_t port = 0;
+  uint8_t scratch[16];
+  (void)put(*local, scratch, &port);
+  if (port != 0) return "";
+  sockaddr_storage to{};
+  socklen_t tl = 0;
+  if (local->ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&to);  // NOLINT
+    in->sin_family = AF_INET;
+    in->sin_addr = v4;
+    tl = sizeof *in;
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&to);  // NOLINT
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = v6;
+    tl = sizeof *in6;
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&to), tl) != 0) {  // NOLINT
+    return std::string("bind before connect: ") + std::strerror(errno);
+  }
+  ll = sizeof *local;
+  (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(local), &ll);  // NOLINT
+  return "";
+}
+
 }  // namespace rdmakit::preload::wire
 
 namespace rdmakit::preload {

@@ -1,6 +1,7 @@
 #pragma once
 // What both upgrade rendezvous (same host: unix sockets, rendezvous.cpp;
 // other hosts: TCP, remote.cpp) exchange, and the helpers they share.
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -55,6 +56,13 @@ bool loopback(const sockaddr_storage& ss);
 // v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
 // ends name the connection alike. Returns the family named.
 int put(const sockaddr_storage& ss, uint8_t* addr, uint16_t* port);
+
+// fd's local address. A socket with no port yet is first bound to `v4`
+// (an AF_INET socket) or `v6` (AF_INET6), port 0, so that its port is known
+// before connect() and an offer can name the connection's 4-tuple.
+// "" or the call that failed, with its error.
+std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
+                         sockaddr_storage* local);
 // Fills the tuple from a connected socket (client or server end); "" or why
 // it cannot. *where gets "local=... peer=..." for the log.
 std::string socket_tuple(int fd, bool client, Tuple* t, std::string* where,
