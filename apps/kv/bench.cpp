@@ -7,6 +7,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +33,37 @@ uint64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
+
+// The clock of rdmakit-perf's read_lat, for the like-for-like comparison with
+// it: rdtsc (about 10 ns here; CLOCK_MONOTONIC through the vDSO costs about
+// 24 ns), converted with a rate calibrated once against CLOCK_MONOTONIC.
+// Elsewhere than x86-64, CLOCK_MONOTONIC itself.
+struct TscClock {
+  double ns_per_tick = 1.0;
+  bool tsc = false;
+
+  static uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return now_ns();
+#endif
+  }
+  void calibrate() {
+#if defined(__x86_64__)
+    const uint64_t n0 = now_ns();
+    const uint64_t t0 = ticks();
+    while (now_ns() - n0 < 20000000) {
+    }
+    const uint64_t n1 = now_ns();
+    const uint64_t t1 = ticks();
+    if (t1 > t0) {
+      ns_per_tick = double(n1 - n0) / double(t1 - t0);
+      tsc = true;
+    }
+#endif
+  }
+};
 
 void pin(int cpu) {
   if (cpu < 0) return;
@@ -82,8 +116,13 @@ nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
   const double ops_s = p.wall_ns == 0 ? 0 : double(ops) * 1e9 / double(p.wall_ns);
   const double cpu_share =
       p.wall_ns == 0 ? 0 : double(p.server_cpu_ns) / double(p.wall_ns);
-  out << fmt::format("{:<10} {:>12.0f} {:>9.3f} {:>9.3f} {:>9.3f} {:>14.2f} {:>8}\n",
-                     p.name, ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, p.wrong);
+  // The server's CPU time per operation: all of its threads (the tcp
+  // provider's progress thread that answers READs included), spinning too.
+  const double cpu_us_per_op =
+      ops == 0 ? 0 : double(p.server_cpu_ns) / 1000.0 / double(ops);
+  out << fmt::format(
+      "{:<12} {:>12.0f} {:>9.3f} {:>9.3f} {:>9.3f} {:>14.2f} {:>12.2f} {:>6}\n", p.name,
+      ops_s, pct(0.5), pct(0.99), pct(0.999), cpu_share, cpu_us_per_op, p.wrong);
   return {{"phase", p.name},
           {"ops", ops},
           {"ops_per_s", ops_s},
@@ -92,6 +131,7 @@ nlohmann::json summarize(Phase& p, uint64_t ops, std::ostream& out) {
           {"p999_us", pct(0.999)},
           {"server_cpu_s", double(p.server_cpu_ns) / 1e9},
           {"server_cpu_share", cpu_share},
+          {"server_cpu_us_per_op", cpu_us_per_op},
           {"wrong", p.wrong}};
 }
 
@@ -170,12 +210,18 @@ int run_bench(const BenchOptions& o) {
 
   int rc = 0;
   // read_raw: the first READ of each READ-GET alone (same bytes, QP, wait and
-  // clock), the baseline the READ-GET's latency is compared with.
-  std::vector<Phase> phases(4);
+  // clock), the baseline the READ-GET's latency is compared with. The *_tsc
+  // phases repeat get_read and read_raw timed as rdmakit-perf read_lat times
+  // (rdtsc), for the comparison with it; the lab's figures are the others.
+  std::vector<Phase> phases(6);
   phases[0].name = "put";
   phases[1].name = "get_rpc";
   phases[2].name = "get_read";
   phases[3].name = "read_raw";
+  phases[4].name = "get_read_tsc";
+  phases[5].name = "read_raw_tsc";
+  TscClock tsc;
+  tsc.calibrate();
   Floors floors;
   std::string provider = "?";
   try {
@@ -227,19 +273,23 @@ int run_bench(const BenchOptions& o) {
             for (uint64_t i = 0; i < share && !failed; ++i) {
               const uint64_t k = (i * threads + t) % o.keys;
               const std::string key = key_of(k);
-              const uint64_t t0 = now_ns();
+              const bool by_tsc = ph >= 4;
+              const bool raw = ph == 3 || ph == 5;
+              const uint64_t t0 = by_tsc ? TscClock::ticks() : now_ns();
               KvStatus s;
               if (ph == 0) {
                 s = c->put(key, value_of(k, o.value_size));
-              } else if (ph == 3) {
+              } else if (raw) {
                 c->read_raw(key);
                 s = KvStatus::kOk;
               } else {
                 s = c->get(key, &value, ph == 1 ? GetMode::kRpc : GetMode::kRead);
               }
-              lat[t].push_back(now_ns() - t0);
+              lat[t].push_back(
+                  by_tsc ? uint64_t(double(TscClock::ticks() - t0) * tsc.ns_per_tick)
+                         : now_ns() - t0);
               if (s != KvStatus::kOk ||
-                  ((ph == 1 || ph == 2) && value != value_of(k, o.value_size)))
+                  ((ph == 1 || ph == 2 || ph == 4) && value != value_of(k, o.value_size)))
                 ++wrong[t];
             }
           } catch (const std::exception& e) {
@@ -287,9 +337,9 @@ int run_bench(const BenchOptions& o) {
         "threads (cpu {}), server cpu {}{}\n",
         provider, o.ops, o.keys, o.value_size, threads, o.client_cpu, o.server_cpu,
         o.server_busy ? ", server core BUSY (CPU hog)" : "");
-    std::cout << fmt::format("{:<10} {:>12} {:>9} {:>9} {:>9} {:>14} {:>8}\n", "phase",
-                             "ops/s", "p50 us", "p99 us", "p99.9 us", "server cpu/s",
-                             "wrong");
+    std::cout << fmt::format("{:<12} {:>12} {:>9} {:>9} {:>9} {:>14} {:>12} {:>6}\n",
+                             "phase", "ops/s", "p50 us", "p99 us", "p99.9 us",
+                             "server cpu/s", "srv us/op", "wrong");
     nlohmann::json j = {{"tool", "rdmakit-kv bench"},
                         {"provider", provider},
                         {"ops", o.ops},
@@ -304,6 +354,7 @@ int run_bench(const BenchOptions& o) {
                         {"get_read_bytes_per_get",
                          double(gr.bytes) / double(std::max<uint64_t>(o.ops, 1))},
                         {"floor_timer_ns", floors.timer_ns},
+                        {"tsc_timer", tsc.tsc},
                         {"floor_check_ns", floors.check_ns}};
     for (auto& p : phases) {
       j["phases"].push_back(summarize(p, o.ops, std::cout));
@@ -315,6 +366,10 @@ int run_bench(const BenchOptions& o) {
     const double get_p50 = j["phases"][2]["p50_us"];
     const double raw_p50 = j["phases"][3]["p50_us"];
     j["get_read_over_read_raw_p50"] = raw_p50 > 0 ? get_p50 / raw_p50 : 0.0;
+    const double get_tsc_p50 = j["phases"][4]["p50_us"];
+    const double raw_tsc_p50 = j["phases"][5]["p50_us"];
+    j["get_read_tsc_over_read_raw_tsc_p50"] =
+        raw_tsc_p50 > 0 ? get_tsc_p50 / raw_tsc_p50 : 0.0;
     std::cout << fmt::format("READ GET / RPC GET ops/s: {:.2f}x\n",
                              rpc > 0 ? rd / rpc : 0.0);
     std::cout << fmt::format(
@@ -323,6 +378,9 @@ int run_bench(const BenchOptions& o) {
         raw_p50 > 0 ? get_p50 / raw_p50 : 0.0, double(gr.reads) / double(o.ops),
         double(gr.bytes) / double(o.ops), floors.timer_ns, kFirstReadSlots * kSlotSize,
         floors.check_ns);
+    std::cout << fmt::format(
+        "timed as read_lat times ({}): READ GET p50 {:.3f} us, its bare READ {:.3f} us\n",
+        tsc.tsc ? "rdtsc" : "CLOCK_MONOTONIC, no TSC here", get_tsc_p50, raw_tsc_p50);
     if (o.json == "-") {
       std::cout << j.dump() << '\n';
     } else if (!o.json.empty()) {

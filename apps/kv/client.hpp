@@ -2,6 +2,7 @@
 // rdmakit-kv client: PUT/DEL/GET as messages, and GET as one-sided READs of
 // the server's table (one READ of the key's neighborhood; a second for a long
 // entry). One client per thread.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -74,7 +75,7 @@ class Client {
   // returns the bytes copied.
   uint32_t read_home(uint64_t slot, uint32_t slots);
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
-  Completion await(uint64_t wr_id, const char* what);
+  void await(uint64_t wr_id, const char* what);
   [[noreturn]] void fail(const std::string& what);
   KvStatus check_local(std::string_view key, std::string_view value,
                        std::string* why) const;
@@ -90,7 +91,9 @@ class Client {
   uint64_t next_id_ = 1;
   bool send_done_ = false;
   bool recv_done_ = false;
+  bool read_done_ = false;
   uint32_t recv_len_ = 0;
+  std::array<Completion, 4> batch_{};  // await()'s poll buffer
   ReadStats stats_;
 };
 

@@ -1,6 +1,7 @@
 // The rdmakit-kv tool as a user runs it: a server process, one-shot client
 // commands, the lab's menu through stdin and through a pseudo-terminal, and
 // commands from stdin, on every provider under test.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
@@ -10,7 +11,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "kv_test_util.hpp"
 
@@ -206,6 +209,85 @@ TEST_P(KvCliTest, MenuOnAPseudoTerminal) {
   waitpid(pid, &status, 0);
   close(master);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+}
+
+// The children of a process, from /proc/<pid>/stat's parent field.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    const size_t paren = stat.rfind(')');  // the name may hold spaces
+    if (paren == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == parent)
+      out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+// `rdmakit-kv bench` whose server (its forked child) is SIGKILLed mid-run:
+// the bench ends with an error naming the failed request, the server and the
+// provider, within its 10 s client timeout, and does not hang.
+TEST_P(KvCliTest, BenchFailsClearlyWhenItsServerIsKilledMidRun) {
+  if (GetParam() == "verbs") GTEST_SKIP() << "the bench is run on shm and tcp";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t bench = fork();
+  ASSERT_GE(bench, 0);
+  if (bench == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    execl(RDMAKIT_KV_BINARY, RDMAKIT_KV_BINARY, "bench", "--provider", GetParam().c_str(),
+          "-n", "50000000", "-t", "2", "--server-cpu", "-1", "--client-cpu", "-1",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  // The bench is in its PUT phase by then (it runs for minutes at -n 50M).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const std::vector<pid_t> kids = children_of(bench);
+  ASSERT_EQ(kids.size(), 1u) << "expected the bench's server as its only child";
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(kids[0], SIGKILL), 0);
+  std::string out;
+  int status = 0;
+  bool exited = false;
+  while (Clock::now() - t0 < std::chrono::seconds(30)) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char buf[4096];
+      const ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n > 0) out.append(buf, static_cast<size_t>(n));
+    }
+    if (waitpid(bench, &status, WNOHANG) == bench) {
+      exited = true;
+      break;
+    }
+  }
+  const auto took = Clock::now() - t0;
+  if (!exited) {
+    kill(bench, SIGKILL);
+    waitpid(bench, &status, 0);
+  }
+  close(fds[0]);
+  ASSERT_TRUE(exited) << "the bench hung after its server died:\n" << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_LT(took, std::chrono::seconds(25));
+  EXPECT_NE(out.find("rdmakit-kv bench: rdmakit-kv: "), std::string::npos) << out;
+  EXPECT_NE(out.find("provider " + GetParam()), std::string::npos) << out;
+  std::printf("[ kv      ] %s: bench after its server's SIGKILL, %.1f s: %s",
+              GetParam().c_str(), std::chrono::duration<double>(took).count(),
+              out.c_str());
 }
 
 }  // namespace
