@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -234,6 +235,25 @@ std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
+// User plus system CPU time of a process, in clock ticks.
+long cpu_ticks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  // Fields after the name: state(3) ... utime(14) stime(15).
+  std::istringstream in(stat.substr(paren + 2));
+  std::string field;
+  long utime = 0;
+  long stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::atol(field.c_str());
+    if (i == 15) stime = std::atol(field.c_str());
+  }
+  return utime + stime;
+}
+
 // `rdmakit-kv bench` whose server (its forked child) is SIGKILLed mid-run:
 // the bench ends with an error naming the failed request, the server and the
 // provider, within its 10 s client timeout, and does not hang.
@@ -253,10 +273,18 @@ TEST_P(KvCliTest, BenchFailsClearlyWhenItsServerIsKilledMidRun) {
     _exit(127);
   }
   close(fds[1]);
-  // The bench is in its PUT phase by then (it runs for minutes at -n 50M).
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  const std::vector<pid_t> kids = children_of(bench);
+  // Mid-run: the server has served requests for a while (200 ms of its CPU
+  // time; the bench runs for minutes at -n 50M). Sanitizer builds start slowly.
+  std::vector<pid_t> kids;
+  const auto start = Clock::now();
+  while (Clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kids = children_of(bench);
+    if (kids.size() == 1 && cpu_ticks(kids[0]) >= sysconf(_SC_CLK_TCK) / 5) break;
+  }
   ASSERT_EQ(kids.size(), 1u) << "expected the bench's server as its only child";
+  ASSERT_GE(cpu_ticks(kids[0]), sysconf(_SC_CLK_TCK) / 5)
+      << "the bench's server never served";
   const auto t0 = Clock::now();
   ASSERT_EQ(kill(kids[0], SIGKILL), 0);
   std::string out;
