@@ -24,8 +24,10 @@ echo "start: $(uptime)" >"$out/machine.txt"
 echo "A = $label_a ($bin_a), B = $label_b ($bin_b)" >>"$out/machine.txt"
 configs="shm-lat tcp-busy tcp-busy-bp"
 for r in $(seq 1 "$rounds"); do
-  [ -x "$perf" ] && timeout 120 "$perf" read_lat --loopback --provider shm -s 512 -n 200000 \
-    --json >"$out/read_lat_shm_512_r$r.json" 2>/dev/null || true
+  if [ -x "$perf" ]; then
+    timeout 120 "$perf" read_lat --loopback --provider shm -s 512 -n 200000 \
+      --json >"$out/read_lat_shm_512_r$r.json" 2>/dev/null || echo "read_lat round $r failed" >&2
+  fi
   for cfg in $configs; do
     case $cfg in
       shm-lat) flags="--provider shm -t 1 -n $shm_ops" ;;
