@@ -156,9 +156,9 @@ void VerbsListener::on_request(CmEvent& event) {
     hello->user.resize(kReqOverflowUserData);
   }
   if (p->id->verbs != device_->context) {
-    refuse(ENODEV, fmt::format("request arrived on {}, this context uses {}",
-                               ibv_get_device_name(p->id->verbs->device),
-                               device_->name()));
+    refuse(ENODEV,
+           fmt::format("request arrived on {}, this context uses {}",
+                       ibv_get_device_name(p->id->verbs->device), device_->name()));
     return;
   }
   p->hello = std::move(*hello);
@@ -178,11 +178,12 @@ void VerbsListener::answer_requests(const QpOptions& options,
     if (p.stage != PendingHandshake::Stage::kRequested) continue;
     // Held while a handshake answered the same way is in flight, unless
     // that one looks stalled.
-    const bool held = std::any_of(pending_.begin(), pending_.end(), [&](const Pending& q) {
-      return q->stage != PendingHandshake::Stage::kRequested &&
-             q->stage != PendingHandshake::Stage::kDone && same_answer(*q, options, reply) &&
-             now - q->answered < kAnswerHold;
-    });
+    const bool held =
+        std::any_of(pending_.begin(), pending_.end(), [&](const Pending& q) {
+          return q->stage != PendingHandshake::Stage::kRequested &&
+                 q->stage != PendingHandshake::Stage::kDone &&
+                 same_answer(*q, options, reply) && now - q->answered < kAnswerHold;
+        });
     if (held) continue;
     try {
       answer(p, options, reply);
@@ -338,8 +339,8 @@ std::unique_ptr<QueuePair> VerbsListener::take_done(const QpOptions& options,
 void VerbsListener::fail(size_t i, int err, const std::string& why) {
   if (i >= pending_.size()) return;
   const PendingHandshake& p = *pending_[i];
-  core::log().warn("verbs: listener {} dropped the handshake with {} ({}): {}",
-                   address(), p.peer, stage_name(p.stage), why);
+  core::log().warn("verbs: listener {} dropped the handshake with {} ({}): {}", address(),
+                   p.peer, stage_name(p.stage), why);
   if (!failure_) failure_.emplace("accept", kProvider, p.peer, err, why);
   // Destroying the id rejects the request or, once answered, tells the peer.
   pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
