@@ -115,13 +115,18 @@ void VerbsListener::take_events() {
     if (event->type == RDMA_CM_EVENT_ESTABLISHED &&
         p.stage == PendingHandshake::Stage::kAnswered) {
       on_established(p);
+      // Complete: returned before any later event of its id is read. Its
+      // adoption moves those (a DISCONNECTED right behind, from a peer that
+      // connects and leaves at once) to the progress thread's channel with
+      // the id, which handles them as for any connection.
+      if (p.stage == PendingHandshake::Stage::kDone) return;
       continue;
     }
     // REJECTED, CONNECT_ERROR, UNREACHABLE, DISCONNECTED, DEVICE_REMOVAL: the
     // peer or its CM gave up before the handshake completed.
     fail(i, ECONNABORTED,
-         fmt::format("the handshake failed ({}): {} (status {})", stage_name(p.stage),
-                     rdma_event_str(event->type), event->status));
+         fmt::format("the handshake failed: {} (status {})", rdma_event_str(event->type),
+                     event->status));
   }
 }
 
@@ -354,11 +359,16 @@ size_t VerbsListener::find(const rdma_cm_id* id) const {
 }
 
 int VerbsListener::next_timer_ms() const {
+  const bool waiting = std::any_of(
+      pending_.begin(), pending_.end(),
+      [](const Pending& p) { return p->stage == PendingHandshake::Stage::kRequested; });
   int wait = 1 << 30;
   for (const Pending& p : pending_) {
     if (p->stage == PendingHandshake::Stage::kDone) continue;
     wait = std::min(wait, core::ms_left(p->arrived + kHandshakeTimeout) + 1);
-    if (p->stage == PendingHandshake::Stage::kAnswered) {
+    // The end of an answer hold matters only to a request held by it.
+    if (waiting && p->stage == PendingHandshake::Stage::kAnswered &&
+        Clock::now() - p->answered < kAnswerHold) {
       wait = std::min(wait, core::ms_left(p->answered + kAnswerHold) + 1);
     }
   }

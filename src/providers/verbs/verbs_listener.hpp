@@ -90,7 +90,8 @@ class VerbsListener final : public Listener {
  private:
   using Pending = std::unique_ptr<PendingHandshake>;
 
-  // Reads every queued rdma_cm event and moves the handshakes it concerns.
+  // Reads the queued rdma_cm events and moves the handshakes they concern;
+  // stops at the first that completes one, so that it is returned first.
   void take_events();
   void on_request(CmEvent& event);
   void on_established(PendingHandshake& p);
