@@ -286,10 +286,7 @@ void VerbsListener::expire() {
   const auto now = Clock::now();
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingHandshake& p = *pending_[i];
-    if (p.stage == PendingHandshake::Stage::kDone ||
-        now - p.arrived < kHandshakeTimeout) {
-      continue;
-    }
+    if (now - p.arrived < kHandshakeTimeout) continue;
     // Not ETIMEDOUT: a caller polling accept() reads that as "no request
     // yet", and this request was real.
     const char* missing =
@@ -298,6 +295,9 @@ void VerbsListener::expire() {
         : p.stage == PendingHandshake::Stage::kReading
             ? "established, but the READ of the rest of the connect private data did "
               "not complete"
+        : p.stage == PendingHandshake::Stage::kDone
+            ? "complete, but no accept() call passed the QP options and reply private "
+              "data it was answered with"
             : "the request was not answered";
     fail(i, ECONNABORTED,
          fmt::format("{} within {} ms", missing, kHandshakeTimeout.count()));
@@ -311,17 +311,12 @@ std::unique_ptr<QueuePair> VerbsListener::take_done(const QpOptions& options,
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingHandshake& p = *pending_[i];
     if (p.stage != PendingHandshake::Stage::kDone) continue;
-    if (!same_answer(p, options, reply)) {
-      // Its peer holds a reply (a stream's ring, a worker's port) or a QP
-      // on CQs that this caller no longer offers; returning it would hand
-      // the caller a connection it did not answer.
-      fail(i, ECONNABORTED,
-           "the handshake completed after the accept() call that answered it had "
-           "returned another connection, and this call passes other QP options or "
-           "reply private data");
-      --i;
-      continue;
-    }
+    // Its peer holds a reply (a stream's ring, a worker's port) and its QP
+    // sits on CQs that this caller may not offer: returning it would hand
+    // the caller a connection it did not answer. It waits for a call that
+    // passes the same (a session server's workers take turns), until its
+    // kHandshakeTimeout.
+    if (!same_answer(p, options, reply)) continue;
     if (best == pending_.size() || p.done_order < pending_[best]->done_order) best = i;
   }
   if (best == pending_.size()) return nullptr;
@@ -364,7 +359,6 @@ int VerbsListener::next_timer_ms() const {
       [](const Pending& p) { return p->stage == PendingHandshake::Stage::kRequested; });
   int wait = 1 << 30;
   for (const Pending& p : pending_) {
-    if (p->stage == PendingHandshake::Stage::kDone) continue;
     wait = std::min(wait, core::ms_left(p->arrived + kHandshakeTimeout) + 1);
     // The end of an answer hold matters only to a request held by it.
     if (waiting && p->stage == PendingHandshake::Stage::kAnswered &&
