@@ -59,8 +59,9 @@ std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
                             Context::kMaxPrivateData));
   }
   // Held while the handshakes are looked at, not while waiting for events.
+  // A failure another thread's call recorded is reported by whichever call
+  // comes to it first without a connection to return.
   std::unique_lock lock(mu_);
-  failure_.reset();
   for (;;) {
     take_events();
     poll_reads();

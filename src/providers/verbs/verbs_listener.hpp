@@ -121,7 +121,9 @@ class VerbsListener final : public Listener {
   // Destroyed before channel_ and id_: rdma_destroy_id writes to the channel.
   std::vector<Pending> pending_;
   uint64_t next_done_order_ = 0;
-  std::optional<Error> failure_;  // the first failure since the call began
+  // The first failure not reported yet (dropped when a connection is returned:
+  // it was logged).
+  std::optional<Error> failure_;
 };
 
 }  // namespace rdmakit::verbs
