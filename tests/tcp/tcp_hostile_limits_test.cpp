@@ -332,6 +332,55 @@ TEST(TcpHostileLimits, SilentConnectionsDoNotStarveGenuineClients) {
   for (int fd : silent) ::close(fd);
 }
 
+// A client that stalls mid-handshake (half a HELLO header, then nothing)
+// while the server polls accept() with 1 ms timeouts, as an event loop
+// does: a genuine client connecting after it is accepted promptly, and the
+// stalled one is neither answered nor reported as a connection.
+TEST(TcpHostileLimits, ClientStalledMidHandshakeDoesNotHoldShortAcceptPolls) {
+  TcpContext sctx(true), cctx(true);
+  auto scq = sctx.create_cq(), ccq = cctx.create_cq();
+  auto lis = listen_server(sctx);
+  ASSERT_NE(lis, nullptr);
+  const int stalled = raw_connect(lis->port());
+  ASSERT_GE(stalled, 0);
+  const std::byte half[kHeaderSize / 2] = {static_cast<std::byte>(WireOp::kHello)};
+  ASSERT_TRUE(send_all(stalled, half, sizeof half));
+  std::atomic<bool> stop{false};
+  std::unique_ptr<QueuePair> sqp;
+  int polls = 0;
+  std::thread server([&] {
+    while (!sqp && !stop.load()) {
+      ++polls;
+      try {
+        sqp = lis->accept(opts(scq.get()), 1ms, {});
+      } catch (const Error& e) {
+        if (e.sys_errno() != ETIMEDOUT) ADD_FAILURE() << e.what();
+      }
+    }
+  });
+  std::this_thread::sleep_for(50ms);  // the stalled one is taken first
+  const auto t0 = Clock::now();
+  std::unique_ptr<QueuePair> cqp;
+  try {
+    cqp = cctx.connect(server_host() + ":" + std::to_string(lis->port()), opts(ccq.get()),
+                       {}, 5s);
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  const int64_t took = ms_since(t0);
+  stop.store(true);
+  server.join();
+  std::printf(
+      "[ measure ] genuine connect beside a half HELLO, 1 ms accept polls: %lld ms "
+      "(%d polls)\n",
+      static_cast<long long>(took), polls);
+  ASSERT_NE(cqp, nullptr);
+  ASSERT_NE(sqp, nullptr);
+  EXPECT_EQ(sqp->peer_private_data().size(), 0u);
+  EXPECT_LT(took, 2000) << "a stalled handshake delayed a genuine client";
+  ::close(stalled);
+}
+
 // ------------------------------------------------ 4. timers
 
 // A HELLO with peer_timeout = 1 ms asked for a heartbeat every millisecond;

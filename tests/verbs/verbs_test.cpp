@@ -7,6 +7,9 @@
 // Where Soft-RoCE behaves unlike a hardware NIC the check says so in its
 // output ("Soft-RoCE departure") instead of being skipped.
 #include <linux/capability.h>
+#include <netdb.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -906,6 +910,137 @@ void recv_after_peer_left_client(const std::string& address) {
   send_text(p, "bye");
 }
 
+// A client that connects at the CM level and then never sends its RTU (a
+// hostile client, or one whose host died) must not hold up the listener:
+// a well-behaved client connecting right after it is accepted within a
+// short bound (before: accept() waited the whole 8 s handshake bound for
+// the stalled one first). The stalled handshake is then dropped, at 8 s,
+// with ECONNABORTED naming the missing RTU.
+std::chrono::milliseconds scaled(std::chrono::milliseconds ms) {
+  const int scale = std::atoi(env_or("RDMAKIT_TEST_TIMEOUT_SCALE", "1").c_str());
+  return ms * std::max(1, scale);
+}
+
+// Raw librdmacm: sends a REQ carrying a valid rdmakit handshake (magic,
+// version 2, MTU 1024, no private data) for a QP that does not exist, waits
+// for the acceptor's REP and never answers it (no rdma_establish: no RTU).
+class StalledClient {
+ public:
+  explicit StalledClient(const std::string& address) {
+    const auto colon = address.rfind(':');
+    const std::string host = address.substr(0, colon);
+    const std::string port = address.substr(colon + 1);
+    const auto deadline = Clock::now() + 60s;
+    for (;;) {  // two hosts: retry while the server is not listening yet
+      CHECK(Clock::now() < deadline, "the listener never answered the stalled client");
+      if (try_once(host, port)) return;
+      close();
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  ~StalledClient() { close(); }
+  StalledClient(const StalledClient&) = delete;
+  StalledClient& operator=(const StalledClient&) = delete;
+
+ private:
+  rdma_cm_event_type next(int timeout_ms) {
+    pollfd pfd{channel_->fd, POLLIN, 0};
+    CHECK(::poll(&pfd, 1, timeout_ms) == 1, "no rdma_cm event");
+    rdma_cm_event* event = nullptr;
+    CHECK(rdma_get_cm_event(channel_, &event) == 0, "rdma_get_cm_event");
+    const rdma_cm_event_type type = event->event;
+    rdma_ack_cm_event(event);
+    return type;
+  }
+  bool try_once(const std::string& host, const std::string& port) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* ai = nullptr;
+    CHECK(getaddrinfo(host.c_str(), port.c_str(), &hints, &ai) == 0, "getaddrinfo");
+    channel_ = rdma_create_event_channel();
+    CHECK(channel_ != nullptr, "rdma_create_event_channel");
+    CHECK(rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) == 0, "rdma_create_id");
+    const int rc = rdma_resolve_addr(id_, nullptr, ai->ai_addr, 2000);
+    freeaddrinfo(ai);
+    CHECK(rc == 0, "rdma_resolve_addr");
+    if (next(5000) != RDMA_CM_EVENT_ADDR_RESOLVED) return false;
+    CHECK(rdma_resolve_route(id_, 2000) == 0, "rdma_resolve_route");
+    if (next(5000) != RDMA_CM_EVENT_ROUTE_RESOLVED) return false;
+    const uint8_t hello[4] = {0xa7, 2, IBV_MTU_1024, 0};
+    rdma_conn_param param{};
+    param.private_data = hello;
+    param.private_data_len = sizeof hello;
+    param.responder_resources = 1;
+    param.initiator_depth = 1;
+    param.retry_count = 7;
+    param.rnr_retry_count = 7;
+    param.qp_num = 0x4242;  // no such QP: nothing will ever be sent to it
+    CHECK(rdma_connect(id_, &param) == 0, "rdma_connect");
+    return next(10000) == RDMA_CM_EVENT_CONNECT_RESPONSE;
+  }
+  void close() {
+    if (id_ != nullptr) rdma_destroy_id(id_);
+    if (channel_ != nullptr) rdma_destroy_event_channel(channel_);
+    id_ = nullptr;
+    channel_ = nullptr;
+  }
+  rdma_event_channel* channel_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+};
+
+constexpr std::chrono::milliseconds kStalledBound{4000};
+
+void stalled_handshake_server(const std::string& address) {
+  Peer p = open_peer();
+  auto listener = p.ctx->listen(address);
+  // Polled with short timeouts, as the session layer's accept loop does.
+  const auto deadline = Clock::now() + 60s;
+  while (!p.qp) {
+    CHECK(Clock::now() < deadline, "the well-behaved client was never accepted");
+    try {
+      p.qp = listener->accept(qp_options(p), 100ms);
+    } catch (const Error& e) {
+      CHECK(e.sys_errno() == ETIMEDOUT, std::string("accept: ") + e.what());
+    }
+  }
+  const auto& data = p.qp->peer_private_data();
+  CHECK(std::string(reinterpret_cast<const char*>(data.data()), data.size()) == "polite",
+        "accepted the wrong client");
+  // The stalled handshake is dropped at its 8 s bound, and said so.
+  const auto start = Clock::now();
+  try {
+    auto stray = listener->accept(qp_options(p), 15s);
+    CHECK(false, "accepted the stalled client from " + stray->peer());
+  } catch (const Error& e) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    std::printf("  server: after %lld ms: %s\n", static_cast<long long>(ms.count()),
+                e.what());
+    CHECK(e.sys_errno() == ECONNABORTED, e.what());
+    CHECK(std::string(e.what()).find("RTU") != std::string::npos, e.what());
+  }
+  send_text(p, "done");
+  wait_closed(p, 20s);
+}
+
+void stalled_handshake_client(const std::string& address) {
+  StalledClient stalled(address);  // answered by the listener: its REP came back
+  Peer p = open_peer();
+  const std::string polite = "polite";
+  const auto start = Clock::now();
+  dial(p, address, nullptr,
+       std::as_bytes(std::span<const char>(polite.data(), polite.size())));
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  std::printf("  client: connected in %lld ms beside a stalled handshake (bound %lld)\n",
+              static_cast<long long>(ms.count()),
+              static_cast<long long>(scaled(kStalledBound).count()));
+  CHECK(ms < scaled(kStalledBound), "a stalled handshake delayed a well-behaved client");
+  post_recv(p, 1, 0, 64);
+  expect_ok(*p.cq, *p.qp, Opcode::kRecv);  // "done": the server saw the drop
+}
+
 struct Case {
   const char* name;
   void (*server)(const std::string&);  // null: client-only
@@ -927,6 +1062,7 @@ const Case kCases[] = {
     {"srq", srq_server, srq_client},
     {"short_accept_polls", short_accept_server, short_accept_client},
     {"recv_after_peer_left", recv_after_peer_left_server, recv_after_peer_left_client},
+    {"stalled_handshake", stalled_handshake_server, stalled_handshake_client},
 };
 
 bool run_case(const Case& c, const std::string& role, const std::string& address) {

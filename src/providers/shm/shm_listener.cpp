@@ -1,12 +1,15 @@
 #include "providers/shm/shm_listener.hpp"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "core/address.hpp"
@@ -33,7 +36,8 @@ ShmListener::ShmListener(ShmContext& context, const std::string& address)
     : context_(context) {
   const auto where = core::parse_host_port(address, "listen", "shm");
   host_ = where.host;
-  socket_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking: accept_queued() takes what is queued and no more.
+  socket_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!socket_) throw Error("listen", "shm", address, errno, "socket");
   if (where.port != 0) {
     if (bind_abstract(socket_.get(), where.port) != 0) {
@@ -68,32 +72,98 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
   if (reply.size() > Context::kMaxPrivateData) {
     throw Error("accept", "shm", address(), EINVAL, "private data larger than 192 bytes");
   }
-  pollfd pfd{socket_.get(), POLLIN, 0};
-  int ready;
-  do {
-    ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-  } while (ready < 0 && errno == EINTR);
-  if (ready < 0) throw Error("accept", "shm", address(), errno, "poll");
-  if (ready == 0)
-    throw Error("accept", "shm", address(), ETIMEDOUT, "no connection request");
-  Fd conn(::accept4(socket_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  if (!conn) throw Error("accept", "shm", address(), errno, "accept");
-
-  ucred cred{};
-  socklen_t cred_len = sizeof cred;
-  std::string peer =
-      "pid " + std::to_string(::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred,
-                                           &cred_len) == 0
-                                  ? cred.pid
-                                  : 0);
-  PeerEnd remote = receive_handshake(conn.get(), "accept", peer, timeout);
-  LocalEnd local = prepare_local_end(context_, options);
-  if (int rc = send_handshake(conn.get(), context_, local, options, reply, true);
-      rc != 0) {
-    throw Error("accept", "shm", peer, -rc, "sending handshake");
+  const auto deadline = core::Clock::now() + timeout;
+  // Held while the pending set is looked at, not while waiting.
+  std::unique_lock lock(mu_);
+  for (;;) {
+    accept_queued();
+    std::vector<pollfd> pfds;
+    pfds.reserve(pending_.size() + 1);
+    for (const Pending& p : pending_) pfds.push_back({p.conn.get(), POLLIN, 0});
+    if (!pending_.empty() && ::poll(pfds.data(), pfds.size(), 0) < 0 && errno != EINTR) {
+      throw Error("accept", "shm", address(), errno, "poll");
+    }
+    const auto now = core::Clock::now();
+    std::optional<Error> failure;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const bool readable = pfds[i].revents != 0;
+      if (!readable && now < pending_[i].deadline) continue;
+      Pending p = std::move(pending_[i]);
+      pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+      pfds.erase(pfds.begin() + static_cast<ptrdiff_t>(i));
+      --i;
+      if (!readable) {
+        const std::string why = fmt::format("no handshake within {} ms of connecting",
+                                            kHandshakeTimeout.count());
+        core::log().warn("shm: {}: dropped the connection from {}: {}", address(), p.peer,
+                         why);
+        if (!failure) failure.emplace("accept", "shm", p.peer, ECONNABORTED, why);
+        continue;
+      }
+      PeerEnd remote;
+      try {
+        // A SEQPACKET Hello arrives whole: this does not wait.
+        remote = receive_handshake(p.conn.get(), "accept", p.peer,
+                                   std::chrono::milliseconds(0));
+      } catch (const Error& e) {
+        // One bad client must not take the listener down: log and go on.
+        core::log().warn("shm: {}: dropped the connection from {}: {}", address(), p.peer,
+                         e.what());
+        if (!failure) failure = e;
+        continue;
+      }
+      LocalEnd local = prepare_local_end(context_, options);
+      if (int rc = send_handshake(p.conn.get(), context_, local, options, reply, true);
+          rc != 0) {
+        throw Error("accept", "shm", p.peer, -rc, "sending handshake");
+      }
+      return std::make_unique<ShmQueuePair>(context_, options, std::move(local),
+                                            std::move(remote));
+    }
+    if (failure) throw *failure;
+    const int left = core::ms_left(deadline);
+    if (left == 0) {
+      throw Error("accept", "shm", address(), ETIMEDOUT,
+                  pending_.empty() ? "no connection request"
+                                   : fmt::format("no handshake arrived ({} connected "
+                                                 "clients pending)",
+                                                 pending_.size()));
+    }
+    int wait = left;
+    pfds.clear();
+    pfds.push_back({socket_.get(), POLLIN, 0});
+    for (const Pending& p : pending_) {
+      pfds.push_back({p.conn.get(), POLLIN, 0});
+      wait = std::min(wait, core::ms_left(p.deadline) + 1);
+    }
+    lock.unlock();
+    ::poll(pfds.data(), pfds.size(), wait);  // EINTR: looked at again
+    lock.lock();
   }
-  return std::make_unique<ShmQueuePair>(context_, options, std::move(local),
-                                        std::move(remote));
+}
+
+void ShmListener::accept_queued() {
+  for (;;) {
+    Fd conn(::accept4(socket_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      throw Error("accept", "shm", address(), errno, "accept");
+    }
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    const int pid =
+        ::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0
+            ? cred.pid
+            : 0;
+    if (pending_.size() >= kMaxPendingHandshakes) {
+      core::log().warn("shm: {}: {} handshakes pending, dropping the oldest (from {})",
+                       address(), pending_.size(), pending_.front().peer);
+      pending_.erase(pending_.begin());
+    }
+    pending_.push_back({std::move(conn), "pid " + std::to_string(pid),
+                        core::Clock::now() + kHandshakeTimeout});
+  }
 }
 
 }  // namespace rdmakit::shm

@@ -1,6 +1,10 @@
 #pragma once
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "core/deadline.hpp"
 #include "providers/shm/unix_socket.hpp"
 #include "rdmakit/context.hpp"
 
@@ -8,11 +12,22 @@ namespace rdmakit::shm {
 
 class ShmContext;
 
+// How long a connected client may take to send its Hello (it sends it right
+// after connect), and how many such clients may wait at once; one more
+// drops the oldest.
+inline constexpr std::chrono::milliseconds kHandshakeTimeout{5000};
+inline constexpr size_t kMaxPendingHandshakes = 64;
+
 // Listens on the abstract Unix socket "rdmakit-shm:<port>": shm peers meet
 // by port on the same host (the host part is only checked for syntax).
 class ShmListener final : public Listener {
  public:
   ShmListener(ShmContext& context, const std::string& address);
+  // Clients whose Hello has not arrived stay pending across calls (each for
+  // kHandshakeTimeout); the first whose Hello arrives is answered. A client
+  // that connects and says nothing costs a slot, not the time of the
+  // clients behind it, and a caller polling with short timeouts never drops
+  // a client whose Hello is on its way.
   std::unique_ptr<QueuePair> accept(
       const QpOptions& options, std::chrono::milliseconds timeout,
       std::span<const std::byte> reply_private_data) override;
@@ -20,10 +35,20 @@ class ShmListener final : public Listener {
   uint16_t port() const override { return port_; }
 
  private:
+  struct Pending {
+    Fd conn;
+    std::string peer;
+    core::Clock::time_point deadline;
+  };
+  // Takes every connection the kernel has queued into pending_.
+  void accept_queued();
+
   ShmContext& context_;
   std::string host_;
   uint16_t port_ = 0;
   Fd socket_;
+  std::mutex mu_;  // guards pending_ (accept() may run in several threads)
+  std::vector<Pending> pending_;
 };
 
 }  // namespace rdmakit::shm

@@ -18,11 +18,11 @@
 
 namespace rdmakit::verbs {
 
-// How long the connection handshake may take once accept() has taken a
-// request, whatever the caller's accept timeout (which bounds only the wait
-// for a request: a server polling accept() with a short timeout must not
-// abandon a connection the peer already sees accepted). Covers one lost
-// REP or RTU, which the CM resends after its response timeout (~4.3 s).
+// How long a connection handshake may take from its request on, whatever
+// the timeouts of the accept() calls that drive it (a server polling
+// accept() with a short timeout must not abandon a connection the peer
+// already sees accepted; the handshake stays pending between calls).
+// Covers one lost REP or RTU, which the CM resends after ~4.3 s.
 inline constexpr std::chrono::milliseconds kHandshakeTimeout{8000};
 
 struct SockAddr {

@@ -1,6 +1,6 @@
-// The verbs context (protection domain, memory registration, CQs, SRQs),
-// its listener, and connect. Connection setup helpers are in
-// verbs_handshake.cpp, rdma_cm plumbing in verbs_cm.cpp.
+// The verbs context (protection domain, memory registration, CQs, SRQs)
+// and connect. The listener is in verbs_listener.cpp, connection setup
+// helpers in verbs_handshake.cpp, rdma_cm plumbing in verbs_cm.cpp.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -21,6 +21,7 @@
 #include "core/provider_factories.hpp"
 #include "providers/verbs/verbs_cm.hpp"
 #include "providers/verbs/verbs_handshake.hpp"
+#include "providers/verbs/verbs_listener.hpp"
 #include "providers/verbs/verbs_mr.hpp"
 #include "providers/verbs/verbs_provider.hpp"
 #include "providers/verbs/verbs_srq.hpp"
@@ -30,181 +31,6 @@ namespace rdmakit::verbs {
 namespace {
 
 using core::Clock;
-
-// ---------------------------------------------------------------- listener
-
-class VerbsListener final : public Listener {
- public:
-  VerbsListener(std::shared_ptr<Device> device, EventChannelHandle channel, CmIdHandle id,
-                std::string host, uint16_t port)
-      : device_(std::move(device)),
-        channel_(std::move(channel)),
-        id_(std::move(id)),
-        host_(std::move(host)),
-        port_(port) {}
-
-  std::unique_ptr<QueuePair> accept(const QpOptions& options,
-                                    std::chrono::milliseconds timeout,
-                                    std::span<const std::byte> reply) override;
-  std::string address() const override {
-    return core::HostPort{host_, port_}.to_string();
-  }
-  uint16_t port() const override { return port_; }
-
- private:
-  std::shared_ptr<Device> device_;
-  EventChannelHandle channel_;
-  CmIdHandle id_;
-  std::string host_;
-  uint16_t port_;
-};
-
-std::unique_ptr<QueuePair> VerbsListener::accept(const QpOptions& options,
-                                                 std::chrono::milliseconds timeout,
-                                                 std::span<const std::byte> reply) {
-  const auto deadline = Clock::now() + timeout;
-  const std::string self = address();
-  if (reply.size() > Context::kMaxPrivateData) {
-    throw Error("accept", kProvider, self, EINVAL,
-                fmt::format("reply private data is {} bytes; at most {}", reply.size(),
-                            Context::kMaxPrivateData));
-  }
-  CmEvent request;
-  for (;;) {
-    request = next_event(channel_.get(), deadline, "accept", "connection request", self);
-    if (request.type == RDMA_CM_EVENT_CONNECT_REQUEST) break;
-    core::log().debug("verbs: listener {} ignores {}", self,
-                      rdma_event_str(request.type));
-  }
-  // The caller's timeout bounded the wait for a request. The handshake gets
-  // its own bound: once we answer, the client moves its QP to RTS and may
-  // return from connect(); giving up on the RTU then (a server polling with
-  // a short timeout on a slow link) would leave it a QP whose peer is gone.
-  const auto handshake_deadline = std::max(deadline, Clock::now() + kHandshakeTimeout);
-  // Declared before the id, so it is destroyed after it: rdma_destroy_id
-  // writes to its id's channel (a use-after-free when accept() threw).
-  EventChannelHandle channel;
-  CmIdHandle id(request.id);
-  const std::string peer = core::sockaddr_string(rdma_get_peer_addr(id.get()));
-  auto refuse = [&](int err, const std::string& why) {
-    rdma_reject(id.get(), nullptr, 0);
-    return Error("accept", kProvider, peer, err, why);
-  };
-  auto hello = parse_handshake(request.private_data);
-  if (!hello) throw refuse(EPROTO, "the connection request carries no rdmakit handshake");
-  // Private data beyond the REQ: its first bytes, then where to READ the rest.
-  const bool overflow = hello->total > kReqUserData;
-  uint64_t overflow_addr = 0;
-  uint32_t overflow_rkey = 0;
-  if (overflow) {
-    if (hello->user.size() < kReqUserData) {
-      throw refuse(EPROTO,
-                   "the connection request's private data overflow is incomplete");
-    }
-    const std::byte* desc = hello->user.data() + kReqOverflowUserData;
-    overflow_addr = core::get_le<uint64_t>(desc);
-    overflow_rkey = core::get_le<uint32_t>(desc + 8);
-    hello->user.resize(kReqOverflowUserData);
-  }
-  if (id->verbs != device_->context) {
-    throw refuse(ENODEV,
-                 fmt::format("request arrived on {}, this context uses {}",
-                             ibv_get_device_name(id->verbs->device), device_->name()));
-  }
-  // Until established the id gets its own channel; then the progress thread's.
-  try {
-    channel = make_channel("accept", peer);
-  } catch (const Error&) {
-    rdma_reject(id.get(), nullptr, 0);
-    throw;
-  }
-  if (rdma_migrate_id(id.get(), channel.get()) != 0)
-    throw refuse(errno, "rdma_migrate_id");
-  VerbsQp::Parts parts;
-  Negotiated negotiated{};
-  std::vector<std::byte> answer;
-  try {
-    parts = create_qp(*device_, options, peer);
-    to_init(id.get(), parts.qp.get(), peer);
-    if (overflow) {
-      // The rest of the client's private data is READ once connected.
-      parts.handshake_buf.resize(hello->total - kReqOverflowUserData);
-      register_handshake(*device_, parts, IBV_ACCESS_LOCAL_WRITE, peer);
-    }
-    const ibv_mtu mtu = std::min(device_->port_attr.active_mtu, hello->mtu);
-    negotiated = bring_up(*device_, id.get(), parts.qp.get(), mtu, parts.options, peer);
-    answer = make_handshake(mtu, reply, reply.size());
-  } catch (const Error&) {
-    rdma_reject(id.get(), nullptr, 0);
-    throw;
-  }
-  rdma_conn_param param = conn_param(*device_, answer, parts.qp->qp_num);
-  // Never grant more reads in flight than the initiator asked for, and never
-  // ask for more than the initiator can serve.
-  param.responder_resources =
-      std::min(param.responder_resources, request.initiator_depth);
-  param.initiator_depth = std::min(param.initiator_depth, request.responder_resources);
-  if (rdma_accept(id.get(), &param) != 0) {
-    throw Error("accept", kProvider, peer, errno, "rdma_accept");
-  }
-  CmEvent established;
-  try {
-    established = next_event(channel.get(), handshake_deadline, "accept",
-                             rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), peer);
-  } catch (const Error& e) {
-    if (e.sys_errno() != ETIMEDOUT) throw;
-    // Not ETIMEDOUT: a caller polling accept() reads that as "no request
-    // yet", and this request was real and answered.
-    throw Error("accept", kProvider, peer, ECONNABORTED,
-                fmt::format("accepted, but no {} (the peer's RTU) within {} ms",
-                            rdma_event_str(RDMA_CM_EVENT_ESTABLISHED),
-                            kHandshakeTimeout.count()));
-  }
-  if (established.type != RDMA_CM_EVENT_ESTABLISHED)
-    throw_cm_failure(established, "accept", "rdma_accept", peer);
-  if (overflow) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(parts.handshake_buf.data()),
-                static_cast<uint32_t>(parts.handshake_buf.size()),
-                parts.handshake_mr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 0;  // sequence 0: the extra send slot the QP was created with
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = overflow_addr;
-    wr.wr.rdma.rkey = overflow_rkey;
-    parts.core->send_ring[0] = {UINT64_MAX, Opcode::kRead};
-    parts.core->handshake_status.store(QpCore::kHandshakePending,
-                                       std::memory_order_release);
-    parts.core->send_published.store(1, std::memory_order_release);
-    parts.core->send_posted = 1;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(parts.qp.get(), &wr, &bad); rc != 0) {
-      throw Error("ibv_post_send", kProvider, peer, rc,
-                  "READ of the private data overflow");
-    }
-    const ibv_wc wc =
-        parts.send_cq->wait_handshake(parts.core.get(), 0, handshake_deadline);
-    if (wc.status != IBV_WC_SUCCESS) {
-      throw Error(
-          "accept", kProvider, peer, EPROTO,
-          fmt::format("READ of the rest of the connect private data ({} bytes) "
-                      "failed: {}",
-                      parts.handshake_buf.size(), status_name(map_wc_status(wc.status))));
-    }
-    hello->user.insert(hello->user.end(), parts.handshake_buf.begin(),
-                       parts.handshake_buf.end());
-  }
-  log_connected(*device_, "accepted", peer, parts, negotiated, hello->mtu);
-  auto conn = std::make_shared<ConnState>();
-  ibv_qp* qp = parts.qp.get();
-  rdma_cm_id* raw_id = id.get();
-  auto result = std::make_unique<VerbsQp>(device_, std::move(id), std::move(parts), peer,
-                                          std::move(hello->user), conn);
-  device_->get_progress_thread().adopt(raw_id, qp, conn, peer);
-  return result;
-}
 
 // ---------------------------------------------------------------- context
 

@@ -179,13 +179,11 @@ bool VerbsCq::translate(const ibv_wc& wc, Completion* out) noexcept {
   return true;
 }
 
-ibv_wc VerbsCq::wait_handshake(QpCore* core, uint64_t wr_id,
-                               std::chrono::steady_clock::time_point deadline) {
+std::optional<ibv_wc> VerbsCq::poll_handshake(QpCore* core) {
   // The CQ may be polled by its owner thread meanwhile (QPs may be accepted
   // while it polls): whichever thread sees the READ's completion records it
   // in the QpCore (translate()); other completions this thread polls wait in
   // pending_ for the owner. The owner's arm() stash is never touched here.
-  (void)wr_id;
   for (;;) {
     const int status = core->handshake_status.load(std::memory_order_acquire);
     if (status >= 0) {
@@ -196,20 +194,13 @@ ibv_wc VerbsCq::wait_handshake(QpCore* core, uint64_t wr_id,
       return wc;
     }
     ibv_wc wc{};
-    if (ibv_poll_cq(cq_.get(), 1, &wc) == 1) {
-      std::lock_guard lock(qps_mutex_);
-      Completion c;
-      if (translate(wc, &c)) {
-        pending_.push_back(c);
-        has_pending_.store(true, std::memory_order_release);
-      }
-      continue;
+    if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) return std::nullopt;
+    std::lock_guard lock(qps_mutex_);
+    Completion c;
+    if (translate(wc, &c)) {
+      pending_.push_back(c);
+      has_pending_.store(true, std::memory_order_release);
     }
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw Error("accept", kProvider, "", ETIMEDOUT,
-                  "the rest of the connect private data did not arrive");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -140,11 +141,10 @@ class VerbsCq final : public CompletionQueue {
                   const std::string& peer);
   void detach_srq(QpCore* core, const SrqCore* srq) noexcept;
 
-  // Waits for the completion with device wr_id `wr_id` of `core` (the
-  // handshake READ, sequence 0 of its send queue); completions of other QPs
-  // met meanwhile are kept for poll(). Returns the work completion.
-  ibv_wc wait_handshake(QpCore* core, uint64_t wr_id,
-                        std::chrono::steady_clock::time_point deadline);
+  // The completion of `core`'s handshake READ (sequence 0 of its send
+  // queue) if it has arrived, without waiting; completions of other QPs met
+  // meanwhile are kept for poll().
+  std::optional<ibv_wc> poll_handshake(QpCore* core);
 
  private:
   bool translate(const ibv_wc& wc, Completion* out) noexcept;
