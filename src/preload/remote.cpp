@@ -484,7 +484,8 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
   const auto deadline = Clock::now() + config().timeout;
   try {
     up.stream =
-        client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline, &up.reason);
+        client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline, &up.reason,
+                      tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }
@@ -493,7 +494,6 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
 
 Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
   const InternalScope internal;
-  (void)tcp_fd;
   Upgrade up;
   const RemoteConfig& rc = remote_config();
   up.path = provider_name(rc.provider);
@@ -544,7 +544,7 @@ Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
     up.stream = server_commit(
         c.get(), *eng,
         ipv4_text(t.client_addr) + ":" + std::to_string(s.offer.stream_port),
-        s.offer.client_nonce, deadline, &up.reason);
+        s.offer.client_nonce, deadline, &up.reason, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

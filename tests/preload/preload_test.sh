@@ -346,7 +346,7 @@ PY
     fi
     expect_count 0 "path=shm" "accelerated connections"
     ;;
-  netns-remote)
+  netns-remote|netns-squat)
     # The cross-host rendezvous (src/preload/remote.cpp) between two
     # network-namespace hosts, with the streams on the tcp provider
     # (RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp: no RDMA device here; the
@@ -372,6 +372,86 @@ PY
       for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
       fail "no server listening on port $1 in $ns_a"
     }
+    if [ "$case_name" = netns-squat ]; then
+    # A squatter: another, plain process of the server host holds the
+    # rendezvous ports of two plain servers (one speaks first, like an ssh
+    # banner; one waits for the client) and answers the preloaded client's
+    # probe, offer and answer like rdmakit would. It cannot write the
+    # acceptor's proof into the kernel connection, so the client must stay on
+    # kernel TCP with the reason, every byte (the banner included) intact.
+    in_a timeout 30 python3 - 5301 5302 "$work/squat.count" >"$work/squat.out" 2>&1 <<'PY' &
+import os, socket, struct, sys, threading
+got = []
+def squat(port):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("10.251.78.1", port + 10000)); l.listen(4)
+    c, _ = l.accept(); c.settimeout(20)
+    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))
+    offer = b""
+    while len(offer) < 72:
+        b = c.recv(72 - len(offer))
+        if not b: return
+        offer += b
+    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))  # "stored"
+    c.sendall(struct.pack("<II", 0x31504b52, 0) + os.urandom(16))  # the answer
+    got.append(port)
+    while c.recv(4096): pass  # until the client gives up on us
+ts = [threading.Thread(target=squat, args=(int(p),)) for p in sys.argv[1:3]]
+for t in ts: t.start()
+for t in ts: t.join()
+open(sys.argv[3], "w").write(f"{len(got)}\n")
+PY
+    squat_pid=$!; pids+=("$squat_pid")
+    # The real servers, not preloaded: 5301 sends a banner first, 5302 only
+    # echoes. Each serves one connection.
+    in_a timeout 30 python3 - >"$work/s.out" 2>&1 <<'PY' &
+import socket, threading
+def serve(port, banner):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("10.251.78.1", port)); l.listen(4)
+    c, _ = l.accept()
+    if banner: c.sendall(banner)
+    while True:
+        b = c.recv(65536)
+        if not b: break
+        c.sendall(b)
+    c.close()
+ts = [threading.Thread(target=serve, args=a) for a in ((5301, b"SSH-2.0-squat-test\r\n"), (5302, b""))]
+for t in ts: t.start()
+for t in ts: t.join()
+PY
+    server_pid=$!; pids+=("$server_pid")
+    for p in 5301 5302 15301 15302; do wait_listen_ns $p; done
+    RDMAKIT_PRELOAD_TIMEOUT_MS=2000 in_b "$run" --log "$log" timeout 30 python3 - >"$work/c.out" 2>&1 <<'PY' ||
+import socket, sys
+data = bytes((i * 7 + 3) & 0xff for i in range(300000))
+for port, banner in ((5301, b"SSH-2.0-squat-test\r\n"), (5302, b"")):
+    s = socket.create_connection(("10.251.78.1", port), timeout=20)
+    got = b""
+    while len(got) < len(banner):
+        b = s.recv(len(banner) - len(got))
+        if not b: sys.exit(f"port {port}: EOF in the banner after {got!r}")
+        got += b
+    if got != banner: sys.exit(f"port {port}: banner {got!r}")
+    s.sendall(data); s.shutdown(socket.SHUT_WR)
+    echo = b""
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        echo += b
+    if echo != data: sys.exit(f"port {port}: echo of {len(echo)} bytes differs from the {len(data)} sent")
+    print(f"port {port}: banner and {len(data)} bytes each way intact")
+PY
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "servers: $(cat "$work/s.out")"
+    wait "$squat_pid" || fail "squatter: $(cat "$work/squat.out")"
+    [ "$(cat "$work/squat.count")" = 2 ] || fail "the squatter did not get both offers: $(cat "$work/squat.out")"
+    expect_count 1 "python3\]: connect fd=.*peer=10.251.78.1:5301 path=kernel reason=the connection's first bytes are not the acceptor's proof" \
+      "refusals of the squatter (banner server)"
+    expect_count 1 "python3\]: connect fd=.*peer=10.251.78.1:5302 path=kernel reason=no proof from the acceptor on the connection within the budget" \
+      "refusals of the squatter (silent server)"
+    expect_count 0 "path=tcp" "connections upgraded through the squatter"
+    else
     iperf_pair() {  # server-preloaded(0|1) client-preloaded(0|1) iperf3-client-args...
       local sp=$1 cp=$2; shift 2
       local srun=() crun=()
@@ -427,10 +507,10 @@ import socket, struct, sys
 s = socket.create_connection(("10.251.78.1", 15201), timeout=5)
 hello = s.recv(16, socket.MSG_WAITALL)
 magic, version, status, _ = struct.unpack("<IIII", hello)
-assert magic == 0x31504b52 and version == 1 and status == 0, hello
+assert magic == 0x31504b52 and version == 2 and status == 0, hello
 tuple_ = struct.pack("<B3x16s16sHH", socket.AF_INET, socket.inet_aton("10.251.78.99").ljust(16, b"\0"),
                      socket.inet_aton("10.251.78.1").ljust(16, b"\0"), socket.htons(40000), socket.htons(5201))
-offer = struct.pack("<II", 0x31504b52, 1) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
+offer = struct.pack("<II", 0x31504b52, 2) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
 assert len(offer) == 72
 s.sendall(offer)
 magic, version, status, _ = struct.unpack("<IIII", s.recv(16, socket.MSG_WAITALL))
@@ -440,6 +520,7 @@ PY
     expect_count 1 "rendezvous local=\[?(::ffff:)?10.251.78.1\]?:15201 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+: offer names another host or port: refused" \
       "refusals of the forged offer"
     kill "$server_pid" 2>/dev/null || true
+    fi
     ;;
   sockperf-select|sockperf-poll|sockperf-epoll)
     # Server and clients multiplex with -F s|p|e (sockperf needs a feed file
