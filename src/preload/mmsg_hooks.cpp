@@ -48,7 +48,8 @@ const MmsgLibc& mmsg_libc() noexcept {
 
 void fill_peer(const Conn& c, msghdr& h) {
   if (h.msg_name != nullptr) {
-    (void)real().getpeername(c.tcp_fd, static_cast<sockaddr*>(h.msg_name), &h.msg_namelen);
+    (void)real().getpeername(c.tcp_fd, static_cast<sockaddr*>(h.msg_name),
+                             &h.msg_namelen);
   }
   h.msg_controllen = 0;  // no ancillary data on a stream
   h.msg_flags = 0;
@@ -65,8 +66,7 @@ EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
   unsigned done = 0;
   for (; done < vlen; ++done) {
     msghdr& h = vec[done].msg_hdr;
-    const ssize_t r =
-        conn_send(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), flags);
+    const ssize_t r = conn_send(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), flags);
     if (r < 0) break;
     vec[done].msg_len = static_cast<unsigned>(r);
   }
@@ -80,8 +80,8 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
   if (!c) return mmsg_libc().recvmmsg(fd, vec, vlen, flags, timeout);
   using Clock = std::chrono::steady_clock;
   const bool timed = timeout != nullptr;
-  if (timed && (timeout->tv_sec < 0 || timeout->tv_nsec < 0 ||
-                timeout->tv_nsec >= 1000000000L)) {
+  if (timed &&
+      (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000L)) {
     errno = EINVAL;
     return -1;
   }
@@ -105,7 +105,8 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
     if (timed && Clock::now() >= end) break;
   }
   if (timed) {
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(end - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - Clock::now());
     const int64_t ns = left.count() > 0 ? left.count() : 0;
     timeout->tv_sec = static_cast<time_t>(ns / 1000000000);
     timeout->tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(google-runtime-int)

@@ -483,9 +483,8 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
   }
   const auto deadline = Clock::now() + config().timeout;
   try {
-    up.stream =
-        client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline, &up.reason,
-                      tcp_fd);
+    up.stream = client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline,
+                              &up.reason, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

@@ -131,8 +131,7 @@ std::string take_token(int kernel_fd, const Token& token, Clock::time_point dead
   const char* from = token.direction == kFromServer ? "acceptor" : "client";
   Token got;
   for (;;) {
-    const ssize_t n =
-        real().recv(kernel_fd, &got, sizeof got, MSG_PEEK | MSG_DONTWAIT);
+    const ssize_t n = real().recv(kernel_fd, &got, sizeof got, MSG_PEEK | MSG_DONTWAIT);
     if (n > 0) {
       // Compared as far as it arrived: a plain server's first bytes (an
       // ssh or smtp banner) are refused at once, and left where they are.

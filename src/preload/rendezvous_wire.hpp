@@ -17,7 +17,7 @@ namespace rdmakit::preload::wire {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
-constexpr uint32_t kVersion = 2;  // 2: in-band proof between hosts (Token)
+constexpr uint32_t kVersion = 2;         // 2: in-band proof between hosts (Token)
 constexpr size_t kNonce = 16;
 constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
 using Nonce = std::array<uint8_t, kNonce>;
