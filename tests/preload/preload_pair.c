@@ -78,7 +78,7 @@ static void wait_fd(int fd, short ev) {
 }
 
 /* Sends size bytes of pattern(seed) in uneven pieces, rotating through
- * writev, send, sendmsg and sendmmsg (two messages), waiting with poll on
+ * writev, send, sendmsg, sendmmsg (two messages) and sendto, waiting with poll on
  * EAGAIN. */
 static void send_pattern(int fd, uint64_t seed, size_t size) {
   static uint8_t buf[70000];
@@ -93,8 +93,9 @@ static void send_pattern(int fd, uint64_t seed, size_t size) {
       ssize_t w;
       size_t left = n - done, half = left / 2;
       struct iovec v[2] = {{buf + done, half}, {buf + done + half, left - half}};
-      switch (turn++ % 4) {
+      switch (turn++ % 5) {
         case 0: w = writev(fd, v, 2); break;
+        case 4: w = sendto(fd, buf + done, left, MSG_NOSIGNAL, NULL, 0); break;
         case 1: w = send(fd, buf + done, left, MSG_NOSIGNAL); break;
         case 2: {
           struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
@@ -141,8 +142,9 @@ static void check_bytes(const uint8_t* b, size_t n, uint64_t seed, size_t* off, 
 }
 
 /* Reads until end of stream, rotating through recv, readv, recvmsg,
- * recvmmsg (two messages, MSG_WAITFORONE), read and recv of a length the
- * compiler cannot see (the fortified __read_chk and __recv_chk); checks
+ * recvmmsg (two messages, MSG_WAITFORONE), read, recv and recvfrom of a
+ * length the compiler cannot see (the fortified __read_chk, __recv_chk and
+ * __recvfrom_chk); checks
  * length and every byte. FIONREAD must never promise more than a read
  * then returns. */
 static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
@@ -158,7 +160,9 @@ static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
     struct iovec v[2] = {{buf, half}, {buf + half, sizeof buf - half}};
     int two = 0;
     struct mmsghdr mm[2];
-    switch (turn++ % 6) {
+    struct sockaddr_storage from;
+    socklen_t fromlen = sizeof from;
+    switch (turn++ % 7) {
       case 0: r = recv(fd, buf, sizeof buf, 0); break;
       case 1: r = readv(fd, v, 2); break;
       case 2: {
@@ -178,7 +182,16 @@ static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
         break;
       }
       case 4: r = read(fd, buf, sizeof buf - odd); break;
-      default: r = recv(fd, buf, sizeof buf - odd, 0); break;
+      case 5: r = recv(fd, buf, sizeof buf - odd, 0); break;
+      default:
+        fromlen = sizeof from;
+        r = recvfrom(fd, buf, sizeof buf - odd, 0, (struct sockaddr*)&from, &fromlen);
+        /* The kernel names no address on TCP (length 0); the preload names the peer. */
+        if (r > 0 && fromlen != 0 && from.ss_family != AF_INET && from.ss_family != AF_INET6) {
+          fprintf(stderr, "preload_pair: recvfrom named a non-inet address\n");
+          exit(1);
+        }
+        break;
     }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (ep >= 0) {
