@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One preload test case on loopback: preload_test.sh CASE RUN PAIR
-#   RUN   the rdmakit-run wrapper, PAIR the preload_pair test program.
+# One preload test case on loopback: preload_test.sh CASE RUN PAIR [FORGER]
+#   RUN   the rdmakit-run wrapper, PAIR the preload_pair test program,
+#   FORGER the rendezvous_forger test program (netns-squat).
 # Each case checks the bytes that moved and the path every connection took
 # (the preload's log: "path=shm" or "path=kernel reason=..."). A missing
 # program is a failure, not a skip. Every wait is bounded.
 set -euo pipefail
-case_name=$1 run=$(realpath "$2") pair=$(realpath "$3")
+case_name=$1 run=$(realpath "$2") pair=$(realpath "$3") forger=${4:+$(realpath "$4")}
 work=$(mktemp -d /tmp/rdmakit-preload-test.XXXXXX)
 pids=()
 cleanup() {
@@ -451,6 +452,30 @@ PY
     expect_count 1 "python3\]: connect fd=.*peer=10.251.78.1:5302 path=kernel reason=no proof from the acceptor on the connection within the budget" \
       "refusals of the squatter (silent server)"
     expect_count 0 "path=tcp" "connections upgraded through the squatter"
+    # The other side: a process of the client's host leaves an offer for a
+    # plain client's connection to a preloaded echo server and plays the
+    # rendezvous through to the commit; the server waits for the client's
+    # proof on the connection, finds the plain client's bytes instead, and
+    # stays on kernel TCP (the forger's stream never carries a byte).
+    : >"$log"
+    in_a "$run" --log "$log" timeout 30 python3 - >"$work/s.out" 2>&1 <<'PY' &
+import socket
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.251.78.1", 5303)); l.listen(4)
+c, _ = l.accept()
+while True:
+    b = c.recv(65536)
+    if not b: break
+    c.sendall(b)
+PY
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen_ns 5303; wait_listen_ns 15303
+    in_b timeout 30 "$forger" 10.251.78.1 5303 10.251.78.2 10000 >"$work/f.out" 2>&1 ||
+      fail "forger: $(cat "$work/f.out")"
+    wait "$server_pid" || fail "echo server: $(cat "$work/s.out")"
+    expect_count 1 "python3\]: accept fd=.*peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the connection's first bytes are not the client's proof" \
+      "refusals of the forged client"
+    expect_count 0 "path=tcp" "connections upgraded for the forger"
     else
     iperf_pair() {  # server-preloaded(0|1) client-preloaded(0|1) iperf3-client-args...
       local sp=$1 cp=$2; shift 2
