@@ -364,6 +364,8 @@ PY
     ip link add "ra$$" netns "$ns_a" type veth peer name "rb$$" netns "$ns_b" || fail "veth failed"
     ip -n "$ns_a" addr add 10.251.78.1/24 dev "ra$$"
     ip -n "$ns_b" addr add 10.251.78.2/24 dev "rb$$"
+    ip -n "$ns_a" addr add fd77:251:78::1/64 dev "ra$$" nodad
+    ip -n "$ns_b" addr add fd77:251:78::2/64 dev "rb$$" nodad
     for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
     ip -n "$ns_a" link set "ra$$" up; ip -n "$ns_b" link set "rb$$" up
     export RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp
@@ -485,7 +487,7 @@ PY
       in_a "${srun[@]}" timeout 40 iperf3 -s -1 -p $port -J >"$work/s.json" 2>"$work/s.err" &
       server_pid=$!; pids+=("$server_pid")
       wait_listen_ns $port
-      in_b "${crun[@]}" timeout 40 iperf3 -c 10.251.78.1 -p $port "$@" -J \
+      in_b "${crun[@]}" timeout 40 iperf3 -c "${srv_ip:-10.251.78.1}" -p $port "$@" -J \
         >"$work/c.json" 2>"$work/c.err" || fail "iperf3 client: $(tail -n 20 "$work/c.err" "$work/c.json")"
       wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err")"
       python3 - "$work/c.json" "$work/s.json" <<'PY' || fail "byte counts do not match"
@@ -502,6 +504,12 @@ PY
     expect_count 3 "iperf3\]: connect fd=.*peer=10.251.78.1:$port path=tcp" "client connections on tcp"
     expect_count 3 "iperf3\]: accept fd=.*peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=tcp" "server connections on tcp"
     expect_count 0 "path=kernel" "kernel fallbacks with both ends preloaded"
+    : >"$log"
+    srv_ip=fd77:251:78::1 iperf_pair 1 1 -t 1  # the same over IPv6
+    expect_count 2 "iperf3\]: connect fd=.*local=\[fd77:251:78::2\]:[0-9]+ peer=\[fd77:251:78::1\]:$port path=tcp" \
+      "client connections on tcp over IPv6"
+    expect_count 2 "iperf3\]: accept fd=.*peer=\[fd77:251:78::2\]:[0-9]+ path=tcp" "server connections on tcp over IPv6"
+    expect_count 0 "path=kernel" "kernel fallbacks over IPv6"
     : >"$log"
     iperf_pair 0 1 -t 1  # plain server: nothing listens on the rendezvous port
     expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; no rdmakit rendezvous at 10.251.78.1:15201" \
