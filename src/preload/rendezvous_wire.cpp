@@ -120,6 +120,7 @@ std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce&
 
 std::string send_token(int kernel_fd, const Token& token, Clock::time_point deadline) {
   Token t = token;
+  errno = 0;  // io_all gives up on the deadline without one
   if (!io_all(kernel_fd, &t, sizeof t, true, deadline)) {
     return std::string("could not write the proof on the connection: ") +
            (errno != 0 ? std::strerror(errno) : "timed out");
