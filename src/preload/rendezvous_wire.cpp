@@ -192,6 +192,12 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
   if (kernel_fd >= 0) {
     // Before any stream is accepted: a rendezvous peer that is not the
     // acceptor of this connection gets nothing more from us.
+    Final please;
+    please.status = kProofPlease;
+    if (!io_all(rdv, &please, sizeof please, true, deadline)) {
+      *reason = "rendezvous: peer went away before the proof";
+      return nullptr;
+    }
     proof.direction = kFromServer;
     *reason = take_token(kernel_fd, proof, deadline);
     if (!reason->empty()) return nullptr;
@@ -233,7 +239,24 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
   proof.client_nonce = client_nonce;
   proof.server_nonce = yes.server_nonce;
   if (kernel_fd >= 0) {
-    // After the answer (a client that never got it never waits for this).
+    // Only when the client asks, right after the answer: a client that has
+    // given up has closed the rendezvous and never gets a token in-band.
+    Final please;
+    if (!io_all(rdv, &please, sizeof please, false, deadline) || please.magic != kMagic ||
+        please.status != kProofPlease) {
+      *reason = "rendezvous: the peer did not ask for the proof";
+      return nullptr;
+    }
+    // A client that has written on the connection already is not the one
+    // that offered (that one writes nothing before our proof): its bytes
+    // are the application's, and no token goes in front of them.
+    uint8_t first = 0;
+    if (real().recv(kernel_fd, &first, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+      *reason =
+          "the client wrote on the connection before the upgrade (the rendezvous peer is "
+          "not the process at the other end of this connection): refused";
+      return nullptr;
+    }
     proof.direction = kFromServer;
     *reason = send_token(kernel_fd, proof, deadline);
     if (!reason->empty()) return nullptr;

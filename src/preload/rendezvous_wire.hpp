@@ -51,6 +51,10 @@ struct Final {  // client -> server: both nonces checked, committed
   uint32_t magic = kMagic;
   uint32_t status = 0;
 };
+// Between hosts, client -> server after the answer: "write your proof now".
+// The acceptor writes in-band only on this request, so a client that has
+// given up (and closed the rendezvous) never finds a token in its stream.
+constexpr uint32_t kProofPlease = 3;  // a Final with this status
 
 // Between hosts, the proof that the rendezvous peer is the process that owns
 // the kernel connection (docs/preload.md, "Trust model"): written IN-BAND on

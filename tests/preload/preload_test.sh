@@ -456,27 +456,36 @@ PY
     expect_count 0 "path=tcp" "connections upgraded through the squatter"
     # The other side: a process of the client's host leaves an offer for a
     # plain client's connection to a preloaded echo server and plays the
-    # rendezvous through to the commit; the server waits for the client's
-    # proof on the connection, finds the plain client's bytes instead, and
-    # stays on kernel TCP (the forger's stream never carries a byte).
+    # rendezvous through (rendezvous_forger). late: the plain client speaks
+    # after the acceptor's token; the server waits for the client's proof,
+    # finds the plain client's bytes instead and stays on kernel TCP (the
+    # forger's stream never carries a byte). early: the plain client spoke
+    # before the server accepted; the server refuses without a token.
     : >"$log"
-    in_a "$run" --log "$log" timeout 30 python3 - >"$work/s.out" 2>&1 <<'PY' &
-import socket
+    for mode in late early; do
+      p=5303; delay=0
+      [ $mode = early ] && { p=5304; delay=1; }
+      in_a "$run" --log "$log" timeout 30 python3 - $p $delay >"$work/s.out" 2>&1 <<'PY' &
+import socket, sys, time
 l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("10.251.78.1", 5303)); l.listen(4)
+l.bind(("10.251.78.1", int(sys.argv[1]))); l.listen(4)
+time.sleep(float(sys.argv[2]))  # early: the plain client's bytes are there first
 c, _ = l.accept()
 while True:
     b = c.recv(65536)
     if not b: break
     c.sendall(b)
 PY
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen_ns 5303; wait_listen_ns 15303
-    in_b timeout 30 "$forger" 10.251.78.1 5303 10.251.78.2 10000 >"$work/f.out" 2>&1 ||
-      fail "forger: $(cat "$work/f.out")"
-    wait "$server_pid" || fail "echo server: $(cat "$work/s.out")"
-    expect_count 1 "python3\]: accept fd=.*peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the connection's first bytes are not the client's proof" \
-      "refusals of the forged client"
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen_ns $p; wait_listen_ns $((p + 10000))
+      in_b timeout 30 "$forger" 10.251.78.1 $p 10.251.78.2 10000 $mode >"$work/f.out" 2>&1 ||
+        fail "forger ($mode): $(cat "$work/f.out")"
+      wait "$server_pid" || fail "echo server: $(cat "$work/s.out")"
+    done
+    expect_count 1 "python3\]: accept fd=.*local=\[?(::ffff:)?10.251.78.1\]?:5303 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the connection's first bytes are not the client's proof" \
+      "refusals of the forged client (late)"
+    expect_count 1 "python3\]: accept fd=.*local=\[?(::ffff:)?10.251.78.1\]?:5304 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the client wrote on the connection before the upgrade" \
+      "refusals of the forged client (early)"
     expect_count 0 "path=tcp" "connections upgraded for the forger"
     else
     iperf_pair() {  # server-preloaded(0|1) client-preloaded(0|1) iperf3-client-args...

@@ -5,10 +5,14 @@
 // commit. What it cannot do is write the client's in-band proof on that
 // connection, so the server must refuse the stream and serve the plain
 // client over kernel TCP.
-//   rendezvous_forger SERVER_IP PORT CLIENT_IP PORT_OFFSET
+//   rendezvous_forger SERVER_IP PORT CLIENT_IP PORT_OFFSET late|early
+// late: the plain client speaks only after the acceptor's 40-byte token
+// (written before the server can know the client is plain; docs/preload.md,
+// "Trust model"): the server must refuse at the client's proof. early: the
+// plain client speaks at once and the server accepts late, so its bytes are
+// there before the proof: the server must refuse without writing a token.
 // Exit 0 when the stream gave the forger no byte and the plain client got
-// its echo (after the acceptor's 40-byte token, which the server writes
-// before it can know the client is plain; docs/preload.md, "Trust model").
+// exactly its echo (after the token in the late case).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -94,11 +98,13 @@ sockaddr_in address(const char* ip, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr,
-                 "usage: rendezvous_forger SERVER_IP PORT CLIENT_IP PORT_OFFSET\n");
+  if (argc != 6) {
+    std::fprintf(
+        stderr,
+        "usage: rendezvous_forger SERVER_IP PORT CLIENT_IP PORT_OFFSET late|early\n");
     return 2;
   }
+  const bool early = std::strcmp(argv[5], "early") == 0;
   const int port = std::atoi(argv[2]);
   sockaddr_in server = address(argv[1], port);
   sockaddr_in rdv_addr = address(argv[1], port + std::atoi(argv[4]));
@@ -142,53 +148,77 @@ int main(int argc, char** argv) {
   if (connect(victim, reinterpret_cast<sockaddr*>(&server), sizeof server) != 0) {
     die("plain client connect");
   }
-  write_all(victim, request.data(), request.size(), "plain client request");
+  if (early) write_all(victim, request.data(), request.size(), "plain client request");
 
   Answer answer{};
   read_all(rdv, &answer, sizeof answer, "the answer");
   if (answer.status != 0) die("the server did not answer the offer");
-  auto s = listener->accept(10s);
-  if (s->write(answer.nonce.data(), answer.nonce.size()) != 16) die("stream nonce write");
-  std::array<uint8_t, 16> nc{};
-  if (s->read(nc.data(), nc.size(), rdmakit::stream::Stream::kWaitAll) != 16 ||
-      nc != offer.nonce) {
-    die("stream nonce read");
-  }
-  Final fin;
-  write_all(rdv, &fin, sizeof fin, "the commit");
-  std::printf("forger: offer stored, answered, stream nonces exchanged, committed\n");
-
-  // The server must not use the stream: no byte ever arrives on it.
-  s->set_timeouts(10s, 10s);
-  char b[64];
-  const ssize_t r = s->read(b, sizeof b);
-  if (r > 0) {
-    std::fprintf(
-        stderr, "rendezvous_forger: the server sent %zd bytes on the forged stream\n", r);
-    return 1;
-  }
-  std::printf("forger: the stream closed without a byte (%s)\n",
-              r == 0 ? "end of stream" : std::strerror(static_cast<int>(-r)));
-
-  // The plain client: the acceptor's token (40 bytes), then its echo.
+  Final please;
+  please.status = 3;  // kProofPlease
+  write_all(rdv, &please, sizeof please, "the proof request");
   std::string got;
+  if (early) {
+    // Refused: the server hangs up on the rendezvous and writes no token.
+    char b = 0;
+    pollfd pfd{rdv, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1 || recv(rdv, &b, 1, 0) != 0) {
+      die("the server did not hang up on the forged rendezvous");
+    }
+    std::printf("forger: refused before the proof\n");
+  } else {
+    // The plain client gets the acceptor's token first, then speaks.
+    got.resize(40);
+    read_all(victim, got.data(), got.size(), "the acceptor's token");
+    write_all(victim, request.data(), request.size(), "plain client request");
+    auto s = listener->accept(10s);
+    if (s->write(answer.nonce.data(), answer.nonce.size()) != 16)
+      die("stream nonce write");
+    std::array<uint8_t, 16> nc{};
+    if (s->read(nc.data(), nc.size(), rdmakit::stream::Stream::kWaitAll) != 16 ||
+        nc != offer.nonce) {
+      die("stream nonce read");
+    }
+    Final fin;
+    write_all(rdv, &fin, sizeof fin, "the commit");
+    std::printf("forger: offer stored, answered, stream nonces exchanged, committed\n");
+    // The server must not use the stream: no byte ever arrives on it.
+    s->set_timeouts(10s, 10s);
+    char b[64];
+    const ssize_t r = s->read(b, sizeof b);
+    if (r > 0) {
+      std::fprintf(stderr,
+                   "rendezvous_forger: the server sent %zd bytes on the forged stream\n",
+                   r);
+      return 1;
+    }
+    std::printf("forger: the stream closed without a byte (%s)\n",
+                r == 0 ? "end of stream" : std::strerror(static_cast<int>(-r)));
+  }
+
+  // The plain client: the acceptor's token (late), then exactly its echo.
+  const size_t token = got.size();
+  const size_t want = token + request.size();
   char buf[256];
-  while (got.size() < 40 + request.size()) {
+  while (got.size() < want) {
     pollfd pfd{victim, POLLIN, 0};
     if (poll(&pfd, 1, 10000) != 1) break;
     const ssize_t n = recv(victim, buf, sizeof buf, 0);
     if (n <= 0) break;
     got.append(buf, static_cast<size_t>(n));
   }
-  if (got.size() != 40 + request.size() || got.compare(0, 4, "RXKT") != 0 ||
-      got.substr(40) != request) {
-    std::fprintf(stderr,
-                 "rendezvous_forger: the plain client got %zu bytes, not token + echo\n",
-                 got.size());
+  // Anything more within a moment would be bytes that do not belong.
+  pollfd more{victim, POLLIN, 0};
+  if (poll(&more, 1, 200) == 1 && recv(victim, buf, sizeof buf, MSG_DONTWAIT) > 0) {
+    got.push_back('+');
+  }
+  if (got.size() != want || (!early && got.compare(0, 4, "RXKT") != 0) ||
+      got.substr(token) != request) {
+    std::fprintf(stderr, "rendezvous_forger: the plain client got %zu bytes, not %s\n",
+                 got.size(), early ? "exactly its echo" : "token + echo");
     return 1;
   }
-  std::printf(
-      "forger: the plain client got the acceptor's token, then its echo over TCP\n");
+  std::printf("forger: the plain client got %s over TCP\n",
+              early ? "exactly its echo" : "the acceptor's token, then its echo");
   close(victim);
   close(rdv);
   return 0;
