@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -102,11 +103,18 @@ milliseconds probe_budget() {
   return std::max(t / 4, std::min(t, milliseconds(1000)));
 }
 
-std::string ipv4_text(const uint8_t* addr) {
-  char buf[INET_ADDRSTRLEN] = "?";
-  (void)inet_ntop(AF_INET, addr, buf, sizeof buf);
-  return buf;
+// An address of a tuple as the stream API takes it ("10.0.0.1", "[fd00::1]").
+std::string ip_text(int family, const uint8_t* addr) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  (void)inet_ntop(family, addr, buf, sizeof buf);
+  if (family != AF_INET6) return buf;
+  std::string bracketed(1, '[');
+  bracketed.append(buf);
+  bracketed.push_back(']');
+  return bracketed;
 }
+
+size_t addr_len(int family) { return family == AF_INET6 ? 16 : 4; }
 
 struct RemoteListener {
   int fd = -1;
@@ -172,9 +180,9 @@ void take_offer(int c, uint16_t app_port) {
   // it names: an off-path host cannot leave an offer for someone else's
   // connection (it would have to complete a TCP handshake from that address).
   const Tuple& t = offer.tuple;
-  if (t.family != AF_INET || rdv.family != AF_INET ||
-      std::memcmp(t.client_addr, rdv.client_addr, 4) != 0 ||
-      std::memcmp(t.server_addr, rdv.server_addr, 4) != 0 ||
+  if ((t.family != AF_INET && t.family != AF_INET6) || t.family != rdv.family ||
+      std::memcmp(t.client_addr, rdv.client_addr, addr_len(t.family)) != 0 ||
+      std::memcmp(t.server_addr, rdv.server_addr, addr_len(t.family)) != 0 ||
       ntohs(t.server_port) != app_port) {
     return refuse_offer(1, "offer names another host or port: refused");
   }
@@ -239,7 +247,7 @@ void serve(const std::shared_ptr<RemoteListener>& l) {
 constexpr auto kRemember = std::chrono::seconds(10);
 constexpr size_t kRememberMax = 64;
 struct NotEnabled {
-  uint32_t addr = 0;
+  std::array<uint8_t, 16> addr{};  // IPv4 in the first 4 bytes
   uint16_t port = 0;
   Clock::time_point until;
   std::string reason;
@@ -247,7 +255,9 @@ struct NotEnabled {
 std::mutex g_cache_mu;
 std::vector<NotEnabled>* g_not_enabled = nullptr;  // under g_cache_mu; lives to exit
 
-bool remembered(uint32_t addr, uint16_t port, std::string* reason) {
+using AddrKey = std::array<uint8_t, 16>;
+
+bool remembered(const AddrKey& addr, uint16_t port, std::string* reason) {
   std::lock_guard lock(g_cache_mu);
   if (g_not_enabled == nullptr) return false;
   const auto now = Clock::now();
@@ -260,7 +270,7 @@ bool remembered(uint32_t addr, uint16_t port, std::string* reason) {
   return false;
 }
 
-void remember(uint32_t addr, uint16_t port, const std::string& reason) {
+void remember(const AddrKey& addr, uint16_t port, const std::string& reason) {
   std::lock_guard lock(g_cache_mu);
   if (g_not_enabled == nullptr) g_not_enabled = new std::vector<NotEnabled>();  // NOLINT
   auto& v = *g_not_enabled;
@@ -357,29 +367,45 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   auto p = PendingOfferPtr(new PendingOffer());
   p->remote = true;
   Tuple& t = p->tuple;
-  if (put(peer, t.server_addr, &t.server_port) != AF_INET) {
-    *reason = std::string(kNotHere) + "cross-host upgrades are IPv4 only";
-    return nullptr;
+  const int family = put(peer, t.server_addr, &t.server_port);
+  if (family == AF_INET6) {
+    const auto* p6 = reinterpret_cast<const sockaddr_in6*>(&peer);  // NOLINT
+    if (IN6_IS_ADDR_LINKLOCAL(&p6->sin6_addr)) {
+      // The stream address would need the interface (fe80::1%eth0).
+      *reason = std::string(kNotHere) + "IPv6 link-local peers are not upgraded";
+      return nullptr;
+    }
   }
-  const std::string server = ipv4_text(t.server_addr);
+  const std::string server = ip_text(family, t.server_addr);
   const uint16_t rport = rendezvous_port(ntohs(t.server_port));
-  sockaddr_in rs{};
-  rs.sin_family = AF_INET;
-  rs.sin_port = htons(rport);
-  std::memcpy(&rs.sin_addr, t.server_addr, 4);
-  uint32_t addr_key = 0;
-  std::memcpy(&addr_key, t.server_addr, 4);
+  sockaddr_storage rs{};
+  socklen_t rs_len = 0;
+  if (family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&rs);  // NOLINT
+    in->sin_family = AF_INET;
+    in->sin_port = htons(rport);
+    std::memcpy(&in->sin_addr, t.server_addr, 4);
+    rs_len = sizeof *in;
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&rs);  // NOLINT
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(rport);
+    std::memcpy(&in6->sin6_addr, t.server_addr, 16);
+    rs_len = sizeof *in6;
+  }
+  AddrKey addr_key{};
+  std::memcpy(addr_key.data(), t.server_addr, addr_len(family));
   if (remembered(addr_key, rport, reason)) return nullptr;
   const auto probe_end = Clock::now() + probe_budget();
   const int us =
-      place_high(real().socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      place_high(real().socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (us < 0) {
     *reason = std::string(kNotHere) + "rendezvous socket: " + std::strerror(errno);
     return nullptr;
   }
   p->usock = us;
   const std::string at = server + ":" + std::to_string(rport);
-  if (real().connect(us, reinterpret_cast<sockaddr*>(&rs), sizeof rs) != 0) {  // NOLINT
+  if (real().connect(us, reinterpret_cast<sockaddr*>(&rs), rs_len) != 0) {  // NOLINT
     int err = errno;
     if (err == EINPROGRESS) {
       pollfd pfd{us, POLLOUT, 0};
@@ -410,24 +436,32 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   // The kernel connection will leave from the address the rendezvous
   // connection left from (same destination, same route); bind it now so
   // the offer names its exact 4-tuple.
-  sockaddr_in here{};
+  sockaddr_storage here{};
   socklen_t hl = sizeof here;
   (void)real().getsockname(us, reinterpret_cast<sockaddr*>(&here), &hl);  // NOLINT
-  in6_addr mapped{};  // here's address as an AF_INET6 socket names it
-  mapped.s6_addr[10] = 0xff;
-  mapped.s6_addr[11] = 0xff;
-  std::memcpy(&mapped.s6_addr[12], &here.sin_addr, 4);
+  uint8_t here_addr[16] = {};
+  uint16_t unused_port = 0;
+  (void)put(here, here_addr, &unused_port);
+  in_addr v4{};
+  in6_addr v6{};  // here's address as an AF_INET6 socket names it
+  if (family == AF_INET) {
+    std::memcpy(&v4, here_addr, 4);
+    v6.s6_addr[10] = 0xff;  // v4-mapped
+    v6.s6_addr[11] = 0xff;
+    std::memcpy(&v6.s6_addr[12], here_addr, 4);
+  } else {
+    std::memcpy(&v6, here_addr, 16);
+  }
   sockaddr_storage local{};
-  if (std::string failed = bind_unbound(fd, here.sin_addr, mapped, &local);
-      !failed.empty()) {
+  if (std::string failed = bind_unbound(fd, v4, v6, &local); !failed.empty()) {
     *reason = kNotHere + failed;
     return nullptr;
   }
   uint8_t scratch[16];
   uint16_t client_port = 0;
   (void)put(local, scratch, &client_port);
-  t.family = AF_INET;
-  std::memcpy(t.client_addr, &here.sin_addr, 4);
+  t.family = static_cast<uint8_t>(family);
+  std::memcpy(t.client_addr, here_addr, addr_len(family));
   t.client_port = client_port;
   std::string why;
   stream::Engine* eng = engine(&why, rc.provider);
@@ -436,7 +470,7 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
     return nullptr;
   }
   try {
-    p->listener = eng->listen(ipv4_text(t.client_addr) + ":0");
+    p->listener = eng->listen(ip_text(t.family, t.client_addr) + ":0");
   } catch (const std::exception& e) {
     *reason = std::string(kNotHere) + "stream listener: " + e.what();
     return nullptr;
@@ -483,8 +517,8 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
   }
   const auto deadline = Clock::now() + config().timeout;
   try {
-    up.stream =
-        client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline, &up.reason);
+    up.stream = client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline,
+                              &up.reason, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }
@@ -493,7 +527,6 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
 
 Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
   const InternalScope internal;
-  (void)tcp_fd;
   Upgrade up;
   const RemoteConfig& rc = remote_config();
   up.path = provider_name(rc.provider);
@@ -543,8 +576,8 @@ Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
     // to one the offer could choose.
     up.stream = server_commit(
         c.get(), *eng,
-        ipv4_text(t.client_addr) + ":" + std::to_string(s.offer.stream_port),
-        s.offer.client_nonce, deadline, &up.reason);
+        ip_text(t.family, t.client_addr) + ":" + std::to_string(s.offer.stream_port),
+        s.offer.client_nonce, deadline, &up.reason, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "libc.hpp"
 #include "state.hpp"
@@ -117,10 +118,61 @@ std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce&
   return {};
 }
 
+std::string send_token(int kernel_fd, const Token& token, Clock::time_point deadline) {
+  Token t = token;
+  errno = 0;  // io_all gives up on the deadline without one
+  if (!io_all(kernel_fd, &t, sizeof t, true, deadline)) {
+    return std::string("could not write the proof on the connection: ") +
+           (errno != 0 ? std::strerror(errno) : "timed out");
+  }
+  return {};
+}
+
+std::string take_token(int kernel_fd, const Token& token, Clock::time_point deadline) {
+  const char* from = token.direction == kFromServer ? "acceptor" : "client";
+  Token got;
+  for (;;) {
+    const ssize_t n = real().recv(kernel_fd, &got, sizeof got, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) {
+      // Compared as far as it arrived: a plain server's first bytes (an
+      // ssh or smtp banner) are refused at once, and left where they are.
+      if (std::memcmp(&got, &token, static_cast<size_t>(n)) != 0) {
+        return std::string("the connection's first bytes are not the ") + from +
+               "'s proof (the rendezvous peer is not the process at the other end of "
+               "this connection): refused";
+      }
+      if (n == static_cast<ssize_t>(sizeof got)) break;
+    } else if (n == 0) {
+      return std::string("the connection closed before the ") + from + "'s proof";
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return std::string("reading the ") + from + "'s proof: " + std::strerror(errno);
+    }
+    const int left = remaining_ms(deadline);
+    if (left == 0) {
+      return std::string("no proof from the ") + from +
+             " on the connection within the budget (the rendezvous peer is not the "
+             "process at the other end of this connection)";
+    }
+    if (n > 0) {
+      // Part of it is there (poll would not wait): the rest is one segment behind.
+      std::this_thread::sleep_for(milliseconds(1));
+    } else {
+      pollfd pfd{kernel_fd, POLLIN, 0};
+      (void)poll(&pfd, 1, left);
+    }
+  }
+  // Every byte matched: consume exactly the token, nothing after it.
+  if (real().recv(kernel_fd, &got, sizeof got, MSG_DONTWAIT) !=
+      static_cast<ssize_t>(sizeof got)) {
+    return std::string("consuming the ") + from + "'s proof: " + std::strerror(errno);
+  }
+  return {};
+}
+
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason) {
+                                              std::string* reason, int kernel_fd) {
   Answer answer;
   if (!io_all(rdv, &answer, sizeof answer, false, deadline) || answer.magic != kMagic) {
     *reason = "rendezvous: no answer from the peer";
@@ -134,6 +186,22 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
     *reason = "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
     return nullptr;
   }
+  Token proof;
+  proof.client_nonce = client_nonce;
+  proof.server_nonce = answer.server_nonce;
+  if (kernel_fd >= 0) {
+    // Before any stream is accepted: a rendezvous peer that is not the
+    // acceptor of this connection gets nothing more from us.
+    Final please;
+    please.status = kProofPlease;
+    if (!io_all(rdv, &please, sizeof please, true, deadline)) {
+      *reason = "rendezvous: peer went away before the proof";
+      return nullptr;
+    }
+    proof.direction = kFromServer;
+    *reason = take_token(kernel_fd, proof, deadline);
+    if (!reason->empty()) return nullptr;
+  }
   auto s = listener.accept(milliseconds(std::max(remaining_ms(deadline), 1)));
   *reason = exchange_nonces(*s, client_nonce, answer.server_nonce, deadline);
   if (!reason->empty()) return nullptr;
@@ -142,6 +210,13 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
     *reason = "rendezvous: peer went away before the commit";
     return nullptr;
   }
+  if (kernel_fd >= 0) {
+    // Committed: the acceptor proved itself, so this in-band write reaches
+    // rdmakit; it waits for these bytes before it commits.
+    proof.direction = kFromClient;
+    *reason = send_token(kernel_fd, proof, deadline + std::chrono::seconds(5));
+    if (!reason->empty()) return nullptr;
+  }
   return s;
 }
 
@@ -149,7 +224,7 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
                                               const std::string& stream_address,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason) {
+                                              std::string* reason, int kernel_fd) {
   Answer yes;
   if (getrandom(yes.server_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
     refuse(rdv, 1, deadline);
@@ -160,6 +235,32 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
     *reason = "rendezvous: peer went away before the answer";
     return nullptr;
   }
+  Token proof;
+  proof.client_nonce = client_nonce;
+  proof.server_nonce = yes.server_nonce;
+  if (kernel_fd >= 0) {
+    // Only when the client asks, right after the answer: a client that has
+    // given up has closed the rendezvous and never gets a token in-band.
+    Final please;
+    if (!io_all(rdv, &please, sizeof please, false, deadline) || please.magic != kMagic ||
+        please.status != kProofPlease) {
+      *reason = "rendezvous: the peer did not ask for the proof";
+      return nullptr;
+    }
+    // A client that has written on the connection already is not the one
+    // that offered (that one writes nothing before our proof): its bytes
+    // are the application's, and no token goes in front of them.
+    uint8_t first = 0;
+    if (real().recv(kernel_fd, &first, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+      *reason =
+          "the client wrote on the connection before the upgrade (the rendezvous peer is "
+          "not the process at the other end of this connection): refused";
+      return nullptr;
+    }
+    proof.direction = kFromServer;
+    *reason = send_token(kernel_fd, proof, deadline);
+    if (!reason->empty()) return nullptr;
+  }
   auto s = engine.connect(stream_address);
   *reason = exchange_nonces(*s, yes.server_nonce, client_nonce, deadline);
   if (!reason->empty()) return nullptr;
@@ -169,6 +270,14 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
       fin.magic != kMagic || fin.status != 0) {
     *reason = "rendezvous: peer did not commit";
     return nullptr;
+  }
+  if (kernel_fd >= 0) {
+    // The rendezvous peer must also own the client end: an offer left by
+    // another process of the client's host for a plain client's connection
+    // gets no stream (that client's own bytes are not the token).
+    proof.direction = kFromClient;
+    *reason = take_token(kernel_fd, proof, deadline + std::chrono::seconds(5));
+    if (!reason->empty()) return nullptr;
   }
   return s;
 }

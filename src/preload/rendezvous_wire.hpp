@@ -17,7 +17,7 @@ namespace rdmakit::preload::wire {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;         // 2: in-band proof between hosts (Token)
 constexpr size_t kNonce = 16;
 constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
 using Nonce = std::array<uint8_t, kNonce>;
@@ -51,6 +51,28 @@ struct Final {  // client -> server: both nonces checked, committed
   uint32_t magic = kMagic;
   uint32_t status = 0;
 };
+// Between hosts, client -> server after the answer: "write your proof now".
+// The acceptor writes in-band only on this request, so a client that has
+// given up (and closed the rendezvous) never finds a token in its stream.
+constexpr uint32_t kProofPlease = 3;  // a Final with this status
+
+// Between hosts, the proof that the rendezvous peer is the process that owns
+// the kernel connection (docs/preload.md, "Trust model"): written IN-BAND on
+// the application's TCP connection, first by the acceptor (after its answer),
+// then by the client (with its commit). Only the owner of an end can write
+// there, so a process that merely holds the rendezvous port cannot produce
+// it. Each side peeks and consumes it only when every byte matches: anything
+// else (a plain server's banner) stays in the socket for the application.
+constexpr uint32_t kTokenMagic = 0x544b5852;  // "RXKT"
+constexpr uint32_t kFromServer = 1;
+constexpr uint32_t kFromClient = 2;
+struct Token {
+  uint32_t magic = kTokenMagic;
+  uint32_t direction = 0;  // kFromServer or kFromClient
+  Nonce client_nonce{};
+  Nonce server_nonce{};
+};
+static_assert(sizeof(Token) == 40);
 
 bool loopback(const sockaddr_storage& ss);
 // v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
@@ -74,21 +96,30 @@ bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline)
 // theirs. No application byte is sent before both are checked.
 std::string exchange_nonces(stream::Stream& s, const Nonce& expect, const Nonce& send,
                             Clock::time_point deadline);
+// Writes `token` on the kernel connection; "" or why not.
+std::string send_token(int kernel_fd, const Token& token, Clock::time_point deadline);
+// Waits (bounded) until the kernel connection's first bytes are `token` and
+// consumes them; "" or why not. Nothing is consumed unless all of it matches.
+std::string take_token(int kernel_fd, const Token& token, Clock::time_point deadline);
 
 // The last steps, common to both rendezvous once the offer is out.
 // Client: reads the answer, accepts the server's stream on `listener`,
 // checks the nonces, commits. Null and *reason when it stays on TCP.
+// kernel_fd >= 0 (between hosts): the acceptor's token must arrive on it
+// before anything else, and the client's token follows the commit.
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason);
+                                              std::string* reason, int kernel_fd = -1);
 // Server, for an offer it accepts: answers with a fresh nonce, connects a
 // stream to `stream_address`, checks the nonces, waits for the commit.
+// kernel_fd >= 0 (between hosts): writes the acceptor's token on it after
+// the answer, and takes the client's token after the commit.
 std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
                                               const std::string& stream_address,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason);
+                                              std::string* reason, int kernel_fd = -1);
 // Refuses an offer (status != 0), best effort.
 void refuse(int rdv, uint32_t status, Clock::time_point deadline);
 

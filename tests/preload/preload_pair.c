@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +30,32 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define WAIT_MS 10000
+
+static volatile sig_atomic_t signals;
+static void on_signal(int sig) {
+  (void)sig;
+  ++signals;
+}
+
+static void set_blocking(int fd, int blocking) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) {
+    perror("F_GETFL");
+    exit(1);
+  }
+  fl = blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK;
+  if (fcntl(fd, F_SETFL, fl) != 0 || ((fcntl(fd, F_GETFL) & O_NONBLOCK) != 0) == blocking) {
+    perror("F_SETFL O_NONBLOCK");
+    exit(1);
+  }
+}
 
 static void die(const char* what) {
   fprintf(stderr, "preload_pair: %s: %s\n", what, strerror(errno));
@@ -56,11 +77,13 @@ static void wait_fd(int fd, short ev) {
   }
 }
 
-/* Sends size bytes of pattern(seed) in uneven pieces, alternating writev and
- * send, waiting with poll on EAGAIN. */
+/* Sends size bytes of pattern(seed) in uneven pieces, rotating through
+ * writev, send, sendmsg, sendmmsg (two messages) and sendto, waiting with poll on
+ * EAGAIN. */
 static void send_pattern(int fd, uint64_t seed, size_t size) {
   static uint8_t buf[70000];
   size_t off = 0, piece = 1;
+  unsigned turn = 0;
   while (off < size) {
     size_t n = piece < size - off ? piece : size - off;
     if (n > sizeof buf) n = sizeof buf;
@@ -68,11 +91,32 @@ static void send_pattern(int fd, uint64_t seed, size_t size) {
     size_t done = 0;
     while (done < n) {
       ssize_t w;
-      if (piece % 2) {
-        struct iovec v[2] = {{buf + done, (n - done) / 2}, {buf + done + (n - done) / 2, n - done - (n - done) / 2}};
-        w = writev(fd, v, 2);
-      } else {
-        w = send(fd, buf + done, n - done, MSG_NOSIGNAL);
+      size_t left = n - done, half = left / 2;
+      struct iovec v[2] = {{buf + done, half}, {buf + done + half, left - half}};
+      switch (turn++ % 5) {
+        case 0: w = writev(fd, v, 2); break;
+        case 4: w = sendto(fd, buf + done, left, MSG_NOSIGNAL, NULL, 0); break;
+        case 1: w = send(fd, buf + done, left, MSG_NOSIGNAL); break;
+        case 2: {
+          struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+          w = sendmsg(fd, &m, MSG_NOSIGNAL);
+          break;
+        }
+        default: {
+          /* Two messages: both pieces, then an empty one (two non-empty
+           * messages could leave a gap after a short first one). */
+          struct mmsghdr mm[2];
+          memset(mm, 0, sizeof mm);
+          mm[0].msg_hdr.msg_iov = v;
+          mm[0].msg_hdr.msg_iovlen = 2;
+          int k = sendmmsg(fd, mm, 2, MSG_NOSIGNAL);
+          if (k == 2 && mm[1].msg_len != 0) {
+            fprintf(stderr, "preload_pair: sendmmsg returned %d (second length %u)\n", k, mm[1].msg_len);
+            exit(1);
+          }
+          w = k < 0 ? -1 : (ssize_t)mm[0].msg_len;
+          break;
+        }
       }
       if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         wait_fd(fd, POLLOUT);
@@ -87,12 +131,68 @@ static void send_pattern(int fd, uint64_t seed, size_t size) {
   }
 }
 
-/* Reads until end of stream; checks length and every byte. */
+static void check_bytes(const uint8_t* b, size_t n, uint64_t seed, size_t* off, size_t size) {
+  for (size_t i = 0; i < n; ++i) {
+    if (*off + i >= size || b[i] != pattern(seed, *off + i)) {
+      fprintf(stderr, "preload_pair: byte %zu differs (or beyond %zu)\n", *off + i, size);
+      exit(1);
+    }
+  }
+  *off += n;
+}
+
+/* Reads until end of stream, rotating through recv, readv, recvmsg,
+ * recvmmsg (two messages, MSG_WAITFORONE), read, recv and recvfrom of a
+ * length the compiler cannot see (the fortified __read_chk, __recv_chk and
+ * __recvfrom_chk); checks
+ * length and every byte. FIONREAD must never promise more than a read
+ * then returns. */
 static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
   static uint8_t buf[65536];
   size_t off = 0;
+  unsigned turn = 0;
+  volatile size_t odd = 1; /* a length unknown at compile time */
   for (;;) {
-    ssize_t r = recv(fd, buf, sizeof buf, 0);
+    int avail = -1;
+    if (ioctl(fd, FIONREAD, &avail) != 0 || avail < 0) die("ioctl FIONREAD");
+    ssize_t r;
+    size_t half = sizeof buf / 2;
+    struct iovec v[2] = {{buf, half}, {buf + half, sizeof buf - half}};
+    int two = 0;
+    struct mmsghdr mm[2];
+    struct sockaddr_storage from;
+    socklen_t fromlen = sizeof from;
+    switch (turn++ % 7) {
+      case 0: r = recv(fd, buf, sizeof buf, 0); break;
+      case 1: r = readv(fd, v, 2); break;
+      case 2: {
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+        r = recvmsg(fd, &m, 0);
+        break;
+      }
+      case 3: {
+        memset(mm, 0, sizeof mm);
+        mm[0].msg_hdr.msg_iov = &v[0];
+        mm[0].msg_hdr.msg_iovlen = 1;
+        mm[1].msg_hdr.msg_iov = &v[1];
+        mm[1].msg_hdr.msg_iovlen = 1;
+        int k = recvmmsg(fd, mm, 2, MSG_WAITFORONE, NULL);
+        r = k < 0 ? -1 : (ssize_t)mm[0].msg_len;
+        two = k == 2; /* the second message's bytes follow the first's */
+        break;
+      }
+      case 4: r = read(fd, buf, sizeof buf - odd); break;
+      case 5: r = recv(fd, buf, sizeof buf - odd, 0); break;
+      default:
+        fromlen = sizeof from;
+        r = recvfrom(fd, buf, sizeof buf - odd, 0, (struct sockaddr*)&from, &fromlen);
+        /* The kernel names no address on TCP (length 0); the preload names the peer. */
+        if (r > 0 && fromlen != 0 && from.ss_family != AF_INET && from.ss_family != AF_INET6) {
+          fprintf(stderr, "preload_pair: recvfrom named a non-inet address\n");
+          exit(1);
+        }
+        break;
+    }
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (ep >= 0) {
         struct epoll_event ev;
@@ -108,14 +208,14 @@ static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
       continue;
     }
     if (r < 0) die("recv");
-    if (r == 0) break;
-    for (ssize_t i = 0; i < r; ++i) {
-      if (off + (size_t)i >= size || buf[i] != pattern(seed, off + (size_t)i)) {
-        fprintf(stderr, "preload_pair: byte %zu differs (or beyond %zu)\n", off + (size_t)i, size);
-        exit(1);
-      }
+    size_t total = (size_t)r + (two ? mm[1].msg_len : 0);
+    if (avail > 0 && total < (size_t)avail && total < sizeof buf - odd) {
+      fprintf(stderr, "preload_pair: FIONREAD said %d bytes, a read returned %zu\n", avail, total);
+      exit(1);
     }
-    off += (size_t)r;
+    if (r == 0 && !(two && mm[1].msg_len > 0)) break;
+    check_bytes(buf, (size_t)r, seed, &off, size);
+    if (two) check_bytes(buf + half, mm[1].msg_len, seed, &off, size);
   }
   if (off != size) {
     fprintf(stderr, "preload_pair: got %zu bytes, expected %zu\n", off, size);
@@ -183,7 +283,7 @@ static int forge(int c, struct sockaddr_in* server, const char* dir, int drop_ui
     struct offer o;
     memset(&o, 0, sizeof o);
     o.magic = 0x31504b52;
-    o.version = 1;
+    o.version = 2;
     o.t = t;
     o.t.client_port = htons((uint16_t)(ntohs(t.client_port) + 1)); /* another connection */
     o.stream_port = 1;
@@ -290,10 +390,46 @@ int main(int argc, char** argv) {
     fprintf(stderr, "preload_pair: getpeername does not name the server\n");
     return 1;
   }
-  send_pattern(c, 1, size);
+  /* The server sends nothing before it has all our bytes, so a blocking
+   * recv now waits, and a signal (no SA_RESTART) must interrupt it. */
+  set_blocking(c, 1);
+  struct sigaction sa_alrm = {.sa_handler = on_signal};
+  if (sigaction(SIGALRM, &sa_alrm, NULL) != 0) die("sigaction");
+  struct itimerval it = {.it_value = {.tv_usec = 50000}};
+  if (setitimer(ITIMER_REAL, &it, NULL) != 0) die("setitimer");
+  uint8_t one_byte;
+  ssize_t rr = recv(c, &one_byte, 1, 0);
+  if (rr != -1 || errno != EINTR || signals != 1) {
+    fprintf(stderr, "preload_pair: blocking recv under SIGALRM returned %zd (%s), %d signals\n", rr,
+            strerror(errno), (int)signals);
+    return 1;
+  }
+  set_blocking(c, 0);
+  /* Aliases: dup, F_DUPFD_CLOEXEC, dup2 share the connection; closing all
+   * but one of them must leave it open. */
+  int d = dup(c);
+  int e = d < 0 ? -1 : fcntl(d, F_DUPFD_CLOEXEC, 100);
+  if (d < 0 || e < 100 || !(fcntl(e, F_GETFD) & FD_CLOEXEC)) die("dup/F_DUPFD_CLOEXEC");
+  if (close(d) != 0 || dup2(e, 150) != 150 || close(e) != 0) die("dup2");
+  send_pattern(150, 1, size);
+  if (close(150) != 0) die("close alias");
   if (shutdown(c, SHUT_WR) != 0) die("shutdown");
+  /* Writing after our own SHUT_WR: EPIPE, and SIGPIPE unless MSG_NOSIGNAL
+   * (the server is still sending, so no reset can come first). */
+  struct sigaction sa_pipe = {.sa_handler = on_signal};
+  if (sigaction(SIGPIPE, &sa_pipe, NULL) != 0) die("sigaction");
+  signals = 0;
+  if (send(c, "x", 1, MSG_NOSIGNAL) != -1 || errno != EPIPE || signals != 0) {
+    fprintf(stderr, "preload_pair: MSG_NOSIGNAL send after SHUT_WR: %s, %d SIGPIPE\n", strerror(errno),
+            (int)signals);
+    return 1;
+  }
+  if (write(c, "x", 1) != -1 || errno != EPIPE || signals != 1) {
+    fprintf(stderr, "preload_pair: write after SHUT_WR: %s, %d SIGPIPE\n", strerror(errno), (int)signals);
+    return 1;
+  }
   recv_pattern(c, -1, 2, size);
-  if (close(c) != 0) die("close");
+  if (close_range((unsigned)c, (unsigned)c, 0) != 0) die("close_range");
   printf("OK client sent %zu bytes, received %zu\n", size, size);
   return 0;
 }

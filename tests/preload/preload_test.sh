@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One preload test case on loopback: preload_test.sh CASE RUN PAIR
-#   RUN   the rdmakit-run wrapper, PAIR the preload_pair test program.
+# One preload test case on loopback: preload_test.sh CASE RUN PAIR [FORGER]
+#   RUN   the rdmakit-run wrapper, PAIR the preload_pair test program,
+#   FORGER the rendezvous_forger test program (netns-squat).
 # Each case checks the bytes that moved and the path every connection took
 # (the preload's log: "path=shm" or "path=kernel reason=..."). A missing
 # program is a failure, not a skip. Every wait is bounded.
 set -euo pipefail
-case_name=$1 run=$(realpath "$2") pair=$(realpath "$3")
+case_name=$1 run=$(realpath "$2") pair=$(realpath "$3") forger=${4:+$(realpath "$4")}
 work=$(mktemp -d /tmp/rdmakit-preload-test.XXXXXX)
 pids=()
 cleanup() {
@@ -346,7 +347,7 @@ PY
     fi
     expect_count 0 "path=shm" "accelerated connections"
     ;;
-  netns-remote)
+  netns-remote|netns-squat)
     # The cross-host rendezvous (src/preload/remote.cpp) between two
     # network-namespace hosts, with the streams on the tcp provider
     # (RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp: no RDMA device here; the
@@ -363,6 +364,8 @@ PY
     ip link add "ra$$" netns "$ns_a" type veth peer name "rb$$" netns "$ns_b" || fail "veth failed"
     ip -n "$ns_a" addr add 10.251.78.1/24 dev "ra$$"
     ip -n "$ns_b" addr add 10.251.78.2/24 dev "rb$$"
+    ip -n "$ns_a" addr add fd77:251:78::1/64 dev "ra$$" nodad
+    ip -n "$ns_b" addr add fd77:251:78::2/64 dev "rb$$" nodad
     for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
     ip -n "$ns_a" link set "ra$$" up; ip -n "$ns_b" link set "rb$$" up
     export RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp
@@ -372,6 +375,119 @@ PY
       for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
       fail "no server listening on port $1 in $ns_a"
     }
+    if [ "$case_name" = netns-squat ]; then
+    # A squatter: another, plain process of the server host holds the
+    # rendezvous ports of two plain servers (one speaks first, like an ssh
+    # banner; one waits for the client) and answers the preloaded client's
+    # probe, offer and answer like rdmakit would. It cannot write the
+    # acceptor's proof into the kernel connection, so the client must stay on
+    # kernel TCP with the reason, every byte (the banner included) intact.
+    in_a timeout 30 python3 - 5301 5302 "$work/squat.count" >"$work/squat.out" 2>&1 <<'PY' &
+import os, socket, struct, sys, threading
+got = []
+def squat(port):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("10.251.78.1", port + 10000)); l.listen(4)
+    c, _ = l.accept(); c.settimeout(20)
+    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))
+    offer = b""
+    while len(offer) < 72:
+        b = c.recv(72 - len(offer))
+        if not b: return
+        offer += b
+    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))  # "stored"
+    c.sendall(struct.pack("<II", 0x31504b52, 0) + os.urandom(16))  # the answer
+    got.append(port)
+    while c.recv(4096): pass  # until the client gives up on us
+ts = [threading.Thread(target=squat, args=(int(p),)) for p in sys.argv[1:3]]
+for t in ts: t.start()
+for t in ts: t.join()
+open(sys.argv[3], "w").write(f"{len(got)}\n")
+PY
+    squat_pid=$!; pids+=("$squat_pid")
+    # The real servers, not preloaded: 5301 sends a banner first, 5302 only
+    # echoes. Each serves one connection.
+    in_a timeout 30 python3 - >"$work/s.out" 2>&1 <<'PY' &
+import socket, threading
+def serve(port, banner):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("10.251.78.1", port)); l.listen(4)
+    c, _ = l.accept()
+    if banner: c.sendall(banner)
+    while True:
+        b = c.recv(65536)
+        if not b: break
+        c.sendall(b)
+    c.close()
+ts = [threading.Thread(target=serve, args=a) for a in ((5301, b"SSH-2.0-squat-test\r\n"), (5302, b""))]
+for t in ts: t.start()
+for t in ts: t.join()
+PY
+    server_pid=$!; pids+=("$server_pid")
+    for p in 5301 5302 15301 15302; do wait_listen_ns $p; done
+    RDMAKIT_PRELOAD_TIMEOUT_MS=2000 in_b "$run" --log "$log" timeout 30 python3 - >"$work/c.out" 2>&1 <<'PY' ||
+import socket, sys
+data = bytes((i * 7 + 3) & 0xff for i in range(300000))
+for port, banner in ((5301, b"SSH-2.0-squat-test\r\n"), (5302, b"")):
+    s = socket.create_connection(("10.251.78.1", port), timeout=20)
+    got = b""
+    while len(got) < len(banner):
+        b = s.recv(len(banner) - len(got))
+        if not b: sys.exit(f"port {port}: EOF in the banner after {got!r}")
+        got += b
+    if got != banner: sys.exit(f"port {port}: banner {got!r}")
+    s.sendall(data); s.shutdown(socket.SHUT_WR)
+    echo = b""
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        echo += b
+    if echo != data: sys.exit(f"port {port}: echo of {len(echo)} bytes differs from the {len(data)} sent")
+    print(f"port {port}: banner and {len(data)} bytes each way intact")
+PY
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "servers: $(cat "$work/s.out")"
+    wait "$squat_pid" || fail "squatter: $(cat "$work/squat.out")"
+    [ "$(cat "$work/squat.count")" = 2 ] || fail "the squatter did not get both offers: $(cat "$work/squat.out")"
+    expect_count 1 "python3\]: connect fd=.*peer=10.251.78.1:5301 path=kernel reason=the connection's first bytes are not the acceptor's proof" \
+      "refusals of the squatter (banner server)"
+    expect_count 1 "python3\]: connect fd=.*peer=10.251.78.1:5302 path=kernel reason=no proof from the acceptor on the connection within the budget" \
+      "refusals of the squatter (silent server)"
+    expect_count 0 "path=tcp" "connections upgraded through the squatter"
+    # The other side: a process of the client's host leaves an offer for a
+    # plain client's connection to a preloaded echo server and plays the
+    # rendezvous through (rendezvous_forger). late: the plain client speaks
+    # after the acceptor's token; the server waits for the client's proof,
+    # finds the plain client's bytes instead and stays on kernel TCP (the
+    # forger's stream never carries a byte). early: the plain client spoke
+    # before the server accepted; the server refuses without a token.
+    : >"$log"
+    for mode in late early; do
+      p=5303; delay=0
+      [ $mode = early ] && { p=5304; delay=1; }
+      in_a "$run" --log "$log" timeout 30 python3 - $p $delay >"$work/s.out" 2>&1 <<'PY' &
+import socket, sys, time
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.251.78.1", int(sys.argv[1]))); l.listen(4)
+time.sleep(float(sys.argv[2]))  # early: the plain client's bytes are there first
+c, _ = l.accept()
+while True:
+    b = c.recv(65536)
+    if not b: break
+    c.sendall(b)
+PY
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen_ns $p; wait_listen_ns $((p + 10000))
+      in_b timeout 30 "$forger" 10.251.78.1 $p 10.251.78.2 10000 $mode >"$work/f.out" 2>&1 ||
+        fail "forger ($mode): $(cat "$work/f.out")"
+      wait "$server_pid" || fail "echo server: $(cat "$work/s.out")"
+    done
+    expect_count 1 "python3\]: accept fd=.*local=\[?(::ffff:)?10.251.78.1\]?:5303 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the connection's first bytes are not the client's proof" \
+      "refusals of the forged client (late)"
+    expect_count 1 "python3\]: accept fd=.*local=\[?(::ffff:)?10.251.78.1\]?:5304 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=kernel reason=the client wrote on the connection before the upgrade" \
+      "refusals of the forged client (early)"
+    expect_count 0 "path=tcp" "connections upgraded for the forger"
+    else
     iperf_pair() {  # server-preloaded(0|1) client-preloaded(0|1) iperf3-client-args...
       local sp=$1 cp=$2; shift 2
       local srun=() crun=()
@@ -380,7 +496,7 @@ PY
       in_a "${srun[@]}" timeout 40 iperf3 -s -1 -p $port -J >"$work/s.json" 2>"$work/s.err" &
       server_pid=$!; pids+=("$server_pid")
       wait_listen_ns $port
-      in_b "${crun[@]}" timeout 40 iperf3 -c 10.251.78.1 -p $port "$@" -J \
+      in_b "${crun[@]}" timeout 40 iperf3 -c "${srv_ip:-10.251.78.1}" -p $port "$@" -J \
         >"$work/c.json" 2>"$work/c.err" || fail "iperf3 client: $(tail -n 20 "$work/c.err" "$work/c.json")"
       wait "$server_pid" || fail "iperf3 server: $(tail -n 20 "$work/s.err")"
       python3 - "$work/c.json" "$work/s.json" <<'PY' || fail "byte counts do not match"
@@ -397,6 +513,12 @@ PY
     expect_count 3 "iperf3\]: connect fd=.*peer=10.251.78.1:$port path=tcp" "client connections on tcp"
     expect_count 3 "iperf3\]: accept fd=.*peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+ path=tcp" "server connections on tcp"
     expect_count 0 "path=kernel" "kernel fallbacks with both ends preloaded"
+    : >"$log"
+    srv_ip=fd77:251:78::1 iperf_pair 1 1 -t 1  # the same over IPv6
+    expect_count 2 "iperf3\]: connect fd=.*local=\[fd77:251:78::2\]:[0-9]+ peer=\[fd77:251:78::1\]:$port path=tcp" \
+      "client connections on tcp over IPv6"
+    expect_count 2 "iperf3\]: accept fd=.*peer=\[fd77:251:78::2\]:[0-9]+ path=tcp" "server connections on tcp over IPv6"
+    expect_count 0 "path=kernel" "kernel fallbacks over IPv6"
     : >"$log"
     iperf_pair 0 1 -t 1  # plain server: nothing listens on the rendezvous port
     expect_count 2 "iperf3\]: connect fd=.*path=kernel reason=peer is not on this host; no rdmakit rendezvous at 10.251.78.1:15201" \
@@ -427,10 +549,10 @@ import socket, struct, sys
 s = socket.create_connection(("10.251.78.1", 15201), timeout=5)
 hello = s.recv(16, socket.MSG_WAITALL)
 magic, version, status, _ = struct.unpack("<IIII", hello)
-assert magic == 0x31504b52 and version == 1 and status == 0, hello
+assert magic == 0x31504b52 and version == 2 and status == 0, hello
 tuple_ = struct.pack("<B3x16s16sHH", socket.AF_INET, socket.inet_aton("10.251.78.99").ljust(16, b"\0"),
                      socket.inet_aton("10.251.78.1").ljust(16, b"\0"), socket.htons(40000), socket.htons(5201))
-offer = struct.pack("<II", 0x31504b52, 1) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
+offer = struct.pack("<II", 0x31504b52, 2) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
 assert len(offer) == 72
 s.sendall(offer)
 magic, version, status, _ = struct.unpack("<IIII", s.recv(16, socket.MSG_WAITALL))
@@ -440,6 +562,7 @@ PY
     expect_count 1 "rendezvous local=\[?(::ffff:)?10.251.78.1\]?:15201 peer=\[?(::ffff:)?10.251.78.2\]?:[0-9]+: offer names another host or port: refused" \
       "refusals of the forged offer"
     kill "$server_pid" 2>/dev/null || true
+    fi
     ;;
   sockperf-select|sockperf-poll|sockperf-epoll)
     # Server and clients multiplex with -F s|p|e (sockperf needs a feed file

@@ -1,0 +1,119 @@
+// sendmmsg/recvmmsg on upgraded connections: one stream send or receive per
+// message, with the kernel's semantics for a TCP socket (each message is a
+// sendmsg/recvmsg; the count of messages done is returned, an error only
+// when none was; MSG_WAITFORONE turns the later receives non-blocking; the
+// timeout is checked after each message, as the kernel does). Every other
+// fd (UDP: the resolver uses sendmmsg) goes straight to libc.
+#include <dlfcn.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include "conn_io.hpp"
+#include "libc.hpp"
+#include "state.hpp"
+
+using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+using SendMmsg = int (*)(int, mmsghdr*, unsigned, int);
+using RecvMmsg = int (*)(int, mmsghdr*, unsigned, int, timespec*);
+
+struct MmsgLibc {
+  SendMmsg sendmmsg = nullptr;
+  RecvMmsg recvmmsg = nullptr;
+};
+
+MmsgLibc resolve() noexcept {
+  MmsgLibc l;
+  // NOLINTBEGIN(cppcoreguidelines-pro-type-reinterpret-cast): dlsym returns void*
+  l.sendmmsg = reinterpret_cast<SendMmsg>(dlsym(RTLD_NEXT, "sendmmsg"));
+  l.recvmmsg = reinterpret_cast<RecvMmsg>(dlsym(RTLD_NEXT, "recvmmsg"));
+  // NOLINTEND(cppcoreguidelines-pro-type-reinterpret-cast)
+  return l;
+}
+
+// Resolved when the library loads (a hook called before that resolves on
+// first use), so the pass-through path takes no lock.
+MmsgLibc g_libc;
+__attribute__((constructor)) void resolve_at_load() { g_libc = resolve(); }
+
+const MmsgLibc& mmsg_libc() noexcept {
+  if (g_libc.sendmmsg == nullptr) g_libc = resolve();
+  return g_libc;
+}
+
+void fill_peer(const Conn& c, msghdr& h) {
+  if (h.msg_name != nullptr) {
+    (void)real().getpeername(c.tcp_fd, static_cast<sockaddr*>(h.msg_name),
+                             &h.msg_namelen);
+  }
+  h.msg_controllen = 0;  // no ancillary data on a stream
+  h.msg_flags = 0;
+}
+
+}  // namespace
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
+  if (!is_conn(fd)) return mmsg_libc().sendmmsg(fd, vec, vlen, flags);
+  auto c = find_conn(fd);
+  if (!c) return mmsg_libc().sendmmsg(fd, vec, vlen, flags);
+  unsigned done = 0;
+  for (; done < vlen; ++done) {
+    msghdr& h = vec[done].msg_hdr;
+    const ssize_t r = conn_send(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), flags);
+    if (r < 0) break;
+    vec[done].msg_len = static_cast<unsigned>(r);
+  }
+  if (done == 0 && vlen > 0) return -1;  // errno from the first send
+  return static_cast<int>(done);
+}
+
+EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+  if (!is_conn(fd)) return mmsg_libc().recvmmsg(fd, vec, vlen, flags, timeout);
+  auto c = find_conn(fd);
+  if (!c) return mmsg_libc().recvmmsg(fd, vec, vlen, flags, timeout);
+  using Clock = std::chrono::steady_clock;
+  const bool timed = timeout != nullptr;
+  if (timed &&
+      (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000L)) {
+    errno = EINVAL;
+    return -1;
+  }
+  const auto end = timed ? Clock::now() + std::chrono::seconds(timeout->tv_sec) +
+                               std::chrono::nanoseconds(timeout->tv_nsec)
+                         : Clock::time_point{};
+  int each = flags & ~MSG_WAITFORONE;
+  unsigned done = 0;
+  int err = 0;
+  while (done < vlen) {
+    msghdr& h = vec[done].msg_hdr;
+    const ssize_t r = conn_recv(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), each);
+    if (r < 0) {
+      err = errno;
+      break;
+    }
+    fill_peer(*c, h);
+    vec[done].msg_len = static_cast<unsigned>(r);
+    ++done;
+    if ((flags & MSG_WAITFORONE) != 0) each |= MSG_DONTWAIT;
+    if (timed && Clock::now() >= end) break;
+  }
+  if (timed) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - Clock::now());
+    const int64_t ns = left.count() > 0 ? left.count() : 0;
+    timeout->tv_sec = static_cast<time_t>(ns / 1000000000);
+    timeout->tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(google-runtime-int)
+  }
+  if (done == 0 && vlen > 0) {
+    errno = err;
+    return -1;
+  }
+  return static_cast<int>(done);
+}
