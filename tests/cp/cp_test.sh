@@ -233,6 +233,12 @@ case $mode in
         case $(basename "$rel") in .*.rdmakit-cp-part) continue ;; esac
         if ! cmp -s "$f" "$src/$rel"; then echo "wrong content under a final name: $rel"; bad=1; fi
       done < <(find "$1" -type f -print0 2>/dev/null)
+      # Symlinks are created under a part name and renamed too.
+      while IFS= read -r -d '' f; do
+        rel=${f#"$1"/}
+        case $(basename "$rel") in .*.rdmakit-cp-part) continue ;; esac
+        if [ "$(readlink "$f")" != "$(readlink "$src/$rel")" ]; then echo "wrong link under a final name: $rel"; bad=1; fi
+      done < <(find "$1" -type l -print0 2>/dev/null)
       return $bad
     }
     part_with_data() {  # DEST_TREE: some part file there has allocated blocks
