@@ -4,13 +4,17 @@
 # in alternating rounds (A-shm, B-shm, A-tcp, B-tcp, rsync, then again), the
 # receiving end pinned to CPU 0 and the sending end to CPU 1, files in tmpfs.
 #   bench/cp-ab.sh BINARY_A BINARY_B [LABEL_A LABEL_B]
-# CP_BENCH_FILES (default 10000), CP_BENCH_ROUNDS (default 5).
+# CP_BENCH_FILES (default 10000), CP_BENCH_ROUNDS (default 5); CP_AB_SET=big
+# copies one CP_BENCH_BIG_MIB (default 2048) MiB file instead of the tree.
 # Results: bench/results/cp-ab-<date>.md and .csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin_a=$(realpath "${1:?binary A}"); bin_b=$(realpath "${2:?binary B}")
 label_a=${3:-A}; label_b=${4:-B}
+label_a=${label_a//,/;}; label_b=${label_b//,/;}  # the labels go into a CSV
 nfiles=${CP_BENCH_FILES:-10000}
+set_name=${CP_AB_SET:-small}
+big_mib=${CP_BENCH_BIG_MIB:-2048}
 rounds=${CP_BENCH_ROUNDS:-5}
 command -v rsync >/dev/null || { echo "rsync missing: scripts/deps.sh --bench"; exit 1; }
 cpus=$(nproc); rx_cpu=0; tx_cpu=$((cpus > 1 ? 1 : 0))
@@ -20,6 +24,11 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 mkdir -p "$work/src/small" "$work/dst"
+src=$work/src/small; what="$nfiles small files"
+if [ "$set_name" = big ]; then
+  src=$work/src/big; what="a $big_mib MiB file"; nfiles=0
+  head -c $((big_mib * 1024 * 1024)) /dev/urandom >"$src"
+fi
 python3 - "$work/src/small" "$nfiles" <<'PY'
 import os, random, sys
 root, n = sys.argv[1], int(sys.argv[2])
@@ -64,10 +73,10 @@ one() {  # one TOOL ROUND SERVER_PID CMD...
 }
 for r in $(seq "$rounds"); do
   for p in shm tcp; do
-    one "$label_a-$p" "$r" "${server[a.$p]}" "$bin_a" -q --provider $p -p "${port[a.$p]}" -r "$work/src/small" 127.0.0.1:.
-    one "$label_b-$p" "$r" "${server[b.$p]}" "$bin_b" -q --provider $p -p "${port[b.$p]}" -r "$work/src/small" 127.0.0.1:.
+    one "$label_a-$p" "$r" "${server[a.$p]}" "$bin_a" -q --provider $p -p "${port[a.$p]}" -r "$src" 127.0.0.1:.
+    one "$label_b-$p" "$r" "${server[b.$p]}" "$bin_b" -q --provider $p -p "${port[b.$p]}" -r "$src" 127.0.0.1:.
   done
-  one rsync-daemon "$r" "$rsync_pid" rsync -a "$work/src/small" "rsync://127.0.0.1:$rsync_port/dst/"
+  one rsync-daemon "$r" "$rsync_pid" rsync -a "$src" "rsync://127.0.0.1:$rsync_port/dst/"
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 stamp=$(date -u +%Y%m%d-%H%M%S)
@@ -77,7 +86,7 @@ csv=bench/results/cp-ab-$stamp.csv; md=bench/results/cp-ab-$stamp.md
 med() { sort -g | awk '{a[NR]=$1} END{print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 rs_med=$(printf '%s\n' "${rows[@]}" | awk -F, '$1=="rsync-daemon"{print $3}' | med)
 {
-  echo "# rdmakit-cp A/B on $nfiles small files, $stamp"
+  echo "# rdmakit-cp A/B on $what, $stamp"
   echo
   echo "A = $label_a ($bin_a), B = $label_b ($bin_b)."
   echo "Host: $(uname -r), $cpus CPUs, load average $load_before before, $load_after after."

@@ -115,7 +115,6 @@ int copy(const CopyOptions& o) {
   const session::SessionOptions so = session_options(o.provider);
   const std::string address = host + ":" + std::to_string(o.port);
   SummaryInfo info;
-  bool leave_without_teardown = false;
   info.direction = push ? "push" : "pull";
   info.peer = address;
   try {
@@ -216,26 +215,16 @@ int copy(const CopyOptions& o) {
     clock.mark("transfer");
     info.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The endpoint's goodbye is posted by close(); the session (staging,
+    // slots, client) is torn down when this scope ends, which waits for
+    // its progress thread but no longer for a fixed linger.
     ep.close();
-    for (int i = 0; i < 1000 && !ep.closed(); ++i) std::this_thread::sleep_for(1ms);
-    // Once the endpoint is closed (its goodbye posted) destroying the session
-    // only waits out a fixed linger for goodbyes (100 ms, longer than a
-    // small copy); the process exit releases the memory and the connection.
-    if (ep.closed()) {
-      (void)staging.release();
-      (void)client_holder.release();
-      leave_without_teardown = true;
-    }
   } catch (const Error& e) {
     report.error(Failure::kPeer, address, e.what());
   }
   if (target.base >= 0) ::close(target.base);
   clock.mark("close");
   print_summary(report, info, o.json);
-  if (leave_without_teardown) {
-    std::fflush(nullptr);
-    std::_Exit(report.exit_code());
-  }
   return report.exit_code();
 }
 

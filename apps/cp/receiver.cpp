@@ -534,15 +534,20 @@ bool Receiver::run() {
   std::thread writer([this] { writer_loop(); });
   bool ok = true;
   while (true) {
+    // Once the sender is done, only re-sent chunks and errors can still
+    // come, and the writer ends without a message: look at it every
+    // millisecond then, not every 100 ms (a pull's client would wait).
+    std::chrono::milliseconds wait{100};
     {
       std::lock_guard lock(mu_);
       if (writer_done_ || abort_) {
         ok = writer_done_ && !abort_;
         break;
       }
+      if (total_seqs_ >= 0) wait = std::chrono::milliseconds(1);
     }
     session::Message m;
-    const session::OpResult r = c_.channel->recv(&m, std::chrono::milliseconds(100));
+    const session::OpResult r = c_.channel->recv(&m, wait);
     if (r.code == session::Errc::kTimeout) continue;
     if (!r.ok()) {
       {

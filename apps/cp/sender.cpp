@@ -18,18 +18,32 @@ constexpr size_t kDataHeader = 1 + 4 + 8 + 4;
 
 Sender::Sender(SenderConfig config) : c_(config) {}
 
+Sender::~Sender() { stop_threads(); }
+
+void Sender::stop_threads() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (poster_.joinable()) poster_.join();
+  if (acker_.joinable()) acker_.join();
+}
+
 std::byte* Sender::slot_mem(uint32_t s) const {
   return c_.staging.addr + uint64_t{s} * kSlotSize;
 }
 
 bool Sender::fatal(Failure kind, const std::string& reason) {
-  if (!dead_) c_.report->error(kind, "", reason);
-  dead_ = true;
+  bool was = false;
+  if (dead_.compare_exchange_strong(was, true)) c_.report->error(kind, "", reason);
+  std::lock_guard lock(mu_);
+  cv_.notify_all();
   return false;
 }
 
 bool Sender::send_message(Writer& w) {
-  if (dead_) return false;
+  if (dead()) return false;
   const session::OpResult r = c_.channel->send(std::span<const std::byte>(w.data()));
   if (!r.ok())
     return fatal(Failure::kPeer, std::string("peer gone: ") + session::errc_name(r.code) +
@@ -45,21 +59,50 @@ void Sender::file_error(const std::string& path, Failure kind,
   send_message(w);
 }
 
+// The acknowledgement thread: receives every control message until the
+// receiver's final report. The peer is silent when something waits for it
+// (slots in flight, a probe's answer, the final report) and nothing came
+// for c_.timeout.
+void Sender::ack_loop() {
+  auto heard = std::chrono::steady_clock::now();
+  while (!dead()) {
+    {
+      std::lock_guard lock(mu_);
+      if (final_ || stop_) return;
+    }
+    session::Message m;
+    const session::OpResult r = c_.channel->recv(&m, 100ms);
+    const auto now = std::chrono::steady_clock::now();
+    if (r.code == session::Errc::kTimeout) {
+      bool waiting = false;
+      {
+        std::lock_guard lock(mu_);
+        waiting = in_flight_ > 0 || posting_ > 0 || ready_head_ != ready_tail_ ||
+                  waiting_since_ != std::chrono::steady_clock::time_point{};
+      }
+      if (!waiting) {
+        heard = now;
+      } else if (now - heard > c_.timeout) {
+        fatal(Failure::kPeer, "peer silent: no acknowledgement within " +
+                                  std::to_string(c_.timeout.count()) + " ms");
+        return;
+      }
+      continue;
+    }
+    if (!r.ok()) {
+      std::string detail = r.detail;
+      if (c_.channel->endpoint().closed())
+        detail = c_.channel->endpoint().disconnect_info().detail;
+      fatal(Failure::kPeer, std::string("peer gone: ") + detail);
+      return;
+    }
+    heard = now;
+    if (!handle(m)) return;
+  }
+}
+
 // Handles one control message (acks, needs, errors, final).
-bool Sender::pump(std::chrono::milliseconds timeout) {
-  if (dead_) return false;
-  session::Message m;
-  const session::OpResult r = c_.channel->recv(&m, timeout);
-  if (r.code == session::Errc::kTimeout) {
-    return fatal(Failure::kPeer, "peer silent: no acknowledgement within " +
-                                     std::to_string(timeout.count()) + " ms");
-  }
-  if (!r.ok()) {
-    std::string detail = r.detail;
-    if (c_.channel->endpoint().closed())
-      detail = c_.channel->endpoint().disconnect_info().detail;
-    return fatal(Failure::kPeer, std::string("peer gone: ") + detail);
-  }
+bool Sender::handle(session::Message& m) {
   if (m.is_notification())
     return fatal(Failure::kPeer, "protocol error: unexpected notification");
   Reader rd(m.data());
@@ -69,30 +112,42 @@ bool Sender::pump(std::chrono::milliseconds timeout) {
       const auto s = rd.get<uint32_t>();
       const auto seq = rd.get<uint32_t>();
       const auto ok = rd.get<uint8_t>();
-      if (!rd.ok() || s >= kSlots || !slots_[s].busy || slots_[s].seq != seq)
+      std::unique_lock lock(mu_);
+      if (!rd.ok() || s >= kSlots || slots_[s].state != State::kInFlight ||
+          slots_[s].seq != seq) {
+        lock.unlock();
         return fatal(Failure::kPeer, "protocol error: bad acknowledgement");
+      }
+      Slot& slot = slots_[s];
+      in_flight_--;
       if (ok) {
-        slots_[s].busy = false;
+        slot.state = State::kFree;
+        cv_.notify_all();
         return true;
       }
       // The receiver's hash of the chunk did not match: send it again.
-      Slot& slot = slots_[s];
-      if (++slot.resends > kMaxResends)
+      if (++slot.resends > kMaxResends) {
+        lock.unlock();
         return fatal(Failure::kVerify, "chunk " + std::to_string(seq) +
                                            " failed verification " +
                                            std::to_string(kMaxResends) + " times");
+      }
       if (slot.corrupted) {
         slot_mem(s)[sizeof(SlotHeader)] ^= std::byte{0xff};
         slot.corrupted = false;
       }
       c_.report->chunks_resent++;
-      return post(s);
+      queue_post(s);
+      cv_.notify_all();
+      return true;
     }
     case Msg::kNeed: {
       const auto id = rd.get<uint32_t>();
       if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad need");
       auto rest = rd.take(rd.left());
+      std::lock_guard lock(mu_);
       needs_[id].assign(rest.begin(), rest.end());
+      cv_.notify_all();
       return true;
     }
     case Msg::kFileError: {
@@ -112,7 +167,9 @@ bool Sender::pump(std::chrono::milliseconds timeout) {
         c_.report->files_done = files;
         c_.report->bytes_done = bytes;
       }
+      std::lock_guard lock(mu_);
       final_ = true;
+      cv_.notify_all();
       return true;
     }
     case Msg::kFatal: {
@@ -126,20 +183,55 @@ bool Sender::pump(std::chrono::milliseconds timeout) {
   }
 }
 
+void Sender::queue_post(uint32_t s) {
+  slots_[s].state = State::kReady;
+  ready_[ready_tail_++ % kSlots] = s;
+}
+
+// The posting thread: WRITEs full slots in the order they were filled.
+void Sender::post_loop() {
+  for (;;) {
+    uint32_t s = 0;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || dead() || ready_head_ != ready_tail_; });
+      if (stop_ || dead()) return;
+      s = ready_[ready_head_++ % kSlots];
+      // In flight before the WRITE: its acknowledgement may come at once.
+      slots_[s].state = State::kInFlight;
+      in_flight_++;
+      posting_++;
+    }
+    const bool ok = post(s);
+    std::lock_guard lock(mu_);
+    posting_--;
+    cv_.notify_all();
+    if (!ok) return;
+  }
+}
+
+bool Sender::wait_posted() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return dead() || (ready_head_ == ready_tail_ && posting_ == 0); });
+  return !dead();
+}
+
 bool Sender::acquire() {
-  while (!dead_) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (dead()) return false;
     for (uint32_t i = 0; i < kSlots; ++i) {
       const uint32_t s = (next_slot_ + i) % kSlots;
-      if (!slots_[s].busy) {
+      if (slots_[s].state == State::kFree) {
+        slots_[s].state = State::kFilling;
         next_slot_ = (s + 1) % kSlots;
         cur_ = static_cast<int>(s);
         cur_len_ = 0;
         return true;
       }
     }
-    if (!pump(c_.timeout)) return false;
+    cv_.wait(lock);
   }
-  return false;
 }
 
 bool Sender::ensure(size_t n) {
@@ -161,7 +253,7 @@ void Sender::put_str(const std::string& s) {
 
 bool Sender::post(uint32_t s) {
   {
-    std::lock_guard lock(post_mu_);
+    std::lock_guard lock(error_mu_);
     if (!post_error_.empty()) return fatal(Failure::kPeer, post_error_);
   }
   const session::Local src{slot_mem(s), kSlotSize, c_.staging.lkey};
@@ -169,7 +261,7 @@ bool Sender::post(uint32_t s) {
       kSlotsBuffer, c_.remote_offset + uint64_t{s} * kSlotSize, src,
       sizeof(SlotHeader) + slots_[s].len, s, [this](const session::OpResult& res) {
         if (res.ok()) return;
-        std::lock_guard lock(post_mu_);
+        std::lock_guard lock(error_mu_);
         if (post_error_.empty()) post_error_ = "chunk WRITE failed: " + res.detail;
       });
   if (!r.ok())
@@ -179,26 +271,33 @@ bool Sender::post(uint32_t s) {
 }
 
 bool Sender::flush() {
-  if (cur_ < 0) return true;
+  if (cur_ < 0) return !dead();
   const auto s = static_cast<uint32_t>(cur_);
   cur_ = -1;
-  if (cur_len_ == 0) return true;
-  Slot& slot = slots_[s];
-  slot = Slot{true, next_seq_++, cur_len_, 0, false};
   std::byte* mem = slot_mem(s);
+  if (cur_len_ == 0) {
+    std::lock_guard lock(mu_);
+    slots_[s].state = State::kFree;
+    return !dead();
+  }
+  const uint32_t seq = next_seq_++;
   SlotHeader h{
-      kSlotMagic, slot.seq, slot.len, 0, XXH3_64bits(mem + sizeof(SlotHeader), slot.len),
-      0};
+      kSlotMagic, seq, cur_len_, 0, XXH3_64bits(mem + sizeof(SlotHeader), cur_len_), 0};
   std::memcpy(mem, &h, sizeof h);
+  bool corrupted = false;
   if (c_.corrupt_chunk >= 0 && static_cast<int64_t>(chunks_posted_) == c_.corrupt_chunk) {
     // Fault injection: the chunk changes after its hash was taken, as if
     // corrupted in flight; the receiver must nack it and get it again.
     mem[sizeof(SlotHeader)] ^= std::byte{0xff};
-    slot.corrupted = true;
+    corrupted = true;
   }
   chunks_posted_++;
   c_.report->chunks++;
-  return post(s);
+  std::lock_guard lock(mu_);
+  slots_[s] = Slot{State::kFilling, seq, cur_len_, 0, corrupted};
+  queue_post(s);
+  cv_.notify_all();
+  return !dead();
 }
 
 bool Sender::send_entry(const Entry& e, uint32_t id) {
@@ -253,16 +352,27 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
     w.bytes(std::as_bytes(std::span(hashes)));
     // The probe names a file the receiver may not have seen yet: flush what
     // is pending so directories exist first.
-    if (!flush() || !send_message(w)) {
+    if (!flush() || !wait_posted()) {
       ::close(fd);
       return false;
     }
-    while (!needs_.contains(id))
-      if (!pump(c_.timeout)) {
+    std::vector<std::byte> need;
+    {
+      std::unique_lock lock(mu_);
+      waiting_since_ = std::chrono::steady_clock::now();
+      lock.unlock();
+      const bool sent = send_message(w);
+      lock.lock();
+      if (sent) cv_.wait(lock, [&] { return dead() || needs_.contains(id); });
+      waiting_since_ = {};
+      if (!sent || dead()) {
         ::close(fd);
         return false;
       }
-    Reader rd(needs_[id]);
+      need = std::move(needs_[id]);
+      needs_.erase(id);
+    }
+    Reader rd(need);
     const auto mode = static_cast<NeedMode>(rd.get<uint8_t>());
     if (mode == NeedMode::kNone) {
       std::fill(needed.begin(), needed.end(), false);
@@ -276,7 +386,6 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
       for (uint32_t b = 0; b < nblocks; ++b)
         needed[b] = (std::to_integer<uint8_t>(bits[b / 8]) >> (b % 8)) & 1;
     }
-    needs_.erase(id);
   }
 
   if (!send_entry(e, id)) {
@@ -378,6 +487,8 @@ bool Sender::run(EntryQueue& queue) {
     totals.put<uint64_t>(queue.files()).put<uint64_t>(queue.bytes());
     return send_message(totals);
   };
+  acker_ = std::thread([this] { ack_loop(); });
+  poster_ = std::thread([this] { post_loop(); });
   std::vector<Entry> batch;
   uint32_t id = 0;
   for (;;) {
@@ -400,10 +511,14 @@ bool Sender::run(EntryQueue& queue) {
   if (!flush()) return false;
   Writer done = message(Msg::kDone);
   done.put<uint32_t>(next_seq_);
+  {
+    std::lock_guard lock(mu_);
+    waiting_since_ = std::chrono::steady_clock::now();
+  }
   if (!send_message(done)) return false;
-  while (!final_)
-    if (!pump(c_.timeout)) return false;
-  return true;
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return dead() || final_; });
+  return final_ && !dead();
 }
 
 }  // namespace rdmakit::cp

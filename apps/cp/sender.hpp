@@ -2,14 +2,18 @@
 // The sending end of a transfer (the client on push, the server on pull):
 // reads files straight into registered slots, WRITEs each full slot into the
 // receiver's "slots" buffer with an immediate, and keeps up to kSlots slots
-// in flight; disk reads of the next slot overlap the network moving the
-// previous ones. A nacked slot (hash mismatch at the receiver) is re-sent.
+// in flight. Three threads: the caller reads and hashes into free slots, a
+// posting thread WRITEs the full ones, an acknowledgement thread frees them
+// (or re-posts a nacked one: hash mismatch at the receiver).
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <rdmakit/session/session.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "entry_queue.hpp"
@@ -33,14 +37,21 @@ struct SenderConfig {
 class Sender {
  public:
   explicit Sender(SenderConfig config);
+  ~Sender();
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
   // Sends every entry of the queue as it comes, then waits for the
   // receiver's final report. Errors go to the report; returns false if the
   // transfer as a whole failed.
   bool run(EntryQueue& queue);
 
  private:
+  // A slot is filled by the reading thread (this one, in run()), posted by
+  // the posting thread and freed by the acknowledgement thread, so reading
+  // and hashing the next slots overlap posting and moving the previous ones.
+  enum class State : uint8_t { kFree, kFilling, kReady, kInFlight };
   struct Slot {
-    bool busy = false;
+    State state = State::kFree;
     uint32_t seq = 0;
     uint32_t len = 0;  // payload bytes
     uint32_t resends = 0;
@@ -48,7 +59,11 @@ class Sender {
   };
   std::byte* slot_mem(uint32_t s) const;
   bool send_message(Writer& w);
-  bool pump(std::chrono::milliseconds timeout);
+  bool handle(session::Message& m);  // one control message (ack thread)
+  void ack_loop();
+  void post_loop();
+  void queue_post(uint32_t s);  // under mu_
+  bool wait_posted();           // every ready slot handed to the provider
   bool acquire();
   bool ensure(size_t n);
   bool flush();
@@ -63,19 +78,34 @@ class Sender {
   bool send_file(const Entry& e, uint32_t id);
   void file_error(const std::string& path, Failure kind, const std::string& reason);
   bool fatal(Failure kind, const std::string& reason);
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  void stop_threads();
 
   SenderConfig c_;
   Slot slots_[kSlots];
-  int cur_ = -1;
+  int cur_ = -1;  // the slot being filled (reading thread only)
   uint32_t cur_len_ = 0;
   uint32_t next_seq_ = 0;
   uint32_t next_slot_ = 0;
   uint64_t chunks_posted_ = 0;
+
+  // Shared by the three threads, under mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t ready_[kSlots] = {};  // ring of slots waiting to be posted
+  uint32_t ready_head_ = 0, ready_tail_ = 0;
+  uint32_t posting_ = 0;  // popped from the ring, being posted
+  uint32_t in_flight_ = 0;
   bool final_ = false;
-  bool dead_ = false;
-  std::map<uint32_t, std::vector<std::byte>> needs_;  // id -> Need message body
-  std::mutex post_mu_;
+  bool stop_ = false;
+  std::map<uint32_t, std::vector<std::byte>> needs_;       // id -> Need message body
+  std::chrono::steady_clock::time_point waiting_since_{};  // for a silent peer
+
+  std::atomic<bool> dead_{false};
+  std::mutex error_mu_;
   std::string post_error_;
+  std::thread acker_;
+  std::thread poster_;
 };
 
 }  // namespace rdmakit::cp

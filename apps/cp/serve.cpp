@@ -175,11 +175,16 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   }
   // Then its place is free (its buffer goes with the endpoint).
   wait_for_close(*ep);
-  std::fprintf(stderr, "rdmakit-cp serve: %s: %s done: %lu files, %lu bytes, %s\n",
-               ep->peer().c_str(), op == Op::kPush ? "push" : "pull",
-               static_cast<unsigned long>(report.files_done.load()),
-               static_cast<unsigned long>(report.bytes_done.load()),
-               failure_name(report.worst()));
+  // How the connection ended: PEER_CLOSED when the client said goodbye.
+  const session::DisconnectInfo gone = ep->disconnect_info();
+  std::fprintf(
+      stderr,
+      "rdmakit-cp serve: %s: %s done: %lu files, %lu bytes, %s; connection "
+      "ended: %s\n",
+      ep->peer().c_str(), op == Op::kPush ? "push" : "pull",
+      static_cast<unsigned long>(report.files_done.load()),
+      static_cast<unsigned long>(report.bytes_done.load()), failure_name(report.worst()),
+      ep->closed() ? session::disconnect_reason_name(gone.reason) : "still open");
   s.copying--;
 }
 

@@ -132,10 +132,25 @@ case $mode in
     echo "$out" | grep -q '"bytes_sent": 0' && pass "resume of a complete copy sends nothing" ||
       fail "resume of a complete copy: $out"
     same_tree "$src" "$work/root/tree" || fail "tree differs after resume"
+    # --resume over a part file whose first two 1 MiB blocks are right and
+    # whose third is wrong sends only the last two blocks (1 MiB + 17 bytes).
+    head -c $((2 * 1024 * 1024)) "$src/sub/deeper/multi" >"$work/root/.partial.rdmakit-cp-part"
+    head -c 4096 /dev/urandom >>"$work/root/.partial.rdmakit-cp-part"
+    out=$(cp_ --resume --json "$src/sub/deeper/multi" "$host:partial")
+    if echo "$out" | grep -q '"bytes_sent": 1048593' && cmp -s "$src/sub/deeper/multi" "$work/root/partial" &&
+       [ ! -e "$work/root/.partial.rdmakit-cp-part" ]; then
+      pass "resume of a part file sends only the blocks that do not verify"
+    else fail "resume of a part file: $out"; fi
     # Unknown server: exit 5 with the address named.
     timeout 30 "$bin" -q --provider "$provider" -p 1 "$src/small.txt" "$host:x" 2>"$work/err"
     [ $? = 5 ] && pass "no server: exit 5" || fail "no server: exit code"
     stop_server
+    # Every client said goodbye when it left (the server saw PEER_CLOSED,
+    # not a connection cut by the client's exit).
+    ended=$(grep -c "done:.*connection ended:" "$work/server.log")
+    if [ "$ended" -ge 8 ] && ! grep "done:.*connection ended:" "$work/server.log" | grep -qv PEER_CLOSED; then
+      pass "$ended clients closed with a goodbye"
+    else fail "a client left without a goodbye"; grep "done:" "$work/server.log"; fi
     # No space: a 1 MiB tmpfs as the root; the error names the file and the
     # reason, exit 2, and nothing appears under the final name.
     if [ "$(id -u)" = 0 ] && mkdir "$work/tiny" && mount -t tmpfs -o size=1m tiny "$work/tiny" 2>/dev/null; then
@@ -209,7 +224,7 @@ case $mode in
     runs=${RDMAKIT_CP_KILL_RUNS:-20}
     src=$work/src/tree; mkdir -p "$work/src" "$work/root" "$work/local"
     make_tree "$src"
-    head -c $((8 * 1024 * 1024)) /dev/urandom >"$src/sub/bigger"
+    head -c $((16 * 1024 * 1024)) /dev/urandom >"$src/sub/bigger"
     # Final names hold the source's bytes or nothing (part files are hidden names).
     check_no_wrong() {  # DEST_TREE
       local bad=0 f rel
@@ -218,7 +233,16 @@ case $mode in
         case $(basename "$rel") in .*.rdmakit-cp-part) continue ;; esac
         if ! cmp -s "$f" "$src/$rel"; then echo "wrong content under a final name: $rel"; bad=1; fi
       done < <(find "$1" -type f -print0 2>/dev/null)
+      # Symlinks are created under a part name and renamed too.
+      while IFS= read -r -d '' f; do
+        rel=${f#"$1"/}
+        case $(basename "$rel") in .*.rdmakit-cp-part) continue ;; esac
+        if [ "$(readlink "$f")" != "$(readlink "$src/$rel")" ]; then echo "wrong link under a final name: $rel"; bad=1; fi
+      done < <(find "$1" -type l -print0 2>/dev/null)
       return $bad
+    }
+    part_with_data() {  # DEST_TREE: some part file there has allocated blocks
+      find "$1" -name '.*.rdmakit-cp-part' -type f -printf '%b\n' 2>/dev/null | grep -qv '^0$'
     }
     start_server "$work/root"
     midway=0
@@ -237,12 +261,22 @@ case $mode in
         "$bin" -q --provider "$provider" -p "$port" -r "$host:tree" "$work/local" 2>/dev/null &
       fi
       client=$!
-      sleep "0.$(printf '%03d' $((RANDOM % 200 + 5)))"
-      kill -0 $client 2>/dev/null && midway=$((midway + 1))
+      if [ $dir = pull ]; then check_tree=$work/local/tree; else check_tree=$work/root/tree; fi
+      if [ $(((i / 4) % 2)) = 1 ]; then
+        # Four runs in eight (every direction and victim) wait until data
+        # arrives, then kill a random 0-9 ms later; the others kill at a
+        # random moment 5-205 ms after the start (setup, walk, copy or after).
+        for _ in $(seq 1500); do part_with_data "$check_tree" && break; sleep 0.002; done
+        sleep "0.00$((RANDOM % 10))"
+      else
+        sleep "0.$(printf '%03d' $((RANDOM % 200 + 5)))"
+      fi
+      # Mid-copy: the client still runs and a part file already holds data
+      # (allocated blocks), so bytes had moved and the file was not finished.
+      kill -0 $client 2>/dev/null && part_with_data "$check_tree" && midway=$((midway + 1))
       if [ $victim = client ]; then kill -9 $client 2>/dev/null
       else kill -9 "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; server_pid=; fi
       timeout 30 tail --pid=$client -f /dev/null; wait $client 2>/dev/null
-      if [ $dir = pull ]; then check_tree=$work/local/tree; else check_tree=$work/root/tree; fi
       check_no_wrong "$check_tree" || fail "run $i ($dir, killed $victim): wrong file"
       [ -z "$server_pid" ] && start_server "$work/root"
       if [ $dir = push ]; then cp_ -r --resume "$src" "$host:." >/dev/null 2>"$work/err"
@@ -251,8 +285,8 @@ case $mode in
       if [ $rc = 0 ] && same_tree "$src" "$dest"; then pass "run $i: $dir, $victim killed, resumed"
       else fail "run $i: $dir, $victim killed: resume exit $rc"; cat "$work/err"; fi
     done
-    echo "$midway of $runs kills landed while the copy was running"
-    [ "$midway" -gt 0 ] || fail "no kill landed while a copy was running"
+    echo "$midway of $runs kills landed mid-copy (a part file with data existed)"
+    [ "$midway" -ge 1 ] || fail "no kill landed mid-copy (no part file with data before any kill)"
     ;;
   many)
     # The server holds each admitted transfer while $hold exists (a test
