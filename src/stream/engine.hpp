@@ -32,6 +32,8 @@ enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2 };
 constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
 // A busy-polling wait yields its core only after spinning this long.
 constexpr std::chrono::microseconds kSpinBeforeYield{5};
+// How long a busy-polling write waits for ring room before it buffers.
+constexpr std::chrono::microseconds kRoomWait{200};
 static_assert(kSignalEvery < 128, "count fits its 7 bits");
 constexpr uint64_t make_wr_id(uint32_t slot, uint8_t gen, WrKind kind, uint32_t bytes,
                               uint32_t count = 1) {
