@@ -322,9 +322,9 @@ int client(const Args& a, uint16_t port) {
 // of `bw`: the ring is a shared, populated mapping of the stream's ring size,
 // the writer copies --size bytes per write (split at the ring's end, as a
 // DATA write is), the reader copies out up to --size bytes per read (the bw
-// reader's buffer). Each index sits alone on its cache line, and each side
-// re-reads the other's only when its cached copy says it must wait, so the
-// only cache-line traffic besides the data is one index update per copy.
+// reader's buffer), consumed bytes are returned per half ring (the stream's
+// CREDIT). Each index sits alone on its cache line, and each side re-reads
+// the other's only when its cached copy says it must wait.
 // How a waiting side of the floor spins: as the stream's busy-poll (a pause
 // per poll, sched_yield only once a wait has lasted 5 us). Yielding every few
 // polls, as an earlier floor did, gives the core away to any other runnable
@@ -374,6 +374,7 @@ int spsc_floor(const Args& a) {
     std::vector<uint8_t> out(chunk, 0);
     uint64_t t = 0;
     uint64_t h = 0;  // cached head
+    uint64_t published = 0;
     SpinWait spin;
     for (;;) {
       if (h == t) {
@@ -390,7 +391,13 @@ int spsc_floor(const Args& a) {
       const size_t n = std::min<uint64_t>(std::min<uint64_t>(h - t, ring - at), chunk);
       std::memcpy(out.data(), mem + at, n);
       t += n;
-      tail->value.store(t, std::memory_order_release);
+      // Consumed bytes go back once half the ring is read, as the stream's
+      // CREDIT does: the writer then fills lines the reader left long ago
+      // instead of taking each line from the reader's cache right after it.
+      if (t - published >= ring / 2) {
+        tail->value.store(t, std::memory_order_release);
+        published = t;
+      }
     }
     total = t;
   });
