@@ -326,9 +326,9 @@ int client(const Args& a, uint16_t port) {
 // CREDIT). Each index sits alone on its cache line, and each side re-reads
 // the other's only when its cached copy says it must wait.
 // How a waiting side of the floor spins: as the stream's busy-poll (a pause
-// per poll, sched_yield only once a wait has lasted 5 us). Yielding every few
-// polls, as an earlier floor did, gives the core away to any other runnable
-// thread many times per copy and measured the floor below the stream.
+// per poll, sched_yield once a wait has lasted 5 us, then every 5 us).
+// Yielding every few polls, as an earlier floor did, gives the core away to
+// any other runnable thread many times per copy.
 class SpinWait {
  public:
   void operator()() noexcept {
@@ -340,7 +340,11 @@ class SpinWait {
     if (spins_ == 64) {
       since_ = now;
     } else if (now - since_ >= std::chrono::microseconds(5)) {
+      // At most one yield per 5 us, about the stream's rate (its polls are
+      // slower than these): on a busy core each yield may hand the core to
+      // another thread for a whole time slice.
       ::sched_yield();
+      since_ = Clock::now();
     }
   }
   void reset() noexcept { spins_ = 0; }

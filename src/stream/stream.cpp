@@ -392,15 +392,17 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
     // credits rather than copy into the send buffer, which makes a third copy
     // of every byte of a stream whose writer is ahead of its reader. If
     // nothing arrives in time, the data is buffered as before.
+    // (If there was room and the post itself failed, the buffered path
+    // below reports it.)
+    const auto can_send = [&s] {
+      return s.err != 0 || (s.flow.peer_room() > 0 && s.flow.msg_credits >= 3 &&
+                            s.sends_outstanding < s.send_depth);
+    };
     if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 &&
-        s.tx_posted == s.tx_staged && total - done <= max_inline) {
+        s.tx_posted == s.tx_staged && total - done <= max_inline && !can_send()) {
       const auto until = std::min(deadline, Clock::now() + detail::kRoomWait);
-      if (e.wait(lock, s, until, [&s] {
-            return s.err != 0 || s.wr_shut ||
-                   (s.flow.peer_room() > 0 && s.flow.msg_credits >= 3 &&
-                    s.sends_outstanding < s.send_depth);
-          })) {
-        if (s.wr_shut) break;
+      if (e.wait(lock, s, until, can_send)) {
+        if (s.err != 0) break;
         continue;
       }
       room_wait = false;
