@@ -7,7 +7,8 @@
 //   idle  --streams idle streams: resident KiB and fds per stream (client)
 //   floor the least any cross-core byte stream costs: two pinned threads, a
 //         bare SPSC byte ring of --rx-ring bytes (default 2 MiB) with one
-//         atomic index per side, --size byte copies in and out (MB/s)
+//         atomic index per side, --size byte copies in and out, consumed
+//         bytes returned per half ring as the stream does (MB/s)
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
 //       [--inline N] [--busy-poll-us N] [--bind ADDR]
