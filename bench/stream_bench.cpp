@@ -7,12 +7,14 @@
 //   idle  --streams idle streams: resident KiB and fds per stream (client)
 //   floor the least any cross-core byte stream costs: two pinned threads, a
 //         bare SPSC byte ring of --rx-ring bytes (default 2 MiB) with one
-//         atomic index per side, --size byte copies in and out (MB/s)
+//         atomic index per side, --size byte copies in and out, consumed
+//         bytes returned per half ring as the stream does (MB/s)
 //   rdmakit-stream-bench lat|bw|idle [--provider shm|tcp|verbs] [--size N]
 //       [--seconds S] [--cpus A,B] [--streams N] [--rx-ring N] [--tx-buffer N]
 //       [--inline N] [--busy-poll-us N] [--bind ADDR]
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -316,64 +319,126 @@ int client(const Args& a, uint16_t port) {
 
 // Two copies through a shared ring, nothing else: no protocol, no locks, no
 // completions. A stream cannot beat it; memcpy of a hot buffer (one core,
-// one copy) is not a floor a stream can reach.
+// one copy) is not a floor a stream can reach. Same shape as the shm stream
+// of `bw`: the ring is a shared, populated mapping of the stream's ring size,
+// the writer copies --size bytes per write (split at the ring's end, as a
+// DATA write is), the reader copies out up to --size bytes per read (the bw
+// reader's buffer), consumed bytes are returned per half ring (the stream's
+// CREDIT). Each index sits alone on its cache line, and each side re-reads
+// the other's only when its cached copy says it must wait.
+// How a waiting side of the floor spins: as the stream's busy-poll (a pause
+// per poll, sched_yield once a wait has lasted 5 us, then every 5 us).
+// Yielding every few polls, as an earlier floor did, gives the core away to
+// any other runnable thread many times per copy.
+class SpinWait {
+ public:
+  void operator()() noexcept {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (++spins_ % 64 != 0) return;
+    const auto now = Clock::now();
+    if (spins_ == 64) {
+      since_ = now;
+    } else if (now - since_ >= std::chrono::microseconds(5)) {
+      // At most one yield per 5 us, about the stream's rate (its polls are
+      // slower than these): on a busy core each yield may hand the core to
+      // another thread for a whole time slice.
+      ::sched_yield();
+      since_ = Clock::now();
+    }
+  }
+  void reset() noexcept { spins_ = 0; }
+
+ private:
+  uint32_t spins_ = 0;
+  Clock::time_point since_{};
+};
+
+struct alignas(64) SpscIndex {
+  std::atomic<uint64_t> value{0};
+};
+static_assert(sizeof(SpscIndex) == 64, "one index per cache line");
+
 int spsc_floor(const Args& a) {
   const size_t ring = a.rx_ring != 0 ? a.rx_ring : (2u << 20);
   const size_t chunk = std::min(a.size, ring);
-  std::vector<uint8_t> mem(ring);
-  alignas(64) std::atomic<uint64_t> head{0};  // bytes written
-  alignas(64) std::atomic<uint64_t> tail{0};  // bytes read
-  std::atomic<bool> stop{false};
+  void* map = ::mmap(nullptr, ring, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (map == MAP_FAILED) {
+    std::perror("rdmakit-stream-bench floor: mmap");
+    return 1;
+  }
+  auto* mem = static_cast<uint8_t*>(map);
+  auto head = std::make_unique<SpscIndex>();  // bytes written
+  auto tail = std::make_unique<SpscIndex>();  // bytes read
+  auto stop = std::make_unique<SpscIndex>();  // the writer's total, + 1, at the end
   uint64_t total = 0;
   std::thread reader([&] {
     pin(a.cpus[1]);
-    std::vector<uint8_t> out(chunk);
+    std::vector<uint8_t> out(chunk, 0);
     uint64_t t = 0;
-    for (uint32_t spins = 0;;) {
-      const uint64_t h = head.load(std::memory_order_acquire);
+    uint64_t h = 0;  // cached head
+    uint64_t published = 0;
+    SpinWait spin;
+    for (;;) {
       if (h == t) {
-        if (stop.load(std::memory_order_acquire) && head.load() == t) break;
-        if (++spins % 64 == 0) ::sched_yield();  // as the stream's busy-poll
-        continue;
+        h = head->value.load(std::memory_order_acquire);
+        if (h == t) {
+          const uint64_t end = stop->value.load(std::memory_order_acquire);
+          if (end != 0 && end - 1 == t) break;
+          spin();
+          continue;
+        }
+        spin.reset();
       }
       const size_t at = t % ring;
-      const size_t n = std::min<uint64_t>({h - t, ring - at, chunk});
-      std::memcpy(out.data(), &mem[at], n);
+      const size_t n = std::min<uint64_t>(std::min<uint64_t>(h - t, ring - at), chunk);
+      std::memcpy(out.data(), mem + at, n);
       t += n;
-      tail.store(t, std::memory_order_release);
+      // Consumed bytes go back once half the ring is read, as the stream's
+      // CREDIT does: the writer then fills lines the reader left long ago
+      // instead of taking each line from the reader's cache right after it.
+      if (t - published >= ring / 2) {
+        tail->value.store(t, std::memory_order_release);
+        published = t;
+      }
     }
     total = t;
   });
   pin(a.cpus[0]);
   std::vector<uint8_t> in(chunk, 0x5a);
   uint64_t h = 0;
+  uint64_t t = 0;  // cached tail
   const auto t0 = Clock::now();
   const auto end = t0 + std::chrono::duration<double>(a.seconds);
   for (uint32_t i = 0;; ++i) {
     if (i % 16 == 0 && Clock::now() >= end) break;
-    for (uint32_t spins = 1; h + chunk - tail.load(std::memory_order_acquire) > ring;
-         ++spins) {
-      if (spins % 64 == 0) ::sched_yield();
+    SpinWait spin;
+    while (h + chunk - t > ring) {
+      t = tail->value.load(std::memory_order_acquire);
+      if (h + chunk - t > ring) spin();
     }
     size_t done = 0;
     while (done < chunk) {
       const size_t at = (h + done) % ring;
       const size_t n = std::min(chunk - done, ring - at);
-      std::memcpy(&mem[at], &in[done], n);
+      std::memcpy(mem + at, &in[done], n);
       done += n;
     }
     h += chunk;
-    head.store(h, std::memory_order_release);
+    head->value.store(h, std::memory_order_release);
   }
-  stop.store(true, std::memory_order_release);
+  stop->value.store(h + 1, std::memory_order_release);
   reader.join();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::munmap(map, ring);
   std::printf(
       "{\"test\":\"spsc_floor\",\"size\":%zu,\"ring\":%zu,\"bytes\":%llu,"
       "\"seconds\":%.3f,\"bw_MBps\":%.1f}\n",
       chunk, ring, static_cast<unsigned long long>(total), secs,
       static_cast<double>(total) / secs / 1e6);
-  return 0;
+  return total == h ? 0 : 1;
 }
 
 }  // namespace

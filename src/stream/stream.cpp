@@ -350,6 +350,7 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
   const auto deadline = deadline_after(s.write_timeout);
   const uint32_t max_inline = s.qp->max_inline();
   size_t done = 0;
+  bool room_wait = true;
   while (done < total) {
     if (s.err != 0) break;
     // Nothing queued: small pieces go out straight from the caller's memory.
@@ -386,6 +387,26 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       done += len;
     }
     if (done == total) break;
+    // A busy-polling writer with nothing queued whose rest would go out
+    // inline, short of ring room or credits: wait (briefly) for the peer's
+    // credits rather than copy into the send buffer, which makes a third copy
+    // of every byte of a stream whose writer is ahead of its reader. If
+    // nothing arrives in time, the data is buffered as before.
+    // (If there was room and the post itself failed, the buffered path
+    // below reports it.)
+    const auto can_send = [&s] {
+      return s.err != 0 || (s.flow.peer_room() > 0 && s.flow.msg_credits >= 3 &&
+                            s.sends_outstanding < s.send_depth);
+    };
+    if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 &&
+        s.tx_posted == s.tx_staged && total - done <= max_inline && !can_send()) {
+      const auto until = std::min(deadline, Clock::now() + detail::kRoomWait);
+      if (e.wait(lock, s, until, can_send)) {
+        if (s.err != 0) break;
+        continue;
+      }
+      room_wait = false;
+    }
     const uint64_t free = s.tx_free();
     if (free > 0) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(free, total - done));

@@ -57,6 +57,8 @@ case $mode in
     step streams 180 env RDMAKIT_TEST_PROVIDERS=verbs RDMAKIT_TEST_HOST="$SOFTROCE_IP" \
       RDMAKIT_TEST_TIMEOUT_SCALE="$one_vm_scale" "$build/tests/stream/rdmakit_stream_tests" \
       --gtest_filter=-*ThousandConcurrentStreams*
+    # Streams vs core write_bw on verbs, 1 MiB, alternating; prints the ratio.
+    step stream-bw-ratio 60 "$(dirname "$0")/stream-bw-ratio.sh" "$build"
     # The session layer's suite on verbs (the single-process cases use
     # 127.0.0.1 and are covered on shm/tcp).
     session_tests=$build/tests/session/rdmakit_session_tests

@@ -135,13 +135,14 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   // polls nor pushes; other producers push under the ring lock.
   lock_ring();
   uint64_t kept = head_;
-  for (uint64_t i = head_; i != tail_; ++i) {
+  const uint64_t tail = tail_.load(std::memory_order_relaxed);
+  for (uint64_t i = head_; i != tail; ++i) {
     if (ring_[i & mask_].qp != qp) {
       if (kept != i) ring_[kept & mask_] = ring_[i & mask_];
       ++kept;
     }
   }
-  tail_ = kept;
+  tail_.store(kept, std::memory_order_relaxed);
   ring_lock_.store(false, std::memory_order_release);
   open_gate();
   // What this CQ reserved for the QP (each side once).
@@ -172,9 +173,12 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     if (qp->needs_progress()) qp->progress();
   }
   size_t n = 0;
-  {
+  // A push in progress is seen by the next poll; the ring lock is taken only
+  // when there is something to take (every poll of a spinning reader
+  // otherwise paid it).
+  if (head_ != tail_.load(std::memory_order_relaxed)) {
     const ProducerGuard guard(*this);
-    while (n < out.size() && head_ != tail_) {
+    while (n < out.size() && head_ != tail_.load(std::memory_order_relaxed)) {
       const Entry& e = ring_[head_ & mask_];
       out[n++] = e.completion;
       if (e.qp != nullptr && e.retire_to != 0) e.qp->retire(e.retire_to);
@@ -208,7 +212,7 @@ bool ShmCompletionQueue::arm() noexcept {
   bool pending;
   {
     const ProducerGuard guard(*this);
-    pending = head_ != tail_;
+    pending = head_ != tail_.load(std::memory_order_relaxed);
   }
   bool paced = false;
   for (ShmQueuePair* qp : recv_qps_) pending = pending || qp->recv_ready();

@@ -91,10 +91,11 @@ class ShmCompletionQueue final : public CompletionQueue {
   // Filled in place: a Completion built on the stack and copied costs a
   // store-forwarding stall on this path.
   Completion& push(ShmQueuePair* qp, uint64_t retire_to) noexcept {
-    Entry& e = ring_[tail_ & mask_];
+    const uint64_t tail = tail_.load(std::memory_order_relaxed);
+    Entry& e = ring_[tail & mask_];
     e.qp = qp;
     e.retire_to = retire_to;
-    ++tail_;
+    tail_.store(tail + 1, std::memory_order_relaxed);
     return e.completion;
   }
 
@@ -169,7 +170,9 @@ class ShmCompletionQueue final : public CompletionQueue {
   std::vector<Entry> ring_;
   uint64_t mask_ = 0;
   uint64_t head_ = 0;
-  uint64_t tail_ = 0;
+  // Written under the producer guard; atomic so that poll() can see an empty
+  // ring without taking the ring lock (entries are read under it).
+  std::atomic<uint64_t> tail_{0};
   core::CqBudget budget_{0};  // sum of attached depths
   std::vector<ShmQueuePair*> send_qps_;
   std::vector<ShmQueuePair*> recv_qps_;

@@ -169,7 +169,10 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   result.posted = accepted;
   // Ring once: execute everything that was queued.
   if (queued) {
-    if (lock.owns_lock()) lock.unlock();
+    if (lock.owns_lock()) {
+      sq_queued_.store(true, std::memory_order_release);
+      lock.unlock();
+    }
     progress();
     // Queued behind an RNR wait from a thread that may not own the CQ: a
     // sleeping owner must re-arm, which sets the retry timer.
@@ -610,6 +613,7 @@ void ShmQueuePair::progress() noexcept {
     ++sq_executed_;
     if (status != Status::kSuccess) enter_error();
   }
+  if (options_.thread_safe) sq_queued_.store(false, std::memory_order_release);
 }
 
 void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcept {

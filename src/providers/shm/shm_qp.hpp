@@ -50,9 +50,16 @@ class ShmQueuePair final : public QueuePair {
   bool send_ready() const noexcept;
   // Requests queued behind an RNR wait, or a dead peer to notice: only then
   // does polling have send-side work (everything else executes at post).
+  // A thread-safe QP's counters belong to its post lock: the poller reads
+  // sq_queued_ instead (set under that lock), and takes the lock only when
+  // progress() has work: something queued, or a peer that left (the checks
+  // progress() makes first). A poll of an idle thread-safe QP is lock-free.
   bool needs_progress() const noexcept {
-    return options_.thread_safe || sq_executed_ != sq_posted_ ||
-           (state_ == QpState::kConnected && peer_gone());
+    if (options_.thread_safe) {
+      return sq_queued_.load(std::memory_order_acquire) ||
+             (state_ == QpState::kConnected && !path_clear());
+    }
+    return sq_executed_ != sq_posted_ || (state_ == QpState::kConnected && peer_gone());
   }
   bool rnr_waiting() const noexcept;
   bool recv_done(std::memory_order order) const noexcept {
@@ -178,6 +185,9 @@ class ShmQueuePair final : public QueuePair {
   uint64_t sq_posted_ = 0;
   uint64_t sq_executed_ = 0;
   std::atomic<uint64_t> sq_retired_{0};  // the CQ's owner writes
+  // Thread-safe QPs: sq_executed_ != sq_posted_, published under the post
+  // lock, so a poll with nothing queued does not take that lock.
+  std::atomic<bool> sq_queued_{false};
   bool rnr_deadline_set_ = false;
   std::chrono::steady_clock::time_point rnr_deadline_{};
 
