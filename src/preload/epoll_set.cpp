@@ -53,8 +53,9 @@ void track_epoll_ctl(int epfd, int op, int fd) noexcept {
     auto it = s.by_epfd.find(epfd);
     if (it == s.by_epfd.end()) return;
     auto& v = it->second;
-    v.erase(std::remove_if(v.begin(), v.end(), [fd](const Entry& e) { return e.fd == fd; }),
-            v.end());
+    v.erase(
+        std::remove_if(v.begin(), v.end(), [fd](const Entry& e) { return e.fd == fd; }),
+        v.end());
     if (v.empty()) {
       s.by_epfd.erase(it);
       s.has[epfd].store(0, std::memory_order_release);

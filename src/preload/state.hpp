@@ -39,7 +39,7 @@ struct Conn {
   sockaddr_storage peer{};
   socklen_t peer_len = 0;
   bool remote = false;  // on the cross-host engine (not shm)
-  pid_t owner = 0;  // process that upgraded it; a forked child leaves it alone
+  pid_t owner = 0;      // process that upgraded it; a forked child leaves it alone
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};
   std::atomic<int64_t> snd_timeout_us{0};

@@ -89,9 +89,11 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
 }
 
 EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
-  if (timeout == 0 || !wait_may_spin()) return real().epoll_wait(epfd, events, max, timeout);
+  if (timeout == 0 || !wait_may_spin())
+    return real().epoll_wait(epfd, events, max, timeout);
   EngineDrain engines;
-  if (!epoll_engines(epfd, &engines)) return real().epoll_wait(epfd, events, max, timeout);
+  if (!epoll_engines(epfd, &engines))
+    return real().epoll_wait(epfd, events, max, timeout);
   const auto spin = spin_budget(timeout);
   if (spin.count() == 0) return real().epoll_wait(epfd, events, max, timeout);
   const auto start = SpinClock::now();
