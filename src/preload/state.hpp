@@ -19,7 +19,7 @@ struct Config {
   std::string dir;          // private rendezvous directory (per uid, per netns)
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
-  std::chrono::microseconds busy_poll{50};  // spin before sleeping in a blocking call
+  std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
   uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
   bool stats = false;  // per-connection lines and a summary on stderr
   int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file

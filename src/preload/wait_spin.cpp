@@ -7,7 +7,10 @@
 
 namespace rdmakit::preload {
 
-bool wait_may_spin() noexcept { return !engine_thread() && any_upgraded(); }
+bool wait_may_spin() noexcept {
+  // any_upgraded() first: config() is never read on the pass-through path.
+  return !engine_thread() && any_upgraded() && config().busy_poll.count() > 0;
+}
 
 std::chrono::microseconds spin_budget(int timeout_ms) noexcept {
   const auto spin = config().busy_poll;

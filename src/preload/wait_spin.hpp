@@ -19,8 +19,9 @@ namespace rdmakit::preload {
 using SpinClock = std::chrono::steady_clock;
 
 // Whether a wait hook may look at upgraded connections from this thread:
-// never on the engine's own threads (fd_place.hpp), never in a process
-// without upgraded connections (it goes straight to libc).
+// only with a spin budget, never on the engine's own threads (fd_place.hpp),
+// never in a process without upgraded connections (it goes straight to
+// libc).
 bool wait_may_spin() noexcept;
 
 // How long a wait of timeout_ms (negative: forever) spins before it sleeps:
