@@ -4,10 +4,10 @@
 # load changes hit all of them alike. Modes:
 #   kernel    plain programs (the baseline)
 #   shm       both ends under rdmakit-run: connections upgraded to shm streams
-#             (default busy-poll: blocking calls and poll/epoll_wait/select
-#             take readiness from the rings for up to 50 us before sleeping)
-#   nospin    shm with --busy-poll 0 (every wait sleeps in the kernel and is
+#             (default busy-poll 0: every wait sleeps in the kernel and is
 #             woken by the stream engine's progress thread)
+#   spin      shm with --busy-poll 50 (blocking calls and poll/epoll_wait/
+#             select take readiness from the rings for up to 50 us first)
 #   base      shm with the library RDMAKIT_BENCH_BASE_LIB (a build of an
 #             earlier commit, at its defaults): before/after in the same run
 #   fallback  both ends under rdmakit-run with --deny-ports 1-65535: every
@@ -56,7 +56,7 @@ pre() {
   case $1 in
     kernel) P=() ;;
     shm) P=("$run") ;;
-    nospin) P=("$run" --busy-poll 0) ;;
+    spin) P=("$run" --busy-poll 50) ;;
     base) P=("$run" --lib "$base_lib") ;;
     fallback) P=("$run" --deny-ports 1-65535) ;;
   esac
@@ -166,10 +166,10 @@ declare -A res
 for r in $(seq "$rounds"); do
   for row in $rows; do
     case $row in
-      pp) for m in kernel shm nospin $base fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
-      iperf) for m in kernel shm nospin $base fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
-      redis) for m in kernel shm nospin $base fallback; do res[rd_$m]+="$(redis $m);"; done ;;
-      nginx) for m in kernel shm nospin $base fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+      pp) for m in kernel shm spin $base fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in kernel shm spin $base fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in kernel shm spin $base fallback; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in kernel shm spin $base fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
     esac
   done
   echo "round $r done" >&2
@@ -194,13 +194,13 @@ lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Load average at the end: {load}. " + (note or ""),
          "**Taken on a machine shared with other builds: absolute numbers are noisy; compare the ratios.**", "",
          "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams, "
-         "default busy-poll 50 us); nospin = shm with --busy-poll 0; "
+         "default: no busy-poll); spin = shm with --busy-poll 50; "
          + (f"base = shm with {base_lib} at its defaults (before); " if base_lib else "")
          + "fallback = both ends preloaded with --deny-ports 1-65535 (kernel TCP through the hooks).", ""]
-names = {"kernel": "kernel TCP", "shm": "preload shm (busy-poll 50, default)",
-         "nospin": "preload shm, --busy-poll 0", "base": "preload shm, base library",
+names = {"kernel": "kernel TCP", "shm": "preload shm",
+         "spin": "preload shm, --busy-poll 50", "base": "preload shm, base library",
          "fallback": "preload fallback (kernel TCP)"}
-modes = ("kernel", "shm", "nospin", "base", "fallback")
+modes = ("kernel", "shm", "spin", "base", "fallback")
 k = med("pp_kernel")
 if k:
     lines += ["| sockperf TCP ping-pong 16 B (half RTT, usec) | p50 | p99 | avg | avg / kernel |", "|---|---|---|---|---|"]
