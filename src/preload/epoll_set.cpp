@@ -33,8 +33,9 @@ Sets& sets() {
 }  // namespace
 
 void track_epoll_ctl(int epfd, int op, int fd) noexcept {
-  if (epfd < 0 || epfd >= kMaxFd) return;
-  if (op == EPOLL_CTL_MOD) return;
+  // Nothing to track before the first upgrade (a preloaded program that
+  // never upgrades allocates nothing here).
+  if (epfd < 0 || epfd >= kMaxFd || op == EPOLL_CTL_MOD || !any_upgraded()) return;
   Sets& s = sets();
   if (op == EPOLL_CTL_ADD) {
     auto c = find_conn(fd);
@@ -64,7 +65,7 @@ void track_epoll_ctl(int epfd, int op, int fd) noexcept {
 }
 
 void forget_epoll(int epfd) noexcept {
-  if (epfd < 0 || epfd >= kMaxFd) return;
+  if (epfd < 0 || epfd >= kMaxFd || !any_upgraded()) return;
   Sets& s = sets();
   if (s.has[epfd].load(std::memory_order_acquire) == 0) return;
   std::lock_guard lock(s.mu);
