@@ -53,13 +53,19 @@ finish_pair() {
 
 size=5000000
 case "$case_name" in
-  pair-shm)  # both ends preloaded: shm, every byte checked both ways
-    start_pair_server 1 $size
-    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
-      fail "client: $(cat "$work/client.out")"
-    finish_pair
-    expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
-    expect_count 1 "\]: accept fd=.* path=shm" "server connections on shm"
+  pair-shm)  # both ends preloaded: shm, every byte checked both ways; then
+    # again with a 50 us busy-poll (reads and epoll_wait spin on the rings;
+    # LT, EPOLLET and EPOLLONESHOT must still answer as the kernel does)
+    for spin in 0 50; do
+      export RDMAKIT_PRELOAD_BUSY_POLL_US=$spin
+      start_pair_server 1 $size
+      "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+        fail "client (busy-poll $spin): $(cat "$work/client.out")"
+      finish_pair
+    done
+    unset RDMAKIT_PRELOAD_BUSY_POLL_US
+    expect_count 2 "\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 2 "\]: accept fd=.* path=shm" "server connections on shm"
     ;;
   pair-client-only)  # preloaded client, plain server: kernel TCP, no wait
     start_pair_server 0 $size
