@@ -4,8 +4,12 @@
 # load changes hit all of them alike. Modes:
 #   kernel    plain programs (the baseline)
 #   shm       both ends under rdmakit-run: connections upgraded to shm streams
+#             (default busy-poll 0: every wait sleeps in the kernel and is
+#             woken by the stream engine's progress thread)
 #   spin      shm with --busy-poll 50 (blocking calls and poll/epoll_wait/
-#             select spin up to 50 us before sleeping)
+#             select take readiness from the rings for up to 50 us first)
+#   base      shm with the library RDMAKIT_BENCH_BASE_LIB (a build of an
+#             earlier commit, at its defaults): before/after in the same run
 #   fallback  both ends under rdmakit-run with --deny-ports 1-65535: every
 #             connection stays on kernel TCP, every call goes through the hooks
 # Rows:
@@ -18,6 +22,7 @@
 # Usage: bench/preload_compare.sh [BUILD_DIR]   (default: build)
 #   RDMAKIT_BENCH_CPUS=0,1  RDMAKIT_BENCH_SECONDS=3  RDMAKIT_BENCH_ROUNDS=3
 #   RDMAKIT_BENCH_ROWS="pp iperf redis nginx"  RDMAKIT_BENCH_NOTE="loaded machine"
+#   RDMAKIT_BENCH_BASE_LIB=/path/librdmakit-preload.so (adds the base mode)
 # Writes bench/results/preload-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -27,6 +32,9 @@ secs=${RDMAKIT_BENCH_SECONDS:-3}
 rounds=${RDMAKIT_BENCH_ROUNDS:-3}
 rows=${RDMAKIT_BENCH_ROWS:-pp iperf redis nginx}
 note=${RDMAKIT_BENCH_NOTE:-}
+base_lib=${RDMAKIT_BENCH_BASE_LIB:-}
+base=""
+[ -n "$base_lib" ] && base=base
 run=$(realpath "$build/tools/rdmakit-run/rdmakit-run")
 for p in sockperf iperf3 taskset python3 redis-server redis-benchmark nginx wrk /usr/bin/time; do
   command -v $p >/dev/null || { echo "missing $p (scripts/deps.sh --bench)"; exit 1; }
@@ -49,6 +57,7 @@ pre() {
     kernel) P=() ;;
     shm) P=("$run") ;;
     spin) P=("$run" --busy-poll 50) ;;
+    base) P=("$run" --lib "$base_lib") ;;
     fallback) P=("$run" --deny-ports 1-65535) ;;
   esac
 }
@@ -157,19 +166,19 @@ declare -A res
 for r in $(seq "$rounds"); do
   for row in $rows; do
     case $row in
-      pp) for m in kernel shm spin fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
-      iperf) for m in kernel shm fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
-      redis) for m in kernel shm fallback; do res[rd_$m]+="$(redis $m);"; done ;;
-      nginx) for m in kernel shm fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+      pp) for m in kernel shm spin $base fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in kernel shm spin $base fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in kernel shm spin $base fallback; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in kernel shm spin $base fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
     esac
   done
   echo "round $r done" >&2
 done
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 { for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
-python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" <<'PY'
+python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" "$base_lib" <<'PY'
 import math, statistics as st, sys
-md, stamp, cpus, secs, rounds, load, note, resf = sys.argv[1:]
+md, stamp, cpus, secs, rounds, load, note, resf, base_lib = sys.argv[1:]
 res = dict(l.rstrip("\n").split("=", 1) for l in open(resf) if "=" in l)
 def med(key):
     rows = [r.split() for r in res.get(key, "").split(";") if r.strip()]
@@ -184,22 +193,25 @@ lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Pinned to CPUs {cpus} (server, client), {secs} s per run, median of {rounds} alternating rounds.",
          f"Load average at the end: {load}. " + (note or ""),
          "**Taken on a machine shared with other builds: absolute numbers are noisy; compare the ratios.**", "",
-         "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams); "
-         "spin = shm with --busy-poll 50; fallback = both ends preloaded with --deny-ports 1-65535 "
-         "(kernel TCP through the hooks).", ""]
-names = {"kernel": "kernel TCP", "shm": "preload shm", "spin": "preload shm, --busy-poll 50",
+         "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams, "
+         "default: no busy-poll); spin = shm with --busy-poll 50; "
+         + (f"base = shm with {base_lib} at its defaults (before); " if base_lib else "")
+         + "fallback = both ends preloaded with --deny-ports 1-65535 (kernel TCP through the hooks).", ""]
+names = {"kernel": "kernel TCP", "shm": "preload shm",
+         "spin": "preload shm, --busy-poll 50", "base": "preload shm, base library",
          "fallback": "preload fallback (kernel TCP)"}
+modes = ("kernel", "shm", "spin", "base", "fallback")
 k = med("pp_kernel")
 if k:
     lines += ["| sockperf TCP ping-pong 16 B (half RTT, usec) | p50 | p99 | avg | avg / kernel |", "|---|---|---|---|---|"]
-    for m in ("kernel", "shm", "spin", "fallback"):
+    for m in modes:
         v = med("pp_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {ratio(v[2], k[2])} |")
     lines.append("")
 k = med("bw_kernel")
 if k:
     lines += ["| iperf3, 1 stream | Gbit/s | / kernel |", "|---|---|---|"]
-    for m in ("kernel", "shm", "fallback"):
+    for m in modes:
         v = med("bw_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {ratio(v[0], k[0])} |")
     lines.append("")
@@ -207,14 +219,14 @@ k = med("rd_kernel")
 if k:
     lines += ["| redis-benchmark, 50 clients | SET req/s | p50 ms | p99 ms | GET req/s | p50 ms | p99 ms | CPU us/req | SET / kernel | GET / kernel |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    for m in ("kernel", "shm", "fallback"):
+    for m in modes:
         v = med("rd_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} | {v[4]:.3f} | {v[5]:.3f} | {v[6]:.1f} | {ratio(v[0], k[0])} | {ratio(v[3], k[3])} |")
     lines.append("")
 k = med("ng_kernel")
 if k:
     lines += ["| nginx (2 workers) + wrk, 600 B file, 50 connections | req/s | p50 ms | p99 ms | CPU us/req | / kernel |", "|---|---|---|---|---|---|"]
-    for m in ("kernel", "shm", "fallback"):
+    for m in modes:
         v = med("ng_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.1f} | {ratio(v[0], k[0])} |")
     lines.append("")

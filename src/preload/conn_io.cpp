@@ -10,6 +10,7 @@
 
 #include "libc.hpp"
 #include "process.hpp"
+#include "wait_spin.hpp"
 
 namespace rdmakit::preload {
 
@@ -55,6 +56,47 @@ int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline
   return 0;
 }
 
+// The spin of one blocking call (RDMAKIT_PRELOAD_BUSY_POLL_US): readiness
+// is taken from the ring on the caller's thread (Stream::poll_readiness)
+// until the stream shows what the call waits for or the budget is spent.
+class Spin {
+ public:
+  Spin(bool blocking, bool has_deadline, Clock::time_point deadline)
+      : on_(blocking && config().busy_poll.count() > 0),
+        has_deadline_(has_deadline),
+        deadline_(deadline) {}
+  bool active() const { return on_; }
+  // Whether the ring was polled: the progress thread must then be sent
+  // back to watch before the caller sleeps (poll_readiness(true)).
+  bool spun() const { return spun_; }
+  void stop() { on_ = false; }
+  // Whether the stream shows `events` (or an error, end of stream) before
+  // the budget runs out. The budget starts at the first call.
+  bool until(Conn& c, short events) {
+    const short want = static_cast<short>(events | POLLHUP | POLLERR);
+    spun_ = true;
+    if ((c.stream->poll_readiness(false) & want) != 0) return true;
+    if (!started_) {
+      started_ = true;
+      end_ = Clock::now() + config().busy_poll;
+      if (has_deadline_ && deadline_ < end_) end_ = deadline_;
+    }
+    for (unsigned tries = 0;; ++tries) {
+      if (Clock::now() >= end_) return false;
+      spin_pause(tries);
+      if ((c.stream->poll_readiness(false) & want) != 0) return true;
+    }
+  }
+
+ private:
+  bool on_;
+  bool has_deadline_;
+  Clock::time_point deadline_;
+  bool started_ = false;
+  bool spun_ = false;
+  Clock::time_point end_{};
+};
+
 }  // namespace
 
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
@@ -66,10 +108,13 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   const size_t want = total_len(iov, iovcnt);
   const int64_t tmo = c.rcv_timeout_us.load(std::memory_order_relaxed);
   const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
-  const auto spin_until = Clock::now() + config().busy_poll;
+  Spin spin(!nonblocking, tmo > 0, deadline);
   std::vector<iovec> rest;
   size_t got = 0;
   for (;;) {
+    // A read that finds nothing tells the engine its caller will sleep (a
+    // wake-up of the progress thread): while spinning, look at the ring first.
+    if (spin.active() && !spin.until(c, POLLIN)) spin.stop();
     const iovec* v = iov;
     int n = iovcnt;
     if (got > 0) {
@@ -92,7 +137,8 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       errno = EAGAIN;
       return -1;
     }
-    if (Clock::now() < spin_until) continue;
+    if (spin.active()) continue;
+    if (spin.spun() && (c.stream->poll_readiness(true) & POLLIN) != 0) continue;
     const int w = wait_for(fd, POLLIN, tmo > 0, deadline);
     if (w != 0) {
       if (got > 0) return static_cast<ssize_t>(got);
@@ -109,7 +155,7 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   const size_t want = total_len(iov, iovcnt);
   const int64_t tmo = c.snd_timeout_us.load(std::memory_order_relaxed);
   const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
-  const auto spin_until = Clock::now() + config().busy_poll;
+  Spin spin(!nonblocking, tmo > 0, deadline);
   std::vector<iovec> rest;
   size_t done = 0;
   for (;;) {
@@ -140,7 +186,10 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       errno = EAGAIN;
       return -1;
     }
-    if (Clock::now() < spin_until) continue;
+    // Full: wait for room (credits the peer returns), from the ring first.
+    if (spin.active() && spin.until(c, POLLOUT)) continue;
+    spin.stop();
+    if (spin.spun() && (c.stream->poll_readiness(true) & POLLOUT) != 0) continue;
     const int w = wait_for(fd, POLLOUT, tmo > 0, deadline);
     if (w != 0) {
       if (done > 0) return static_cast<ssize_t>(done);

@@ -10,6 +10,7 @@
 
 #include <cstdarg>
 
+#include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
 
@@ -34,7 +35,9 @@ EXPORT int eventfd(unsigned initval, int flags) {
 
 EXPORT int epoll_create1(int flags) {
   const int fd = real().epoll_create1(flags);
-  return internal_caller(CALLER) ? place_high(fd) : fd;
+  if (internal_caller(CALLER)) return place_high(fd);
+  forget_epoll(fd);  // a closed epoll fd's connections are not this one's
+  return fd;
 }
 
 EXPORT int memfd_create(const char* name, unsigned flags) {

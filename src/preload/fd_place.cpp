@@ -53,13 +53,17 @@ void find_own_code() noexcept {
 
 namespace {
 thread_local int t_internal = 0;
+thread_local bool t_engine = false;
 }  // namespace
+
+void mark_engine_thread() noexcept { t_engine = true; }
+bool engine_thread() noexcept { return t_engine; }
 
 InternalScope::InternalScope() noexcept { ++t_internal; }
 InternalScope::~InternalScope() { --t_internal; }
 
 bool internal_caller(const void* ret) noexcept {
-  if (t_internal > 0) return true;
+  if (t_internal > 0 || t_engine) return true;
   const auto a = reinterpret_cast<uintptr_t>(ret);  // NOLINT
   for (int i = 0; i < g_nranges; ++i) {
     if (a >= g_ranges[i].lo && a < g_ranges[i].hi) return true;

@@ -23,6 +23,12 @@ class InternalScope {
   InternalScope(const InternalScope&) = delete;
   InternalScope& operator=(const InternalScope&) = delete;
 };
+// The stream engine's progress thread marks itself (EngineOptions::
+// on_thread_start): every hook it reaches goes straight to libc, and no
+// hook ever calls back into the engine from it. The return address cannot
+// tell (with a sanitizer runtime preloaded first it is the interceptor's).
+void mark_engine_thread() noexcept;
+bool engine_thread() noexcept;
 // fd moved to the high range (close-on-exec); fd itself when no room.
 int place_high(int fd) noexcept;
 // The lowest fd number the high range starts at (0: no high range).

@@ -119,6 +119,12 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   conn->tcp_fd = tcp;
   conn->owner = process_id();
   conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
+  conn->remote = std::strcmp(up.path, "shm") != 0;
+  conn->peer_len = sizeof conn->peer;
+  if (real().getpeername(tcp, reinterpret_cast<sockaddr*>(&conn->peer),  // NOLINT
+                         &conn->peer_len) != 0) {
+    conn->peer_len = 0;
+  }
   install_conn(fd, std::move(conn));
   log_line("%s fd=%d %s path=%s", side, fd, where.c_str(), up.path);
   count_path(true, std::strcmp(up.path, "shm") != 0);
@@ -151,8 +157,12 @@ ssize_t send_one(int fd, const void* buf, size_t len, int flags) {
   return conn_send(*c, fd, &v, 1, flags);
 }
 
+// As the kernel fills recvfrom's address: truncated to *len, *len set to
+// the full size.
 void fill_peer(const Conn& c, sockaddr* addr, socklen_t* len) {
-  if (addr != nullptr && len != nullptr) (void)real().getpeername(c.tcp_fd, addr, len);
+  if (addr == nullptr || len == nullptr) return;
+  std::memcpy(addr, &c.peer, *len < c.peer_len ? *len : c.peer_len);
+  *len = c.peer_len;
 }
 
 }  // namespace

@@ -59,6 +59,7 @@ void resolve_libc() noexcept {
   bind(l.poll, "poll");
   bind(l.epoll_wait, "epoll_wait");
   bind(l.select, "select");
+  bind(l.epoll_ctl, "epoll_ctl");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
 }

@@ -56,6 +56,7 @@ struct Libc {
   int (*poll)(pollfd*, nfds_t, int);
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
+  int (*epoll_ctl)(int, int, int, epoll_event*);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

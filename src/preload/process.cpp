@@ -81,6 +81,7 @@ stream::Engine* engine(std::string* why, ProviderKind kind) {
   try {
     stream::EngineOptions opts;
     opts.provider = kind;
+    opts.on_thread_start = mark_engine_thread;
     opts.max_streams = 1024;
     // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
     // keep a write from waiting for every credit return.

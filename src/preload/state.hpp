@@ -34,7 +34,12 @@ const Config& config();
 struct Conn {
   std::unique_ptr<stream::Stream> stream;
   int tcp_fd = -1;  // the kernel TCP socket, kept for the kernel's view
-  pid_t owner = 0;  // process that upgraded it; a forked child leaves it alone
+  // The peer's address, read once at the upgrade: recvfrom/recvmsg callers
+  // that ask for it (sockperf) would otherwise pay a syscall per message.
+  sockaddr_storage peer{};
+  socklen_t peer_len = 0;
+  bool remote = false;  // on the cross-host engine (not shm)
+  pid_t owner = 0;      // process that upgraded it; a forked child leaves it alone
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};
   std::atomic<int64_t> snd_timeout_us{0};

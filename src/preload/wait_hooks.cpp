@@ -1,19 +1,27 @@
-// poll, epoll_wait and select with a bounded busy-poll (docs/preload.md,
-// "Busy polling"): with RDMAKIT_PRELOAD_BUSY_POLL_US set and at least one
-// upgraded connection in the process, a wait that would sleep first asks
-// the kernel again with a zero timeout for up to that long, so a reply
-// mirrored onto a readiness socket is seen without a sleep and a wake-up.
-// Unset (the default) or with no upgraded connection, each call goes
-// straight to libc: an idle program sleeps as it would without the library.
+// poll, select, epoll_wait and epoll_ctl (docs/preload.md, "Busy
+// polling"). A wait whose set holds upgraded connections first collects
+// what their peers put into the rings on the caller's thread
+// (wait_spin.hpp), for up to RDMAKIT_PRELOAD_BUSY_POLL_US, and returns as
+// soon as something is ready; then it makes sure the progress thread
+// watches and sleeps in the kernel on the readiness sockets as before.
+// Sets made only of upgraded connections are answered without a syscall;
+// mixed sets and epoll ask the kernel with a zero timeout after each drain
+// (the readiness sockets are current then, so every kernel semantic holds).
+// Sets without upgraded connections, a zero timeout, the engine's own
+// threads and processes without upgraded connections go straight to libc.
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 
+#include "epoll_set.hpp"
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "state.hpp"
+#include "wait_spin.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
 
@@ -21,77 +29,190 @@ using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// The spin budget for a wait of timeout_ms (negative: forever); zero when
-// the call should not spin.
-std::chrono::microseconds budget(int timeout_ms) {
-  if (timeout_ms == 0 || !any_upgraded()) return std::chrono::microseconds(0);
-  const auto spin = config().busy_poll;
-  if (timeout_ms > 0 && std::chrono::milliseconds(timeout_ms) < spin) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::milliseconds(timeout_ms));
-  }
-  return spin;
-}
+// Sets up to this size made only of upgraded connections are answered from
+// the streams directly (one poll_readiness per entry and try).
+constexpr size_t kMaxDirect = 16;
 
 // What is left of timeout_ms after `spent` (never below 0; -1 stays -1).
-int left(int timeout_ms, Clock::duration spent) {
+int left(int timeout_ms, SpinClock::duration spent) {
   if (timeout_ms < 0) return timeout_ms;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(spent).count();
   return ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(ms);
 }
 
+// The events a readiness socket shows for the stream's state: readable,
+// writable (the mirror carries nothing else, so neither does this).
+short mirrored(short ev) { return static_cast<short>(ev & (POLLIN | POLLOUT)); }
+
 }  // namespace
 
 EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
-  const auto spin = budget(timeout);
+  if (timeout == 0 || n == 0 || !wait_may_spin()) return real().poll(fds, n, timeout);
+  EngineDrain engines;
+  std::array<std::shared_ptr<Conn>, kMaxDirect> direct;
+  bool all_conns = n <= kMaxDirect;
+  for (nfds_t i = 0; i < n; ++i) {
+    const int fd = fds[i].fd;
+    if (fd < 0) continue;
+    auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+    const bool usable = engines.add(c);
+    if (all_conns && usable) {
+      direct[i] = std::move(c);
+    } else {
+      all_conns = false;
+    }
+  }
+  if (engines.empty()) return real().poll(fds, n, timeout);
+  const auto spin = spin_budget(timeout);
   if (spin.count() == 0) return real().poll(fds, n, timeout);
-  const auto start = Clock::now();
-  do {
-    const int r = real().poll(fds, n, 0);
+  const auto start = SpinClock::now();
+  for (unsigned tries = 0;; ++tries) {
+    int r = 0;
+    if (all_conns) {
+      for (nfds_t i = 0; i < n; ++i) {
+        fds[i].revents = 0;
+        if (fds[i].fd < 0) continue;
+        fds[i].revents = static_cast<short>(
+            mirrored(direct[i]->stream->poll_readiness(false)) & fds[i].events);
+        if (fds[i].revents != 0) ++r;
+      }
+    } else {
+      engines.drain();
+      r = real().poll(fds, n, 0);
+    }
     if (r != 0) return r;
-  } while (Clock::now() - start < spin);
-  return real().poll(fds, n, left(timeout, Clock::now() - start));
+    if (SpinClock::now() - start >= spin) break;
+    spin_pause(tries);
+  }
+  engines.before_sleep();
+  return real().poll(fds, n, left(timeout, SpinClock::now() - start));
 }
 
 EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
-  const auto spin = budget(timeout);
+  if (timeout == 0 || !wait_may_spin())
+    return real().epoll_wait(epfd, events, max, timeout);
+  EngineDrain engines;
+  if (!epoll_engines(epfd, &engines))
+    return real().epoll_wait(epfd, events, max, timeout);
+  const auto spin = spin_budget(timeout);
   if (spin.count() == 0) return real().epoll_wait(epfd, events, max, timeout);
-  const auto start = Clock::now();
-  do {
+  const auto start = SpinClock::now();
+  for (unsigned tries = 0;; ++tries) {
+    engines.drain();
     const int r = real().epoll_wait(epfd, events, max, 0);
     if (r != 0) return r;
-  } while (Clock::now() - start < spin);
-  return real().epoll_wait(epfd, events, max, left(timeout, Clock::now() - start));
+    if (SpinClock::now() - start >= spin) break;
+    spin_pause(tries);
+  }
+  engines.before_sleep();
+  return real().epoll_wait(epfd, events, max, left(timeout, SpinClock::now() - start));
 }
 
-EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
-  const int timeout =
-      tv == nullptr ? -1 : static_cast<int>(tv->tv_sec * 1000 + tv->tv_usec / 1000);
-  const auto spin =
-      budget(tv != nullptr && timeout == 0 && tv->tv_usec > 0 ? 1 : timeout);
-  if (spin.count() == 0) return real().select(n, rd, wr, ex, tv);
-  // select overwrites its sets: each try starts from the caller's.
-  fd_set r0;
-  fd_set w0;
-  fd_set e0;
-  if (rd != nullptr) r0 = *rd;
-  if (wr != nullptr) w0 = *wr;
-  if (ex != nullptr) e0 = *ex;
-  const auto start = Clock::now();
-  for (;;) {
-    timeval zero{0, 0};
-    const int r = real().select(n, rd, wr, ex, &zero);
-    if (r != 0) return r;
-    if (rd != nullptr) *rd = r0;
-    if (wr != nullptr) *wr = w0;
-    if (ex != nullptr) *ex = e0;
-    if (Clock::now() - start >= spin) break;
+EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  const int r = real().epoll_ctl(epfd, op, fd, event);
+  if (r == 0 && !engine_thread()) track_epoll_ctl(epfd, op, fd);
+  return r;
+}
+
+namespace {
+
+// select's sets as they were passed (select overwrites them).
+struct FdSets {
+  fd_set rd;
+  fd_set wr;
+  fd_set ex;
+  void save(const fd_set* r, const fd_set* w, const fd_set* e) {
+    if (r != nullptr) rd = *r;
+    if (w != nullptr) wr = *w;
+    if (e != nullptr) ex = *e;
   }
+  void restore(fd_set* r, fd_set* w, fd_set* e) const {
+    if (r != nullptr) *r = rd;
+    if (w != nullptr) *w = wr;
+    if (e != nullptr) *e = ex;
+  }
+};
+
+bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
+
+}  // namespace
+
+EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
+  const bool zero = tv != nullptr && tv->tv_sec == 0 && tv->tv_usec == 0;
+  if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
+    return real().select(n, rd, wr, ex, tv);
+  }
+  EngineDrain engines;
+  std::array<std::shared_ptr<Conn>, kMaxDirect> direct;
+  std::array<int, kMaxDirect> direct_fd{};
+  size_t ndirect = 0;
+  bool all_conns = true;
+  for (int fd = 0; fd < n; ++fd) {
+    if (!in(rd, fd) && !in(wr, fd) && !in(ex, fd)) continue;
+    auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+    const bool usable = engines.add(c);
+    if (all_conns && usable && ndirect < kMaxDirect) {
+      direct_fd[ndirect] = fd;
+      direct[ndirect++] = std::move(c);
+    } else {
+      all_conns = false;
+    }
+  }
+  if (engines.empty()) return real().select(n, rd, wr, ex, tv);
+  // Milliseconds, rounded up so a sub-millisecond timeout still spins.
+  const int timeout =
+      tv == nullptr ? -1
+                    : static_cast<int>(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000);
+  const auto spin = spin_budget(timeout);
+  if (spin.count() == 0) return real().select(n, rd, wr, ex, tv);
+  FdSets given{};
+  given.save(rd, wr, ex);
+  const auto start = SpinClock::now();
+  for (unsigned tries = 0;; ++tries) {
+    int r = 0;
+    if (all_conns) {
+      if (rd != nullptr) FD_ZERO(rd);
+      if (wr != nullptr) FD_ZERO(wr);
+      if (ex != nullptr) FD_ZERO(ex);
+      for (size_t i = 0; i < ndirect; ++i) {
+        const int fd = direct_fd[i];
+        const short ev = direct[i]->stream->poll_readiness(false);
+        if ((ev & POLLIN) != 0 && in(&given.rd, fd) && rd != nullptr) {
+          FD_SET(fd, rd);
+          ++r;
+        }
+        if ((ev & POLLOUT) != 0 && in(&given.wr, fd) && wr != nullptr) {
+          FD_SET(fd, wr);
+          ++r;
+        }
+      }
+    } else {
+      engines.drain();
+      timeval now{0, 0};
+      r = real().select(n, rd, wr, ex, &now);
+    }
+    if (r < 0) return r;
+    if (r > 0) {
+      if (tv != nullptr) {
+        // Linux reports the time not slept.
+        const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(
+                               SpinClock::now() - start)
+                               .count();
+        int64_t us = static_cast<int64_t>(tv->tv_sec) * 1000000 + tv->tv_usec - spent;
+        if (us < 0) us = 0;
+        *tv = {static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+      }
+      return r;
+    }
+    given.restore(rd, wr, ex);
+    if (SpinClock::now() - start >= spin) break;
+    spin_pause(tries);
+  }
+  engines.before_sleep();
   if (tv == nullptr) return real().select(n, rd, wr, ex, nullptr);
   const auto spent =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+      std::chrono::duration_cast<std::chrono::microseconds>(SpinClock::now() - start)
+          .count();
   int64_t us = static_cast<int64_t>(tv->tv_sec) * 1000000 + tv->tv_usec - spent;
   if (us < 0) us = 0;
   timeval rest{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};

@@ -98,7 +98,10 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
     throw Error("stream engine", ctx->provider_name(), "", errno, "eventfd");
   tick_ = std::clamp(options.stream.keepalive / 4, std::chrono::milliseconds(5),
                      std::chrono::milliseconds(100));
-  thread_ = std::thread([this] { progress_loop(); });
+  thread_ = std::thread([this] {
+    if (options.on_thread_start != nullptr) options.on_thread_start();
+    progress_loop();
+  });
 }
 
 EngineImpl::~EngineImpl() {

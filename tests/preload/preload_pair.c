@@ -147,6 +147,38 @@ static void check_bytes(const uint8_t* b, size_t n, uint64_t seed, size_t* off, 
  * __recvfrom_chk); checks
  * length and every byte. FIONREAD must never promise more than a read
  * then returns. */
+
+/* s is readable for good now (the client's FIN): level-triggered epoll
+ * reports it on every wait, EPOLLET once (no new edge), EPOLLONESHOT once
+ * (then disarmed). With a busy-poll budget the hooks spin on the rings
+ * first; the kernel must still decide. */
+static int wait_count(int ep, int ms) {
+  struct epoll_event ev;
+  int n = epoll_wait(ep, &ev, 1, ms);
+  if (n < 0) die("epoll_wait");
+  return n;
+}
+static void check_epoll_modes(int s, int lt) {
+  int et = epoll_create1(EPOLL_CLOEXEC);
+  int os = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event e1 = {.events = EPOLLIN | EPOLLET, .data.fd = s};
+  struct epoll_event e2 = {.events = EPOLLIN | EPOLLONESHOT, .data.fd = s};
+  if (et < 0 || os < 0 || epoll_ctl(et, EPOLL_CTL_ADD, s, &e1) != 0 ||
+      epoll_ctl(os, EPOLL_CTL_ADD, s, &e2) != 0)
+    die("epoll ET/ONESHOT");
+  int got[6] = {wait_count(lt, 100), wait_count(lt, 100), wait_count(et, 100),
+                wait_count(et, 50), wait_count(os, 100), wait_count(os, 50)};
+  if (got[0] != 1 || got[1] != 1 || got[2] != 1 || got[3] != 0 || got[4] != 1 || got[5] != 0) {
+    fprintf(stderr,
+            "preload_pair: epoll at end of stream: LT %d %d (want 1 1), ET %d %d (want 1 0), "
+            "ONESHOT %d %d (want 1 0)\n",
+            got[0], got[1], got[2], got[3], got[4], got[5]);
+    exit(1);
+  }
+  close(et);
+  close(os);
+}
+
 static void recv_pattern(int fd, int ep, uint64_t seed, size_t size) {
   static uint8_t buf[65536];
   size_t off = 0;
@@ -360,6 +392,7 @@ int main(int argc, char** argv) {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = s};
     if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) != 0) die("epoll");
     recv_pattern(s, ep, 1, size);
+    check_epoll_modes(s, ep);
     /* Blocking for the answer: FIONBIO off. */
     int off = 0;
     if (ioctl(s, FIONBIO, &off) != 0) die("ioctl FIONBIO");

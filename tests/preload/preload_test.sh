@@ -54,13 +54,19 @@ finish_pair() {
 
 size=5000000
 case "$case_name" in
-  pair-shm)  # both ends preloaded: shm, every byte checked both ways
-    start_pair_server 1 $size
-    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
-      fail "client: $(cat "$work/client.out")"
-    finish_pair
-    expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
-    expect_count 1 "\]: accept fd=.* path=shm" "server connections on shm"
+  pair-shm)  # both ends preloaded: shm, every byte checked both ways; then
+    # again with a 50 us busy-poll (reads and epoll_wait spin on the rings;
+    # LT, EPOLLET and EPOLLONESHOT must still answer as the kernel does)
+    for spin in 0 50; do
+      export RDMAKIT_PRELOAD_BUSY_POLL_US=$spin
+      start_pair_server 1 $size
+      "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+        fail "client (busy-poll $spin): $(cat "$work/client.out")"
+      finish_pair
+    done
+    unset RDMAKIT_PRELOAD_BUSY_POLL_US
+    expect_count 2 "\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 2 "\]: accept fd=.* path=shm" "server connections on shm"
     ;;
   pair-client-only)  # preloaded client, plain server: kernel TCP, no wait
     start_pair_server 0 $size
@@ -568,8 +574,9 @@ PY
     # Server and clients multiplex with -F s|p|e (sockperf needs a feed file
     # for -F): ping-pong, throughput and under-load clients at once against
     # one server (so the server's select/poll/epoll set holds three streams),
-    # first with blocking sockets, then with --nonblocked on every side and a
-    # 50 us busy-poll (the select/poll/epoll_wait hooks spin before sleeping).
+    # first with blocking sockets and no busy-poll (every wait sleeps in the
+    # kernel), then with --nonblocked on every side and a 50 us busy-poll (the
+    # select/poll/epoll_wait hooks take readiness from the rings first).
     need sockperf
     iomux=${case_name#sockperf-}
     sp_round() {  # extra options for server and clients
@@ -598,7 +605,7 @@ PY
         fi
       done
     }
-    sp_round
+    RDMAKIT_PRELOAD_BUSY_POLL_US=0 sp_round
     RDMAKIT_PRELOAD_BUSY_POLL_US=50 sp_round --nonblocked
     expect_count 6 "sockperf\]: connect fd=.* path=shm" "client connections on shm"
     expect_count 6 "sockperf\]: accept fd=.* path=shm" "server connections on shm"

@@ -67,6 +67,10 @@ struct EngineOptions {
   ProviderKind provider = ProviderKind::kAuto;
   uint32_t max_streams = 1024;  // sizes the shared completion queue
   StreamOptions stream;         // defaults for connect/accept
+  // Called first on the engine's progress thread, before it makes any call:
+  // lets a caller that intercepts libc (the LD_PRELOAD library) tell the
+  // engine's own waits from the application's. nullptr: nothing is called.
+  void (*on_thread_start)() = nullptr;
 };
 
 class Stream;
