@@ -187,6 +187,7 @@ void EngineImpl::kick() noexcept {
 
 void EngineImpl::before_would_block() noexcept {
   // An event-loop caller sleeps next: someone must be armed on the CQ.
+  sleeper_ = true;
   if (progress_ == Progress::kSleepUnarmed) {
     progress_ = Progress::kRunning;
     kick();
@@ -454,13 +455,15 @@ void EngineImpl::progress_loop() noexcept {
     }
     bool armed = false;
     int timeout_ms;
-    if (spinning_ > 0 || spin_epoch_ != seen_epoch) {
+    if ((spinning_ > 0 || spin_epoch_ != seen_epoch) && !sleeper_) {
       // Application threads poll the CQ themselves: stay off it (arming
       // would make every peer message a wake-up syscall) and look again soon.
       seen_epoch = spin_epoch_;
       progress_ = Progress::kSleepUnarmed;
       timeout_ms = 2;
     } else {
+      seen_epoch = spin_epoch_;
+      sleeper_ = false;
       if (!cq->arm()) continue;  // completions pending
       armed = true;
       progress_ = Progress::kSleepArmed;

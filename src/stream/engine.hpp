@@ -162,6 +162,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   Progress progress_ = Progress::kRunning;
   uint32_t spinning_ = 0;
   uint64_t spin_epoch_ = 0;
+  // A caller is about to sleep on a stream: the progress thread must arm the
+  // CQ now rather than nap unarmed because someone spun since its last look.
+  bool sleeper_ = false;
   bool stop_ = false;
   int kick_fd_ = -1;
   std::chrono::milliseconds tick_{50};
@@ -209,7 +212,11 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
     --spinning_;
     if (pred()) return true;
   }
-  if (progress_ == Progress::kSleepUnarmed) {
+  sleeper_ = true;
+  // A progress thread that armed while we spun may sleep on a CQ our polls
+  // disarmed: send it back to look as well.
+  if (progress_ == Progress::kSleepUnarmed ||
+      (s.opt.busy_poll.count() > 0 && progress_ == Progress::kSleepArmed)) {
     progress_ = Progress::kRunning;
     kick();
   }
