@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs lint}
 jobs=$(nproc)
-passed=0; failed=0; failed_stages=()
+passed=0; failed=0; failed_stages=(); summary=()
 
 scripts/deps.sh || { echo "dependency installation failed"; exit 1; }
 
@@ -35,6 +35,24 @@ run_ctest() {  # name build_dir [cmake args...]
   local p f
   p=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' "$log" | awk '{print $1-$2}')
   f=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of.*/\1/p' "$log")
+  if [ -n "$f" ] && [ "$f" != 0 ]; then
+    local names
+    names=$(sed -n '/The following tests FAILED:/,$s/^[[:space:]]*[0-9]* - \(.*\) ([^)]*)$/\1/p' "$log" | tr '\n' ' ')
+    summary+=("[$name] failed: $names")
+    # A sanitizer report is a bug, never retried. Any other failure is run
+    # once more on its own: passing then means the test depends on timing
+    # under load; it is named in the summary as flaky, not hidden.
+    if grep -qE 'ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:|ERROR: LeakSanitizer' "$log"; then
+      summary+=("[$name] sanitizer report in $log: not retried")
+    else
+      echo "=== [$name] rerunning the failed tests once: $names"
+      if ctest --test-dir "$dir" --rerun-failed --output-on-failure --timeout 300 -j1 2>&1 | tee "$log.rerun" |
+          tail -3 && grep -q '100% tests passed' "$log.rerun"; then
+        summary+=("[$name] flaky (failed, then passed when rerun alone): $names")
+        p=$((p + f)); f=0
+      fi
+    fi
+  fi
   passed=$((passed + ${p:-0})); failed=$((failed + ${f:-1}))
   [ "${f:-1}" = 0 ] || failed_stages+=("$name")
 }
@@ -60,6 +78,7 @@ for stage in $stages; do
   esac
 done
 
+for line in "${summary[@]}"; do echo "$line"; done
 [ ${#failed_stages[@]} -eq 0 ] || echo "failed stages: ${failed_stages[*]}"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
