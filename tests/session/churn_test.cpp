@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "conformance.hpp"
 #include "session_test_util.hpp"
@@ -109,8 +110,7 @@ TEST_P(SessionChurnTest, CloseWakesTheProgressThread) {
     serve_clients(env, ThreadMode::kSharedWorkers, kClients, false);
   };
   auto client = [](RoleEnv& env) {
-    double total = 0;
-    double worst = 0;
+    std::vector<double> took_ms;
     for (int i = 0; i < kClients; ++i) {
       Client c(options_for(env, ThreadMode::kPollerPerEndpoint, EventMode::kBlocking));
       connect_and_echo(env, c);
@@ -119,18 +119,19 @@ TEST_P(SessionChurnTest, CloseWakesTheProgressThread) {
       const auto t0 = Clock::now();
       c.endpoint().close();
       ASSERT_TRUE(wait_closed(c.endpoint()));
-      const double took = ms_since(t0);
-      total += took;
-      worst = std::max(worst, took);
+      took_ms.push_back(ms_since(t0));
     }
-    std::fprintf(stderr, "%d closes: %.2f ms in all, worst %.2f ms\n", kClients, total,
-                 worst);
-    // Was ~5-11 ms per close (>= 200 ms in all); woken, well under 1 ms
-    // each. The bound leaves room for a loaded machine, and is scaled by
-    // RDMAKIT_TEST_TIMEOUT_SCALE where the transport is emulated (Soft-RoCE
-    // VMs: a close there is a round trip through two emulated NICs).
-    EXPECT_LT(total, static_cast<double>(scaled(150ms).count()))
-        << kClients << " closes; worst " << worst << " ms";
+    std::sort(took_ms.begin(), took_ms.end());
+    const double median = took_ms[took_ms.size() / 2];
+    std::fprintf(stderr, "%d closes: median %.2f ms, worst %.2f ms\n", kClients, median,
+                 took_ms.back());
+    // Was ~5-11 ms per close (the poller noticed at the end of its 10 ms
+    // wait slice); woken, well under 1 ms. The median, not the total: a
+    // loaded machine delays a few closes by whole scheduler slices, which
+    // says nothing about the wake-up. Scaled by RDMAKIT_TEST_TIMEOUT_SCALE
+    // where the transport is emulated (Soft-RoCE VMs).
+    EXPECT_LT(median, static_cast<double>(scaled(4ms).count()))
+        << kClients << " closes; worst " << took_ms.back() << " ms";
   };
   run(server, client);
 }
