@@ -99,6 +99,13 @@ class Spin {
 
 }  // namespace
 
+int take_stream_error(Conn& c) noexcept {
+  const int err = c.stream->error();
+  if (err == 0 || c.error_reported.exchange(true, std::memory_order_acq_rel)) return 0;
+  if (err == ECONNRESET && (c.stream->poll_events() & POLLRDHUP) != 0) return EPIPE;
+  return err;
+}
+
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (refuse_foreign(c, fd, "recv")) return -1;
   const bool nonblocking =
@@ -129,6 +136,13 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     }
     if (r == 0 || (r != -EAGAIN && got > 0)) return static_cast<ssize_t>(got);
     if (r != -EAGAIN) {
+      if (-r == c.stream->error()) {
+        // Once, as the kernel reports a socket error; then end of stream.
+        const int e = take_stream_error(c);
+        if (e == 0) return 0;
+        errno = e;
+        return -1;
+      }
       errno = static_cast<int>(-r);
       return -1;
     }
@@ -178,8 +192,15 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       if (r > 0) continue;
     } else if (r != -EAGAIN) {
       if (done > 0) return static_cast<ssize_t>(done);
-      if (r == -EPIPE && (flags & MSG_NOSIGNAL) == 0) raise(SIGPIPE);
-      errno = static_cast<int>(-r);
+      int e = static_cast<int>(-r);
+      if (e == c.stream->error()) {
+        // The first write after the stream failed reports the error (no
+        // signal unless it is EPIPE); later ones EPIPE, as kernel TCP.
+        e = take_stream_error(c);
+        if (e == 0) e = EPIPE;
+      }
+      if (e == EPIPE && (flags & MSG_NOSIGNAL) == 0) raise(SIGPIPE);
+      errno = e;
       return -1;
     } else if (nonblocking) {
       if (done > 0) return static_cast<ssize_t>(done);
