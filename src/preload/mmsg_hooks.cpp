@@ -48,6 +48,11 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
   const auto end = timed ? Clock::now() + std::chrono::seconds(timeout->tv_sec) +
                                std::chrono::nanoseconds(timeout->tv_nsec)
                          : Clock::time_point{};
+  // As the kernel's recvmmsg: a pending socket error first, before any data.
+  if (const int e = take_stream_error(*c); e != 0) {
+    errno = e;
+    return -1;
+  }
   int each = flags & ~MSG_WAITFORONE;
   unsigned done = 0;
   int err = 0;
@@ -70,6 +75,10 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
     const int64_t ns = left.count() > 0 ? left.count() : 0;
     timeout->tv_sec = static_cast<time_t>(ns / 1000000000);
     timeout->tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(google-runtime-int)
+  }
+  // The kernel keeps an error met after some messages for the next call.
+  if (done > 0 && err != 0 && err == c->stream->error()) {
+    c->error_reported.store(false, std::memory_order_release);
   }
   if (done == 0 && vlen > 0) {
     errno = err;

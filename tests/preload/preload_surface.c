@@ -163,11 +163,11 @@ static int preloaded(void) {
 }
 
 static void case_reset(void) {
-  /* Three connections for the three orders of looking, and a probe that
+  /* Four connections for four orders of looking, and a probe that
    * tells when the peers' death is visible (the kernel: at once, by RST;
    * the preload: when the stream learns its peer is gone). The probe's
    * read takes its own error only. */
-  enum { kConns = 4 };
+  enum { kConns = 5 };
   int fds[kConns];
   pid_t pids[kConns];
   char buf[16];
@@ -197,7 +197,7 @@ static void case_reset(void) {
   /* The readiness mirror carries no POLLERR to wait for: give the other
    * streams the same moment to learn it. */
   if (preloaded()) sleep_ms(1000);
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     const int fd = fds[variant];
     sigpipes = 0;
     if (variant == 0) { /* read first: the buffered bytes, the error, then 0 */
@@ -216,6 +216,20 @@ static void case_reset(void) {
       CHECK(sigpipes == 1, "SIGPIPE despite MSG_NOSIGNAL");
       CHECK(read(fd, buf, sizeof buf) == 5, "buffered bytes after the reset");
       CHECK(read(fd, buf, sizeof buf) == 0, "read after the reported reset");
+    } else if (variant == 3) { /* recvmmsg first */
+      struct iovec iov[2] = {{buf, 8}, {buf + 8, 8}};
+      struct mmsghdr mm[2];
+      memset(mm, 0, sizeof mm);
+      for (int i = 0; i < 2; ++i) {
+        mm[i].msg_hdr.msg_iov = &iov[i];
+        mm[i].msg_hdr.msg_iovlen = 1;
+      }
+      /* The kernel's recvmmsg looks at the socket error before any data. */
+      EXPECT_ERR(recvmmsg(fd, mm, 2, 0, NULL), ECONNRESET);
+      CHECK(read(fd, buf, sizeof buf) == 5, "buffered bytes after the reset");
+      CHECK(read(fd, buf, sizeof buf) == 0, "read after the reported reset");
+      const int n = recvmmsg(fd, mm, 2, 0, NULL);
+      CHECK(n == 2 && mm[0].msg_len == 0 && mm[1].msg_len == 0, "recvmmsg at the end gave %d", n);
     } else { /* SO_ERROR first: it takes the error */
       CHECK(so_error(fd) == ECONNRESET, "SO_ERROR");
       CHECK(so_error(fd) == 0, "SO_ERROR twice");
