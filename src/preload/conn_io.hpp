@@ -19,8 +19,9 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags);
 // The error that ended the stream, reported as kernel TCP reports a socket
 // error: to the first call that looks (a read past the buffered bytes, a
 // write, SO_ERROR), once; later reads then see end of stream and writes
-// EPIPE. A reset after the peer had closed its direction is EPIPE, as the
-// kernel's CLOSE_WAIT gives it. 0 when there is none or it was reported.
+// EPIPE. A failure after the peer's end of stream is not pending (writes
+// get EPIPE, as in the kernel's CLOSE_WAIT). 0 when there is none or it was
+// reported.
 int take_stream_error(Conn& c) noexcept;
 
 // What recvmsg leaves in the header of a connected TCP socket: no source
