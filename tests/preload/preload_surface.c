@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -351,6 +352,7 @@ static void case_recv_addr(void) {
  * socket; every byte must arrive in order (a splice that reached the
  * kernel object behind an upgraded fd would lose them). */
 #define SPLICE_SIZE (3u << 20)
+#define SPLICE_MORE 70000u
 static unsigned char pattern_byte(size_t i) { return (unsigned char)((i * 2654435761u) >> 13); }
 
 static int pattern_file(void) {
@@ -388,8 +390,12 @@ static void splice_client(int fd, void* arg) {
   }
   /* A tee from a socket is EINVAL, as for any non-pipe. */
   EXPECT_ERR(tee(fd, p[1], 1, 0), EINVAL);
-  char ack;
-  read_all(fd, &ack, 1);
+  char cmd;
+  read_all(fd, &cmd, 1); /* 'm': more, for the full-pipe round */
+  static unsigned char more[SPLICE_MORE];
+  for (size_t i = 0; i < sizeof more; ++i) more[i] = pattern_byte(SPLICE_SIZE + i);
+  write_all(fd, more, sizeof more);
+  read_all(fd, &cmd, 1);
 }
 
 static void case_splice(void) {
@@ -426,6 +432,33 @@ static void case_splice(void) {
   /* A socket never takes an offset (EINVAL: it has no pread). */
   loff_t off = 0;
   EXPECT_ERR(splice(fd, &off, p[1], NULL, 10, SPLICE_F_NONBLOCK), EINVAL);
+  /* A pipe of one page: a non-blocking splice into it when it is full is
+   * EAGAIN though the socket holds data, and no byte is lost. */
+  CHECK(fcntl(p[1], F_SETPIPE_SZ, 4096) == 4096, "F_SETPIPE_SZ");
+  write_all(fd, "m", 1);
+  int full_refusals = 0;
+  while (recvd < SPLICE_SIZE + SPLICE_MORE) {
+    wait_readable(fd);
+    for (int k = 0;; ++k) { /* until the pipe refuses */
+      CHECK(k < 1000, "a 4096-byte pipe never refused");
+      const ssize_t in = splice(fd, NULL, p[1], NULL, SPLICE_MORE, SPLICE_F_NONBLOCK);
+      if (in < 0) {
+        CHECK(errno == EAGAIN, "splice");
+        break;
+      }
+      CHECK(in > 0, "splice gave 0 before the end");
+    }
+    int queued = 0;
+    CHECK(ioctl(p[0], FIONREAD, &queued) == 0, "FIONREAD");
+    CHECK(queued <= 4096, "%d bytes in a 4096-byte pipe", queued);
+    if (queued > 0) ++full_refusals;
+    read_all(p[0], got, (size_t)queued);
+    for (int i = 0; i < queued; ++i) {
+      CHECK(got[i] == pattern_byte(recvd + (size_t)i), "byte %zu differs", recvd + (size_t)i);
+    }
+    recvd += (size_t)queued;
+  }
+  CHECK(full_refusals > 0, "never refused while holding data");
   CHECK(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0, "blocking again");
   write_all(fd, "k", 1);
   reap(pid, 0);
