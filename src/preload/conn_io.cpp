@@ -99,6 +99,17 @@ class Spin {
 
 }  // namespace
 
+int take_stream_error(Conn& c) noexcept {
+  const int err = c.stream->error();
+  if (err == 0) return 0;
+  // A stream that fails after the peer's end of stream is a peer that closed
+  // and left, not a reset: nothing is pending (SO_ERROR 0, reads see the end
+  // of stream); writes get EPIPE (conn_send), as in the kernel's CLOSE_WAIT.
+  if (err == ECONNRESET && (c.stream->poll_events() & POLLRDHUP) != 0) return 0;
+  if (c.error_reported.exchange(true, std::memory_order_acq_rel)) return 0;
+  return err;
+}
+
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (refuse_foreign(c, fd, "recv")) return -1;
   const bool nonblocking =
@@ -111,6 +122,7 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   Spin spin(!nonblocking, tmo > 0, deadline);
   std::vector<iovec> rest;
   size_t got = 0;
+  bool collected = false;
   for (;;) {
     // A read that finds nothing tells the engine its caller will sleep (a
     // wake-up of the progress thread): while spinning, look at the ring first.
@@ -129,6 +141,21 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     }
     if (r == 0 || (r != -EAGAIN && got > 0)) return static_cast<ssize_t>(got);
     if (r != -EAGAIN) {
+      if (-r == c.stream->error()) {
+        // The peer's last bytes and end of stream may still wait in the
+        // completion queue behind the failure: collect them, read again.
+        if (!collected) {
+          collected = true;
+          (void)c.stream->poll_readiness(false);
+          continue;
+        }
+        if ((c.stream->poll_events() & POLLRDHUP) != 0) continue;  // reads them, then 0
+        // Once, as the kernel reports a socket error; then end of stream.
+        const int e = take_stream_error(c);
+        if (e == 0) return 0;
+        errno = e;
+        return -1;
+      }
       errno = static_cast<int>(-r);
       return -1;
     }
@@ -178,8 +205,15 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       if (r > 0) continue;
     } else if (r != -EAGAIN) {
       if (done > 0) return static_cast<ssize_t>(done);
-      if (r == -EPIPE && (flags & MSG_NOSIGNAL) == 0) raise(SIGPIPE);
-      errno = static_cast<int>(-r);
+      int e = static_cast<int>(-r);
+      if (e == c.stream->error()) {
+        // The first write after the stream failed reports the error (no
+        // signal unless it is EPIPE); later ones EPIPE, as kernel TCP.
+        e = take_stream_error(c);
+        if (e == 0) e = EPIPE;
+      }
+      if (e == EPIPE && (flags & MSG_NOSIGNAL) == 0) raise(SIGPIPE);
+      errno = e;
       return -1;
     } else if (nonblocking) {
       if (done > 0) return static_cast<ssize_t>(done);

@@ -120,11 +120,6 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   conn->owner = process_id();
   conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
   conn->remote = std::strcmp(up.path, "shm") != 0;
-  conn->peer_len = sizeof conn->peer;
-  if (real().getpeername(tcp, reinterpret_cast<sockaddr*>(&conn->peer),  // NOLINT
-                         &conn->peer_len) != 0) {
-    conn->peer_len = 0;
-  }
   install_conn(fd, std::move(conn));
   log_line("%s fd=%d %s path=%s", side, fd, where.c_str(), up.path);
   count_path(true, std::strcmp(up.path, "shm") != 0);
@@ -157,12 +152,10 @@ ssize_t send_one(int fd, const void* buf, size_t len, int flags) {
   return conn_send(*c, fd, &v, 1, flags);
 }
 
-// As the kernel fills recvfrom's address: truncated to *len, *len set to
-// the full size.
-void fill_peer(const Conn& c, sockaddr* addr, socklen_t* len) {
-  if (addr == nullptr || len == nullptr) return;
-  std::memcpy(addr, &c.peer, *len < c.peer_len ? *len : c.peer_len);
-  *len = c.peer_len;
+// recvfrom on a connected TCP socket: the kernel reports no source
+// address (the length set to 0, the address left untouched).
+void no_source_address(sockaddr* addr, socklen_t* len) {
+  if (addr != nullptr && len != nullptr) *len = 0;
 }
 
 }  // namespace
@@ -382,7 +375,7 @@ EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, sockaddr* addr
   if (!c) return real().recvfrom(fd, buf, len, flags, addr, alen);
   iovec v{buf, len};
   const ssize_t r = conn_recv(*c, fd, &v, 1, flags);
-  if (r >= 0) fill_peer(*c, addr, alen);
+  if (r >= 0) no_source_address(addr, alen);
   return r;
 }
 
@@ -426,12 +419,7 @@ EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   if (!c) return real().recvmsg(fd, msg, flags);
   const ssize_t r =
       conn_recv(*c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
-  if (r >= 0) {
-    if (msg->msg_name != nullptr)
-      fill_peer(*c, static_cast<sockaddr*>(msg->msg_name), &msg->msg_namelen);
-    msg->msg_controllen = 0;
-    msg->msg_flags = 0;
-  }
+  if (r >= 0) stream_recvmsg_fields(*msg);
   return r;
 }
 
@@ -528,7 +516,8 @@ EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   if (!c) return real().getsockopt(fd, level, name, val, len);
   if (level == SOL_SOCKET && name == SO_ERROR && val != nullptr && len != nullptr &&
       *len >= sizeof(int)) {
-    *static_cast<int*>(val) = c->stream->error();
+    *static_cast<int*>(val) =
+        take_stream_error(*c);  // cleared by reading, as the kernel's
     *len = sizeof(int);
     return 0;
   }

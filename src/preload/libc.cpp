@@ -33,6 +33,8 @@ void resolve_libc() noexcept {
   bind(l.sendto, "sendto");
   bind(l.recvmsg, "recvmsg");
   bind(l.sendmsg, "sendmsg");
+  bind(l.sendmmsg, "sendmmsg");
+  bind(l.recvmmsg, "recvmmsg");
   bind(l.read_chk, "__read_chk");
   bind(l.recv_chk, "__recv_chk");
   bind(l.recvfrom_chk, "__recvfrom_chk");
@@ -49,6 +51,7 @@ void resolve_libc() noexcept {
   bind(l.dup2, "dup2");
   bind(l.dup3, "dup3");
   bind(l.sendfile, "sendfile");
+  bind(l.splice, "splice");
   bind(l.pread, "pread");
   bind(l.socketpair, "socketpair");
   bind(l.eventfd, "eventfd");

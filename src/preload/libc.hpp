@@ -3,12 +3,14 @@
 // resolved once when the library loads so the pass-through path for
 // non-socket fds is a table load and an indirect call: no lock, no malloc,
 // async-signal-safe.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace rdmakit::preload {
@@ -32,6 +34,8 @@ struct Libc {
   ssize_t (*sendto)(int, const void*, size_t, int, const sockaddr*, socklen_t);
   ssize_t (*recvmsg)(int, msghdr*, int);
   ssize_t (*sendmsg)(int, const msghdr*, int);
+  int (*sendmmsg)(int, mmsghdr*, unsigned, int);
+  int (*recvmmsg)(int, mmsghdr*, unsigned, int, timespec*);
   ssize_t (*read_chk)(int, void*, size_t, size_t);
   ssize_t (*recv_chk)(int, void*, size_t, size_t, int);
   ssize_t (*recvfrom_chk)(int, void*, size_t, size_t, int, sockaddr*, socklen_t*);
@@ -46,6 +50,7 @@ struct Libc {
   int (*dup2)(int, int);
   int (*dup3)(int, int, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*splice)(int, loff_t*, int, loff_t*, size_t, unsigned);
   ssize_t (*pread)(int, void*, size_t, off_t);
   int (*socketpair)(int, int, int, int*);
   int (*eventfd)(unsigned, int);

@@ -2,9 +2,9 @@
 // message, with the kernel's semantics for a TCP socket (each message is a
 // sendmsg/recvmsg; the count of messages done is returned, an error only
 // when none was; MSG_WAITFORONE turns the later receives non-blocking; the
-// timeout is checked after each message, as the kernel does). Every other
-// fd (UDP: the resolver uses sendmmsg) goes straight to libc.
-#include <dlfcn.h>
+// timeout is checked after each message, as the kernel does; a connected
+// TCP socket reports no source address: msg_namelen 0). Every other fd (UDP:
+// the resolver uses sendmmsg) goes straight to libc.
 #include <sys/socket.h>
 #include <time.h>
 
@@ -17,52 +17,12 @@
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
 
-namespace {
-
-using SendMmsg = int (*)(int, mmsghdr*, unsigned, int);
-using RecvMmsg = int (*)(int, mmsghdr*, unsigned, int, timespec*);
-
-struct MmsgLibc {
-  SendMmsg sendmmsg = nullptr;
-  RecvMmsg recvmmsg = nullptr;
-};
-
-MmsgLibc resolve() noexcept {
-  MmsgLibc l;
-  // NOLINTBEGIN(cppcoreguidelines-pro-type-reinterpret-cast): dlsym returns void*
-  l.sendmmsg = reinterpret_cast<SendMmsg>(dlsym(RTLD_NEXT, "sendmmsg"));
-  l.recvmmsg = reinterpret_cast<RecvMmsg>(dlsym(RTLD_NEXT, "recvmmsg"));
-  // NOLINTEND(cppcoreguidelines-pro-type-reinterpret-cast)
-  return l;
-}
-
-// Resolved when the library loads (a hook called before that resolves on
-// first use), so the pass-through path takes no lock.
-MmsgLibc g_libc;
-__attribute__((constructor)) void resolve_at_load() { g_libc = resolve(); }
-
-const MmsgLibc& mmsg_libc() noexcept {
-  if (g_libc.sendmmsg == nullptr) g_libc = resolve();
-  return g_libc;
-}
-
-void fill_peer(const Conn& c, msghdr& h) {
-  if (h.msg_name != nullptr) {
-    (void)real().getpeername(c.tcp_fd, static_cast<sockaddr*>(h.msg_name),
-                             &h.msg_namelen);
-  }
-  h.msg_controllen = 0;  // no ancillary data on a stream
-  h.msg_flags = 0;
-}
-
-}  // namespace
-
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
 EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
-  if (!is_conn(fd)) return mmsg_libc().sendmmsg(fd, vec, vlen, flags);
+  if (!is_conn(fd)) return real().sendmmsg(fd, vec, vlen, flags);
   auto c = find_conn(fd);
-  if (!c) return mmsg_libc().sendmmsg(fd, vec, vlen, flags);
+  if (!c) return real().sendmmsg(fd, vec, vlen, flags);
   unsigned done = 0;
   for (; done < vlen; ++done) {
     msghdr& h = vec[done].msg_hdr;
@@ -75,9 +35,9 @@ EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
 }
 
 EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
-  if (!is_conn(fd)) return mmsg_libc().recvmmsg(fd, vec, vlen, flags, timeout);
+  if (!is_conn(fd)) return real().recvmmsg(fd, vec, vlen, flags, timeout);
   auto c = find_conn(fd);
-  if (!c) return mmsg_libc().recvmmsg(fd, vec, vlen, flags, timeout);
+  if (!c) return real().recvmmsg(fd, vec, vlen, flags, timeout);
   using Clock = std::chrono::steady_clock;
   const bool timed = timeout != nullptr;
   if (timed &&
@@ -88,6 +48,11 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
   const auto end = timed ? Clock::now() + std::chrono::seconds(timeout->tv_sec) +
                                std::chrono::nanoseconds(timeout->tv_nsec)
                          : Clock::time_point{};
+  // As the kernel's recvmmsg: a pending socket error first, before any data.
+  if (const int e = take_stream_error(*c); e != 0) {
+    errno = e;
+    return -1;
+  }
   int each = flags & ~MSG_WAITFORONE;
   unsigned done = 0;
   int err = 0;
@@ -98,7 +63,7 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
       err = errno;
       break;
     }
-    fill_peer(*c, h);
+    stream_recvmsg_fields(h);
     vec[done].msg_len = static_cast<unsigned>(r);
     ++done;
     if ((flags & MSG_WAITFORONE) != 0) each |= MSG_DONTWAIT;
@@ -110,6 +75,10 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
     const int64_t ns = left.count() > 0 ? left.count() : 0;
     timeout->tv_sec = static_cast<time_t>(ns / 1000000000);
     timeout->tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(google-runtime-int)
+  }
+  // The kernel keeps an error met after some messages for the next call.
+  if (done > 0 && err != 0 && err == c->stream->error()) {
+    c->error_reported.store(false, std::memory_order_release);
   }
   if (done == 0 && vlen > 0) {
     errno = err;

@@ -33,17 +33,15 @@ const Config& config();
 // dup() made from it.
 struct Conn {
   std::unique_ptr<stream::Stream> stream;
-  int tcp_fd = -1;  // the kernel TCP socket, kept for the kernel's view
-  // The peer's address, read once at the upgrade: recvfrom/recvmsg callers
-  // that ask for it (sockperf) would otherwise pay a syscall per message.
-  sockaddr_storage peer{};
-  socklen_t peer_len = 0;
+  int tcp_fd = -1;      // the kernel TCP socket, kept for the kernel's view
   bool remote = false;  // on the cross-host engine (not shm)
   pid_t owner = 0;      // process that upgraded it; a forked child leaves it alone
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};
   std::atomic<int64_t> snd_timeout_us{0};
   std::atomic<bool> foreign_logged{false};  // a fork child's use, logged once
+  // The stream's error was reported (conn_io.hpp take_stream_error).
+  std::atomic<bool> error_reported{false};
   ~Conn();
 };
 

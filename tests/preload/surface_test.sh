@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One socket-semantics case of preload_surface: surface_test.sh CASE RUN SURFACE
+#   RUN the rdmakit-run wrapper, SURFACE the preload_surface test program.
+# The case runs first on kernel TCP (its checks are what the kernel does),
+# then under the preload with both ends upgraded (every connection must be
+# on shm, none on kernel TCP), then under the preload with a 50 us busy-poll
+# (the wait hooks spin). Every run is bounded.
+set -euo pipefail
+case_name=$1 run=$(realpath "$2") surface=$(realpath "$3")
+work=$(mktemp -d /tmp/rdmakit-surface-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL [$case_name]: $*" >&2; [ -f "$work/log" ] && sed 's/^/  log: /' "$work/log" >&2; exit 1; }
+export RDMAKIT_PRELOAD_DIR=$work/rdv
+mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
+
+timeout 60 "$surface" "$case_name" || fail "on kernel TCP"
+for spin in 0 50; do
+  rm -f "$work/log"
+  timeout 60 "$run" --log "$work/log" --busy-poll "$spin" "$surface" "$case_name" ||
+    fail "under the preload (busy-poll $spin us)"
+  shm=$(grep -cE "(connect|accept) fd=.* path=shm" "$work/log" || true)
+  kernel=$(grep -c "path=kernel" "$work/log" || true)
+  [ "$shm" -ge 2 ] && [ "$kernel" = 0 ] ||
+    fail "expected every connection on shm (busy-poll $spin us): $shm on shm, $kernel on kernel TCP"
+done
+echo "PASS [$case_name]"
