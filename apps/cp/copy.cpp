@@ -201,6 +201,7 @@ int copy(const CopyOptions& o) {
       sc.resume = o.resume;
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
+      sc.corrupt_records = corrupt_records_from_env();
       Sender(sc).run(entries);
     } else {
       ReceiverConfig rc;
