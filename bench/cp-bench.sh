@@ -47,8 +47,8 @@ for i in range(n):
 EOF
 small_bytes=$(du -sb "$work/src/small" | cut -f1)
 
-cpu_of() {  # user+sys seconds of a running pid (from /proc)
-  awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15 + $16 + $17) / hz}' "/proc/$1/stat"
+cpu_of() {  # "user sys" seconds of a running pid and its reaped children (from /proc)
+  awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f %.3f", ($14 + $16) / hz, ($15 + $17) / hz}' "/proc/$1/stat"
 }
 # Servers: rdmakit-cp on shm and tcp, rsync daemon; each pinned to rx_cpu.
 start_cp_server() {  # provider
@@ -77,12 +77,12 @@ rsync_pid=$!
 pids+=($rsync_pid)
 sleep 0.5
 
-rows=()  # set,tool,round,wall,user,sys,server_cpu
+rows=()  # set,tool,round,wall,user,sys,server_user,server_sys
 run() {  # run NAME DATASET ROUND SERVER_PID CMD...  -> one timed run
   local name=$1 set=$2 round=$3 spid=$4; shift 4
   rm -rf "${work:?}/dst/"* "$work/dst/".[!.]* 2>/dev/null || true
   sync
-  local s0=0 s1=0
+  local s0="0 0" s1="0 0"
   # rsync forks a child per connection: count the whole daemon tree.
   if [ "$spid" != - ]; then s0=$(tree_cpu "$spid"); fi
   /usr/bin/time -o "$work/time" -f "%e %U %S" taskset -c $tx_cpu "$@" >/dev/null \
@@ -91,7 +91,7 @@ run() {  # run NAME DATASET ROUND SERVER_PID CMD...  -> one timed run
   if [ "$spid" != - ]; then s1=$(tree_cpu "$spid"); fi
   local wall user sys scpu
   read -r wall user sys <"$work/time"
-  scpu=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.2f", b - a}')
+  scpu=$(echo "$s0 $s1" | awk '{printf "%.2f,%.2f", $3 - $1, $4 - $2}')
   rows+=("$set,$name,$round,$wall,$user,$sys,$scpu")
   echo "  $set,$name,$round,$wall,$user,$sys,$scpu"
 }
@@ -100,7 +100,7 @@ run() {  # run NAME DATASET ROUND SERVER_PID CMD...  -> one timed run
 tree_cpu() { cpu_of "$1"; }
 
 port_shm=$(cat "$work/port.shm"); port_tcp=$(cat "$work/port.tcp")
-echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_cpu_s"
+echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_user_s,server_sys_s"
 for set in big small; do
   if [ $set = big ]; then src="$work/src/big"; flag=; else src="$work/src/small"; flag=-r; fi
   for round in $(seq "$repeat"); do
@@ -118,15 +118,15 @@ for set in big small; do
     walls=$(printf '%s\n' "${rows[@]}" | awk -F, -v s=$set -v t=$tool '$1==s && $2==t {print $4}' | sort -g)
     median=$(echo "$walls" | awk '{a[NR]=$1} END{print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
     best=$(printf '%s\n' "${rows[@]}" | awk -F, -v s=$set -v t=$tool '$1==s && $2==t' | sort -t, -k4,4g | head -1)
-    IFS=, read -r _ _ _ bwall buser bsys bscpu <<<"$best"
-    results+=("$set,$tool,$bwall,$buser,$bsys,$bscpu,$median")
+    IFS=, read -r _ _ _ bwall buser bsys bsuser bssys <<<"$best"
+    results+=("$set,$tool,$bwall,$buser,$bsys,$bsuser,$bssys,$median")
   done
 done
 stamp=$(date -u +%Y%m%d-%H%M%S)
 mkdir -p bench/results
 csv=bench/results/cp-$stamp.csv
 md=bench/results/cp-$stamp.md
-{ echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_cpu_s"; printf '%s\n' "${rows[@]}"; } >"$csv"
+{ echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_user_s,server_sys_s"; printf '%s\n' "${rows[@]}"; } >"$csv"
 {
   echo "# rdmakit-cp bench $stamp"
   echo
@@ -140,17 +140,20 @@ md=bench/results/cp-$stamp.md
   echo
   echo "Big file: ${big_mib} MiB; small: $nfiles files, $small_bytes bytes. tmpfs, loopback,"
   echo "receiver on CPU $rx_cpu, sender on CPU $tx_cpu; $repeat alternating rounds; best round"
-  echo "(wall and its CPU times), median wall of the rounds, ratios of the best walls."
+  echo "(wall and its CPU times), median wall of the rounds, ratios of the best walls and of the"
+  echo "median walls."
   echo "cp has no server side (both ends are one process). Every round: $csv."
   echo
-  echo "| set | tool | wall s (best) | wall s (median) | MiB/s | client user s | client sys s | server cpu s | vs rsync | vs cp |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| set | tool | wall s (best) | wall s (median) | MiB/s | client user s | client sys s | server user s | server sys s | vs rsync | vs cp | vs rsync (medians) | vs cp (medians) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   for set in big small; do
     bytes=$([ $set = big ] && echo $((big_mib * 1024 * 1024)) || echo "$small_bytes")
     rs=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="rsync-daemon"{print $3}')
     cpw=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="cp"{print $3}')
-    printf '%s\n' "${results[@]}" | awk -F, -v s=$set -v b="$bytes" -v rs="$rs" -v cpw="$cpw" \
-      '$1==s {printf "| %s | %s | %s | %s | %.0f | %s | %s | %s | %.2fx | %.2fx |\n", $1, $2, $3, $7, b/1048576/$3, $4, $5, $6, rs/$3, cpw/$3}'
+    rsm=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="rsync-daemon"{print $8}')
+    cpm=$(printf '%s\n' "${results[@]}" | awk -F, -v s=$set '$1==s && $2=="cp"{print $8}')
+    printf '%s\n' "${results[@]}" | awk -F, -v s=$set -v b="$bytes" -v rs="$rs" -v cpw="$cpw" -v rsm="$rsm" -v cpm="$cpm" \
+      '$1==s {printf "| %s | %s | %s | %s | %.0f | %s | %s | %s | %s | %.2fx | %.2fx | %.2fx | %.2fx |\n", $1, $2, $3, $8, b/1048576/$3, $4, $5, $6, $7, rs/$3, cpw/$3, rsm/$8, cpm/$8}'
   done
 } >"$md"
 cat "$md"

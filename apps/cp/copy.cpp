@@ -153,8 +153,13 @@ int copy(const CopyOptions& o) {
     session::Channel& ch = ep.channel();
     const auto t0 = std::chrono::steady_clock::now();
 
+    // Test hook: RDMAKIT_CP_HELLO_VERSION=N says version N (a client of another version).
+    const char* speak = std::getenv("RDMAKIT_CP_HELLO_VERSION");
+    const auto version = speak != nullptr && *speak != '\0'
+                             ? static_cast<uint32_t>(std::strtoul(speak, nullptr, 10))
+                             : kProtocolVersion;
     Writer hello = message(Msg::kHello);
-    hello.put<uint32_t>(kProtocolVersion).put<uint8_t>(push ? 1 : 2).put<uint8_t>(flags);
+    hello.put<uint32_t>(version).put<uint8_t>(push ? 1 : 2).put<uint8_t>(flags);
     if (push) {
       hello.put<uint32_t>(2)
           .str(dst.path.empty() ? "." : dst.path)
@@ -201,6 +206,7 @@ int copy(const CopyOptions& o) {
       sc.resume = o.resume;
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
+      sc.corrupt_records = corrupt_records_from_env();
       Sender(sc).run(entries);
     } else {
       ReceiverConfig rc;

@@ -40,7 +40,10 @@ int copy(const CopyOptions& options);
 session::SessionOptions session_options(const std::string& provider);
 
 // Fault injection for tests: RDMAKIT_CP_CORRUPT_CHUNK=N corrupts the N-th
-// chunk (0-based) this process sends, once, after its hash was taken.
+// chunk (0-based) this process sends, once, after its hashes were taken: a
+// byte of file data if the chunk has any, else a record byte; with the suffix
+// "r" (N r) always a record byte.
 int64_t corrupt_chunk_from_env();
+bool corrupt_records_from_env();
 
 }  // namespace rdmakit::cp

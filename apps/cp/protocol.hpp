@@ -5,8 +5,10 @@
 //  - the data stream: the sender fills fixed-size slots with records (entry,
 //    data, end of file) and WRITEs each slot into the receiver's exposed
 //    "slots" buffer with an immediate (the slot index). A slot carries the
-//    xxh3 of its payload; the receiver acks it (free again) or nacks it
-//    (re-sent). Small files share slots, so 10,000 files are a few dozen WRITEs.
+//    xxh3 of its records (the payload without file data) and each data record
+//    the running xxh3 of its block (records.hpp); the receiver acks a slot
+//    (free again) or nacks it (re-sent) when either check fails. Small files
+//    share slots, so 10,000 files are a few dozen WRITEs.
 // Everything is little-endian (both ends are x86/arm64 Linux; checked below).
 #include <bit>
 #include <cstddef>
@@ -22,7 +24,8 @@ namespace rdmakit::cp {
 static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian");
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the slot hash covers the records only; data records carry block digests.
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kSlotMagic = 0x52434b53;  // "SKCR"
 inline constexpr uint32_t kSlots = 8;               // chunks in flight
 inline constexpr uint32_t kSlotSize = 1u << 20;     // bytes per slot (header included)
@@ -41,7 +44,7 @@ struct SlotHeader {
   uint32_t seq;
   uint32_t payload_len;
   uint32_t reserved;
-  uint64_t payload_hash;  // xxh3 of the payload
+  uint64_t records_hash;  // records_hash() of the payload (file data excluded)
   uint64_t reserved2;
 };
 static_assert(sizeof(SlotHeader) == 32);
@@ -136,6 +139,7 @@ class Reader {
   }
   bool ok() const { return !bad_; }
   bool at_end() const { return pos_ == in_.size(); }
+  size_t pos() const { return pos_; }
   size_t left() const { return in_.size() - pos_; }
 
  private:

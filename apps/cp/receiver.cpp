@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "confine.hpp"
+#include "records.hpp"
 
 namespace rdmakit::cp {
 
@@ -314,29 +315,40 @@ bool Receiver::on_entry(Reader& rd) {
   return true;
 }
 
-void Receiver::on_data(Reader& rd) {
+bool Receiver::on_data(Reader& rd) {
   const auto id = rd.get<uint32_t>();
   const auto off = rd.get<uint64_t>();
   const auto len = rd.get<uint32_t>();
+  const auto digest = rd.get<uint64_t>();
   const auto bytes = rd.take(len);
-  if (!rd.ok() || id != cur_.id || !cur_.open || cur_.failed) return;
+  if (!rd.ok() || id != cur_.id || !cur_.open || cur_.failed) return true;
   const uint32_t b = static_cast<uint32_t>(off / kBlockSize);
-  if (off + len > cur_.size || (off + len - 1) / kBlockSize != b || !cur_.needed[b] ||
-      (hasher_.active() && (b < hasher_.block()))) {
+  if (len == 0 || off + len > cur_.size || (off + len - 1) / kBlockSize != b ||
+      !cur_.needed[b] || (hasher_.active() && (b < hasher_.block()))) {
     fail_file(Failure::kVerify, "malformed data record");
-    return;
+    return true;
   }
   if (hasher_.active() && hasher_.block() != b)
     cur_.hashes[hasher_.block()] = hasher_.finish();
   if (!hasher_.active()) hasher_.start(b, cur_.size);
+  // The only pass over the bytes before they are written: it checks them
+  // against the sender's running digest of the block and carries the block
+  // hash on. The record (at most a slot, 1 MiB) is still in the cache for
+  // the write that follows.
+  hasher_.checkpoint();
   hasher_.data(off, bytes);
+  if (hasher_.digest() != digest) {
+    hasher_.rollback();
+    return false;
+  }
   int err = 0;
   if (!write_all(cur_.fd, bytes.data(), bytes.size(), off, &err)) {
     fail_file(classify_errno(err), errno_reason(err));
-    return;
+    return true;
   }
   cur_.written_end = std::max<uint64_t>(cur_.written_end, off + len);
   c_.report->bytes_sent += len;
+  return true;
 }
 
 void Receiver::on_end(Reader& rd) {
@@ -381,25 +393,34 @@ void Receiver::on_abort(Reader& rd) {
   close_file();
 }
 
-bool Receiver::apply_slot(uint32_t slot) {
+Receiver::Applied Receiver::apply_slot(uint32_t slot, uint32_t* at) {
   const std::byte* mem = c_.slots + uint64_t{slot} * kSlotSize;
   SlotHeader h;
   std::memcpy(&h, mem, sizeof h);
-  Reader rd(std::span<const std::byte>(mem + sizeof h, h.payload_len));
+  if (*at > h.payload_len) return Applied::kMalformed;
+  // Records before *at were applied when this slot came before.
+  Reader rd(std::span<const std::byte>(mem + sizeof h + *at, h.payload_len - *at));
   while (!rd.at_end()) {
+    const size_t start = rd.pos();
     const auto type = static_cast<Rec>(rd.get<uint8_t>());
     switch (type) {
       case Rec::kEntry:
-        if (!on_entry(rd)) return false;
+        if (!on_entry(rd)) return Applied::kMalformed;
         break;
-      case Rec::kData: on_data(rd); break;
+      case Rec::kData:
+        if (!on_data(rd)) {
+          *at += static_cast<uint32_t>(start);
+          return Applied::kDamaged;
+        }
+        break;
       case Rec::kEnd: on_end(rd); break;
       case Rec::kAbort: on_abort(rd); break;
-      default: return false;
+      default: return Applied::kMalformed;
     }
-    if (!rd.ok()) return false;
+    if (!rd.ok()) return Applied::kMalformed;
   }
-  return true;
+  *at = 0;
+  return Applied::kDone;
 }
 
 void Receiver::fix_dirs() {
@@ -416,6 +437,7 @@ void Receiver::fix_dirs() {
 }
 
 void Receiver::writer_loop() {
+  uint32_t resume_at = 0;  // where to continue a slot that comes again
   while (true) {
     uint32_t slot = 0, seq = 0;
     {
@@ -430,10 +452,25 @@ void Receiver::writer_loop() {
       slot = ready_[seq];
       ready_.erase(seq);
     }
-    if (!apply_slot(slot)) {
+    const Applied applied = apply_slot(slot, &resume_at);
+    if (applied == Applied::kMalformed) {
       fatal(Failure::kPeer,
             "protocol error: malformed records in chunk " + std::to_string(seq), true);
       return;
+    }
+    if (applied == Applied::kDamaged) {
+      // File data damaged in flight: ask for the slot again and wait for it
+      // (the same sequence number); the records before the damaged one are
+      // applied already.
+      c_.report->chunks_resent++;
+      std::fprintf(stderr,
+                   "rdmakit-cp: chunk %u: file data failed verification (xxh3 block "
+                   "digest); asking again\n",
+                   seq);
+      Writer nack = message(Msg::kAck);
+      nack.put<uint32_t>(slot).put<uint32_t>(seq).put<uint8_t>(0);
+      send(nack);
+      continue;
     }
     Writer ack = message(Msg::kAck);
     ack.put<uint32_t>(slot).put<uint32_t>(seq).put<uint8_t>(1);
@@ -575,11 +612,17 @@ bool Receiver::run() {
         break;
       }
       const std::byte* payload = c_.slots + uint64_t{slot} * kSlotSize + sizeof h;
-      if (XXH3_64bits(payload, h.payload_len) != h.payload_hash) {
+      // The records only (no file data): the writer checks the data, once,
+      // as it writes it.
+      bool parsed = false;
+      const uint64_t records =
+          records_hash(std::span<const std::byte>(payload, h.payload_len), &parsed);
+      if (!parsed || records != h.records_hash) {
         c_.report->chunks_resent++;
-        std::fprintf(stderr,
-                     "rdmakit-cp: chunk %u failed verification (xxh3); asking again\n",
-                     h.seq);
+        std::fprintf(
+            stderr,
+            "rdmakit-cp: chunk %u: records failed verification (xxh3); asking again\n",
+            h.seq);
         Writer nack = message(Msg::kAck);
         nack.put<uint32_t>(slot).put<uint32_t>(h.seq).put<uint8_t>(0);
         send(nack);

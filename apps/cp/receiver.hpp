@@ -1,9 +1,12 @@
 #pragma once
 // The receiving end (the server on push, the client on pull). The calling
 // thread takes notifications and control messages: it checks each slot's
-// hash (nack -> the sender re-sends) and queues good slots; a writer thread
-// applies them in sequence order (so disk writes overlap the network) and
-// acks each slot once its records are on disk. Every file is written to
+// records hash (nack -> the sender re-sends) and queues good slots; a writer
+// thread applies them in sequence order (so disk writes overlap the network),
+// checks each data record's block digest just before writing its bytes (a
+// mismatch nacks the slot; the writer continues with that record when the
+// slot comes again) and acks each slot once its records are on disk. Every file is
+// written to
 // ".NAME.rdmakit-cp-part", verified against the sender's file hash, fsynced
 // and renamed; nothing unverified ever appears under its final name.
 #include <chrono>
@@ -81,10 +84,13 @@ class Receiver {
     uint32_t nsec;
   };
 
+  enum class Applied : uint8_t { kDone, kMalformed, kDamaged };
   void writer_loop();
-  bool apply_slot(uint32_t slot);
+  // Applies the records of a slot from payload offset *at; on kDamaged *at
+  // is the record to continue with when the slot comes again.
+  Applied apply_slot(uint32_t slot, uint32_t* at);
   bool on_entry(Reader& rd);
-  void on_data(Reader& rd);
+  bool on_data(Reader& rd);  // false: the data does not match its digest
   void on_end(Reader& rd);
   void on_abort(Reader& rd);
   void on_probe(Reader& rd);

@@ -8,13 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "records.hpp"
+
 namespace rdmakit::cp {
 
 using namespace std::chrono_literals;
-
-namespace {
-constexpr size_t kDataHeader = 1 + 4 + 8 + 4;
-}
 
 Sender::Sender(SenderConfig config) : c_(config) {}
 
@@ -132,9 +130,10 @@ bool Sender::handle(session::Message& m) {
                                            " failed verification " +
                                            std::to_string(kMaxResends) + " times");
       }
-      if (slot.corrupted) {
-        slot_mem(s)[sizeof(SlotHeader)] ^= std::byte{0xff};
-        slot.corrupted = false;
+      if (slot.corrupt_at >= 0) {
+        slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(slot.corrupt_at)] ^=
+            std::byte{0xff};
+        slot.corrupt_at = -1;
       }
       c_.report->chunks_resent++;
       queue_post(s);
@@ -227,6 +226,7 @@ bool Sender::acquire() {
         next_slot_ = (s + 1) % kSlots;
         cur_ = static_cast<int>(s);
         cur_len_ = 0;
+        first_data_ = -1;
         return true;
       }
     }
@@ -280,21 +280,27 @@ bool Sender::flush() {
     slots_[s].state = State::kFree;
     return !dead();
   }
+  bool parsed = false;
+  const uint64_t records = records_hash(
+      std::span<const std::byte>(mem + sizeof(SlotHeader), cur_len_), &parsed);
+  if (!parsed)
+    return fatal(Failure::kPeer, "internal error: a slot's records do not parse");
   const uint32_t seq = next_seq_++;
-  SlotHeader h{
-      kSlotMagic, seq, cur_len_, 0, XXH3_64bits(mem + sizeof(SlotHeader), cur_len_), 0};
+  SlotHeader h{kSlotMagic, seq, cur_len_, 0, records, 0};
   std::memcpy(mem, &h, sizeof h);
-  bool corrupted = false;
+  int32_t corrupt_at = -1;
   if (c_.corrupt_chunk >= 0 && static_cast<int64_t>(chunks_posted_) == c_.corrupt_chunk) {
-    // Fault injection: the chunk changes after its hash was taken, as if
-    // corrupted in flight; the receiver must nack it and get it again.
-    mem[sizeof(SlotHeader)] ^= std::byte{0xff};
-    corrupted = true;
+    // Fault injection: the chunk changes after its hashes were taken, as if
+    // corrupted in flight; the receiver must nack it and get it again. A
+    // file data byte (caught by its block digest) if the chunk has data and
+    // records were not asked for, else the first record byte (the slot hash).
+    corrupt_at = c_.corrupt_records || first_data_ < 0 ? 0 : first_data_;
+    mem[sizeof(SlotHeader) + static_cast<uint32_t>(corrupt_at)] ^= std::byte{0xff};
   }
   chunks_posted_++;
   c_.report->chunks++;
   std::lock_guard lock(mu_);
-  slots_[s] = Slot{State::kFilling, seq, cur_len_, 0, corrupted};
+  slots_[s] = Slot{State::kFilling, seq, cur_len_, 0, corrupt_at};
   queue_post(s);
   cv_.notify_all();
   return !dead();
@@ -442,13 +448,17 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
           failure = got < 0 ? std::strerror(errno) : "file shrank while being copied";
           break;
         }
+        // One pass over the bytes, while they are in the cache: the block's
+        // running digest goes into the record, the block hash is its end.
+        if (!hasher.active()) hasher.start(b, e.size);
+        hasher.data(off, std::span<const std::byte>(dst, len));
         put<uint8_t>(static_cast<uint8_t>(Rec::kData));
         put<uint32_t>(id);
         put<uint64_t>(off);
         put<uint32_t>(len);
+        put<uint64_t>(hasher.digest());
+        if (first_data_ < 0) first_data_ = static_cast<int32_t>(cur_len_);
         cur_len_ += len;
-        if (!hasher.active()) hasher.start(b, e.size);
-        hasher.data(off, std::span<const std::byte>(dst, len));
         c_.report->bytes_sent += len;
         off += len;
       }

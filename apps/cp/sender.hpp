@@ -30,7 +30,8 @@ struct SenderConfig {
   SourceRoot root{};
   bool resume = false;
   Report* report = nullptr;
-  int64_t corrupt_chunk = -1;  // fault injection: corrupt this chunk once
+  int64_t corrupt_chunk = -1;    // fault injection: corrupt this chunk once,
+  bool corrupt_records = false;  // in its records rather than its file data
   std::chrono::milliseconds timeout{30000};
 };
 
@@ -55,7 +56,7 @@ class Sender {
     uint32_t seq = 0;
     uint32_t len = 0;  // payload bytes
     uint32_t resends = 0;
-    bool corrupted = false;
+    int32_t corrupt_at = -1;  // payload byte flipped by fault injection
   };
   std::byte* slot_mem(uint32_t s) const;
   bool send_message(Writer& w);
@@ -85,6 +86,7 @@ class Sender {
   Slot slots_[kSlots];
   int cur_ = -1;  // the slot being filled (reading thread only)
   uint32_t cur_len_ = 0;
+  int32_t first_data_ = -1;  // payload offset of the current slot's first data byte
   uint32_t next_seq_ = 0;
   uint32_t next_slot_ = 0;
   uint64_t chunks_posted_ = 0;

@@ -97,9 +97,18 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   std::vector<std::string> paths;
   for (uint32_t i = 0; i < n && i < 100000 && rd.ok(); ++i) paths.push_back(rd.str(4096));
   m.release();
-  if (!rd.ok() || type != Msg::kHello || version != kProtocolVersion || paths.empty() ||
+  if (type == Msg::kHello && version != kProtocolVersion) {
+    const std::string why = "protocol version mismatch: the client speaks version " +
+                            std::to_string(version) + ", this server " +
+                            std::to_string(kProtocolVersion);
+    reply(ch, false, 0, Failure::kPeer, why);
+    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
+    wait_for_close(*ep);
+    return;
+  }
+  if (!rd.ok() || type != Msg::kHello || paths.empty() ||
       (op != Op::kPush && op != Op::kPull)) {
-    reply(ch, false, 0, Failure::kPeer, "malformed request or protocol version mismatch");
+    reply(ch, false, 0, Failure::kPeer, "malformed request");
     std::fprintf(stderr, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
     wait_for_close(*ep);
     return;
@@ -171,6 +180,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     sc.resume = resume;
     sc.report = &report;
     sc.corrupt_chunk = corrupt_chunk_from_env();
+    sc.corrupt_records = corrupt_records_from_env();
     Sender(sc).run(entries);
   }
   // Then its place is free (its buffer goes with the endpoint).
@@ -204,6 +214,11 @@ session::SessionOptions session_options(const std::string& provider) {
 int64_t corrupt_chunk_from_env() {
   const char* v = std::getenv("RDMAKIT_CP_CORRUPT_CHUNK");
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : -1;
+}
+
+bool corrupt_records_from_env() {
+  const char* v = std::getenv("RDMAKIT_CP_CORRUPT_CHUNK");
+  return v != nullptr && *v != '\0' && v[std::strlen(v) - 1] == 'r';
 }
 
 int serve(const ServeOptions& o) {

@@ -186,8 +186,23 @@ bool walk_source(const SourceRoot& root, const std::string& source, bool recursi
   return go_on;
 }
 
-BlockHasher::BlockHasher() : state_(XXH3_createState()) {}
-BlockHasher::~BlockHasher() { XXH3_freeState(state_); }
+BlockHasher::BlockHasher() : state_(XXH3_createState()), saved_(XXH3_createState()) {}
+BlockHasher::~BlockHasher() {
+  XXH3_freeState(state_);
+  XXH3_freeState(saved_);
+}
+
+uint64_t BlockHasher::digest() const { return XXH3_64bits_digest(state_); }
+
+void BlockHasher::checkpoint() {
+  XXH3_copyState(saved_, state_);
+  saved_pos_ = pos_;
+}
+
+void BlockHasher::rollback() {
+  XXH3_copyState(state_, saved_);
+  pos_ = saved_pos_;
+}
 
 void BlockHasher::start(uint32_t block, uint64_t file_size) {
   XXH3_64bits_reset(state_);

@@ -7,6 +7,9 @@
 // hole hashes to 0; any other block hashes its logical bytes (holes as
 // zeros). The file hash is the xxh3 of the array of block hashes, so it can
 // be computed from received blocks and from blocks kept by --resume alike.
+// The running digest of a block (the xxh3 of its bytes so far) is what a data
+// record carries on the wire, so one pass over the bytes checks the transfer
+// and yields the block hash (records.hpp).
 #include <xxhash.h>
 
 #include <cstdint>
@@ -66,12 +69,20 @@ class BlockHasher {
   void start(uint32_t block, uint64_t file_size);
   void data(uint64_t offset, std::span<const std::byte> bytes);
   uint64_t finish();
+  // xxh3 of the block's bytes so far (holes as zeros), without ending it.
+  uint64_t digest() const;
+  // Remembers the state, to go back to it when the data that follows fails
+  // its check (it will come again).
+  void checkpoint();
+  void rollback();
   bool active() const { return active_; }
   uint32_t block() const { return block_; }
 
  private:
   void zeros(uint64_t n);
   XXH3_state_t* state_;
+  XXH3_state_t* saved_;
+  uint64_t saved_pos_ = 0;
   bool active_ = false;
   uint32_t block_ = 0;
   uint64_t pos_ = 0;

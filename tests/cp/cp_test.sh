@@ -208,17 +208,38 @@ case $mode in
     start_server "$work/root" RDMAKIT_CP_CORRUPT_CHUNK=2
     out=$(RDMAKIT_CP_CORRUPT_CHUNK=1 cp_ -r --json "$src" "$host:." 2>"$work/err")
     rc=$?
+    # Chunk 1 carries file data: its block digest must catch the damage.
     if [ $rc = 0 ] && echo "$out" | grep -q '"chunks_resent": [1-9]' &&
-       grep -q "asking again" "$work/server.log"; then
-      pass "push: corrupted chunk detected and re-sent"
-    else fail "push with a corrupted chunk: exit $rc $out"; fi
+       grep -q "file data failed verification.*asking again" "$work/server.log"; then
+      pass "push: corrupted file data detected and re-sent"
+    else fail "push with corrupted file data: exit $rc $out"; fi
     same_tree "$src" "$work/root/tree" && pass "push: tree identical" || fail "push: trees differ"
+    # A damaged record byte (here the first record of chunk 0): the slot hash.
+    mkdir -p "$work/root/again"
+    out=$(RDMAKIT_CP_CORRUPT_CHUNK=0r cp_ -r --json "$src" "$host:again" 2>"$work/err")
+    rc=$?
+    if [ $rc = 0 ] && echo "$out" | grep -q '"chunks_resent": [1-9]' &&
+       grep -q "records failed verification.*asking again" "$work/server.log"; then
+      pass "push: corrupted record detected and re-sent"
+    else fail "push with a corrupted record: exit $rc $out"; fi
+    same_tree "$src" "$work/root/again/tree" && pass "push: tree identical after a bad record" ||
+      fail "push: trees differ after a bad record"
     out=$(cp_ -r --json "$host:tree" "$work/pulled" 2>"$work/err")
     rc=$?
-    if [ $rc = 0 ] && echo "$out" | grep -q '"chunks_resent": [1-9]'; then
+    if [ $rc = 0 ] && echo "$out" | grep -q '"chunks_resent": [1-9]' &&
+       grep -q "failed verification" "$work/err"; then
       pass "pull: corrupted chunk detected and re-sent"
     else fail "pull with a corrupted chunk: exit $rc $out"; fi
     same_tree "$src" "$work/pulled/tree" && pass "pull: tree identical" || fail "pull: trees differ"
+    # A client of the previous protocol (1: one hash over the whole slot) is
+    # refused before anything is copied, both versions named.
+    RDMAKIT_CP_HELLO_VERSION=1 cp_ -r "$src" "$host:v1" 2>"$work/err"
+    rc=$?
+    if [ $rc = 5 ] && [ ! -e "$work/root/v1" ] &&
+       grep -q "protocol version mismatch: the client speaks version 1, this server 2" "$work/err" &&
+       grep -q "protocol version mismatch" "$work/server.log"; then
+      pass "a protocol 1 client is refused, versions named (exit 5)"
+    else fail "protocol 1 client: exit $rc"; cat "$work/err"; fi
     ;;
   kill)
     runs=${RDMAKIT_CP_KILL_RUNS:-20}
