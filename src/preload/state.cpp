@@ -59,7 +59,7 @@ Config load_config() {
   c.timeout =
       std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
   c.busy_poll =
-      std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
+      std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", kDefaultBusyPollUs, 0, 1000000));
   c.ring_bytes =
       static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
