@@ -247,7 +247,8 @@ void log_summary() {
   const int remote = g_remote_count.load();
   const int kernel = g_kernel_count.load();
   if (shm + remote + kernel > 0) {
-    log_line("summary connections shm=%d remote=%d kernel=%d", shm, remote, kernel);
+    log_line("summary connections shm=%d remote=%d kernel=%d busy_poll_us=%lld", shm, remote,
+             kernel, static_cast<long long>(config().busy_poll.count()));
   }
 }
 
