@@ -72,10 +72,12 @@ class Spin {
   void stop() { on_ = false; }
   // Whether the stream shows `events` (or an error, end of stream) before
   // the budget runs out. The budget starts at the first call.
-  bool until(Conn& c, short events) {
+  // reads_next: a read follows at once when POLLIN is found (no readiness
+  // signal for the data it takes, Stream::poll_readiness).
+  bool until(Conn& c, short events, bool reads_next) {
     const short want = static_cast<short>(events | POLLHUP | POLLERR);
     spun_ = true;
-    if ((c.stream->poll_readiness(false) & want) != 0) return true;
+    if ((c.stream->poll_readiness(false, reads_next) & want) != 0) return true;
     if (!started_) {
       started_ = true;
       end_ = Clock::now() + config().busy_poll;
@@ -84,7 +86,7 @@ class Spin {
     for (unsigned tries = 0;; ++tries) {
       if (Clock::now() >= end_) return false;
       spin_pause(tries);
-      if ((c.stream->poll_readiness(false) & want) != 0) return true;
+      if ((c.stream->poll_readiness(false, reads_next) & want) != 0) return true;
     }
   }
 
@@ -117,8 +119,9 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   // each message only from its wake-up (measured: 15-17 us half round trip
   // instead of 3). A caller that does go to sleep next does so in a wait
   // hook, which announces it (Stream::poll_readiness(true)).
+  const bool reads_next = !peek && want > 0;
   if (nonblocking && config().busy_poll.count() > 0 &&
-      (c.stream->poll_readiness(false) & (POLLIN | POLLHUP | POLLERR)) == 0) {
+      (c.stream->poll_readiness(false, reads_next) & (POLLIN | POLLHUP | POLLERR)) == 0) {
     errno = EAGAIN;
     return -1;
   }
@@ -127,7 +130,7 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   for (;;) {
     // A read that finds nothing tells the engine its caller will sleep (a
     // wake-up of the progress thread): while spinning, look at the ring first.
-    if (spin.active() && !spin.until(c, POLLIN)) spin.stop();
+    if (spin.active() && !spin.until(c, POLLIN, reads_next)) spin.stop();
     const iovec* v = iov;
     int n = iovcnt;
     if (got > 0) {
@@ -200,7 +203,7 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       return -1;
     }
     // Full: wait for room (credits the peer returns), from the ring first.
-    if (spin.active() && spin.until(c, POLLOUT)) continue;
+    if (spin.active() && spin.until(c, POLLOUT, false)) continue;
     spin.stop();
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLOUT) != 0) continue;
     const int w = wait_for(fd, POLLOUT, tmo > 0, deadline);
