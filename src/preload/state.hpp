@@ -26,9 +26,9 @@ struct Config {
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
   std::chrono::microseconds busy_poll{kDefaultBusyPollUs};  // spin before a wait sleeps
-  uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
-  bool stats = false;  // per-connection lines and a summary on stderr
-  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+  uint32_t ring_bytes = 256 * 1024;  // stream receive ring and send buffer
+  bool stats = false;                // per-connection lines and a summary on stderr
+  int log_fd = -1;  // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };
 
 // First call reads the environment and prepares the directory; later calls

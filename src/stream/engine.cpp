@@ -194,7 +194,8 @@ void EngineImpl::before_would_block() noexcept {
   }
 }
 
-short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep, bool reads_next) noexcept {
+short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep,
+                                 bool reads_next) noexcept {
   // A poll disarms the CQ: a progress thread sleeping armed would no longer
   // be woken by arrivals, so it is sent back to look (as a spinning waiter
   // does). A spinning caller also counts as busy-polling, which keeps the

@@ -140,7 +140,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // Stream::poll_readiness: polls the CQ on the caller's thread (lock held).
   // reads_next: the caller reads s at once if it is readable (see
   // StreamCore::defer_readable).
-  short poll_readiness(StreamCore& s, bool about_to_sleep, bool reads_next = false) noexcept;
+  short poll_readiness(StreamCore& s, bool about_to_sleep,
+                       bool reads_next = false) noexcept;
   void close(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the

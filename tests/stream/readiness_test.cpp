@@ -166,7 +166,7 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
           ASSERT_EQ(pong, ping) << "round " << i;
           EXPECT_FALSE(fd_readable(fd)) << "round " << i << ": a stale readable fd";
         }
-        EXPECT_GT(slept, 0);  // the sleep path was taken
+        EXPECT_GT(slept, 0);             // the sleep path was taken
         ASSERT_EQ(s->write("E", 1), 1);  // the client may close now
       },
       [](RoleEnv& env) {
@@ -176,7 +176,8 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
         for (int i = 0; i < kRounds; ++i) {
           char c;
           ASSERT_EQ(s->read(&c, 1, Stream::kWaitAll), 1);
-          const auto at = std::chrono::steady_clock::now() + std::chrono::microseconds(rng() % 100);
+          const auto at =
+              std::chrono::steady_clock::now() + std::chrono::microseconds(rng() % 100);
           while (std::chrono::steady_clock::now() < at) {
           }
           ASSERT_EQ(s->write(&c, 1), 1);
@@ -186,7 +187,8 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
       });
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, ReadinessTest, ::testing::ValuesIn(providers_from_env()),
+INSTANTIATE_TEST_SUITE_P(Providers, ReadinessTest,
+                         ::testing::ValuesIn(providers_from_env()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
