@@ -31,6 +31,7 @@
 #   RDMAKIT_BENCH_ROWS="pp iperf redis nginx"  RDMAKIT_BENCH_NOTE="loaded machine"
 #   RDMAKIT_BENCH_BASE_LIB=/path/librdmakit-preload.so (adds the base mode)
 #   RDMAKIT_BENCH_BASE_ARGS="--busy-poll 50" (rdmakit-run options of the base mode)
+#   RDMAKIT_BENCH_MODES="kernel fallback" (a subset of the modes, e.g. for more rounds)
 # Writes bench/results/preload-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -171,14 +172,15 @@ print(r.group(1) if r and not bad else "nan", "%.3f" % ms(50), "%.3f" % ms(99),
 PY
 }
 
+modes=${RDMAKIT_BENCH_MODES:-kernel shm nospin $base fallback}
 declare -A res
 for r in $(seq "$rounds"); do
   for row in $rows; do
     case $row in
-      pp) for m in kernel shm nospin $base fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
-      iperf) for m in kernel shm nospin $base fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
-      redis) for m in kernel shm nospin $base fallback; do res[rd_$m]+="$(redis $m);"; done ;;
-      nginx) for m in kernel shm nospin $base fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+      pp) for m in $modes; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in $modes; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in $modes; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in $modes; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
     esac
   done
   echo "round $r done" >&2
