@@ -3,17 +3,24 @@
 # (docs/preload.md). Both ends on loopback; rounds alternate the modes so
 # load changes hit all of them alike. Modes:
 #   kernel    plain programs (the baseline)
-#   shm       both ends under rdmakit-run: connections upgraded to shm streams
-#             (default busy-poll 0: every wait sleeps in the kernel and is
-#             woken by the stream engine's progress thread)
-#   spin      shm with --busy-poll 50 (blocking calls and poll/epoll_wait/
-#             select take readiness from the rings for up to 50 us first)
+#   shm       both ends under rdmakit-run at its defaults: connections upgraded
+#             to shm streams; blocking calls and poll/epoll_wait/select take
+#             readiness from the rings for up to 50 us (the default busy-poll)
+#             before they sleep
+#   nospin    shm with --busy-poll 0: every wait sleeps in the kernel and is
+#             woken by the stream engine's progress thread
 #   base      shm with the library RDMAKIT_BENCH_BASE_LIB (a build of an
-#             earlier commit, at its defaults): before/after in the same run
+#             earlier commit) and the options RDMAKIT_BENCH_BASE_ARGS (e.g.
+#             "--busy-poll 50"): before/after in the same run
 #   fallback  both ends under rdmakit-run with --deny-ports 1-65535: every
 #             connection stays on kernel TCP, every call goes through the hooks
 # Rows:
-#   sockperf TCP ping-pong, 16 B: half round trip p50 / p99 / average
+#   sockperf TCP ping-pong, 16 B, client --nonblocked (both ends busy-poll:
+#     the kernel client by its non-blocking reads, the preloaded ones by the
+#     preload's spin as well): half round trip p50 / p99 / average. At most
+#     500,000 round trips per second: sockperf sizes its table of send times
+#     for fewer than the ~1M/s of a sub-microsecond round trip and stops
+#     with "_seqN > m_maxSequenceNo" beyond it
 #   iperf3, one stream: Gbit/s
 #   redis-benchmark SET and GET, 50 clients, no pipelining: requests/s, p50,
 #     p99, CPU (server + client) per request
@@ -23,6 +30,8 @@
 #   RDMAKIT_BENCH_CPUS=0,1  RDMAKIT_BENCH_SECONDS=3  RDMAKIT_BENCH_ROUNDS=3
 #   RDMAKIT_BENCH_ROWS="pp iperf redis nginx"  RDMAKIT_BENCH_NOTE="loaded machine"
 #   RDMAKIT_BENCH_BASE_LIB=/path/librdmakit-preload.so (adds the base mode)
+#   RDMAKIT_BENCH_BASE_ARGS="--busy-poll 50" (rdmakit-run options of the base mode)
+#   RDMAKIT_BENCH_MODES="kernel fallback" (a subset of the modes, e.g. for more rounds)
 # Writes bench/results/preload-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -33,6 +42,7 @@ rounds=${RDMAKIT_BENCH_ROUNDS:-3}
 rows=${RDMAKIT_BENCH_ROWS:-pp iperf redis nginx}
 note=${RDMAKIT_BENCH_NOTE:-}
 base_lib=${RDMAKIT_BENCH_BASE_LIB:-}
+read -r -a base_args <<<"${RDMAKIT_BENCH_BASE_ARGS:-}"
 base=""
 [ -n "$base_lib" ] && base=base
 run=$(realpath "$build/tools/rdmakit-run/rdmakit-run")
@@ -56,8 +66,8 @@ pre() {
   case $1 in
     kernel) P=() ;;
     shm) P=("$run") ;;
-    spin) P=("$run" --busy-poll 50) ;;
-    base) P=("$run" --lib "$base_lib") ;;
+    nospin) P=("$run" --busy-poll 0) ;;
+    base) P=("$run" --lib "$base_lib" "${base_args[@]}") ;;
     fallback) P=("$run" --deny-ports 1-65535) ;;
   esac
 }
@@ -72,7 +82,7 @@ sockperf_pp() {
   local spid=$!
   wait_listen "$port"
   local o; o=$(taskset -c "$c_cli" "${P[@]}" timeout $((secs + 20)) sockperf pp --tcp -i 127.0.0.1 \
-    -p "$port" -m 16 -t "$secs" 2>&1)
+    -p "$port" -m 16 -t "$secs" --nonblocked --mps 500000 2>&1)
   kill $spid 2>/dev/null; wait $spid 2>/dev/null
   echo "== sockperf $1" >>"$out.log"; echo "$o" >>"$out.log"
   python3 - "$o" <<'PY'
@@ -162,23 +172,25 @@ print(r.group(1) if r and not bad else "nan", "%.3f" % ms(50), "%.3f" % ms(99),
 PY
 }
 
+modes=${RDMAKIT_BENCH_MODES:-kernel shm nospin $base fallback}
 declare -A res
 for r in $(seq "$rounds"); do
   for row in $rows; do
     case $row in
-      pp) for m in kernel shm spin $base fallback; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
-      iperf) for m in kernel shm spin $base fallback; do res[bw_$m]+="$(iperf $m);"; done ;;
-      redis) for m in kernel shm spin $base fallback; do res[rd_$m]+="$(redis $m);"; done ;;
-      nginx) for m in kernel shm spin $base fallback; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+      pp) for m in $modes; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in $modes; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in $modes; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in $modes; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
     esac
   done
   echo "round $r done" >&2
 done
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 { for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
-python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" "$base_lib" <<'PY'
+python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" "$base_lib" \
+  "${RDMAKIT_BENCH_BASE_ARGS:-}" <<'PY'
 import math, statistics as st, sys
-md, stamp, cpus, secs, rounds, load, note, resf, base_lib = sys.argv[1:]
+md, stamp, cpus, secs, rounds, load, note, resf, base_lib, base_args = sys.argv[1:]
 res = dict(l.rstrip("\n").split("=", 1) for l in open(resf) if "=" in l)
 def med(key):
     rows = [r.split() for r in res.get(key, "").split(";") if r.strip()]
@@ -194,19 +206,19 @@ lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Load average at the end: {load}. " + (note or ""),
          "**Taken on a machine shared with other builds: absolute numbers are noisy; compare the ratios.**", "",
          "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams, "
-         "default: no busy-poll); spin = shm with --busy-poll 50; "
-         + (f"base = shm with {base_lib} at its defaults (before); " if base_lib else "")
+         "default options: 50 us busy-poll); nospin = shm with --busy-poll 0; "
+         + (f"base = shm with {base_lib} {base_args or 'at its defaults'} (before); " if base_lib else "")
          + "fallback = both ends preloaded with --deny-ports 1-65535 (kernel TCP through the hooks).", ""]
-names = {"kernel": "kernel TCP", "shm": "preload shm",
-         "spin": "preload shm, --busy-poll 50", "base": "preload shm, base library",
+names = {"kernel": "kernel TCP", "shm": "preload shm (default busy-poll 50 us)",
+         "nospin": "preload shm, --busy-poll 0", "base": "preload shm, base library",
          "fallback": "preload fallback (kernel TCP)"}
-modes = ("kernel", "shm", "spin", "base", "fallback")
+modes = ("kernel", "shm", "nospin", "base", "fallback")
 k = med("pp_kernel")
 if k:
-    lines += ["| sockperf TCP ping-pong 16 B (half RTT, usec) | p50 | p99 | avg | avg / kernel |", "|---|---|---|---|---|"]
+    lines += ["| sockperf TCP ping-pong 16 B, --nonblocked (half RTT, usec) | p50 | p99 | avg | p50 / kernel | avg / kernel |", "|---|---|---|---|---|---|"]
     for m in modes:
         v = med("pp_" + m)
-        if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {ratio(v[2], k[2])} |")
+        if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {ratio(v[0], k[0])} | {ratio(v[2], k[2])} |")
     lines.append("")
 k = med("bw_kernel")
 if k:

@@ -63,6 +63,12 @@ void resolve_libc() noexcept {
   bind(l.epoll_wait, "epoll_wait");
   bind(l.select, "select");
   bind(l.epoll_ctl, "epoll_ctl");
+  bind(l.ppoll, "ppoll");
+  bind(l.pselect, "pselect");
+  bind(l.epoll_pwait, "epoll_pwait");
+  bind(l.epoll_pwait2, "epoll_pwait2");
+  bind(l.poll_chk, "__poll_chk");
+  bind(l.ppoll_chk, "__ppoll_chk");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
 }

@@ -62,6 +62,13 @@ struct Libc {
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
   int (*epoll_ctl)(int, int, int, epoll_event*);
+  int (*ppoll)(pollfd*, nfds_t, const timespec*, const sigset_t*);
+  int (*pselect)(int, fd_set*, fd_set*, fd_set*, const timespec*, const sigset_t*);
+  int (*epoll_pwait)(int, epoll_event*, int, int, const sigset_t*);
+  int (*epoll_pwait2)(int, epoll_event*, int, const timespec*,
+                      const sigset_t*);  // or null
+  int (*poll_chk)(pollfd*, nfds_t, int, size_t);
+  int (*ppoll_chk)(pollfd*, nfds_t, const timespec*, const sigset_t*, size_t);
 };
 
 // Filled by resolve_libc() (library constructor; also called by a hook that

@@ -58,8 +58,8 @@ Config load_config() {
   Config c;
   c.timeout =
       std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
-  c.busy_poll =
-      std::chrono::microseconds(env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", 0, 0, 1000000));
+  c.busy_poll = std::chrono::microseconds(
+      env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", kDefaultBusyPollUs, 0, 1000000));
   c.ring_bytes =
       static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
@@ -247,7 +247,8 @@ void log_summary() {
   const int remote = g_remote_count.load();
   const int kernel = g_kernel_count.load();
   if (shm + remote + kernel > 0) {
-    log_line("summary connections shm=%d remote=%d kernel=%d", shm, remote, kernel);
+    log_line("summary connections shm=%d remote=%d kernel=%d busy_poll_us=%lld", shm,
+             remote, kernel, static_cast<long long>(config().busy_poll.count()));
   }
 }
 

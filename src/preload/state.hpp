@@ -15,14 +15,20 @@
 
 namespace rdmakit::preload {
 
+// Default spin budget of one wait before it sleeps in the kernel: long enough
+// to catch a reply on a fast path (a few us), short enough that an idle
+// program sleeps at once (each wait spins at most this long, then sleeps
+// with the progress thread armed on the completion queue).
+constexpr int64_t kDefaultBusyPollUs = 50;
+
 struct Config {
   std::string dir;          // private rendezvous directory (per uid, per netns)
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
-  std::chrono::microseconds busy_poll{0};   // spin before sleeping in a blocking call
-  uint32_t ring_bytes = 256 * 1024;         // stream receive ring and send buffer
-  bool stats = false;  // per-connection lines and a summary on stderr
-  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+  std::chrono::microseconds busy_poll{kDefaultBusyPollUs};  // spin before a wait sleeps
+  uint32_t ring_bytes = 256 * 1024;  // stream receive ring and send buffer
+  bool stats = false;                // per-connection lines and a summary on stderr
+  int log_fd = -1;  // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };
 
 // First call reads the environment and prepares the directory; later calls

@@ -1,4 +1,5 @@
-// poll, select, epoll_wait and epoll_ctl (docs/preload.md, "Busy
+// poll, select, epoll_wait and epoll_ctl, and the announcements of ppoll,
+// pselect and epoll_pwait (docs/preload.md, "Busy
 // polling"). A wait whose set holds upgraded connections first collects
 // what their peers put into the rings on the caller's thread
 // (wait_spin.hpp), for up to RDMAKIT_PRELOAD_BUSY_POLL_US, and returns as
@@ -14,6 +15,7 @@
 #include <sys/select.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -219,4 +221,72 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
   const int r = real().select(n, rd, wr, ex, &rest);
   *tv = rest;  // Linux reports the time not slept
   return r;
+}
+
+// ppoll, pselect and epoll_pwait do not spin (their signal masks make a
+// spin loop's zero-timeout probes a different call), but a sleep in them on
+// upgraded connections is announced like the others' (EngineDrain::
+// before_sleep): a non-blocking read that found nothing did not announce
+// it (conn_io.cpp), and without the announcement the progress thread could
+// still be in a 2 ms unarmed nap when the next message arrives.
+EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask) {
+  const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
+  if (!zero && n > 0 && wait_may_spin()) {
+    EngineDrain engines;
+    for (nfds_t i = 0; i < n; ++i) {
+      if (fds[i].fd >= 0 && is_conn(fds[i].fd)) (void)engines.add(find_conn(fds[i].fd));
+    }
+    engines.before_sleep();
+  }
+  return real().ppoll(fds, n, tmo, mask);
+}
+
+EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tmo,
+                   const sigset_t* mask) {
+  const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
+  if (!zero && n > 0 && n <= FD_SETSIZE && wait_may_spin()) {
+    EngineDrain engines;
+    for (int fd = 0; fd < n; ++fd) {
+      if ((in(rd, fd) || in(wr, fd) || in(ex, fd)) && is_conn(fd))
+        (void)engines.add(find_conn(fd));
+    }
+    engines.before_sleep();
+  }
+  return real().pselect(n, rd, wr, ex, tmo, mask);
+}
+
+EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout,
+                       const sigset_t* mask) {
+  if (timeout != 0 && wait_may_spin()) {
+    EngineDrain engines;
+    if (epoll_engines(epfd, &engines)) engines.before_sleep();
+  }
+  return real().epoll_pwait(epfd, events, max, timeout, mask);
+}
+
+EXPORT int epoll_pwait2(int epfd, epoll_event* events, int max, const timespec* tmo,
+                        const sigset_t* mask) {
+  if (real().epoll_pwait2 == nullptr) {
+    errno = ENOSYS;  // as a libc without it would answer
+    return -1;
+  }
+  const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
+  if (!zero && wait_may_spin()) {
+    EngineDrain engines;
+    if (epoll_engines(epfd, &engines)) engines.before_sleep();
+  }
+  return real().epoll_pwait2(epfd, events, max, tmo, mask);
+}
+
+// The fortified variants (_FORTIFY_SOURCE with an array of known size):
+// glibc's own check, then the hooks above.
+EXPORT int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fds_len) {
+  if (fds_len / sizeof(*fds) < n) return real().poll_chk(fds, n, timeout, fds_len);
+  return poll(fds, n, timeout);
+}
+
+EXPORT int __ppoll_chk(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask,
+                       size_t fds_len) {
+  if (fds_len / sizeof(*fds) < n) return real().ppoll_chk(fds, n, tmo, mask, fds_len);
+  return ppoll(fds, n, tmo, mask);
 }

@@ -194,7 +194,8 @@ void EngineImpl::before_would_block() noexcept {
   }
 }
 
-short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep) noexcept {
+short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep,
+                                 bool reads_next) noexcept {
   // A poll disarms the CQ: a progress thread sleeping armed would no longer
   // be woken by arrivals, so it is sent back to look (as a spinning waiter
   // does). A spinning caller also counts as busy-polling, which keeps the
@@ -205,8 +206,10 @@ short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep) noexcept {
     progress_ = Progress::kRunning;
     kick();
   }
+  s.defer_readable = reads_next && !about_to_sleep;
   drain();
   update(s);
+  s.defer_readable = false;
   const short ev = s.events();
   if (about_to_sleep) before_would_block();
   return ev;
@@ -376,7 +379,20 @@ void EngineImpl::fail(StreamCore& s, int err, Status status) noexcept {
 
 void EngineImpl::update(StreamCore& s) noexcept {
   s.published.store(s.events(), std::memory_order_release);
-  if (s.readiness.is_open()) s.readiness.set(s.readable(), s.writable());
+  if (s.readiness.is_open()) {
+    bool readable = s.readable();
+    // Data found by a caller that takes it next: signalling it would cost
+    // a send now and a recv when the read empties the ring, for a state no
+    // one else needs to see (a sleeper on the fd would find the data gone;
+    // if some is left, the read's own update signals it). Only data is
+    // deferred: end of stream and errors are signalled at once.
+    const bool defer = s.defer_readable && readable && !s.readiness.readable() &&
+                       s.flow.available() > 0 && s.err == 0 && !s.flow.fin_received &&
+                       !s.rd_shut;
+    s.readiness_stale = defer;
+    if (defer) readable = false;
+    s.readiness.set(readable, s.writable());
+  }
   if (s.waiters > 0) s.cv.notify_all();
 }
 
@@ -419,6 +435,9 @@ void EngineImpl::timers(Clock::time_point now) noexcept {
     }
     // Receives a batch left waiting: an idle stream gives them back here.
     if (s.err == 0 && s.repost_pending > 0) (void)flush_reposts(s);
+    // A deferred readable signal whose read never came (a zero-length
+    // read): the fd shows the data from here on.
+    if (s.readiness_stale) update(s);
     if (s.err == 0) {
       if (s.closed && now >= s.linger_deadline) {
         fail(s, ETIMEDOUT, Status::kSuccess);

@@ -93,6 +93,12 @@ class StreamCore {
   Clock::time_point linger_deadline{};
 
   Readiness readiness;
+  // While a caller that reads next polls (poll_readiness with reads_next):
+  // the stream's becoming readable with data is not signalled on the
+  // readiness fd (readiness_stale records it); the read that follows, which
+  // takes the data, brings the fd up to date (EngineImpl::update).
+  bool defer_readable = false;
+  bool readiness_stale = false;
   // events() as of the last update(): what poll_readiness() reports while
   // another thread holds the engine lock.
   std::atomic<short> published{0};
@@ -132,7 +138,10 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
             Pred pred);
   void before_would_block() noexcept;  // the caller is about to return EAGAIN
   // Stream::poll_readiness: polls the CQ on the caller's thread (lock held).
-  short poll_readiness(StreamCore& s, bool about_to_sleep) noexcept;
+  // reads_next: the caller reads s at once if it is readable (see
+  // StreamCore::defer_readable).
+  short poll_readiness(StreamCore& s, bool about_to_sleep,
+                       bool reads_next = false) noexcept;
   void close(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the

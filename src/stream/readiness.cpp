@@ -46,9 +46,10 @@ void Readiness::set(bool readable, bool writable) noexcept {
       const char byte = 1;
       (void)::send(ours_, &byte, 1, MSG_DONTWAIT);
     } else {
+      // readable_ says our one datagram is queued: one recv takes it (a
+      // loop would pay a second, failing, recv on every transition).
       char drain[16];
-      while (::recv(user_, drain, sizeof drain, MSG_DONTWAIT) > 0) {
-      }
+      (void)::recv(user_, drain, sizeof drain, MSG_DONTWAIT);
     }
     readable_ = readable;
   }
@@ -58,8 +59,7 @@ void Readiness::set(bool readable, bool writable) noexcept {
       (void)::send(user_, blocker, sizeof blocker, MSG_DONTWAIT);
     } else {
       static char drain[kBlockerSize];
-      while (::recv(ours_, drain, sizeof drain, MSG_DONTWAIT) > 0) {
-      }
+      (void)::recv(ours_, drain, sizeof drain, MSG_DONTWAIT);  // the one blocker
     }
     writable_ = writable;
   }

@@ -22,6 +22,8 @@ class Readiness {
   int fd() const noexcept { return user_; }
   // Moves the fd to the given state (only the changed halves cost a syscall).
   void set(bool readable, bool writable) noexcept;
+  // The state the fd shows now.
+  bool readable() const noexcept { return readable_; }
   void close() noexcept;
 
  private:

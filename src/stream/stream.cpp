@@ -498,7 +498,7 @@ short Stream::poll_events() const noexcept {
   return core_->events();
 }
 
-short Stream::poll_readiness(bool about_to_sleep) noexcept {
+short Stream::poll_readiness(bool about_to_sleep, bool reads_next) noexcept {
   if (!core_) return POLLNVAL;
   std::unique_lock lock(engine_->mu, std::try_to_lock);
   if (!lock.owns_lock()) {
@@ -508,7 +508,7 @@ short Stream::poll_readiness(bool about_to_sleep) noexcept {
     if (!about_to_sleep) return core_->published.load(std::memory_order_acquire);
     lock.lock();
   }
-  return engine_->poll_readiness(*core_, about_to_sleep);
+  return engine_->poll_readiness(*core_, about_to_sleep, reads_next);
 }
 
 int Stream::error() const noexcept {

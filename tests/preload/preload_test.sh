@@ -686,6 +686,74 @@ PY
     expect_count 1 "send fd=[0-9]+: EOPNOTSUPP: the connection was upgraded by pid [0-9]+; a forked child cannot use it" \
       "logged refusals in the child"
     ;;
+  idle-cpu)
+    # The default busy-poll is bounded: an idle preloaded server (epoll_wait
+    # with no timeout) and an idle client (blocking recv) on an upgraded
+    # connection each spin once, for 50 us, then sleep. Their CPU time over
+    # 2 s of idleness must stay small (a spin without end would use ~2 s).
+    port=$(free_port)
+    cat >"$work/idle.py" <<'PY'
+import selectors, signal, socket, sys
+signal.alarm(30)
+if sys.argv[1] == "server":
+    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", int(sys.argv[2]))); ls.listen(1)
+    c, _ = ls.accept()
+    sel = selectors.EpollSelector(); sel.register(c, selectors.EVENT_READ)
+    sel.select()  # until the client goes away
+    print("server: woken")
+else:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    open(sys.argv[3], "w").write("connected\n")
+    print("client: %r" % s.recv(16))  # until killed
+PY
+    # cpu PID: user+system clock ticks of the whole process (all threads)
+    cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+    "${pre[@]}" /usr/bin/python3 "$work/idle.py" server "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" /usr/bin/python3 "$work/idle.py" client "$port" "$work/connected" >"$work/c.out" 2>&1 &
+    client_pid=$!; pids+=("$client_pid")
+    for _ in $(seq 100); do [ -s "$work/connected" ] && break; sleep 0.05; done
+    [ -s "$work/connected" ] || fail "client did not connect: $(cat "$work/c.out")"
+    sleep 0.5  # both sides settle into their waits
+    s0=$(cpu "$server_pid") c0=$(cpu "$client_pid")
+    sleep 2
+    s1=$(cpu "$server_pid") c1=$(cpu "$client_pid")
+    hz=$(getconf CLK_TCK)
+    echo "idle for 2 s: server $((s1 - s0)) ticks, client $((c1 - c0)) ticks (of $((2 * hz)))"
+    # 5% of the interval: a wait that spins on and forgets to sleep uses ~100%.
+    [ $((s1 - s0)) -le $((hz / 10)) ] || fail "idle server used $((s1 - s0)) of $((2 * hz)) ticks"
+    [ $((c1 - c0)) -le $((hz / 10)) ] || fail "idle client used $((c1 - c0)) of $((2 * hz)) ticks"
+    kill "$client_pid"; wait "$client_pid" 2>/dev/null || true
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    expect_count 1 "python3\]: accept fd=.* path=shm" "server connections on shm"
+    expect_count 1 "python3\]: connect fd=.* path=shm" "client connections on shm"
+    expect_count 1 "python3\]: summary connections shm=1 .*busy_poll_us=50$" "server summaries with the default busy-poll"
+    ;;
+  pwait)
+    # Waits in ppoll (client) and epoll_pwait (server) after non-blocking
+    # reads found nothing: those waits do not spin, but they announce the
+    # sleep, so each round trip is woken by the message rather than after a
+    # 2 ms nap of the progress thread (3000 round trips: about 1.5 ms mean
+    # without the announcement; a few tens of us with it).
+    pw=$(dirname "$pair")/rdmakit_preload_pwait
+    rm -f "$work/port"
+    "${pre[@]}" timeout 60 "$pw" server "$work/port" 3000 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+    [ -s "$work/port" ] || fail "pwait server did not start: $(cat "$work/s.out")"
+    "${pre[@]}" timeout 60 "$pw" client "$(cat "$work/port")" 3000 >"$work/c.out" 2>&1 ||
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    cat "$work/c.out"
+    mean=$(sed -n 's/^OK .* mean \([0-9.]*\) us$/\1/p' "$work/c.out")
+    [ -n "$mean" ] || fail "client: $(cat "$work/c.out")"
+    # Half the unannounced cost: a loaded machine adds preemptions, not naps.
+    awk -v m="$mean" 'BEGIN { exit !(m < 700) }' || fail "mean round trip $mean us (>= 700)"
+    expect_count 1 "rdmakit_preload_pwait\]: accept fd=.* path=shm" "server connections on shm"
+    expect_count 1 "rdmakit_preload_pwait\]: connect fd=.* path=shm" "client connections on shm"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"

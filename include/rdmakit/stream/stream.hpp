@@ -200,7 +200,10 @@ class Stream {
   // nothing it wants passes about_to_sleep = true: the engine then makes
   // sure the progress thread watches for arrivals (fd() is signalled when
   // the state changes). Spinning callers pass false and cost no syscall.
-  short poll_readiness(bool about_to_sleep = false) noexcept;
+  // reads_next: the caller reads this stream at once when the result has
+  // POLLIN; its data arriving is then not signalled on fd() (the read takes
+  // it and leaves fd() current), which spares two syscalls per message.
+  short poll_readiness(bool about_to_sleep = false, bool reads_next = false) noexcept;
 
   // The error that ended the stream (0 while healthy) and its cause.
   int error() const noexcept;
