@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -27,9 +28,31 @@ void SpinLock::lock() noexcept {
   }
 }
 
+namespace {
+
+constexpr int64_t kDefaultSpinUs = 20;
+constexpr int64_t kMaxSpinUs = 10'000;
+
+int64_t progress_spin_ns() noexcept {
+  const char* env = std::getenv("RDMAKIT_TCP_PROGRESS_SPIN_US");
+  if (env == nullptr) return kDefaultSpinUs * 1000;
+  char* end = nullptr;
+  errno = 0;
+  const long long us = std::strtoll(env, &end, 10);
+  if (errno != 0 || end == env || *end != '\0' || us < 0 || us > kMaxSpinUs) {
+    core::log().warn("tcp: RDMAKIT_TCP_PROGRESS_SPIN_US={:?} is not 0..{}: using {} us",
+                     env, kMaxSpinUs, kDefaultSpinUs);
+    return kDefaultSpinUs * 1000;
+  }
+  return us * 1000;
+}
+
+}  // namespace
+
 Engine::Engine(bool progress_thread)
     : qp_num_((static_cast<uint32_t>(std::random_device{}()) & 0xffffu) | 0x10000u),
-      with_thread_(progress_thread) {
+      with_thread_(progress_thread),
+      spin_ns_(progress_spin_ns()) {
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
   const int epoll_err = errno;
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -42,8 +65,8 @@ Engine::Engine(bool progress_thread)
   ev.data.u64 = 0;  // qp numbers are never 0
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
   if (with_thread_) thread_ = std::thread([this] { run(); });
-  core::log().debug("tcp: engine up ({} progress thread)",
-                    with_thread_ ? "with" : "without");
+  core::log().debug("tcp: engine up ({} progress thread, spin {} us)",
+                    with_thread_ ? "with" : "without", spin_ns_ / 1000);
 }
 
 Engine::~Engine() {
@@ -64,7 +87,7 @@ void Engine::add_qp(TcpQp* qp) {
   qps_.push_back(qp);
   if (qp->socket_fd() >= 0) {
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.events = TcpQp::kEpollEvents;
     ev.data.u64 = qp->qp_num();
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, qp->socket_fd(), &ev) == 0) {
       qp->ep_armed = true;
@@ -103,10 +126,13 @@ void Engine::deregister(MrEntry* e) noexcept {
 void Engine::run() noexcept {
   epoll_event events[64];
   int timeout_ms = 5;
+  int64_t spin_until = 0;  // poll without sleeping until then
+  int64_t now = now_ns();
   while (!stop_.load(std::memory_order_relaxed)) {
-    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, timeout_ms);
+    const int n =
+        ::epoll_wait(epoll_fd_.get(), events, 64, now < spin_until ? 0 : timeout_ms);
     std::lock_guard lock(mu_);
-    const int64_t now = now_ns();
+    now = now_ns();
     bool busy = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == 0) {
@@ -117,8 +143,8 @@ void Engine::run() noexcept {
       // Look the QP up by number: an event may outlive its QP.
       for (TcpQp* qp : qps_) {
         if (qp->qp_num() == events[i].data.u64) {
-          qp->ep_armed = false;
-          qp->ep_event = true;
+          qp->ep_event = true;  // the registration stays (edge-triggered)
+          spin_until = now + spin_ns_;
           break;
         }
       }

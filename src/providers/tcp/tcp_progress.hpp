@@ -60,6 +60,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   core::Fd epoll_fd_;
   core::Fd wake_fd_;
   bool with_thread_;
+  // After serving a socket event the thread polls epoll without sleeping
+  // for this long (RDMAKIT_TCP_PROGRESS_SPIN_US, default 20, 0 = never), as
+  // a CQ's waiter spins before it sleeps: back-to-back one-sided requests
+  // then cost no sleep and wake-up each.
+  int64_t spin_ns_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -3,6 +3,7 @@
 // (requests served against the region table) over one non-blocking TCP
 // socket. tcp_qp.cpp posts and transmits; tcp_qp_receive.cpp receives
 // frames and executes the peer's requests.
+#include <sys/epoll.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -54,9 +55,19 @@ class TcpQp final : public QueuePair {
   // transfer of ours that still pins it is cut (the QP goes to error).
   void cut_if_pinning(const MrEntry* entry, int64_t held_ns) noexcept;
   bool wants_service() const noexcept { return skipped_.load(std::memory_order_seq_cst); }
+  // The socket's epoll registration while the progress thread serves it:
+  // edge-triggered and kept, so serving a request costs no epoll_ctl (a
+  // one-shot registration needed a re-arm syscall per served READ). Every
+  // exit of a receive pass that leaves bytes in the socket keeps the QP busy
+  // (RNR stall, full transmit ring, receive budget), so the thread's fast
+  // tick, not a new edge, brings it back. EPOLLOUT edges come only after
+  // the socket refused bytes (a blocked transmit).
+  static constexpr uint32_t kEpollEvents = EPOLLIN | EPOLLOUT | EPOLLET;
   // Epoll bookkeeping, touched only by the engine thread under its mutex.
+  // armed: registered with kEpollEvents. While an application thread drives
+  // the QP the registration is emptied (one epoll_ctl when the thread stands
+  // back, one when it takes over), so edges do not wake the thread per op.
   bool ep_armed = false;
-  bool ep_out = false;
   bool ep_event = false;
 
  protected:

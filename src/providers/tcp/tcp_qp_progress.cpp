@@ -61,7 +61,17 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
   // skipped, then re-read armed; arm() sets armed, then reads skipped.
   if (send_cq_->driving(now) || recv_cq_->driving(now)) {
     skipped_.store(true, std::memory_order_seq_cst);
-    if (send_cq_->driving(now) || recv_cq_->driving(now)) return true;
+    if (send_cq_->driving(now) || recv_cq_->driving(now)) {
+      if (ep_armed) {
+        // Quiet the registration until we serve the QP again (the fast
+        // tick or arm()'s kick brings us back), or every segment the poller
+        // consumes would wake this thread for nothing.
+        epoll_event ev{};
+        ev.data.u64 = qp_num();
+        if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_.get(), &ev) == 0) ep_armed = false;
+      }
+      return true;
+    }
   }
   if (!mu_.try_lock()) return true;
   ep_event = false;
@@ -73,14 +83,13 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
   const bool more = rx_more_ && !dead_;
   const bool dead = dead_;
   mu_.unlock();
-  if (!dead && (!ep_armed || out != ep_out)) {
+  if (!dead && !ep_armed) {
+    // Re-registering reports bytes already queued at once (epoll polls the
+    // socket on MOD), so nothing that came while we stood back is missed.
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT | (out ? EPOLLOUT : 0u);
+    ev.events = kEpollEvents;
     ev.data.u64 = qp_num();
-    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_.get(), &ev) == 0) {
-      ep_armed = true;
-      ep_out = out;
-    }
+    if (::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd_.get(), &ev) == 0) ep_armed = true;
   }
   return out || stalled || more;
 }
