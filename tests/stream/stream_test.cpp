@@ -619,6 +619,8 @@ TEST_P(StreamTest, ConnectToNothingIsRefused) {
 
 // A peer that speaks the core directly and lies in its ring records: its
 // stream fails with EPROTO; another stream on the same engine is unaffected.
+// Ring writes and records (SEND_WITH_IMM carrying the bytes) that lie.
+constexpr int kLies = 9;
 TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
   run(
       [](RoleEnv& env) {
@@ -626,8 +628,10 @@ TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
         auto listener = engine->listen(env.listen_address());
         env.publish_port(listener->port());
         auto good = listener->accept(scaled(10s));
-        for (int lie = 0; lie < 5; ++lie) {
-          auto bad = listener->accept(scaled(10s));
+        StreamOptions small;  // overfilled by a few hundred records
+        small.rx_ring = 4096;
+        for (int lie = 0; lie < kLies; ++lie) {
+          auto bad = listener->accept(scaled(10s), small);
           // Not reading: the ring-overflow lie needs the ring to stay full.
           const auto until = std::chrono::steady_clock::now() + scaled(10s);
           while (!(bad->poll_events() & POLLERR) &&
@@ -653,7 +657,7 @@ TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
         std::vector<std::byte> hello(48);
         const uint32_t magic = 0x314b5352;
         std::memcpy(hello.data(), &magic, 4);
-        hello[4] = std::byte{1};
+        hello[4] = std::byte{2};
         const uint16_t credits = 16;
         std::memcpy(hello.data() + 6, &credits, 2);
         ring->remote().serialize(std::span<std::byte, 32>(hello.data() + 16, 32));
@@ -662,37 +666,51 @@ TEST_P(StreamTest, LyingPeerFailsOnlyItsOwnStream) {
           uint32_t imm;
           uint32_t len;
           int times;
+          Opcode op = Opcode::kWriteWithImm;
         };
-        const Lie lies[5] = {
+        constexpr Opcode R = Opcode::kSendWithImm;  // a record
+        const Lie lies[kLies] = {
             {D | 100, 10, 1},              // says 100 bytes, wrote 10
-            {D | 4000, 4000, 9},           // 36000 bytes into a 32 KiB ring
+            {D | 4000, 4000, 2},           // 8000 bytes into a 4 KiB ring
             {C | 5000, 0, 1},              // credits for bytes never sent
             {3u << 30, 0, 1},              // op 3
             {X | (200u << 22) | 3, 0, 1},  // returns 200 receives of 16
+            {D | 20, 10, 1, R},            // record says 20 bytes, carries 10
+            {C | 0, 0, 1, R},              // a CREDIT as a record
+            {D | 40, 40, 1, R},            // larger than the receive buffers
+            {D | 20, 20, 210, R},          // 4200 bytes into a 4 KiB ring
         };
         for (const Lie& lie : lies) {
           auto cq = ctx->create_cq();
+          auto rcq = ctx->create_cq();
           QpOptions qo = test_qp_options();
-          qo.send_cq = qo.recv_cq = cq.get();
+          qo.send_cq = cq.get();
+          qo.recv_cq = rcq.get();
           auto qp = ctx->connect(env.server_address(), qo, hello);
+          // Receives for the stream's CREDITs (sent every 16 messages): a
+          // CREDIT the liar could not take would reset the connection first.
+          const std::vector<RecvWr> recvs(qo.max_recv_wr, RecvWr{});
+          ASSERT_TRUE(qp->post_recv(recvs).ok());
           auto peer = *RemoteRegion::deserialize(
               qp->peer_private_data().subspan(16, RemoteRegion::kSerializedSize));
           const SendWr wr{.wr_id = 1,
-                          .opcode = Opcode::kWriteWithImm,
+                          .opcode = lie.op,
                           .flags = kSignaled,
                           .length = lie.len,
                           .local_addr = src->data(),
                           .lkey = src->lkey(),
                           .imm = lie.imm,
-                          .remote_addr = peer.addr,
-                          .rkey = peer.rkey};
+                          .remote_addr = lie.op == R ? 0 : peer.addr,
+                          .rkey = lie.op == R ? 0 : peer.rkey};
           for (int i = 0; i < lie.times; ++i) {
             ASSERT_TRUE(post(*qp, wr));
             Completion c;
             ASSERT_TRUE(wait_one(*cq, &c));
           }
           // Out-of-range writes stop at the provider's own access checks.
-          std::this_thread::sleep_for(50ms);
+          // Closing at once could reset the connection (tcp) before the
+          // stream read every lie.
+          std::this_thread::sleep_for(scaled(100ms));
         }
         write_all(*good, "good", 4);
         char buf[2];
