@@ -158,6 +158,86 @@ TEST_P(StreamTest, RandomChunksBothDirectionsByteForByte) {
       });
 }
 
+// Sends `total` pattern bytes in writes of min..max bytes; with split, a
+// write is two iovecs (so a large write is two direct pieces or one).
+void send_sized(Stream& s, size_t total, uint64_t seed, size_t min, size_t max,
+                bool split) {
+  std::vector<uint8_t> data(total);
+  fill_pattern(data.data(), total, seed);
+  std::mt19937_64 rng(seed);
+  size_t off = 0;
+  while (off < total) {
+    const size_t chunk = std::min<size_t>(total - off, min + rng() % (max - min + 1));
+    const size_t a = split ? rng() % (chunk + 1) : chunk;
+    const iovec iov[2] = {{data.data() + off, a}, {data.data() + off + a, chunk - a}};
+    const ssize_t rc = s.writev(iov, 2);
+    ASSERT_GT(rc, 0) << "writev: " << std::strerror(static_cast<int>(-rc));
+    off += static_cast<size_t>(rc);
+  }
+}
+
+// Writes of up to wire::kRecordData (20) bytes ride in the message (a
+// record) and the receiver places them in its ring: many of them wrap a
+// 4 KiB ring, mixed with larger ring writes, both directions at once.
+TEST_P(StreamTest, SmallWritesAsRecordsWrapTheRing) {
+  StreamOptions so;
+  so.rx_ring = 4096;
+  so.recv_credits = 8;
+  constexpr size_t kBytes = 96 * 1024;
+  auto both = [](Stream& s, uint64_t out, uint64_t in) {
+    std::thread writer([&] {
+      send_sized(s, kBytes / 2, out, 1, 20, false);     // records only
+      send_sized(s, kBytes / 2, out + 100, 1, 90, true);  // records and ring writes
+    });
+    recv_pattern(s, kBytes / 2, in);
+    recv_pattern(s, kBytes / 2, in + 100);
+    writer.join();
+  };
+  run(
+      [so, both](RoleEnv& env) {
+        auto srv = serve(env, so);
+        both(*srv.s, 31, 32);
+      },
+      [so, both](RoleEnv& env) {
+        auto cli = dial(env, so);
+        both(*cli.s, 32, 31);
+      });
+}
+
+// Blocking writes of 256 KiB and more go out from the caller's memory on
+// tcp and verbs (registered for the write, the last quarter copied): with
+// the default 12 KiB send buffer (the tail then goes through the buffer
+// piece by piece), with a send buffer that takes the whole tail, and with a
+// 4 KiB ring (many WRITEs per write, each waiting for credits).
+TEST_P(StreamTest, LargeWritesFromCallerMemory) {
+  StreamOptions big_tx;
+  big_tx.tx_buffer = 2u << 20;
+  big_tx.rx_ring = 1u << 20;
+  StreamOptions small_ring;
+  small_ring.rx_ring = 4096;
+  const StreamOptions cases[3] = {StreamOptions{}, big_tx, small_ring};
+  constexpr size_t kBytes = 6u << 20;
+  for (int i = 0; i < 3; ++i) {
+    const StreamOptions so = cases[i];
+    SCOPED_TRACE(i);
+    run(
+        [so, i](RoleEnv& env) {
+          auto srv = serve(env, so);
+          std::thread writer(
+              [&] { send_sized(*srv.s, kBytes, 70 + i, 256u << 10, 1536u << 10, i == 0); });
+          recv_pattern(*srv.s, kBytes, 80 + i);
+          writer.join();
+        },
+        [so, i](RoleEnv& env) {
+          auto cli = dial(env, so);
+          std::thread writer(
+              [&] { send_sized(*cli.s, kBytes, 80 + i, 256u << 10, 1536u << 10, i == 0); });
+          recv_pattern(*cli.s, kBytes, 70 + i);
+          writer.join();
+        });
+  }
+}
+
 TEST_P(StreamTest, SmallRingsManyWraps) {
   StreamOptions so;
   so.rx_ring = 4096;
