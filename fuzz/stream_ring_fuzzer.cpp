@@ -76,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           check(b <= rdmakit::stream::wire::kRecordData);
           std::vector<std::byte> buf(rdmakit::stream::wire::kRecordStride);
           rdmakit::stream::wire::place_record(reinterpret_cast<std::byte*>(ring.data()),
-                                              f.rx_size, before.rx_written, buf.data(), b);
+                                              f.rx_size, before.rx_written, buf.data(),
+                                              b);
         }
         break;
       }

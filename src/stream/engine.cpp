@@ -12,7 +12,7 @@
 namespace rdmakit::stream::detail {
 
 namespace {
-constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
+constexpr uint32_t kCreditReserve = 2;  // credits kept for FIN/RST
 // Receives re-posted together: at most 1/8 of the credits wait (so the
 // peer keeps its reserves), at most kMaxRepostBatch per post.
 constexpr uint32_t kMaxRepostBatch = 16;
@@ -304,7 +304,8 @@ bool EngineImpl::flush_reposts(StreamCore& s) noexcept {
   std::array<RecvWr, kMaxRepostBatch> again;
   const uint32_t n = std::min(s.repost_pending, kMaxRepostBatch);
   for (uint32_t i = 0; i < n; ++i)
-    again[i] = s.record_recv(static_cast<uint32_t>((s.recv_posted + i) % s.opt.recv_credits));
+    again[i] =
+        s.record_recv(static_cast<uint32_t>((s.recv_posted + i) % s.opt.recv_credits));
   const PostResult r = s.qp->post_recv(std::span<const RecvWr>(again.data(), n));
   if (!r.ok() || r.posted != n) {
     fail(s, ECONNRESET, Status::kGeneralError);

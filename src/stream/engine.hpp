@@ -31,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 // kWrSendDirect: a DATA WRITE from the caller's own (registered on demand)
 // memory; its bytes count in direct_done instead of freeing send buffer.
 enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2, kWrSendDirect = 3 };
-constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
+constexpr uint32_t kSignalEvery = 16;     // inline data sends per signaled one
 constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
 constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
 // Blocking writes of at least this many contiguous bytes go out from the

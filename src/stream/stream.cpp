@@ -143,7 +143,8 @@ ssize_t write_direct(EngineImpl& e, StreamCore& s, std::unique_lock<std::mutex>&
     const auto n = static_cast<uint32_t>(std::min<uint64_t>(
         {head - off, s.flow.peer_room(), s.flow.peer_ring - poff, detail::kMaxChunk}));
     SendWr wr;
-    wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSendDirect, n, s.unsignaled + 1);
+    wr.wr_id =
+        detail::make_wr_id(s.slot, s.gen, detail::kWrSendDirect, n, s.unsignaled + 1);
     wr.opcode = Opcode::kWriteWithImm;
     wr.flags = kSignaled;
     wr.length = n;

@@ -128,7 +128,8 @@ struct Flow {
     if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits)
       return Result::kViolation;
     // Only DATA rides in a record, and at most what a receive buffer holds.
-    if (record && (op_bits(imm) != static_cast<uint32_t>(Op::kData) || value > kRecordData))
+    if (record &&
+        (op_bits(imm) != static_cast<uint32_t>(Op::kData) || value > kRecordData))
       return Result::kViolation;
     switch (op_bits(imm)) {
       case static_cast<uint32_t>(Op::kData):

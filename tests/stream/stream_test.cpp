@@ -186,7 +186,7 @@ TEST_P(StreamTest, SmallWritesAsRecordsWrapTheRing) {
   constexpr size_t kBytes = 96 * 1024;
   auto both = [](Stream& s, uint64_t out, uint64_t in) {
     std::thread writer([&] {
-      send_sized(s, kBytes / 2, out, 1, 20, false);     // records only
+      send_sized(s, kBytes / 2, out, 1, 20, false);       // records only
       send_sized(s, kBytes / 2, out + 100, 1, 90, true);  // records and ring writes
     });
     recv_pattern(s, kBytes / 2, in);
@@ -223,15 +223,17 @@ TEST_P(StreamTest, LargeWritesFromCallerMemory) {
     run(
         [so, i](RoleEnv& env) {
           auto srv = serve(env, so);
-          std::thread writer(
-              [&] { send_sized(*srv.s, kBytes, 70 + i, 256u << 10, 1536u << 10, i == 0); });
+          std::thread writer([&] {
+            send_sized(*srv.s, kBytes, 70 + i, 256u << 10, 1536u << 10, i == 0);
+          });
           recv_pattern(*srv.s, kBytes, 80 + i);
           writer.join();
         },
         [so, i](RoleEnv& env) {
           auto cli = dial(env, so);
-          std::thread writer(
-              [&] { send_sized(*cli.s, kBytes, 80 + i, 256u << 10, 1536u << 10, i == 0); });
+          std::thread writer([&] {
+            send_sized(*cli.s, kBytes, 80 + i, 256u << 10, 1536u << 10, i == 0);
+          });
           recv_pattern(*cli.s, kBytes, 70 + i);
           writer.join();
         });
