@@ -35,8 +35,8 @@ constexpr uint32_t kSignalEvery = 16;     // inline data sends per signaled one
 constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
 constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
 // Blocking writes of at least this many contiguous bytes go out from the
-// caller's memory, registered for the write (tcp, verbs), instead of being
-// copied into the send buffer.
+// caller's memory, registered for the write (tcp only, see docs/streams.md), instead of
+// being copied into the send buffer.
 constexpr size_t kDirectMin = 256u << 10;
 // ... except their last bytes (at most this many, at most a quarter), which
 // are copied, so the pipe stays busy while the write waits for the rest.

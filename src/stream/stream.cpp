@@ -499,7 +499,7 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
     }
     if (done == total) break;
     if (!dontwait && s.tx_posted == s.tx_staged && total - done >= detail::kDirectMin &&
-        e.ctx->provider() != ProviderKind::kShm) {
+        e.ctx->provider() == ProviderKind::kTcp) {
       auto [src, len] = cur.piece(total - done);
       if (len >= detail::kDirectMin) {
         const size_t tail = std::min(len / 4, detail::kDirectTail);
