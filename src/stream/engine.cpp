@@ -12,7 +12,9 @@
 namespace rdmakit::stream::detail {
 
 namespace {
-constexpr uint32_t kCreditReserve = 2;  // credits kept for FIN/RST
+constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
+constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
+constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
 // Receives re-posted together: at most 1/8 of the credits wait (so the
 // peer keeps its reserves), at most kMaxRepostBatch per post.
 constexpr uint32_t kMaxRepostBatch = 16;
@@ -237,12 +239,10 @@ void EngineImpl::dispatch(const Completion& c) noexcept {
   if (slots[slot]->closed) keep = slots[slot];
   StreamCore& s = *slots[slot];
   const uint64_t kind = (c.wr_id >> 28) & 0xF;
-  if (kind == kWrSend || kind == kWrSendDirect) {
+  if (kind == kWrSend) {
     s.sends_outstanding -= std::min(s.sends_outstanding, wr_count(c.wr_id));
     if (!c.ok()) {
       fail(s, ECONNRESET, c.status);
-    } else if (kind == kWrSendDirect) {
-      s.direct_done += wr_bytes(c.wr_id);
     } else {
       s.tx_freed += wr_bytes(c.wr_id);
     }

@@ -28,19 +28,8 @@ using Clock = std::chrono::steady_clock;
 // stream that was already destroyed is dropped, never applied to its
 // successor. A send completion retires `count` sends (itself and the
 // unsignaled inline sends before it) and frees `bytes` of the send buffer.
-// kWrSendDirect: a DATA WRITE from the caller's own (registered on demand)
-// memory; its bytes count in direct_done instead of freeing send buffer.
-enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2, kWrSendDirect = 3 };
-constexpr uint32_t kSignalEvery = 16;     // inline data sends per signaled one
-constexpr uint32_t kMaxChunk = 1u << 20;  // one WRITE; < 2^22 (imm) and < 2^21 (wr_id)
-constexpr uint32_t kDataReserve = 3;      // credits kept for CREDIT, FIN, RST
-// Blocking writes of at least this many contiguous bytes go out from the
-// caller's memory, registered for the write (tcp only, see docs/streams.md), instead of
-// being copied into the send buffer.
-constexpr size_t kDirectMin = 256u << 10;
-// ... except their last bytes (at most this many, at most a quarter), which
-// are copied, so the pipe stays busy while the write waits for the rest.
-constexpr size_t kDirectTail = 256u << 10;
+enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2 };
+constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
 // A busy-polling wait yields its core only after spinning this long.
 constexpr std::chrono::microseconds kSpinBeforeYield{5};
 // How long a busy-polling write waits for ring room before it buffers.
@@ -84,8 +73,6 @@ class StreamCore {
   uint64_t tx_staged = 0;
   uint64_t tx_posted = 0;
   uint64_t tx_freed = 0;
-  uint64_t direct_posted = 0;      // bytes of direct WRITEs posted
-  uint64_t direct_done = 0;        // ... and completed (in order)
   uint32_t sends_outstanding = 0;  // posted, not yet retired by a completion
   uint32_t unsignaled = 0;         // inline sends since the last signaled one
   uint32_t send_depth = 0;

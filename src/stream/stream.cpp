@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -99,109 +97,6 @@ void iov_to_ring(std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur, s
     pos += len;
     n -= len;
   }
-}
-
-// One large blocking write from the caller's memory: registered for the
-// write, sent in WRITEs straight into the peer's ring as credits allow, and
-// kept until the last of them completed (the caller may reuse the buffer
-// when write returns). Saves the copy into the send buffer, which on tcp
-// costs the writer as much CPU as handing the bytes to the kernel. Returns
-// the bytes sent, 0 when the memory could not be registered (the caller
-// copies instead), or -1 when nothing was sent (error or write timeout).
-ssize_t write_direct(EngineImpl& e, StreamCore& s, std::unique_lock<std::mutex>& lock,
-                     std::byte* src, size_t len, size_t tail,
-                     Clock::time_point deadline) noexcept {
-  std::unique_ptr<MemoryRegion> mr;
-  lock.unlock();
-  try {
-    mr = e.ctx->register_memory(src, len, kAccessLocalWrite);
-  } catch (const Error& err) {
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-      std::fprintf(stderr,
-                   "rdmakit stream: registering a %zu-byte write failed (%s); large "
-                   "writes are copied into the send buffer instead (said once)\n",
-                   len, err.what());
-  } catch (const std::exception&) {
-  }
-  lock.lock();
-  if (!mr) return 0;
-  const uint64_t start = s.direct_posted;
-  size_t off = 0;
-  const auto can_post = [&s] {
-    return s.err != 0 || (s.tx_posted == s.tx_staged && s.flow.peer_room() > 0 &&
-                          s.flow.msg_credits >= detail::kDataReserve &&
-                          s.sends_outstanding < s.send_depth);
-  };
-  const size_t head = len - tail;
-  while (off < head && s.err == 0) {
-    if (!can_post()) {
-      if (!e.wait(lock, s, deadline, can_post)) break;  // write timeout
-      continue;
-    }
-    const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
-    const auto n = static_cast<uint32_t>(std::min<uint64_t>(
-        {head - off, s.flow.peer_room(), s.flow.peer_ring - poff, detail::kMaxChunk}));
-    SendWr wr;
-    wr.wr_id =
-        detail::make_wr_id(s.slot, s.gen, detail::kWrSendDirect, n, s.unsignaled + 1);
-    wr.opcode = Opcode::kWriteWithImm;
-    wr.flags = kSignaled;
-    wr.length = n;
-    wr.local_addr = src + off;
-    wr.lkey = mr->lkey();
-    wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported, n);
-    wr.remote_addr = s.peer_ring.addr + poff;
-    wr.rkey = s.peer_ring.rkey;
-    const PostResult r = s.qp->post_send(wr);
-    if (!r.ok()) {
-      if (r.status == PostStatus::kQueueFull) {
-        if (!e.wait(lock, s, deadline, [&s] {
-              return s.err != 0 || s.sends_outstanding + 1 < s.send_depth;
-            }))
-          break;
-        continue;
-      }
-      e.fail(s, ECONNRESET, Status::kGeneralError);
-      break;
-    }
-    s.flow.take_unreported();
-    s.unsignaled = 0;
-    s.flow.tx_sent += n;
-    s.direct_posted += n;
-    --s.flow.msg_credits;
-    ++s.sends_outstanding;
-    ++s.tx_msgs;
-    off += n;
-  }
-  // The tail goes through the send buffer before we wait, so the pipe is not
-  // empty while the head's last completion comes back and the caller
-  // prepares its next write.
-  size_t staged = 0;
-  if (off == len - tail && tail > 0 && s.err == 0 && s.tx_free() >= tail) {
-    const iovec v{src + off, tail};
-    IovCursor at(&v, 1, 0);
-    iov_to_ring(s.tx->data(), s.opt.tx_buffer, s.tx_staged, at, tail);
-    s.tx_staged += tail;
-    staged = tail;
-    e.pump(s);
-  }
-  // The memory stays registered until the provider is done with it: every
-  // WRITE posted from it completed (sends complete in order), or the stream
-  // failed (its QP is in error or about to be torn down: deregistering
-  // fences off whatever was not sent).
-  const uint64_t end = s.direct_posted;
-  (void)e.wait(lock, s, Clock::time_point::max(),
-               [&s, end] { return s.err != 0 || s.direct_done >= end; });
-  const uint64_t sent = std::min(s.direct_done, end) - std::min(s.direct_done, start);
-  lock.unlock();
-  mr.reset();
-  lock.lock();
-  // The staged tail is accepted like any buffered write once the head is
-  // delivered; if the stream failed meanwhile, only what was delivered counts.
-  if (sent == head) return static_cast<ssize_t>(sent + staged);
-  if (sent > 0) return static_cast<ssize_t>(sent);
-  return -1;
 }
 
 Clock::time_point deadline_after(std::chrono::milliseconds t) {
@@ -498,20 +393,6 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       done += len;
     }
     if (done == total) break;
-    if (!dontwait && s.tx_posted == s.tx_staged && total - done >= detail::kDirectMin &&
-        e.ctx->provider() == ProviderKind::kTcp) {
-      auto [src, len] = cur.piece(total - done);
-      if (len >= detail::kDirectMin) {
-        const size_t tail = std::min(len / 4, detail::kDirectTail);
-        const ssize_t n = write_direct(e, s, lock, src, len, tail, deadline);
-        if (n > 0) {
-          done += static_cast<size_t>(n);
-          continue;
-        }
-        if (n < 0) break;  // the stream failed or timed out: s.err / -EAGAIN
-        // n == 0: not registered, copy as usual
-      }
-    }
     // A busy-polling writer with nothing queued whose rest would go out
     // inline, short of ring room or credits: wait (briefly) for the peer's
     // credits rather than copy into the send buffer, which makes a third copy

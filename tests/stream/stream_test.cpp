@@ -204,12 +204,11 @@ TEST_P(StreamTest, SmallWritesAsRecordsWrapTheRing) {
       });
 }
 
-// Blocking writes of 256 KiB and more go out from the caller's memory on
-// tcp (registered for the write, the last quarter copied): with
-// the default 12 KiB send buffer (the tail then goes through the buffer
-// piece by piece), with a send buffer that takes the whole tail, and with a
-// 4 KiB ring (many WRITEs per write, each waiting for credits).
-TEST_P(StreamTest, LargeWritesFromCallerMemory) {
+// Writes of 256 KiB .. 1.5 MiB (larger than the send buffer, the ring, or
+// both): with the default 12 KiB send buffer, a send buffer that takes a
+// whole write, and a 4 KiB ring (many WRITEs per write, each waiting for
+// credits).
+TEST_P(StreamTest, LargeWritesByteForByte) {
   StreamOptions big_tx;
   big_tx.tx_buffer = 2u << 20;
   big_tx.rx_ring = 1u << 20;
