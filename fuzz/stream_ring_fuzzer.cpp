@@ -1,6 +1,8 @@
 // Fuzz target: the stream protocol's receive-side accounting (src/stream/
 // wire.hpp) fed arbitrary ring records, interleaved with the application's
-// reads and sends, plus the connection hello. Whatever a peer sends, every
+// reads and sends, plus the connection hello. Messages are ring writes or
+// records (DATA carried in a SEND, placed into the ring by the receiver).
+// Whatever a peer sends, every
 // accepted record keeps the ring invariants, and the bytes the reader copies
 // out lie inside the ring (ASan checks the copies).
 #include <cstddef>
@@ -56,15 +58,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint32_t a = 0;
     uint32_t b = 0;
     switch (action % 4) {
-      case 0: {  // a record from the peer
+      case 0: {  // a message from the peer: a ring write, or (high bit) a record
         if (!in.take(&a, 4) || !in.take(&b, 4)) return 0;
+        const bool record = (action & 0x80) != 0;
         const Flow before = f;
-        if (f.on_message(a, b) != Flow::Result::kOk) {
+        if (f.on_message(a, b, record) != Flow::Result::kOk) {
           // Rejected: nothing changed (the stream fails as a whole).
           check(f.rx_written == before.rx_written &&
                 f.peer_consumed == before.peer_consumed &&
                 f.msg_credits == before.msg_credits);
           return 0;
+        }
+        if (record) {
+          // Accepted: its bytes are in a receive buffer of kRecordStride
+          // bytes and go into the ring as the engine places them (ASan
+          // checks both sides of the copy: buffers sized exactly).
+          check(b <= rdmakit::stream::wire::kRecordData);
+          std::vector<std::byte> buf(rdmakit::stream::wire::kRecordStride);
+          rdmakit::stream::wire::place_record(reinterpret_cast<std::byte*>(ring.data()),
+                                              f.rx_size, before.rx_written, buf.data(),
+                                              b);
         }
         break;
       }

@@ -34,6 +34,7 @@ size_t StreamCore::memory_bytes() const noexcept {
   // Buffers plus the queue slots the provider keeps per QP (send: request +
   // inline copy; receive: one entry each), as configured.
   return static_cast<size_t>(opt.rx_ring) + opt.tx_buffer +
+         static_cast<size_t>(opt.recv_credits) * wire::kRecordStride +
          static_cast<size_t>(send_depth) * (sizeof(SendWr) + opt.max_inline) +
          static_cast<size_t>(opt.recv_credits) * sizeof(RecvWr) + sizeof(StreamCore);
 }
@@ -143,6 +144,11 @@ std::shared_ptr<StreamCore> EngineImpl::make_core(const StreamOptions& o) {
   auto core = std::make_shared<StreamCore>(*this, o);
   core->rx = ctx->allocate(o.rx_ring, kAccessLocalWrite | kAccessRemoteWrite);
   core->tx = ctx->allocate(o.tx_buffer, kAccessLocalWrite);
+  // Plain heap memory: only this side writes it (a provider copies a
+  // record's bytes in at its completion), so it needs no shared mapping.
+  const size_t rec_bytes = static_cast<size_t>(o.recv_credits) * wire::kRecordStride;
+  core->rec_buf = std::make_unique<std::byte[]>(rec_bytes);
+  core->rec_mr = ctx->register_memory(core->rec_buf.get(), rec_bytes, kAccessLocalWrite);
   core->flow.rx_size = o.rx_ring;
   core->send_depth = 2 * o.recv_credits + 8;
   return core;
@@ -171,8 +177,9 @@ void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
   s.last_rx = s.last_tx = Clock::now();
   s.send_depth = s.qp->options().max_send_wr;
   s.repost_batch = std::clamp<uint32_t>(s.opt.recv_credits / 8, 1, kMaxRepostBatch);
-  std::vector<RecvWr> recvs(s.opt.recv_credits,
-                            RecvWr{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0});
+  std::vector<RecvWr> recvs(s.opt.recv_credits);
+  for (uint32_t i = 0; i < s.opt.recv_credits; ++i) recvs[i] = s.record_recv(i);
+  s.recv_posted = s.opt.recv_credits;
   const PostResult r = s.qp->post_recv(recvs);
   slots[s.slot] = core;
   ++live;
@@ -243,7 +250,15 @@ void EngineImpl::dispatch(const Completion& c) noexcept {
       s.tx_freed += wr_bytes(c.wr_id);
     }
   } else if (kind == kWrRecv) {
-    if (!c.ok()) {
+    if (c.status == Status::kLocalLengthError && s.err == 0) {
+      // A SEND larger than the record buffers: no honest peer sends one.
+      std::fprintf(stderr,
+                   "rdmakit stream: protocol violation from %s (%s): a record larger "
+                   "than %u bytes (%s); stream reset\n",
+                   s.peer.c_str(), ctx->provider_name(), wire::kRecordData,
+                   status_name(c.status));
+      fail(s, EPROTO, c.status);
+    } else if (!c.ok()) {
       // After the peer's FIN its QP may go away: that is its close, not an error.
       if (!s.flow.fin_received) fail(s, ECONNRESET, c.status);
     } else {
@@ -261,17 +276,28 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   // peer that broke the protocol is not listened to any more.
   if (s.err == EPROTO) return;
   ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
-  if (++s.repost_pending >= s.repost_batch && !flush_reposts(s)) return;
-  if (!c.has_imm() || c.opcode != Opcode::kRecvWriteWithImm ||
-      s.flow.on_message(c.imm, c.byte_len) != wire::Flow::Result::kOk) {
+  const bool record = c.opcode == Opcode::kRecv;
+  const uint64_t at = s.flow.rx_written;
+  if (!c.has_imm() || (!record && c.opcode != Opcode::kRecvWriteWithImm) ||
+      s.flow.on_message(c.imm, c.byte_len, record) != wire::Flow::Result::kOk) {
     std::fprintf(
         stderr,
-        "rdmakit stream: protocol violation from %s (%s): imm 0x%08x byte_len %u; "
+        "rdmakit stream: protocol violation from %s (%s): %s imm 0x%08x byte_len %u; "
         "stream reset\n",
-        s.peer.c_str(), ctx->provider_name(), c.imm, c.byte_len);
+        s.peer.c_str(), ctx->provider_name(), record ? "record" : "ring write", c.imm,
+        c.byte_len);
     fail(s, EPROTO, Status::kSuccess);
     return;
   }
+  if (record) {
+    // The buffer index is our own (wr_id); on_message bounded the length.
+    const uint32_t idx = wr_bytes(c.wr_id) % s.opt.recv_credits;
+    wire::place_record(s.rx->data(), s.flow.rx_size, at,
+                       s.rec_buf.get() + static_cast<size_t>(idx) * wire::kRecordStride,
+                       c.byte_len);
+  }
+  // Re-posted only now: the buffer of this receive was read above.
+  if (++s.repost_pending >= s.repost_batch && !flush_reposts(s)) return;
   if (s.flow.rst_received) fail(s, ECONNRESET, Status::kSuccess);
   if (s.rd_shut) s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
 }
@@ -280,12 +306,15 @@ bool EngineImpl::flush_reposts(StreamCore& s) noexcept {
   if (s.repost_pending == 0 || !s.qp) return true;
   std::array<RecvWr, kMaxRepostBatch> again;
   const uint32_t n = std::min(s.repost_pending, kMaxRepostBatch);
-  again.fill(RecvWr{make_wr_id(s.slot, s.gen, kWrRecv, 0), nullptr, 0, 0});
+  for (uint32_t i = 0; i < n; ++i)
+    again[i] =
+        s.record_recv(static_cast<uint32_t>((s.recv_posted + i) % s.opt.recv_credits));
   const PostResult r = s.qp->post_recv(std::span<const RecvWr>(again.data(), n));
   if (!r.ok() || r.posted != n) {
     fail(s, ECONNRESET, Status::kGeneralError);
     return false;
   }
+  s.recv_posted += n;
   s.repost_pending -= n;
   s.flow.rx_unreported += n;
   return true;

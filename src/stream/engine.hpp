@@ -59,6 +59,12 @@ class StreamCore {
 
   std::unique_ptr<MemoryRegion> rx;  // our ring, remote-writable
   std::unique_ptr<MemoryRegion> tx;  // send buffer, local only
+  // Receive buffers for DATA records (wire::kRecordData bytes each, one per
+  // posted receive: receive n uses buffer n % recv_credits; receives
+  // complete in posted order). Destroyed after the QP.
+  std::unique_ptr<std::byte[]> rec_buf;
+  std::unique_ptr<MemoryRegion> rec_mr;
+  uint64_t recv_posted = 0;
   std::unique_ptr<QueuePair> qp;
   RemoteRegion peer_ring;
   wire::Flow flow;
@@ -113,6 +119,12 @@ class StreamCore {
   bool writable() const noexcept { return err != 0 || wr_shut || tx_free() > 0; }
   short events() const noexcept;
   size_t memory_bytes() const noexcept;
+  // The receive that uses record buffer idx.
+  RecvWr record_recv(uint32_t idx) const noexcept {
+    return RecvWr{make_wr_id(slot, gen, kWrRecv, idx),
+                  rec_buf.get() + static_cast<size_t>(idx) * wire::kRecordStride,
+                  wire::kRecordData, rec_mr->lkey()};
+  }
 };
 
 class EngineImpl : public std::enable_shared_from_this<EngineImpl> {

@@ -34,7 +34,7 @@ wire::Hello peer_hello(EngineImpl& e, const QueuePair& qp, const char* op) {
   if (!h || h->ring.provider != e.ctx->provider())
     throw Error(
         op, e.ctx->provider_name(), qp.peer(), EPROTO,
-        "peer's private data is not a stream hello (version 1, ring 4 KiB .. 2 MiB, "
+        "peer's private data is not a stream hello (version 2, ring 4 KiB .. 2 MiB, "
         "8 .. 255 credits)");
   return *h;
 }
@@ -359,8 +359,12 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
            s.flow.msg_credits >= 3 && s.sends_outstanding < s.send_depth) {
       const uint64_t room = s.flow.peer_room();
       const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
-      auto [src, len] =
-          cur.piece(std::min<uint64_t>({room, s.flow.peer_ring - poff, max_inline}));
+      // The last few bytes of a write ride in the message itself (a DATA
+      // record: the peer places them in its ring, wrapping as needed).
+      const bool record = total - done <= std::min(max_inline, wire::kRecordData);
+      auto [src, len] = cur.piece(
+          record ? std::min<uint64_t>(room, wire::kRecordData)
+                 : std::min<uint64_t>({room, s.flow.peer_ring - poff, max_inline}));
       if (len == 0) break;
       // Selective signaling: one completion per kSignalEvery inline sends.
       const bool signal = s.unsignaled + 1 >= detail::kSignalEvery ||
@@ -368,14 +372,16 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       SendWr wr;
       wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSend, 0,
                                     signal ? s.unsignaled + 1 : 0);
-      wr.opcode = Opcode::kWriteWithImm;
+      wr.opcode = record ? Opcode::kSendWithImm : Opcode::kWriteWithImm;
       wr.flags = signal ? (kSignaled | kInline) : kInline;
       wr.length = static_cast<uint32_t>(len);
       wr.local_addr = src;
       wr.imm =
           wire::encode(wire::Op::kData, s.flow.rx_unreported, static_cast<uint32_t>(len));
-      wr.remote_addr = s.peer_ring.addr + poff;
-      wr.rkey = s.peer_ring.rkey;
+      if (!record) {
+        wr.remote_addr = s.peer_ring.addr + poff;
+        wr.rkey = s.peer_ring.rkey;
+      }
       if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors
       s.unsignaled = signal ? 0 : s.unsignaled + 1;
       s.flow.take_unreported();

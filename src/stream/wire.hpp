@@ -9,6 +9,13 @@
 //   bits 21..0   value   DATA: bytes written (== the completion's byte_len)
 //                        CREDIT: ring bytes consumed since the last CREDIT
 //                        CTRL: 1 FIN, 2 RST, 3 KEEPALIVE
+//
+// A DATA of at most kRecordData bytes may come as a SEND_WITH_IMM instead
+// (a "record"): the bytes ride in the message itself and land in one of the
+// receiver's small posted receive buffers, from which the receiver copies
+// them into its ring at its own write position (place_record). On shm the
+// payload is then inside the one cache line of the receive slot, as for a
+// core SEND, instead of a second line in the ring.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +40,13 @@ constexpr uint32_t kMaxRing = 2u << 20;  // byte credits fit in value
 constexpr uint32_t kMinCredits = 8;
 constexpr uint32_t kMaxCredits = kMsgMask;  // fits in msgs
 static_assert(kMaxRing <= kValueMask, "a whole ring's credit fits one CREDIT");
+// Bytes a record carries: the shm provider's inline payload in a receive
+// slot (its kSlotInline), so a record is one cache line there; a larger SEND
+// would be written into the receive buffer, a second line again.
+constexpr uint32_t kRecordData = 20;
+// Stride of the receive buffers (one per posted receive).
+constexpr uint32_t kRecordStride = 32;
+static_assert(kRecordData <= kRecordStride);
 
 constexpr uint32_t encode(Op op, uint32_t msgs, uint32_t value) noexcept {
   return (static_cast<uint32_t>(op) << kOpShift) | ((msgs & kMsgMask) << kMsgShift) |
@@ -47,7 +61,9 @@ constexpr uint32_t value_of(uint32_t imm) noexcept { return imm & kValueMask; }
 // Connection private data, both directions (little-endian, 48 bytes).
 struct Hello {
   static constexpr uint32_t kMagic = 0x314b5352;  // "RSK1"
-  static constexpr uint8_t kVersion = 1;
+  // 2: DATA records (SEND_WITH_IMM of <= kRecordData bytes into posted
+  // receive buffers); a version-1 peer posts zero-length receives.
+  static constexpr uint8_t kVersion = 2;
   static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
   uint16_t recv_credits = 0;
   RemoteRegion ring;
@@ -102,12 +118,18 @@ struct Flow {
 
   enum class Result { kOk, kViolation };
 
-  // One received message. Returns kViolation for a record no honest peer
-  // sends: then nothing was changed and the stream must be failed.
-  Result on_message(uint32_t imm, uint32_t byte_len) noexcept {
+  // One received message (record: it came as a SEND carrying its bytes,
+  // not as a WRITE into the ring). Returns kViolation for a message no
+  // honest peer sends: then nothing was changed and the stream must be
+  // failed.
+  Result on_message(uint32_t imm, uint32_t byte_len, bool record = false) noexcept {
     const uint32_t msgs = msgs_of(imm);
     const uint32_t value = value_of(imm);
     if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits)
+      return Result::kViolation;
+    // Only DATA rides in a record, and at most what a receive buffer holds.
+    if (record &&
+        (op_bits(imm) != static_cast<uint32_t>(Op::kData) || value > kRecordData))
       return Result::kViolation;
     switch (op_bits(imm)) {
       case static_cast<uint32_t>(Op::kData):
@@ -146,5 +168,17 @@ struct Flow {
     return n;
   }
 };
+
+// Copies a record's bytes (already accepted by Flow::on_message, which
+// advanced rx_written by len from `at`) into the ring at the receiver's own
+// position, split at the ring's end. len <= kRecordData <= kMinRing.
+inline void place_record(std::byte* ring, uint32_t ring_size, uint64_t at,
+                         const std::byte* src, uint32_t len) noexcept {
+  const auto off = static_cast<uint32_t>(at % ring_size);
+  const uint32_t first = len < ring_size - off ? len : ring_size - off;
+  std::memcpy(ring + off, src, first);
+  if (first < len) std::memcpy(ring, src + first, len - first);
+}
+static_assert(kRecordData <= kMinRing);
 
 }  // namespace rdmakit::stream::wire
