@@ -107,7 +107,8 @@ class HandmadeAcceptor {
   using Tamper = std::function<void(PeerEnd& victim_end, LocalEnd& reply)>;
   HandmadeAcceptor(uint16_t port, Tamper tamper) : raw(port) {
     if (!raw.ok) return;
-    done_ = std::async(std::launch::async, [this, tamper = std::move(tamper)] {
+    done_ = std::async(std::launch::async, [this, tamper = std::move(tamper),
+                                            victim_done = victim_connected_.get_future()] {
       Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
       PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim", 5s);
       auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
@@ -115,13 +116,19 @@ class HandmadeAcceptor {
       LocalEnd reply = prepare_local_end(evil_ctx, options);
       tamper(victim_end, reply);
       send_handshake(conn.get(), evil_ctx, reply, options, {}, true);
-      std::this_thread::sleep_for(100ms);  // the victim maps what it got
+      // Hang up only once the victim has mapped what it got (its connect()
+      // returned): a fixed nap lost that race on a loaded machine.
+      (void)victim_done.wait_for(10s);
     });
   }
   ~HandmadeAcceptor() { finish(); }
   std::string address() const { return "127.0.0.1:" + std::to_string(raw.port); }
-  // Waits until the acceptor has replied and hung up.
+  // Lets the acceptor hang up; waits until it has.
   void finish() {
+    if (!released_) {
+      released_ = true;
+      victim_connected_.set_value();
+    }
     if (done_.valid()) done_.get();
   }
 
@@ -132,6 +139,8 @@ class HandmadeAcceptor {
  private:
   std::unique_ptr<Context> evil_ = open_shm();
   std::unique_ptr<CompletionQueue> evil_cq_ = evil_->create_cq();
+  std::promise<void> victim_connected_;
+  bool released_ = false;
   std::future<void> done_;
 };
 
