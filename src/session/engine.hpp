@@ -59,6 +59,8 @@ class Worker {
 
   // Called from the completion path (this worker's thread).
   void fail_endpoint(Endpoint& ep, DisconnectReason reason, std::string detail);
+  // The same for a failed completion; a flush waits for its cause (flushed_).
+  void fail_endpoint_after(const Completion& c, Endpoint& ep, std::string detail);
   void on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> payload);
   void request_close() noexcept {
     close_pending_.store(true);
@@ -75,6 +77,7 @@ class Worker {
  private:
   void adopt_pending();
   void dispatch(const Completion& c);
+  void dispatch_all(std::span<Completion> batch, int n);
   void tick(std::chrono::steady_clock::time_point now);
   void kill(Endpoint& ep, DisconnectInfo info);
   void reap(std::chrono::steady_clock::time_point now, bool all);
@@ -121,6 +124,15 @@ class Worker {
   // a nested pass (a handler's send waiting for a credit) uses its own.
   std::array<Completion, kBatch> batch_{};
   uint32_t depth_ = 0;
+  // Endpoints whose QP flushed a request: the flush is a consequence, and
+  // the completion that names the cause (a failed WRITE's
+  // REMOTE_ACCESS_ERROR) may come later in the batch or in the next poll.
+  // Killed with the flush as reason only if nothing better came.
+  struct FlushSeen {
+    Endpoint* endpoint;
+    std::string detail;
+  };
+  std::vector<FlushSeen> flushed_;
 
   bool retire_when_idle_ = false;
   bool served_ = false;  // an endpoint was adopted (worker thread only)

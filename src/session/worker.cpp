@@ -166,11 +166,11 @@ int Worker::pass(milliseconds timeout, bool clock_when_idle) {
       ~Leave() { --depth; }
     } leave{depth_};
     n = wait_and_poll(batch_, timeout);
-    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+    dispatch_all(batch_, n);
   } else {
     std::array<Completion, kBatch> nested;
     n = wait_and_poll(nested, timeout);
-    for (int i = 0; i < n; ++i) dispatch(nested[static_cast<size_t>(i)]);
+    dispatch_all(nested, n);
   }
   // The clock is read when idle and every 64 busy passes, not per message.
   if ((n == 0 && clock_when_idle) || ++polls_since_clock_ >= 64) {
@@ -229,6 +229,21 @@ int Worker::wait_and_poll(std::span<Completion> batch, milliseconds timeout) {
   return n;
 }
 
+void Worker::dispatch_all(std::span<Completion> batch, int n) {
+  for (int i = 0; i < n; ++i) dispatch(batch[static_cast<size_t>(i)]);
+  if (flushed_.empty()) return;
+  // One more look for the completion that names the cause of the flushes.
+  const int more = cq_->poll(batch);
+  for (int i = 0; i < more; ++i) dispatch(batch[static_cast<size_t>(i)]);
+  std::vector<FlushSeen> seen;
+  seen.swap(flushed_);
+  for (FlushSeen& f : seen) {
+    if (!f.endpoint->closed()) {
+      kill(*f.endpoint, {DisconnectReason::kTransportError, std::move(f.detail)});
+    }
+  }
+}
+
 void Worker::dispatch(const Completion& c) {
   const uint32_t slot = wr_slot(c.wr_id);
   if (slot >= capacity_) return;
@@ -256,14 +271,13 @@ void Worker::dispatch(const Completion& c) {
       if (c.ok()) {
         ch.on_recv(c);
       } else {
-        fail_endpoint(*ep, DisconnectReason::kTransportError, error_text("RECV"));
+        fail_endpoint_after(c, *ep, error_text("RECV"));
       }
       return;
     case WrKind::kOpQuiet:
       // Selectively signaled: only a failure comes here.
       if (!c.ok() && !closed) {
-        fail_endpoint(*ep, DisconnectReason::kTransportError,
-                      error_text(opcode_name(c.opcode)));
+        fail_endpoint_after(c, *ep, error_text(opcode_name(c.opcode)));
       }
       return;
     case WrKind::kSendCopy:
@@ -271,8 +285,8 @@ void Worker::dispatch(const Completion& c) {
       [[fallthrough]];
     case WrKind::kInternal:
       if (!c.ok() && !closed) {
-        fail_endpoint(
-            *ep, DisconnectReason::kTransportError,
+        fail_endpoint_after(
+            c, *ep,
             error_text(kind == WrKind::kInternal ? "WRITE (credits/heartbeat)" : "SEND"));
       }
       return;
@@ -288,7 +302,7 @@ void Worker::dispatch(const Completion& c) {
       }
       if (p.done) p.done(r);
       if (!c.ok() && !closed) {
-        fail_endpoint(*ep, DisconnectReason::kTransportError, r.detail);
+        fail_endpoint_after(c, *ep, r.detail);
       }
       return;
     }
@@ -297,6 +311,17 @@ void Worker::dispatch(const Completion& c) {
 
 void Worker::fail_endpoint(Endpoint& ep, DisconnectReason reason, std::string detail) {
   kill(ep, {reason, std::move(detail)});
+}
+
+void Worker::fail_endpoint_after(const Completion& c, Endpoint& ep, std::string detail) {
+  if (c.status != Status::kWrFlushError) {
+    kill(ep, {DisconnectReason::kTransportError, std::move(detail)});
+    return;
+  }
+  for (const FlushSeen& f : flushed_) {
+    if (f.endpoint == &ep) return;
+  }
+  flushed_.push_back({&ep, std::move(detail)});
 }
 
 void Worker::on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> payload) {
@@ -496,7 +521,7 @@ void Worker::shutdown() {
   // wait for when every endpoint was closed (and its goodbye gone) already.
   while (lingering(Clock::now())) {
     const int n = cq_->poll(batch_);
-    for (int i = 0; i < n; ++i) dispatch(batch_[static_cast<size_t>(i)]);
+    dispatch_all(batch_, n);
     if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   reap(Clock::now(), true);
