@@ -86,6 +86,9 @@ class StreamCore {
   bool fin_sent = false;
   bool rd_shut = false;
   bool closed = false;  // the handle is gone; finalize when drained
+  // abort(): RST instead of FIN; rst_pending while no message credit is free.
+  bool aborted = false;
+  bool rst_pending = false;
   int err = 0;
   Status err_status = Status::kSuccess;
   // Liveness: message counts on the data path, turned into times by the
@@ -155,6 +158,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   short poll_readiness(StreamCore& s, bool about_to_sleep,
                        bool reads_next = false) noexcept;
   void close(StreamCore& s) noexcept;
+  // Abortive close: drops what is queued and unread, tells the peer RST.
+  void abort(StreamCore& s) noexcept;
+  void send_rst(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the
   // post lock is taken once per batch); only posted ones are reported.

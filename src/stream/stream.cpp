@@ -466,6 +466,16 @@ int Stream::close() noexcept {
   return 0;
 }
 
+int Stream::abort() noexcept {
+  if (!core_) return -EBADF;
+  {
+    std::lock_guard lock(engine_->mu);
+    engine_->abort(*core_);
+  }
+  core_.reset();
+  return 0;
+}
+
 void Stream::set_nonblocking(bool on) noexcept {
   if (!core_) return;
   std::lock_guard lock(engine_->mu);

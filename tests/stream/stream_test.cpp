@@ -341,6 +341,54 @@ TEST_P(StreamTest, CloseDeliversQueuedData) {
       });
 }
 
+TEST_P(StreamTest, AbortResetsThePeer) {
+  // The client queues far more than the server's ring holds and aborts: the
+  // server reads what had reached its ring (a prefix), then ECONNRESET, never
+  // end of stream; its writes fail with ECONNRESET too.
+  constexpr size_t kBytes = 1u << 20;
+  run(
+      [](RoleEnv& env) {
+        StreamOptions so;
+        so.rx_ring = 8192;
+        auto srv = serve(env, so);
+        write_all(*srv.s, "zz", 2);  // the client starts when it has these
+        std::this_thread::sleep_for(200ms);  // the client has aborted by now
+        std::vector<uint8_t> want(kBytes);
+        fill_pattern(want.data(), kBytes, 11);
+        std::vector<uint8_t> got(kBytes);
+        size_t n = 0;
+        ssize_t rc = 0;
+        while ((rc = srv.s->read(got.data() + n, kBytes - n)) > 0) n += static_cast<size_t>(rc);
+        EXPECT_EQ(rc, -ECONNRESET);
+        EXPECT_LE(n, 8192u);  // what reached the ring before the reset, no more
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n), 0);
+        EXPECT_EQ(srv.s->read(got.data(), 1), -ECONNRESET);
+        EXPECT_EQ(srv.s->write("y", 1), -ECONNRESET);
+        EXPECT_TRUE(srv.s->poll_events() & POLLERR);
+        EXPECT_EQ(srv.s->error(), ECONNRESET);
+        EXPECT_EQ(srv.s->error_status(), Status::kSuccess);  // the peer's RST
+      },
+      [](RoleEnv& env) {
+        StreamOptions so;
+        so.tx_buffer = kBytes;
+        auto cli = dial(env, so);
+        char zz[2];
+        ASSERT_EQ(cli.s->read(zz, 2, Stream::kWaitAll), 2);
+        cli.s->set_nonblocking(true);
+        std::vector<uint8_t> data(kBytes);
+        fill_pattern(data.data(), kBytes, 11);
+        EXPECT_EQ(cli.s->write(data.data(), kBytes), static_cast<ssize_t>(kBytes));
+        EXPECT_EQ(cli.s->abort(), 0);
+        EXPECT_EQ(cli.s->abort(), -EBADF);
+        EXPECT_EQ(cli.s->write("x", 1), -EBADF);
+        // The queued data is dropped: the stream goes as soon as its RST is out.
+        const auto until = std::chrono::steady_clock::now() + scaled(5s);
+        while (cli.engine->stream_count() > 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(cli.engine->stream_count(), 0u);
+      });
+}
+
 StreamOptions fast_liveness() {
   StreamOptions so;
   so.keepalive = 200ms;

@@ -176,6 +176,11 @@ class Stream {
   // Queued data is still delivered (up to StreamOptions::linger) after
   // close() returns; the stream object is then unusable. Never blocks.
   int close() noexcept;
+  // Abortive close (a socket's close with SO_LINGER {1, 0}): queued and
+  // unread bytes are dropped and the peer is reset (an RST control message):
+  // its reads return what it had already received, then -ECONNRESET; its
+  // writes -ECONNRESET. The stream object is then unusable. Never blocks.
+  int abort() noexcept;
 
   // Non-blocking mode: calls return -EAGAIN instead of waiting.
   void set_nonblocking(bool on) noexcept;
