@@ -26,7 +26,7 @@ short StreamCore::events() const noexcept {
   if (writable()) ev |= POLLOUT;
   if (flow.fin_received) ev |= POLLRDHUP;
   if (err != 0 || (flow.fin_received && fin_sent)) ev |= POLLHUP;
-  if (err != 0) ev |= POLLERR;
+  if (err != 0 && !err_hidden) ev |= POLLERR;
   return ev;
 }
 
@@ -424,6 +424,7 @@ void EngineImpl::update(StreamCore& s) noexcept {
                        !s.rd_shut;
     s.readiness_stale = defer;
     if (defer) readable = false;
+    s.show_ended();
     s.readiness.set(readable, s.writable());
   }
   if (s.waiters > 0) s.cv.notify_all();
