@@ -298,6 +298,10 @@ TEST_P(StreamTest, HalfCloseKeepsTheOtherDirection) {
         EXPECT_EQ(srv.s->read(&c, 1), 0);  // FIN after the data
         EXPECT_EQ(srv.s->read(&c, 1), 0);  // and it stays at end of stream
         EXPECT_TRUE(srv.s->poll_events() & POLLRDHUP);
+        // The readiness fd as a TCP socket after the peer's FIN.
+        pollfd p{srv.s->fd(), POLLIN | POLLOUT | POLLRDHUP, 0};
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP);
         send_pattern(*srv.s, 200000, 4);  // our direction still works
         EXPECT_EQ(srv.s->shutdown(SHUT_WR), 0);
       },
@@ -351,6 +355,8 @@ TEST_P(StreamTest, AbortResetsThePeer) {
         StreamOptions so;
         so.rx_ring = 8192;
         auto srv = serve(env, so);
+        const int fd = srv.s->fd();
+        ASSERT_GE(fd, 0);
         write_all(*srv.s, "zz", 2);  // the client starts when it has these
         std::this_thread::sleep_for(200ms);  // the client has aborted by now
         std::vector<uint8_t> want(kBytes);
@@ -367,6 +373,18 @@ TEST_P(StreamTest, AbortResetsThePeer) {
         EXPECT_TRUE(srv.s->poll_events() & POLLERR);
         EXPECT_EQ(srv.s->error(), ECONNRESET);
         EXPECT_EQ(srv.s->error_status(), Status::kSuccess);  // the peer's RST
+        // The readiness fd as a TCP socket after a reset: POLLERR until the
+        // error is reported (hide_error), the hang-up for good.
+        const short all = POLLIN | POLLOUT | POLLRDHUP;
+        pollfd p{fd, all, 0};
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR);
+        srv.s->hide_error();
+        EXPECT_FALSE(srv.s->poll_events() & POLLERR);
+        p.revents = 0;
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP | POLLHUP);
+        EXPECT_EQ(srv.s->read(got.data(), 1), -ECONNRESET);  // error() stays
       },
       [](RoleEnv& env) {
         StreamOptions so;
