@@ -197,8 +197,8 @@ static void case_reset(void) {
     CHECK(now_ms() < end, "probe: no error 10 s after the peer died");
   }
   CHECK(err == ECONNRESET, "probe error %d (%s)", err, strerror(err));
-  /* The readiness mirror carries no POLLERR to wait for: give the other
-   * streams the same moment to learn it. */
+  /* The other streams may learn of their peers' deaths later than the
+   * probe: give them the same moment. */
   if (preloaded()) sleep_ms(2000);
   for (int variant = 0; variant < 4; ++variant) {
     const int fd = fds[variant];
