@@ -119,9 +119,9 @@ Conn::~Conn() {
   if (stream) {
     linger lg{};
     socklen_t len = sizeof lg;
-    const bool linger0 = tcp_fd >= 0 &&
-                         real().getsockopt(tcp_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 &&
-                         lg.l_onoff != 0 && lg.l_linger == 0;
+    const bool linger0 =
+        tcp_fd >= 0 && real().getsockopt(tcp_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 &&
+        lg.l_onoff != 0 && lg.l_linger == 0;
     if (linger0 || stream->available() > 0) (void)stream->abort();
   }
   stream.reset();  // close(): delivers what is queued, then FIN

@@ -645,7 +645,6 @@ static void case_pwait(void) {
   close(fd);
 }
 
-
 /* ---- abort: the peer closes with bytes it never read, or with SO_LINGER
  * {1, 0} (the kernel: RST instead of FIN). Our reads give the bytes that
  * had arrived, then ECONNRESET once, then 0; writes EPIPE with SIGPIPE. */
@@ -761,8 +760,9 @@ static void case_hup(void) {
   struct epoll_event out;
   CHECK(epoll_wait(ep, &out, 1, 0) == 0, "ET epoll before the reset");
   write_all(rst_fd, "g", 1);
-  CHECK(epoll_wait(ep, &out, 1, WAIT_MS) == 1 && (out.events & (EPOLLERR | EPOLLHUP)) != 0,
-        "ET epoll: no EPOLLERR/EPOLLHUP after the reset");
+  CHECK(
+      epoll_wait(ep, &out, 1, WAIT_MS) == 1 && (out.events & (EPOLLERR | EPOLLHUP)) != 0,
+      "ET epoll: no EPOLLERR/EPOLLHUP after the reset");
   reap(rst_pid, 0);
   const short reset = POLLIN | POLLOUT | POLLRDHUP | POLLERR | POLLHUP;
   wait_events(rst_fd, reset);
@@ -778,9 +778,11 @@ static void case_hup(void) {
   char buf[4];
   EXPECT_ERR(read(rst_fd, buf, sizeof buf), ECONNRESET);
   r = poll_now(rst_fd, all);
-  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "reset, error taken: poll 0x%x", r);
+  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "reset, error taken: poll 0x%x",
+        r);
   e = epoll_now(rst_fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
-  CHECK(e == (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP), "reset, error taken: epoll 0x%x", e);
+  CHECK(e == (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP),
+        "reset, error taken: epoll 0x%x", e);
   CHECK(read(rst_fd, buf, sizeof buf) == 0, "read after the reported reset");
   close(ep);
   write_all(fin_fd, "g", 1);
@@ -791,7 +793,9 @@ static void case_hup(void) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s reset|peer-close|recv-addr|splice|nested-epoll|pwait|abort|hup\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s reset|peer-close|recv-addr|splice|nested-epoll|pwait|abort|hup\n",
+            argv[0]);
     return 2;
   }
   case_name = argv[1];

@@ -357,14 +357,15 @@ TEST_P(StreamTest, AbortResetsThePeer) {
         auto srv = serve(env, so);
         const int fd = srv.s->fd();
         ASSERT_GE(fd, 0);
-        write_all(*srv.s, "zz", 2);  // the client starts when it has these
+        write_all(*srv.s, "zz", 2);          // the client starts when it has these
         std::this_thread::sleep_for(200ms);  // the client has aborted by now
         std::vector<uint8_t> want(kBytes);
         fill_pattern(want.data(), kBytes, 11);
         std::vector<uint8_t> got(kBytes);
         size_t n = 0;
         ssize_t rc = 0;
-        while ((rc = srv.s->read(got.data() + n, kBytes - n)) > 0) n += static_cast<size_t>(rc);
+        while ((rc = srv.s->read(got.data() + n, kBytes - n)) > 0)
+          n += static_cast<size_t>(rc);
         EXPECT_EQ(rc, -ECONNRESET);
         EXPECT_LE(n, 8192u);  // what reached the ring before the reset, no more
         EXPECT_EQ(std::memcmp(got.data(), want.data(), n), 0);
