@@ -107,8 +107,12 @@ int take_stream_error(Conn& c) noexcept {
   // A stream that fails after the peer's end of stream is a peer that closed
   // and left, not a reset: nothing is pending (SO_ERROR 0, reads see the end
   // of stream); writes get EPIPE (conn_send), as in the kernel's CLOSE_WAIT.
-  if (err == ECONNRESET && (c.stream->poll_events() & POLLRDHUP) != 0) return 0;
+  if (err == ECONNRESET && (c.stream->poll_events() & POLLRDHUP) != 0) {
+    c.stream->hide_error();
+    return 0;
+  }
   if (c.error_reported.exchange(true, std::memory_order_acq_rel)) return 0;
+  c.stream->hide_error();  // reported: the fd stops showing POLLERR, as the kernel's
   return err;
 }
 

@@ -114,7 +114,17 @@ const Config& config() {
 
 Conn::~Conn() {
   if (owner != process_id()) return;  // a child's copy: never touch the parent's stream
-  stream.reset();                     // close(): delivers what is queued, then FIN
+  // The kernel resets (RST) when a socket is closed with unread bytes or
+  // with SO_LINGER {1, 0} (stored on the kernel socket by setsockopt).
+  if (stream) {
+    linger lg{};
+    socklen_t len = sizeof lg;
+    const bool linger0 =
+        tcp_fd >= 0 && real().getsockopt(tcp_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 &&
+        lg.l_onoff != 0 && lg.l_linger == 0;
+    if (linger0 || stream->available() > 0) (void)stream->abort();
+  }
+  stream.reset();  // close(): delivers what is queued, then FIN
   if (tcp_fd >= 0) real().close(tcp_fd);
 }
 

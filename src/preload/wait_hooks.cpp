@@ -42,9 +42,13 @@ int left(int timeout_ms, SpinClock::duration spent) {
   return ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(ms);
 }
 
-// The events a readiness socket shows for the stream's state: readable,
-// writable (the mirror carries nothing else, so neither does this).
-short mirrored(short ev) { return static_cast<short>(ev & (POLLIN | POLLOUT)); }
+// The events the readiness socket shows for the stream's state
+// (Stream::poll_events; a hang-up ends the read side too), as poll reports
+// them: what was asked, and POLLERR and POLLHUP always.
+short mirrored(short ev, short asked) {
+  if ((ev & POLLHUP) != 0) ev = static_cast<short>(ev | POLLRDHUP);
+  return static_cast<short>(ev & (asked | POLLERR | POLLHUP));
+}
 
 }  // namespace
 
@@ -74,8 +78,8 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
       for (nfds_t i = 0; i < n; ++i) {
         fds[i].revents = 0;
         if (fds[i].fd < 0) continue;
-        fds[i].revents = static_cast<short>(
-            mirrored(direct[i]->stream->poll_readiness(false)) & fds[i].events);
+        fds[i].revents =
+            mirrored(direct[i]->stream->poll_readiness(false), fds[i].events);
         if (fds[i].revents != 0) ++r;
       }
     } else {

@@ -26,7 +26,7 @@ short StreamCore::events() const noexcept {
   if (writable()) ev |= POLLOUT;
   if (flow.fin_received) ev |= POLLRDHUP;
   if (err != 0 || (flow.fin_received && fin_sent)) ev |= POLLHUP;
-  if (err != 0) ev |= POLLERR;
+  if (err != 0 && !err_hidden) ev |= POLLERR;
   return ev;
 }
 
@@ -339,6 +339,10 @@ bool EngineImpl::post_message(StreamCore& s, uint32_t imm) noexcept {
 }
 
 void EngineImpl::pump(StreamCore& s) noexcept {
+  if (s.rst_pending) {  // an abort waits for a message credit, nothing else goes
+    send_rst(s);
+    return;
+  }
   if (s.err != 0 || !s.qp) return;
   bool sent = false;
   while (s.tx_posted < s.tx_staged && s.flow.msg_credits >= kDataReserve &&
@@ -420,6 +424,7 @@ void EngineImpl::update(StreamCore& s) noexcept {
                        !s.rd_shut;
     s.readiness_stale = defer;
     if (defer) readable = false;
+    s.show_ended();
     s.readiness.set(readable, s.writable());
   }
   if (s.waiters > 0) s.cv.notify_all();
@@ -437,11 +442,40 @@ void EngineImpl::close(StreamCore& s) noexcept {
   maybe_finalize(s);
 }
 
+void EngineImpl::abort(StreamCore& s) noexcept {
+  s.closed = true;
+  s.aborted = true;
+  s.wr_shut = true;
+  s.rd_shut = true;
+  s.flow.rx_read = s.flow.rx_written;  // unread bytes dropped
+  s.tx_staged = s.tx_posted;           // unsent bytes dropped (posted ones are out)
+  s.linger_deadline = Clock::now() + s.opt.linger;
+  s.readiness.close();
+  send_rst(s);
+  if (s.waiters > 0) s.cv.notify_all();
+  maybe_finalize(s);
+}
+
+void EngineImpl::send_rst(StreamCore& s) noexcept {
+  s.rst_pending = false;
+  // A stream that already failed needs no RST: the peer reset it, is gone, or
+  // was told by fail().
+  if (s.err != 0 || !s.qp) return;
+  if (!post_message(s, wire::encode(wire::Op::kCtrl, 0, wire::kRst))) {
+    s.rst_pending = true;  // no credit or send slot: pump() retries
+    return;
+  }
+  s.err = ECONNRESET;
+  s.err_status = Status::kSuccess;
+}
+
 void EngineImpl::maybe_finalize(StreamCore& s) noexcept {
   if (!s.closed) return;
   const bool drained =
       s.fin_sent && s.tx_freed == s.tx_staged && s.sends_outstanding == 0;
   if (s.err == 0 && !drained) return;
+  // An abort's RST (and the data posted before it) must leave before the QP.
+  if (s.aborted && s.sends_outstanding > 0 && Clock::now() < s.linger_deadline) return;
   const uint32_t slot = s.slot;
   if (slots[slot].get() != &s) return;
   free_slots.push_back(slot);

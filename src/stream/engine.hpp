@@ -86,8 +86,12 @@ class StreamCore {
   bool fin_sent = false;
   bool rd_shut = false;
   bool closed = false;  // the handle is gone; finalize when drained
+  // abort(): RST instead of FIN; rst_pending while no message credit is free.
+  bool aborted = false;
+  bool rst_pending = false;
   int err = 0;
   Status err_status = Status::kSuccess;
+  bool err_hidden = false;  // Stream::hide_error(): no POLLERR any more
   // Liveness: message counts on the data path, turned into times by the
   // timers (resolution: one tick), so no message pays a clock read.
   uint64_t rx_msgs = 0;
@@ -118,6 +122,12 @@ class StreamCore {
   uint64_t tx_free() const noexcept { return opt.tx_buffer - (tx_staged - tx_freed); }
   bool writable() const noexcept { return err != 0 || wr_shut || tx_free() > 0; }
   short events() const noexcept;
+  // The readiness fd's end-of-stream, hang-up and error states (lock held,
+  // before readiness.set()).
+  void show_ended() noexcept {
+    if ((err != 0 || flow.fin_received) && !readiness.hung_up())
+      readiness.set_ended(true, err != 0 || fin_sent, err != 0 && !err_hidden);
+  }
   size_t memory_bytes() const noexcept;
   // The receive that uses record buffer idx.
   RecvWr record_recv(uint32_t idx) const noexcept {
@@ -155,6 +165,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   short poll_readiness(StreamCore& s, bool about_to_sleep,
                        bool reads_next = false) noexcept;
   void close(StreamCore& s) noexcept;
+  // Abortive close: drops what is queued and unread, tells the peer RST.
+  void abort(StreamCore& s) noexcept;
+  void send_rst(StreamCore& s) noexcept;
   bool post_message(StreamCore& s, uint32_t imm) noexcept;  // CREDIT/CTRL
   // Re-posts the consumed receives (one post for several messages: the
   // post lock is taken once per batch); only posted ones are reported.

@@ -23,6 +23,35 @@ void Readiness::close() noexcept {
   user_ = ours_ = -1;
 }
 
+void Readiness::set_ended(bool rdhup, bool hup, bool error) noexcept {
+  if (user_ < 0) return;
+  if (error && !error_) {
+    // The kernel sets ECONNRESET on the user end when its peer (our end)
+    // disconnects with the user end's datagrams unread (unix_dgram_disconnected).
+    const char byte = 0;
+    (void)::send(user_, &byte, 1, MSG_DONTWAIT);
+    sockaddr unspec{};
+    unspec.sa_family = AF_UNSPEC;
+    (void)::connect(ours_, &unspec, sizeof unspec);
+    error_ = true;
+    writable_ = true;  // the disconnect dropped the blocker, if one was queued
+  }
+  if (hup && !hup_) {
+    (void)::shutdown(user_, SHUT_RDWR);
+    hup_ = rdhup_ = readable_ = true;
+  } else if (rdhup && !rdhup_) {
+    (void)::shutdown(user_, SHUT_RD);
+    rdhup_ = readable_ = true;
+  }
+}
+
+void Readiness::clear_error() noexcept {
+  if (user_ < 0 || !error_) return;
+  int err = 0;
+  socklen_t len = sizeof err;
+  (void)::getsockopt(user_, SOL_SOCKET, SO_ERROR, &err, &len);
+}
+
 int Readiness::open() noexcept {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) != 0)
@@ -41,7 +70,9 @@ int Readiness::open() noexcept {
 
 void Readiness::set(bool readable, bool writable) noexcept {
   if (user_ < 0) return;
-  if (readable != readable_) {
+  // After the end of stream the user end is readable for good (its
+  // shutdown): no datagram to add or take.
+  if (readable != readable_ && !rdhup_) {
     if (readable) {
       const char byte = 1;
       (void)::send(ours_, &byte, 1, MSG_DONTWAIT);

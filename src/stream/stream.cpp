@@ -466,6 +466,16 @@ int Stream::close() noexcept {
   return 0;
 }
 
+int Stream::abort() noexcept {
+  if (!core_) return -EBADF;
+  {
+    std::lock_guard lock(engine_->mu);
+    engine_->abort(*core_);
+  }
+  core_.reset();
+  return 0;
+}
+
 void Stream::set_nonblocking(bool on) noexcept {
   if (!core_) return;
   std::lock_guard lock(engine_->mu);
@@ -493,6 +503,7 @@ int Stream::fd() noexcept {
   if (!s.readiness.is_open()) {
     const int rc = s.readiness.open();
     if (rc < 0) return rc;
+    s.show_ended();
     s.readiness.set(s.readable(), s.writable());
   }
   return s.readiness.fd();
@@ -521,6 +532,16 @@ int Stream::error() const noexcept {
   if (!core_) return EBADF;
   std::lock_guard lock(engine_->mu);
   return core_->err;
+}
+
+void Stream::hide_error() noexcept {
+  if (!core_) return;
+  std::lock_guard lock(engine_->mu);
+  StreamCore& s = *core_;
+  if (s.err == 0) return;
+  s.err_hidden = true;
+  s.readiness.clear_error();
+  s.published.store(s.events(), std::memory_order_release);
 }
 
 Status Stream::error_status() const noexcept {

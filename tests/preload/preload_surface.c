@@ -10,6 +10,8 @@
  *   preload_surface splice         splice file->pipe->socket->pipe->file
  *   preload_surface nested-epoll   an epoll set inside another epoll set
  *   preload_surface pwait          ppoll, pselect, epoll_pwait, epoll_pwait2
+ *   preload_surface abort          peer closed with unread data or SO_LINGER {1, 0}
+ *   preload_surface hup            poll/epoll events after a reset and a peer's FIN
  * Exit 0 and "OK CASE" when every check held. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -195,8 +197,8 @@ static void case_reset(void) {
     CHECK(now_ms() < end, "probe: no error 10 s after the peer died");
   }
   CHECK(err == ECONNRESET, "probe error %d (%s)", err, strerror(err));
-  /* The readiness mirror carries no POLLERR to wait for: give the other
-   * streams the same moment to learn it. */
+  /* The other streams may learn of their peers' deaths later than the
+   * probe: give them the same moment. */
   if (preloaded()) sleep_ms(2000);
   for (int variant = 0; variant < 4; ++variant) {
     const int fd = fds[variant];
@@ -643,9 +645,157 @@ static void case_pwait(void) {
   close(fd);
 }
 
+/* ---- abort: the peer closes with bytes it never read, or with SO_LINGER
+ * {1, 0} (the kernel: RST instead of FIN). Our reads give the bytes that
+ * had arrived, then ECONNRESET once, then 0; writes EPIPE with SIGPIPE. */
+enum abort_how { kAbortUnread, kAbortLinger, kAbortLingerNothing };
+
+static void abort_client(int fd, void* arg) {
+  const enum abort_how how = *(enum abort_how*)arg;
+  if (how != kAbortUnread) {
+    struct linger lg = {1, 0};
+    CHECK(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER");
+  }
+  if (how != kAbortLingerNothing) write_all(fd, "hello", 5);
+  wait_readable(fd); /* the server's 2 bytes arrived */
+  char buf[2];
+  if (how != kAbortUnread) read_all(fd, buf, 2); /* linger: nothing left unread */
+  close(fd);
+}
+
+static void case_abort(void) {
+  enum { kConns = 3 };
+  enum abort_how how[kConns] = {kAbortUnread, kAbortLinger, kAbortLingerNothing};
+  int fds[kConns];
+  pid_t pids[kConns];
+  char buf[16];
+  for (int i = 0; i < kConns; ++i) {
+    pids[i] = connect_child(&fds[i], abort_client, &how[i]);
+    if (how[i] != kAbortLingerNothing) wait_readable(fds[i]);
+    write_all(fds[i], "zz", 2);
+  }
+  for (int i = 0; i < kConns; ++i) reap(pids[i], 0);
+  for (int i = 0; i < kConns; ++i) {
+    const int fd = fds[i];
+    sigpipes = 0;
+    if (how[i] != kAbortLingerNothing)
+      CHECK(read(fd, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0,
+            "conn %d: buffered bytes", i);
+    /* Blocking: waits for the reset where it is not there yet. */
+    EXPECT_ERR(read(fd, buf, sizeof buf), ECONNRESET);
+    CHECK(read(fd, buf, sizeof buf) == 0, "conn %d: read after the reported reset", i);
+    CHECK(so_error(fd) == 0, "conn %d: SO_ERROR after the reported reset", i);
+    EXPECT_ERR(write(fd, "x", 1), EPIPE);
+    CHECK(sigpipes == 1, "conn %d: SIGPIPE count %d", i, (int)sigpipes);
+    close(fd);
+  }
+}
+
+/* ---- hup: poll and epoll events (EPOLLRDHUP asked) on a connection whose
+ * peer sent FIN (shutdown(SHUT_WR)) and on one whose peer reset it. */
+static void hup_client(int fd, void* arg) {
+  const int reset = *(int*)arg;
+  if (reset) {
+    struct linger lg = {1, 0};
+    CHECK(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER");
+  } else {
+    CHECK(shutdown(fd, SHUT_WR) == 0, "shutdown");
+  }
+  wait_readable(fd); /* the server says when to go */
+  char c;
+  read_all(fd, &c, 1);
+  close(fd);
+}
+
+static short poll_now(int fd, short events) {
+  struct pollfd p = {fd, events, 0};
+  CHECK(poll(&p, 1, 0) >= 0, "poll");
+  return p.revents;
+}
+
+static uint32_t epoll_now(int fd, uint32_t events) {
+  int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  struct epoll_event ev = {.events = events, .data.fd = fd};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl");
+  struct epoll_event out;
+  const int n = epoll_wait(ep, &out, 1, 0);
+  CHECK(n >= 0, "epoll_wait");
+  close(ep);
+  return n == 1 ? out.events : 0;
+}
+
+/* Waits (bounded) until poll shows want on fd. */
+static void wait_events(int fd, short want) {
+  const int64_t end = now_ms() + WAIT_MS;
+  while ((poll_now(fd, POLLIN | POLLOUT | POLLRDHUP) & want) != want) {
+    CHECK(now_ms() < end, "fd %d: events 0x%x never showed 0x%x", fd,
+          poll_now(fd, POLLIN | POLLOUT | POLLRDHUP), want);
+    sleep_ms(1);
+  }
+}
+
+static void case_hup(void) {
+  int fin_fd, rst_fd;
+  int fin = 0, rst = 1;
+  const pid_t fin_pid = connect_child(&fin_fd, hup_client, &fin);
+  const pid_t rst_pid = connect_child(&rst_fd, hup_client, &rst);
+  const short all = POLLIN | POLLOUT | POLLRDHUP;
+  /* The peer's FIN: readable (end of stream) and read-hung-up, still writable. */
+  wait_events(fin_fd, POLLIN | POLLRDHUP);
+  short r = poll_now(fin_fd, all);
+  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP), "FIN: poll 0x%x", r);
+  r = poll_now(fin_fd, POLLIN | POLLOUT);
+  CHECK(r == (POLLIN | POLLOUT), "FIN: poll without POLLRDHUP asked 0x%x", r);
+  uint32_t e = epoll_now(fin_fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+  CHECK(e == (EPOLLIN | EPOLLOUT | EPOLLRDHUP), "FIN: epoll 0x%x", e);
+  e = epoll_now(fin_fd, EPOLLIN | EPOLLOUT);
+  CHECK(e == (EPOLLIN | EPOLLOUT), "FIN: epoll without EPOLLRDHUP asked 0x%x", e);
+
+  /* The peer's reset, seen first by an edge-triggered epoll asleep on it. */
+  int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = rst_fd};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, rst_fd, &ev) == 0, "epoll_ctl");
+  struct epoll_event out;
+  CHECK(epoll_wait(ep, &out, 1, 0) == 0, "ET epoll before the reset");
+  write_all(rst_fd, "g", 1);
+  CHECK(
+      epoll_wait(ep, &out, 1, WAIT_MS) == 1 && (out.events & (EPOLLERR | EPOLLHUP)) != 0,
+      "ET epoll: no EPOLLERR/EPOLLHUP after the reset");
+  reap(rst_pid, 0);
+  const short reset = POLLIN | POLLOUT | POLLRDHUP | POLLERR | POLLHUP;
+  wait_events(rst_fd, reset);
+  r = poll_now(rst_fd, all);
+  CHECK(r == reset, "reset: poll 0x%x", r);
+  r = poll_now(rst_fd, POLLIN);
+  CHECK(r == (POLLIN | POLLERR | POLLHUP), "reset: poll with POLLIN asked 0x%x", r);
+  e = epoll_now(rst_fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+  CHECK(e == (uint32_t)reset, "reset: epoll 0x%x", e);
+  e = epoll_now(rst_fd, 0);
+  CHECK(e == (EPOLLERR | EPOLLHUP), "reset: epoll with nothing asked 0x%x", e);
+  /* Once the error is taken, POLLERR goes; the hang-up stays. */
+  char buf[4];
+  EXPECT_ERR(read(rst_fd, buf, sizeof buf), ECONNRESET);
+  r = poll_now(rst_fd, all);
+  CHECK(r == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "reset, error taken: poll 0x%x",
+        r);
+  e = epoll_now(rst_fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+  CHECK(e == (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP),
+        "reset, error taken: epoll 0x%x", e);
+  CHECK(read(rst_fd, buf, sizeof buf) == 0, "read after the reported reset");
+  close(ep);
+  write_all(fin_fd, "g", 1);
+  reap(fin_pid, 0);
+  close(fin_fd);
+  close(rst_fd);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s reset|peer-close|recv-addr|splice|nested-epoll|pwait\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s reset|peer-close|recv-addr|splice|nested-epoll|pwait|abort|hup\n",
+            argv[0]);
     return 2;
   }
   case_name = argv[1];
@@ -665,6 +815,10 @@ int main(int argc, char** argv) {
     case_nested_epoll();
   } else if (strcmp(case_name, "pwait") == 0) {
     case_pwait();
+  } else if (strcmp(case_name, "abort") == 0) {
+    case_abort();
+  } else if (strcmp(case_name, "hup") == 0) {
+    case_hup();
   } else {
     fprintf(stderr, "unknown case %s\n", case_name);
     return 2;

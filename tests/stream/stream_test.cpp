@@ -298,6 +298,10 @@ TEST_P(StreamTest, HalfCloseKeepsTheOtherDirection) {
         EXPECT_EQ(srv.s->read(&c, 1), 0);  // FIN after the data
         EXPECT_EQ(srv.s->read(&c, 1), 0);  // and it stays at end of stream
         EXPECT_TRUE(srv.s->poll_events() & POLLRDHUP);
+        // The readiness fd as a TCP socket after the peer's FIN.
+        pollfd p{srv.s->fd(), POLLIN | POLLOUT | POLLRDHUP, 0};
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP);
         send_pattern(*srv.s, 200000, 4);  // our direction still works
         EXPECT_EQ(srv.s->shutdown(SHUT_WR), 0);
       },
@@ -338,6 +342,69 @@ TEST_P(StreamTest, CloseDeliversQueuedData) {
         EXPECT_EQ(cli.engine->stream_count(), 1u);  // still draining
         cli.s.reset();
         cli.engine.reset();  // waits for the queued data (linger)
+      });
+}
+
+TEST_P(StreamTest, AbortResetsThePeer) {
+  // The client queues far more than the server's ring holds and aborts: the
+  // server reads what had reached its ring (a prefix), then ECONNRESET, never
+  // end of stream; its writes fail with ECONNRESET too.
+  constexpr size_t kBytes = 1u << 20;
+  run(
+      [](RoleEnv& env) {
+        StreamOptions so;
+        so.rx_ring = 8192;
+        auto srv = serve(env, so);
+        const int fd = srv.s->fd();
+        ASSERT_GE(fd, 0);
+        write_all(*srv.s, "zz", 2);          // the client starts when it has these
+        std::this_thread::sleep_for(200ms);  // the client has aborted by now
+        std::vector<uint8_t> want(kBytes);
+        fill_pattern(want.data(), kBytes, 11);
+        std::vector<uint8_t> got(kBytes);
+        size_t n = 0;
+        ssize_t rc = 0;
+        while ((rc = srv.s->read(got.data() + n, kBytes - n)) > 0)
+          n += static_cast<size_t>(rc);
+        EXPECT_EQ(rc, -ECONNRESET);
+        EXPECT_LE(n, 8192u);  // what reached the ring before the reset, no more
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n), 0);
+        EXPECT_EQ(srv.s->read(got.data(), 1), -ECONNRESET);
+        EXPECT_EQ(srv.s->write("y", 1), -ECONNRESET);
+        EXPECT_TRUE(srv.s->poll_events() & POLLERR);
+        EXPECT_EQ(srv.s->error(), ECONNRESET);
+        EXPECT_EQ(srv.s->error_status(), Status::kSuccess);  // the peer's RST
+        // The readiness fd as a TCP socket after a reset: POLLERR until the
+        // error is reported (hide_error), the hang-up for good.
+        const short all = POLLIN | POLLOUT | POLLRDHUP;
+        pollfd p{fd, all, 0};
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP | POLLHUP | POLLERR);
+        srv.s->hide_error();
+        EXPECT_FALSE(srv.s->poll_events() & POLLERR);
+        p.revents = 0;
+        ASSERT_EQ(::poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents, POLLIN | POLLOUT | POLLRDHUP | POLLHUP);
+        EXPECT_EQ(srv.s->read(got.data(), 1), -ECONNRESET);  // error() stays
+      },
+      [](RoleEnv& env) {
+        StreamOptions so;
+        so.tx_buffer = kBytes;
+        auto cli = dial(env, so);
+        char zz[2];
+        ASSERT_EQ(cli.s->read(zz, 2, Stream::kWaitAll), 2);
+        cli.s->set_nonblocking(true);
+        std::vector<uint8_t> data(kBytes);
+        fill_pattern(data.data(), kBytes, 11);
+        EXPECT_EQ(cli.s->write(data.data(), kBytes), static_cast<ssize_t>(kBytes));
+        EXPECT_EQ(cli.s->abort(), 0);
+        EXPECT_EQ(cli.s->abort(), -EBADF);
+        EXPECT_EQ(cli.s->write("x", 1), -EBADF);
+        // The queued data is dropped: the stream goes as soon as its RST is out.
+        const auto until = std::chrono::steady_clock::now() + scaled(5s);
+        while (cli.engine->stream_count() > 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(cli.engine->stream_count(), 0u);
       });
 }
 

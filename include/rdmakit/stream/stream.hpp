@@ -176,6 +176,11 @@ class Stream {
   // Queued data is still delivered (up to StreamOptions::linger) after
   // close() returns; the stream object is then unusable. Never blocks.
   int close() noexcept;
+  // Abortive close (a socket's close with SO_LINGER {1, 0}): queued and
+  // unread bytes are dropped and the peer is reset (an RST control message):
+  // its reads return what it had already received, then -ECONNRESET; its
+  // writes -ECONNRESET. The stream object is then unusable. Never blocks.
+  int abort() noexcept;
 
   // Non-blocking mode: calls return -EAGAIN instead of waiting.
   void set_nonblocking(bool on) noexcept;
@@ -189,7 +194,10 @@ class Stream {
   // epoll (level or edge triggered), poll and select. Created on first call;
   // owned by the stream. -errno if it cannot be created.
   int fd() noexcept;
-  // POLLIN, POLLOUT, POLLHUP (peer closed its direction), POLLERR.
+  // POLLIN, POLLOUT, POLLRDHUP (the peer's end of stream), POLLHUP (both
+  // directions ended, or an error), POLLERR (an error, until hide_error()).
+  // fd() shows the same, and POLLIN|POLLRDHUP|POLLHUP after an error, as a
+  // TCP socket does after a reset.
   short poll_events() const noexcept;
   // As poll_events(), but first collects what the peer has put into the ring
   // since (polls the engine's completion queue on the caller's thread), so a
@@ -208,6 +216,9 @@ class Stream {
   // The error that ended the stream (0 while healthy) and its cause.
   int error() const noexcept;
   Status error_status() const noexcept;
+  // The caller has reported error() (as a socket's SO_ERROR reports it
+  // once): fd() and poll_events() stop showing POLLERR; error() stays.
+  void hide_error() noexcept;
 
   const std::string& peer() const noexcept;
   // Resident bytes this stream holds (rings, buffers, queue slots).
