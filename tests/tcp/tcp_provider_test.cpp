@@ -371,7 +371,9 @@ TEST(TcpProvider, SilentPeerDetected) {
   const auto took = Clock::now() - start;
   EXPECT_EQ(c.status, Status::kRetryExceeded);
   EXPECT_EQ(c.vendor_err, uint32_t{ETIMEDOUT});
-  EXPECT_LT(took, 600ms);
+  // 300 ms + a heartbeat is ~400 ms; the bound leaves a loaded (or
+  // TSan-slowed) machine room and stays well below the 2 s default timeout.
+  EXPECT_LT(took, 1000ms);
   EXPECT_GE(took, 250ms);
   ::close(sv[1]);
 }
