@@ -32,10 +32,6 @@ struct QpOptions {
   std::chrono::milliseconds peer_timeout{2000};
   // false: only the thread that first posts may post (checked cheaply).
   bool thread_safe = false;
-  // With thread_safe: the caller holds one lock of its own around every
-  // post to this QP and every poll and arm of its CQs, so a provider may
-  // skip its own post lock (shm does; the others ignore it).
-  bool serialized_by_caller = false;
 };
 
 enum class QpState : uint8_t { kConnected, kError, kClosed };

@@ -136,7 +136,6 @@ QpOptions EngineImpl::qp_options(const StreamOptions& o) const {
                                                       std::chrono::milliseconds(1000));
   q.peer_timeout = o.peer_timeout;
   q.thread_safe = true;  // application threads and the progress thread post
-  q.serialized_by_caller = true;  // always under the engine lock (mu)
   return q;
 }
 

@@ -115,15 +115,12 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   if (wrs.size() == 1) {
     if (!options_.thread_safe) {
       if (try_small_send(wrs[0])) return {PostStatus::kOk, 1};
-    } else if (!post_locked_) {
-      // Serialized by the caller: no lock of ours (it never queues, so
-      // sq_queued_ stays as it is).
-      if (try_small_send(wrs[0])) return {PostStatus::kOk, 1};
     } else if (small_send_allowed_ && wrs[0].length <= small_send_max_ &&
                static_cast<uint8_t>(wrs[0].opcode) <=
                    static_cast<uint8_t>(Opcode::kSendWithImm)) {
-      // A thread-safe QP takes the fast path under its post lock; a miss
-      // retakes the lock in the general path, which is the rare case.
+      // A thread-safe QP takes the fast path under its post lock (it never
+      // queues, so sq_queued_ stays as it is); a miss retakes the lock in
+      // the general path, which is the rare case.
       std::lock_guard lock(post_mutex_);
       if (try_small_send(wrs[0])) return {PostStatus::kOk, 1};
     }
@@ -135,7 +132,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
 [[gnu::noinline]] PostResult ShmQueuePair::post_send_general(
     std::span<const SendWr> wrs) noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (post_locked_) lock.lock();
+  if (options_.thread_safe) lock.lock();
   uint32_t accepted = 0;
   bool queued = false;
   // Nothing waiting and a healthy peer: execute straight from the caller's
@@ -184,9 +181,9 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
   result.posted = accepted;
   // Ring once: execute everything that was queued.
   if (queued) {
-    if (options_.thread_safe) {
+    if (lock.owns_lock()) {
       sq_queued_.store(true, std::memory_order_release);
-      if (lock.owns_lock()) lock.unlock();
+      lock.unlock();
     }
     progress();
     // Queued behind an RNR wait from a thread that may not own the CQ: a
@@ -199,7 +196,7 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
 PostResult ShmQueuePair::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};  // post to the SRQ
   std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (post_locked_) lock.lock();
+  if (options_.thread_safe) lock.lock();
   PostResult result;
   RecvSlot* slots = local_.block->slots();
   for (const RecvWr& wr : wrs) {
@@ -590,7 +587,7 @@ ShmQueuePair::Exec ShmQueuePair::execute(const SendWr& wr, Status* status) noexc
 
 void ShmQueuePair::progress() noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (post_locked_) lock.lock();
+  if (options_.thread_safe) lock.lock();
   if (state_ == QpState::kConnected &&
       (peer_gone() ||
        peer_block_->owner_state.load(std::memory_order_acquire) != kSideOpen ||
@@ -670,13 +667,13 @@ void ShmQueuePair::signal_peer() noexcept {
 
 bool ShmQueuePair::rnr_waiting() const noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (post_locked_) lock.lock();
+  if (options_.thread_safe) lock.lock();
   return rnr_deadline_set_;
 }
 
 bool ShmQueuePair::send_ready() const noexcept {
   std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (post_locked_) lock.lock();
+  if (options_.thread_safe) lock.lock();
   if (state_ == QpState::kConnected && peer_gone()) return true;
   return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
 }

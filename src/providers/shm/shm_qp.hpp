@@ -227,9 +227,7 @@ class ShmQueuePair final : public QueuePair {
   // Atomic, as are the counters both sides of a QP read: a thread-safe QP
   // posts from any thread while its CQ's owner polls (plain loads on x86).
   std::atomic<QpState> state_{QpState::kConnected};
-  mutable std::mutex post_mutex_;  // only when post_locked_
-  // thread_safe and not serialized_by_caller: posts take post_mutex_.
-  const bool post_locked_ = options_.thread_safe && !options_.serialized_by_caller;
+  mutable std::mutex post_mutex_;  // only when options.thread_safe
 };
 
 inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
