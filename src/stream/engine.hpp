@@ -205,8 +205,8 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
       kick();
     }
     // The clock is first read after 64 spins: most waits of a ping-pong end
-    // sooner, and two clock reads at the start of each were on its critical
-    // path (13% of a ping-pong's samples). The spin bounds count from there.
+    // sooner, and two clock reads at the start of each were 13% of its
+    // samples. The spin bounds count from there.
     Clock::time_point spin_until{};
     Clock::time_point yield_after{};
     for (uint32_t spins = 1; !pred(); ++spins) {
