@@ -251,7 +251,7 @@ void ShmQueuePair::set_up() {
   }
 
   peer_ring_mask_ = peer_.ring_size - 1;
-  small_send_allowed_ = !options_.thread_safe && peer_srq_ == nullptr;
+  small_send_allowed_ = peer_srq_ == nullptr;
 
   const uint64_t sq_size = std::bit_ceil(options_.max_send_wr);
   sq_storage_ = std::make_unique_for_overwrite<std::byte[]>(sq_size * sizeof(SqEntry));

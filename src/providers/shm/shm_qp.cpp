@@ -112,7 +112,19 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
 }
 
 PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
-  if (wrs.size() == 1 && try_small_send(wrs[0])) return {PostStatus::kOk, 1};
+  if (wrs.size() == 1) {
+    if (!options_.thread_safe) {
+      if (try_small_send(wrs[0])) return {PostStatus::kOk, 1};
+    } else if (small_send_allowed_ && wrs[0].length <= small_send_max_ &&
+               static_cast<uint8_t>(wrs[0].opcode) <=
+                   static_cast<uint8_t>(Opcode::kSendWithImm)) {
+      // A thread-safe QP takes the fast path under its post lock (it never
+      // queues, so sq_queued_ stays as it is); a miss retakes the lock in
+      // the general path, which is the rare case.
+      std::lock_guard lock(post_mutex_);
+      if (try_small_send(wrs[0])) return {PostStatus::kOk, 1};
+    }
+  }
   return post_send_general(wrs);
 }
 
