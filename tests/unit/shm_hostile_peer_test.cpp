@@ -107,19 +107,20 @@ class HandmadeAcceptor {
   using Tamper = std::function<void(PeerEnd& victim_end, LocalEnd& reply)>;
   HandmadeAcceptor(uint16_t port, Tamper tamper) : raw(port) {
     if (!raw.ok) return;
-    done_ = std::async(std::launch::async, [this, tamper = std::move(tamper),
-                                            victim_done = victim_connected_.get_future()] {
-      Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim", 5s);
-      auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
-      const QpOptions options{.send_cq = evil_cq_.get(), .recv_cq = evil_cq_.get()};
-      LocalEnd reply = prepare_local_end(evil_ctx, options);
-      tamper(victim_end, reply);
-      send_handshake(conn.get(), evil_ctx, reply, options, {}, true);
-      // Hang up only once the victim has mapped what it got (its connect()
-      // returned): a fixed nap lost that race on a loaded machine.
-      (void)victim_done.wait_for(10s);
-    });
+    done_ = std::async(
+        std::launch::async,
+        [this, tamper = std::move(tamper), victim_done = victim_connected_.get_future()] {
+          Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+          PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim", 5s);
+          auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
+          const QpOptions options{.send_cq = evil_cq_.get(), .recv_cq = evil_cq_.get()};
+          LocalEnd reply = prepare_local_end(evil_ctx, options);
+          tamper(victim_end, reply);
+          send_handshake(conn.get(), evil_ctx, reply, options, {}, true);
+          // Hang up only once the victim has mapped what it got (its connect()
+          // returned): a fixed nap lost that race on a loaded machine.
+          (void)victim_done.wait_for(10s);
+        });
   }
   ~HandmadeAcceptor() { finish(); }
   std::string address() const { return "127.0.0.1:" + std::to_string(raw.port); }
@@ -167,11 +168,19 @@ TEST(ShmHostilePeerTest, RingSizeIsNotReadBackFromSharedMemory) {
   auto mem = victim->allocate(4096, kAccessAll);
   int posted = 0;
   Completion c[8];
-  for (int i = 0; i < 64; ++i) {
+  // The peer is gone: once the victim has noticed (the hang-up is seen
+  // asynchronously), RECVs flush and slots free up.
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  for (int i = 0; i < 64 && posted <= 4 && std::chrono::steady_clock::now() < until;
+       ++i) {
     const PostResult r = qp->post_recv(RecvWr{
         .wr_id = uint64_t(i), .addr = mem->data(), .length = 64, .lkey = mem->lkey()});
-    if (r.ok()) ++posted;
-    victim_cq->poll(c);  // the peer is gone: RECVs flush, slots free up
+    if (r.ok()) {
+      ++posted;
+    } else {
+      std::this_thread::sleep_for(10ms);
+    }
+    victim_cq->poll(c);
   }
   EXPECT_GT(posted, 4);  // the queue keeps working within its own 4 slots
 }
