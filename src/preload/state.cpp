@@ -62,7 +62,8 @@ Config load_config() {
       env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", kDefaultBusyPollUs, 0, 1000000));
   // RDMAKIT_PRELOAD_RING_KB sets both paths.
   const int64_t ring_kb = env_int("RDMAKIT_PRELOAD_RING_KB", 0, 4, 2048);
-  c.shm_ring_bytes = static_cast<uint32_t>((ring_kb != 0 ? ring_kb : kDefaultShmRingKb) * 1024);
+  c.shm_ring_bytes =
+      static_cast<uint32_t>((ring_kb != 0 ? ring_kb : kDefaultShmRingKb) * 1024);
   c.remote_ring_bytes =
       static_cast<uint32_t>((ring_kb != 0 ? ring_kb : kDefaultRemoteRingKb) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");

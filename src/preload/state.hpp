@@ -34,8 +34,8 @@ struct Config {
   // it; verbs/tcp: pinned (verbs) and touched as a whole, so smaller.
   uint32_t shm_ring_bytes = kDefaultShmRingKb * 1024;
   uint32_t remote_ring_bytes = kDefaultRemoteRingKb * 1024;
-  bool stats = false;                // per-connection lines and a summary on stderr
-  int log_fd = -1;  // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+  bool stats = false;  // per-connection lines and a summary on stderr
+  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };
 
 // First call reads the environment and prepares the directory; later calls

@@ -163,7 +163,8 @@ struct Flow {
           if (rx_read != rx_written || rx_acked != rx_read) return Result::kViolation;
           skip = (rx_size - rx_written % rx_size) % rx_size;
         }
-        if (rx_written + skip + len - (rx_read + skip) > rx_size) return Result::kViolation;
+        if (rx_written + len - rx_read > rx_size)
+          return Result::kViolation;  // skip cancels
         rx_written += skip + len;
         rx_read += skip;
         rx_acked += skip;
@@ -198,7 +199,7 @@ struct Flow {
   // sender then writes at offset 0 and calls rewind() once it posted.
   uint32_t rewind_due() const noexcept {
     return peer_rewinds && tx_sent == peer_consumed && tx_sent % peer_ring != 0 ? kRewind
-                                                                                 : 0;
+                                                                                : 0;
   }
   void rewind() noexcept {
     const uint64_t skip = peer_ring - tx_sent % peer_ring;

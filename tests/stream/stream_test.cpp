@@ -250,8 +250,8 @@ std::vector<size_t> region_resident(size_t min_size) {
   size_t size_kb = 0;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') != nullptr &&
-        std::strstr(line, " rw") != nullptr) {
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+        std::strchr(line, '-') != nullptr && std::strstr(line, " rw") != nullptr) {
       in_region = std::strstr(line, "rdmakit-shm-region") != nullptr;
       size_kb = (hi - lo) / 1024;
     } else if (in_region && size_kb * 1024 >= min_size) {
@@ -304,11 +304,13 @@ TEST_P(StreamTest, PingPongRewindsTheRingAndStaysSmall) {
         sent += mine[idx];
       }
     }
-    EXPECT_GT(sent, size_t{2} << 20);  // more than a ring's worth: without a rewind it wraps
+    EXPECT_GT(sent,
+              size_t{2} << 20);  // more than a ring's worth: without a rewind it wraps
     if (env.kind() != ProviderKind::kShm) return;
     const auto rss = region_resident(2u << 20);
     ASSERT_GE(rss.size(), 2u);  // our ring and send buffer (and the peer's ring)
-    for (const size_t r : rss) EXPECT_LE(r, size_t{192} << 10) << "resident of a 2 MiB region";
+    for (const size_t r : rss)
+      EXPECT_LE(r, size_t{192} << 10) << "resident of a 2 MiB region";
   };
   run(
       [so, exchange](RoleEnv& env) {
