@@ -42,8 +42,8 @@ bool sealed_and_sized(int fd, size_t bytes);
 // rest allocated on first touch: a large region (a stream's 2 MiB ring) costs
 // what is used, and a stream that rewinds to its ring's start (stream/wire.hpp)
 // uses the first pages.
-inline constexpr size_t kPopulateBytes = 64 * 1024;
-inline constexpr size_t kPopulatePrefix = 16 * 1024;
+inline constexpr size_t kPopulateBytes = size_t{64} << 10;
+inline constexpr size_t kPopulatePrefix = size_t{16} << 10;
 void* map_fd(int fd, size_t length, bool writable, bool populate = false);
 
 }  // namespace rdmakit::shm
