@@ -50,6 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   f.peer_ring = 4096u * (1u + ring_kib / 4096u % 8u);
   f.peer_credits = rdmakit::stream::wire::kMinCredits + credits % 200u;
   f.msg_credits = f.peer_credits;
+  f.peer_rewinds = (credits & 0x80) != 0;
   std::vector<uint8_t> ring(f.rx_size);
   std::vector<uint8_t> sink(f.rx_size);
 
@@ -76,8 +77,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           check(b <= rdmakit::stream::wire::kRecordData);
           std::vector<std::byte> buf(rdmakit::stream::wire::kRecordStride);
           rdmakit::stream::wire::place_record(reinterpret_cast<std::byte*>(ring.data()),
-                                              f.rx_size, before.rx_written, buf.data(),
-                                              b);
+                                              f.rx_size, f.rx_written - b, buf.data(), b);
+        }
+        // An accepted rewind starts its bytes at the ring's start, on an
+        // empty, fully credited ring.
+        if ((a >> rdmakit::stream::wire::kOpShift) == 0 &&
+            (a & rdmakit::stream::wire::kRewind) != 0) {
+          check(before.rx_read == before.rx_written && before.rx_acked == before.rx_read);
+          check((f.rx_written - b) % f.rx_size == 0 && f.rx_read == f.rx_written - b);
         }
         break;
       }
@@ -100,6 +107,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {  // we send: bounded by the peer's room and our credits
         if (!in.take(&a, 4)) return 0;
         if (f.msg_credits == 0) break;
+        if (f.rewind_due() != 0) {
+          f.rewind();
+          check(f.tx_sent % f.peer_ring == 0 && f.peer_room() == f.peer_ring);
+        }
         const uint64_t n = std::min<uint64_t>(a, f.peer_room());
         f.tx_sent += n;
         --f.msg_credits;

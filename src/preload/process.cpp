@@ -85,8 +85,10 @@ stream::Engine* engine(std::string* why, ProviderKind kind) {
     opts.max_streams = 1024;
     // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
     // keep a write from waiting for every credit return.
-    opts.stream.rx_ring = config().ring_bytes;
-    opts.stream.tx_buffer = config().ring_bytes;
+    const uint32_t ring =
+        kind == ProviderKind::kShm ? config().shm_ring_bytes : config().remote_ring_bytes;
+    opts.stream.rx_ring = ring;
+    opts.stream.tx_buffer = ring;
     auto e = stream::Engine::create(opts);
     slot = new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
     if (!g_exit_registered) {

@@ -60,8 +60,12 @@ Config load_config() {
       std::chrono::milliseconds(env_int("RDMAKIT_PRELOAD_TIMEOUT_MS", 5000, 1, 60000));
   c.busy_poll = std::chrono::microseconds(
       env_int("RDMAKIT_PRELOAD_BUSY_POLL_US", kDefaultBusyPollUs, 0, 1000000));
-  c.ring_bytes =
-      static_cast<uint32_t>(env_int("RDMAKIT_PRELOAD_RING_KB", 256, 4, 2048) * 1024);
+  // RDMAKIT_PRELOAD_RING_KB sets both paths.
+  const int64_t ring_kb = env_int("RDMAKIT_PRELOAD_RING_KB", 0, 4, 2048);
+  c.shm_ring_bytes =
+      static_cast<uint32_t>((ring_kb != 0 ? ring_kb : kDefaultShmRingKb) * 1024);
+  c.remote_ring_bytes =
+      static_cast<uint32_t>((ring_kb != 0 ? ring_kb : kDefaultRemoteRingKb) * 1024);
   const char* stats = std::getenv("RDMAKIT_PRELOAD_STATS");
   c.stats = stats != nullptr && std::strcmp(stats, "0") != 0 && *stats != '\0';
   if (const char* log = std::getenv("RDMAKIT_PRELOAD_LOG");

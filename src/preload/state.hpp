@@ -20,15 +20,22 @@ namespace rdmakit::preload {
 // program sleeps at once (each wait spins at most this long, then sleeps
 // with the progress thread armed on the completion queue).
 constexpr int64_t kDefaultBusyPollUs = 50;
+constexpr int64_t kDefaultShmRingKb = 2048;
+constexpr int64_t kDefaultRemoteRingKb = 256;
 
 struct Config {
   std::string dir;          // private rendezvous directory (per uid, per netns)
   std::string dir_problem;  // why dir is unusable ("" = usable)
   std::chrono::milliseconds timeout{5000};  // rendezvous budget per connection
   std::chrono::microseconds busy_poll{kDefaultBusyPollUs};  // spin before a wait sleeps
-  uint32_t ring_bytes = 256 * 1024;  // stream receive ring and send buffer
-  bool stats = false;                // per-connection lines and a summary on stderr
-  int log_fd = -1;  // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
+  // Each stream's receive ring and send buffer, per path. shm: large, as its
+  // pages are allocated on first touch and a request/response stream keeps
+  // to the first ones (ring rewind), so only a streaming connection pays for
+  // it; verbs/tcp: pinned (verbs) and touched as a whole, so smaller.
+  uint32_t shm_ring_bytes = kDefaultShmRingKb * 1024;
+  uint32_t remote_ring_bytes = kDefaultRemoteRingKb * 1024;
+  bool stats = false;  // per-connection lines and a summary on stderr
+  int log_fd = -1;     // RDMAKIT_PRELOAD_LOG: the same lines, appended to a file
 };
 
 // First call reads the environment and prepares the directory; later calls

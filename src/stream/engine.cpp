@@ -174,6 +174,7 @@ void EngineImpl::start(const std::shared_ptr<StreamCore>& core,
   s.flow.peer_ring = static_cast<uint32_t>(peer.ring.length);
   s.flow.peer_credits = peer.recv_credits;
   s.flow.msg_credits = peer.recv_credits;
+  s.flow.peer_rewinds = (peer.features & wire::Hello::kFeatureRewind) != 0;
   s.last_rx = s.last_tx = Clock::now();
   s.send_depth = s.qp->options().max_send_wr;
   s.repost_batch = std::clamp<uint32_t>(s.opt.recv_credits / 8, 1, kMaxRepostBatch);
@@ -277,7 +278,6 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   if (s.err == EPROTO) return;
   ++s.rx_msgs;  // the timers turn counts into times: no clock read per message
   const bool record = c.opcode == Opcode::kRecv;
-  const uint64_t at = s.flow.rx_written;
   if (!c.has_imm() || (!record && c.opcode != Opcode::kRecvWriteWithImm) ||
       s.flow.on_message(c.imm, c.byte_len, record) != wire::Flow::Result::kOk) {
     std::fprintf(
@@ -292,6 +292,8 @@ void EngineImpl::on_recv(StreamCore& s, const Completion& c) noexcept {
   if (record) {
     // The buffer index is our own (wr_id); on_message bounded the length.
     const uint32_t idx = wr_bytes(c.wr_id) % s.opt.recv_credits;
+    // on_message advanced rx_written past this record (after a rewind, if any).
+    const uint64_t at = s.flow.rx_written - c.byte_len;
     wire::place_record(s.rx->data(), s.flow.rx_size, at,
                        s.rec_buf.get() + static_cast<size_t>(idx) * wire::kRecordStride,
                        c.byte_len);
@@ -350,7 +352,8 @@ void EngineImpl::pump(StreamCore& s) noexcept {
     const uint64_t room = s.flow.peer_room();
     if (room == 0) break;
     const uint64_t toff = s.tx_posted % s.opt.tx_buffer;
-    const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
+    const uint32_t rewind = s.flow.rewind_due();
+    const uint64_t poff = rewind != 0 ? 0 : s.flow.tx_sent % s.flow.peer_ring;
     const auto n = static_cast<uint32_t>(
         std::min({s.tx_staged - s.tx_posted, room, s.opt.tx_buffer - toff,
                   s.flow.peer_ring - poff, static_cast<uint64_t>(kMaxChunk)}));
@@ -361,7 +364,7 @@ void EngineImpl::pump(StreamCore& s) noexcept {
     wr.length = n;
     wr.local_addr = s.tx->data() + toff;
     wr.lkey = s.tx->lkey();
-    wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported, n);
+    wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported, n | rewind);
     wr.remote_addr = s.peer_ring.addr + poff;
     wr.rkey = s.peer_ring.rkey;
     const PostResult r = s.qp->post_send(wr);
@@ -371,6 +374,7 @@ void EngineImpl::pump(StreamCore& s) noexcept {
       return;
     }
     s.flow.take_unreported();
+    if (rewind != 0) s.flow.rewind();
     s.unsignaled = 0;
     s.tx_posted += n;
     s.flow.tx_sent += n;
@@ -380,7 +384,8 @@ void EngineImpl::pump(StreamCore& s) noexcept {
   }
   if (sent) ++s.tx_msgs;
   const uint64_t unacked = s.flow.rx_read - s.flow.rx_acked;
-  if ((unacked >= s.flow.rx_size / 2 || s.flow.rx_unreported >= s.opt.recv_credits / 2) &&
+  if ((unacked >= s.flow.rx_size / 2 || s.flow.rx_unreported >= s.opt.recv_credits / 2 ||
+       s.flow.empty_credit_due()) &&
       s.flow.msg_credits >= kCreditReserve) {
     const uint32_t msgs = s.flow.rx_unreported;
     if (post_message(

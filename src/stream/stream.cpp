@@ -358,7 +358,8 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
     while (s.tx_posted == s.tx_staged && done < total && total - done <= max_inline &&
            s.flow.msg_credits >= 3 && s.sends_outstanding < s.send_depth) {
       const uint64_t room = s.flow.peer_room();
-      const uint64_t poff = s.flow.tx_sent % s.flow.peer_ring;
+      const uint32_t rewind = s.flow.rewind_due();
+      const uint64_t poff = rewind != 0 ? 0 : s.flow.tx_sent % s.flow.peer_ring;
       // The last few bytes of a write ride in the message itself (a DATA
       // record: the peer places them in its ring, wrapping as needed).
       const bool record = total - done <= std::min(max_inline, wire::kRecordData);
@@ -376,8 +377,8 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       wr.flags = signal ? (kSignaled | kInline) : kInline;
       wr.length = static_cast<uint32_t>(len);
       wr.local_addr = src;
-      wr.imm =
-          wire::encode(wire::Op::kData, s.flow.rx_unreported, static_cast<uint32_t>(len));
+      wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported,
+                            static_cast<uint32_t>(len) | rewind);
       if (!record) {
         wr.remote_addr = s.peer_ring.addr + poff;
         wr.rkey = s.peer_ring.rkey;
@@ -385,6 +386,7 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors
       s.unsignaled = signal ? 0 : s.unsignaled + 1;
       s.flow.take_unreported();
+      if (rewind != 0) s.flow.rewind();
       s.flow.tx_sent += len;
       --s.flow.msg_credits;
       ++s.sends_outstanding;
@@ -412,6 +414,14 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
         continue;
       }
       room_wait = false;
+    }
+    // An empty send buffer starts again at its beginning (its offsets are
+    // ours alone), so small writes keep to its first pages.
+    if (s.tx_freed == s.tx_staged && s.tx_staged % s.opt.tx_buffer != 0) {
+      const uint64_t skip = s.opt.tx_buffer - s.tx_staged % s.opt.tx_buffer;
+      s.tx_freed += skip;
+      s.tx_posted += skip;
+      s.tx_staged += skip;
     }
     const uint64_t free = s.tx_free();
     if (free > 0) {

@@ -9,6 +9,8 @@
 //   bits 21..0   value   DATA: bytes written (== the completion's byte_len)
 //                        CREDIT: ring bytes consumed since the last CREDIT
 //                        CTRL: 1 FIN, 2 RST, 3 KEEPALIVE
+//                        DATA with kRewind set: the bytes start at the ring's
+//                        beginning (below)
 //
 // A DATA of at most kRecordData bytes may come as a SEND_WITH_IMM instead
 // (a "record"): the bytes ride in the message itself and land in one of the
@@ -47,6 +49,17 @@ constexpr uint32_t kRecordData = 20;
 // Stride of the receive buffers (one per posted receive).
 constexpr uint32_t kRecordStride = 32;
 static_assert(kRecordData <= kRecordStride);
+// Ring rewind: a writer that knows the peer's ring is empty (every byte it
+// sent was credited back) and not at its start flags its next DATA; writer
+// and reader then both advance their counts to the next multiple of the ring
+// size, so positions stay `count % ring_size` and the bytes land at offset 0.
+// A request/response stream so keeps to the ring's first pages, and a ring
+// whose pages are allocated on first touch costs only what is touched.
+// DATA values are at most 1 MiB (a WRITE) or the record size: bit 21 is free.
+constexpr uint32_t kRewind = 1u << 21;
+// The reader sends an early CREDIT when a read empties its ring at or past
+// this offset, so the writer learns it is empty and rewinds.
+constexpr uint32_t kRewindAfter = 16 * 1024;
 
 constexpr uint32_t encode(Op op, uint32_t msgs, uint32_t value) noexcept {
   return (static_cast<uint32_t>(op) << kOpShift) | ((msgs & kMsgMask) << kMsgShift) |
@@ -64,8 +77,11 @@ struct Hello {
   // 2: DATA records (SEND_WITH_IMM of <= kRecordData bytes into posted
   // receive buffers); a version-1 peer posts zero-length receives.
   static constexpr uint8_t kVersion = 2;
+  // Byte 5: features; a peer without them sends 0 there.
+  static constexpr uint8_t kFeatureRewind = 1;  // sends and accepts kRewind
   static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
   uint16_t recv_credits = 0;
+  uint8_t features = kFeatureRewind;
   RemoteRegion ring;
 
   void serialize(std::span<std::byte, kSize> out) const noexcept {
@@ -73,6 +89,7 @@ struct Hello {
     const uint32_t magic = kMagic;
     std::memcpy(out.data(), &magic, 4);
     out[4] = std::byte{kVersion};
+    out[5] = std::byte{features};
     std::memcpy(out.data() + 6, &recv_credits, 2);
     ring.serialize(out.subspan<16, RemoteRegion::kSerializedSize>());
   }
@@ -84,6 +101,7 @@ struct Hello {
     if (magic != kMagic || in[4] != std::byte{kVersion}) return std::nullopt;
     Hello h;
     std::memcpy(&h.recv_credits, in.data() + 6, 2);
+    h.features = static_cast<uint8_t>(in[5]);
     auto ring = RemoteRegion::deserialize(in.subspan(16, RemoteRegion::kSerializedSize));
     if (!ring) return std::nullopt;
     h.ring = *ring;
@@ -112,6 +130,7 @@ struct Flow {
   uint64_t tx_sent = 0;        // bytes written into the peer's ring
   uint64_t peer_consumed = 0;  // bytes the peer reported consumed
   uint32_t msg_credits = 0;    // messages we may still send
+  bool peer_rewinds = false;   // peer's hello has kFeatureRewind
 
   bool fin_received = false;
   bool rst_received = false;
@@ -128,16 +147,29 @@ struct Flow {
     if (static_cast<uint64_t>(msg_credits) + msgs > peer_credits)
       return Result::kViolation;
     // Only DATA rides in a record, and at most what a receive buffer holds.
-    if (record &&
-        (op_bits(imm) != static_cast<uint32_t>(Op::kData) || value > kRecordData))
+    if (record && op_bits(imm) != static_cast<uint32_t>(Op::kData))
       return Result::kViolation;
     switch (op_bits(imm)) {
-      case static_cast<uint32_t>(Op::kData):
-        if (byte_len != value || value == 0) return Result::kViolation;
+      case static_cast<uint32_t>(Op::kData): {
+        const bool rewind = (value & kRewind) != 0;
+        const uint32_t len = value & ~kRewind;
+        if (byte_len != len || len == 0) return Result::kViolation;
         if (fin_received) return Result::kViolation;
-        if (rx_written + value - rx_read > rx_size) return Result::kViolation;
-        rx_written += value;
+        if (record && len > kRecordData) return Result::kViolation;
+        // A rewind is honest only when everything received was read and
+        // credited back: the writer saw its credits for all of it.
+        uint64_t skip = 0;
+        if (rewind) {
+          if (rx_read != rx_written || rx_acked != rx_read) return Result::kViolation;
+          skip = (rx_size - rx_written % rx_size) % rx_size;
+        }
+        if (rx_written + len - rx_read > rx_size)
+          return Result::kViolation;  // skip cancels
+        rx_written += skip + len;
+        rx_read += skip;
+        rx_acked += skip;
         break;
+      }
       case static_cast<uint32_t>(Op::kCredit):
         if (byte_len != 0) return Result::kViolation;
         if (peer_consumed + value > tx_sent) return Result::kViolation;
@@ -162,6 +194,24 @@ struct Flow {
 
   uint64_t available() const noexcept { return rx_written - rx_read; }
   uint64_t peer_room() const noexcept { return peer_consumed + peer_ring - tx_sent; }
+  // kRewind when the next DATA should start at the peer's ring's beginning
+  // (its ring is empty by our credits and we are not there), else 0. The
+  // sender then writes at offset 0 and calls rewind() once it posted.
+  uint32_t rewind_due() const noexcept {
+    return peer_rewinds && tx_sent == peer_consumed && tx_sent % peer_ring != 0 ? kRewind
+                                                                                : 0;
+  }
+  void rewind() noexcept {
+    const uint64_t skip = peer_ring - tx_sent % peer_ring;
+    tx_sent += skip;
+    peer_consumed += skip;
+  }
+  // The reader emptied its ring past kRewindAfter: an early CREDIT lets a
+  // rewinding writer come back to the start.
+  bool empty_credit_due() const noexcept {
+    return peer_rewinds && rx_read == rx_written && rx_read != rx_acked &&
+           rx_read % rx_size >= kRewindAfter;
+  }
   uint32_t take_unreported() noexcept {
     const uint32_t n = rx_unreported;
     rx_unreported = 0;

@@ -104,9 +104,16 @@ bool sealed_and_sized(int fd, size_t bytes) {
 }
 
 void* map_fd(int fd, size_t length, bool writable, bool populate) {
+  const bool whole = populate && length <= kPopulateBytes;
   void* p = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
-                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-  return p == MAP_FAILED ? nullptr : p;
+                   MAP_SHARED | (whole ? MAP_POPULATE : 0), fd, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (populate && !whole) {
+    // Best effort (kernel >= 5.14); without it the prefix faults on first touch.
+    (void)::madvise(p, kPopulatePrefix,
+                    writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  }
+  return p;
 }
 
 }  // namespace rdmakit::shm

@@ -36,8 +36,14 @@ Fd create_sealed_memfd(const char* name, size_t bytes);
 bool sealed_and_sized(int fd, size_t bytes);
 
 // mmap of a whole descriptor; nullptr on failure (errno set). populate:
-// fault every page in now (MAP_POPULATE), as registering memory with a NIC
-// pins it, so the data path never takes a page fault on it.
+// fault the pages in now (MAP_POPULATE), as registering memory with a NIC
+// pins it, so the data path never takes a page fault on them. A region of
+// more than kPopulateBytes gets only its first kPopulatePrefix populated, the
+// rest allocated on first touch: a large region (a stream's 2 MiB ring) costs
+// what is used, and a stream that rewinds to its ring's start (stream/wire.hpp)
+// uses the first pages.
+inline constexpr size_t kPopulateBytes = size_t{64} << 10;
+inline constexpr size_t kPopulatePrefix = size_t{16} << 10;
 void* map_fd(int fd, size_t length, bool writable, bool populate = false);
 
 }  // namespace rdmakit::shm
