@@ -478,6 +478,9 @@ static void nested_client(int fd, void* arg) {
     sleep_ms(50);
     write_all(fd, "n", 1);
   }
+  /* Stay until the server has made its last check: our end of stream
+   * arriving earlier is a new edge for its edge-triggered wait. */
+  read_all(fd, &c, 1);
 }
 
 static void case_nested_epoll(void) {
@@ -507,6 +510,7 @@ static void case_nested_epoll(void) {
     CHECK(read(fd, &c, 1) == 1 && c == 'n', "read");
     if (round == 2) CHECK(epoll_wait(outer, &got, 1, 0) == 0, "edge reported twice");
   }
+  write_all(fd, "d", 1);
   reap(pid, 0);
   close(outer);
   close(inner);
