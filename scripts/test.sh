@@ -46,8 +46,8 @@ run_ctest() {  # name build_dir [cmake args...]
       summary+=("[$name] sanitizer report in $log: not retried")
     else
       echo "=== [$name] rerunning the failed tests once: $names"
-      if ctest --test-dir "$dir" --rerun-failed --output-on-failure --timeout 300 -j1 2>&1 | tee "$log.rerun" |
-          tail -3 && grep -q '100% tests passed' "$log.rerun"; then
+      if ctest --test-dir "$dir" --rerun-failed --output-on-failure --timeout 300 -j1 2>&1 | tee "${log%.log}.rerun.log" |
+          tail -3 && grep -q '100% tests passed' "${log%.log}.rerun.log"; then
         summary+=("[$name] flaky (failed, then passed when rerun alone): $names")
         p=$((p + f)); f=0
       fi
