@@ -11,49 +11,16 @@
 #include <random>
 #include <thread>
 
-#include "harness.hpp"
-#include "helpers.hpp"
-#include "rdmakit/stream/stream.hpp"
+#include "conformance.hpp"
+#include "stream_roles.hpp"
 
 namespace rdmakit::test {
 namespace {
 
 using namespace std::chrono_literals;
-using stream::Engine;
-using stream::EngineOptions;
 using stream::Stream;
 
-class ReadinessTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void run(const RoleFn& server, const RoleFn& client) {
-    run_roles(GetParam(), server, client, {});
-  }
-};
-
-std::shared_ptr<Engine> make_engine(RoleEnv& env) {
-  EngineOptions o;
-  o.provider = env.kind();
-  return Engine::create(o);
-}
-
-std::unique_ptr<Stream> accept_one(RoleEnv& env, Engine& engine) {
-  auto listener = engine.listen(env.listen_address());
-  env.publish_port(listener->port());
-  return listener->accept(scaled(10s));
-}
-
-std::unique_ptr<Stream> dial(RoleEnv& env, Engine& engine) {
-  const auto until = std::chrono::steady_clock::now() + scaled(10s);
-  for (;;) {
-    try {
-      return engine.connect(env.server_address());
-    } catch (const Error& e) {
-      if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > until)
-        throw;
-      std::this_thread::sleep_for(50ms);
-    }
-  }
-}
+class ReadinessTest : public ProviderTest {};
 
 // Whether fd shows POLLIN right now (the kernel's view).
 bool fd_readable(int fd) {
@@ -78,8 +45,7 @@ short spin_reads_next(Stream& s) {
 TEST_P(ReadinessTest, ReadsNextKeepsTheFdTruthful) {
   run(
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        auto s = accept_one(env, *engine);
+        auto [engine, listener, s] = serve(env);
         s->set_nonblocking(true);
         const int fd = s->fd();
         ASSERT_GE(fd, 0);
@@ -112,8 +78,7 @@ TEST_P(ReadinessTest, ReadsNextKeepsTheFdTruthful) {
         ::close(ep);
       },
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        auto s = dial(env, *engine);
+        auto [engine, s] = dial(env);
         char c;
         ASSERT_EQ(s->read(&c, 1, Stream::kWaitAll), 1);
         ASSERT_EQ(s->write("0123456789", 10), 10);
@@ -135,8 +100,7 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
   constexpr int kRounds = 400;
   run(
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        auto s = accept_one(env, *engine);
+        auto [engine, listener, s] = serve(env);
         s->set_nonblocking(true);
         const int fd = s->fd();
         ASSERT_GE(fd, 0);
@@ -170,8 +134,7 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
         ASSERT_EQ(s->write("E", 1), 1);  // the client may close now
       },
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        auto s = dial(env, *engine);
+        auto [engine, s] = dial(env);
         std::mt19937 rng(11);
         for (int i = 0; i < kRounds; ++i) {
           char c;
@@ -187,11 +150,7 @@ TEST_P(ReadinessTest, NoLostWakeUpAroundTheSleepAnnouncement) {
       });
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, ReadinessTest,
-                         ::testing::ValuesIn(providers_from_env()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+RDMAKIT_INSTANTIATE_PROVIDERS(ReadinessTest);
 
 }  // namespace
 }  // namespace rdmakit::test

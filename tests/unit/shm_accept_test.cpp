@@ -40,20 +40,27 @@ int64_t ms_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
 }
 
+// A server and a client context, a CQ each, and the server's listener.
+class ShmAcceptTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Context> server = open_shm();
+  std::unique_ptr<Context> client = open_shm();
+  std::unique_ptr<CompletionQueue> scq = server->create_cq();
+  std::unique_ptr<CompletionQueue> ccq = client->create_cq();
+  std::unique_ptr<Listener> listener = server->listen("127.0.0.1:0");
+  const QpOptions sopts{.send_cq = scq.get(), .recv_cq = scq.get()};
+  const QpOptions copts{.send_cq = ccq.get(), .recv_cq = ccq.get()};
+};
+
 // Before: accept() took the silent client first and waited its whole
 // timeout for a Hello that never came, while the genuine one waited behind.
-TEST(ShmAcceptTest, SilentClientDoesNotDelayAGenuineOne) {
-  auto server = open_shm();
-  auto client = open_shm();
-  auto scq = server->create_cq();
-  auto ccq = client->create_cq();
-  auto listener = server->listen("127.0.0.1:0");
+TEST_F(ShmAcceptTest, SilentClientDoesNotDelayAGenuineOne) {
   Fd silent = raw_connect(listener->port());
   ASSERT_TRUE(silent);
   std::unique_ptr<QueuePair> accepted;
   std::thread acceptor([&] {
     try {
-      accepted = listener->accept({.send_cq = scq.get(), .recv_cq = scq.get()}, 4s);
+      accepted = listener->accept(sopts, 4s);
     } catch (const Error& e) {
       ADD_FAILURE() << e.what();
     }
@@ -63,8 +70,7 @@ TEST(ShmAcceptTest, SilentClientDoesNotDelayAGenuineOne) {
   const std::string hi = "genuine";
   std::unique_ptr<QueuePair> connected;
   try {
-    connected = client->connect("127.0.0.1:" + std::to_string(listener->port()),
-                                {.send_cq = ccq.get(), .recv_cq = ccq.get()},
+    connected = client->connect("127.0.0.1:" + std::to_string(listener->port()), copts,
                                 std::as_bytes(std::span(hi.data(), hi.size())), 3s);
   } catch (const Error& e) {
     ADD_FAILURE() << e.what();
@@ -82,15 +88,9 @@ TEST(ShmAcceptTest, SilentClientDoesNotDelayAGenuineOne) {
 
 // Before: a 1 ms accept() poll that took a connection whose Hello had not
 // arrived yet closed it (ETIMEDOUT), and the client's Hello met a closed socket.
-TEST(ShmAcceptTest, ShortAcceptPollsKeepAClientWhoseHelloIsLate) {
-  auto server = open_shm();
-  auto client = open_shm();
-  auto scq = server->create_cq();
-  auto ccq = client->create_cq();
-  auto listener = server->listen("127.0.0.1:0");
+TEST_F(ShmAcceptTest, ShortAcceptPollsKeepAClientWhoseHelloIsLate) {
   Fd sock = raw_connect(listener->port());
   ASSERT_TRUE(sock);
-  const QpOptions sopts{.send_cq = scq.get(), .recv_cq = scq.get()};
   for (int i = 0; i < 20; ++i) {  // the connection is taken, its Hello is not there
     try {
       auto qp = listener->accept(sopts, 1ms);
@@ -101,7 +101,6 @@ TEST(ShmAcceptTest, ShortAcceptPollsKeepAClientWhoseHelloIsLate) {
   }
   // Now the Hello, by hand (what connect() sends).
   auto& cctx = dynamic_cast<ShmContext&>(*client);
-  const QpOptions copts{.send_cq = ccq.get(), .recv_cq = ccq.get()};
   LocalEnd local = prepare_local_end(cctx, copts);
   ASSERT_EQ(send_handshake(sock.get(), cctx, local, copts, {}, true), 0);
   std::unique_ptr<QueuePair> accepted;
