@@ -10,9 +10,13 @@
 //     median of 5 runs of 40 ms, and the best run);
 //   with --tcp N, a TCP ping-pong of N bytes over loopback (one send() and
 //     one recv() per message, busy-polled: what any transport over kernel
-//     TCP pays at least).
+//     TCP pays at least);
+//   with --handoff N, a two-core handoff of N-byte chunks through shared
+//     slots (writer memcpy in, reader memcpy out, one flag per chunk): what
+//     any two-copy byte stream between two cores pays at least, for each
+//     slot count of --handoff-slots (default 2,4,32).
 //   rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] [--rounds N]
-//                  [--tcp BYTES]
+//                  [--tcp BYTES] [--handoff BYTES] [--handoff-slots 2,4,...]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -250,6 +254,75 @@ double memcpy_MBps(size_t size, int reps, std::chrono::milliseconds each, double
   return runs[runs.size() / 2];
 }
 
+// Two pinned threads hand `size`-byte chunks through `slots` shared slots:
+// the writer waits for a free slot, memcpy's a chunk in and raises the
+// slot's flag (a release store); the reader waits for the flag, memcpy's the
+// chunk out into its own hot buffer and clears the flag. Nothing else: no
+// indices shared beyond the flags, no protocol, no locks. The slots are
+// populated and page-aligned, each flag alone on its cache line. Returns the
+// median of `reps` runs of `each` in MB/s (bytes the reader copied out over
+// wall-clock time) and the best run in *best.
+double handoff_MBps(int cpu_a, int cpu_b, size_t size, size_t slots, int reps,
+                    std::chrono::milliseconds each, double* best) {
+  struct alignas(64) Flag {
+    std::atomic<uint32_t> full{0};
+  };
+  auto mem = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size * slots]);
+  auto flags = std::unique_ptr<Flag[]>(new Flag[slots]);
+  std::memset(mem.get(), 0, size * slots);
+  auto spin = [](uint32_t& spins) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    // Both ends on one core (or a busy one) must still progress.
+    if (++spins % 4096 == 0) ::sched_yield();
+  };
+  std::vector<double> runs;
+  for (int r = 0; r < reps; ++r) {
+    std::atomic<bool> stop{false};
+    uint64_t copied = 0;
+    std::thread reader([&] {
+      pin(cpu_b);
+      auto out = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size]);
+      std::memset(out.get(), 0, size);
+      uint32_t spins = 0;
+      for (uint64_t i = 0;; ++i) {
+        Flag& f = flags[i % slots];
+        while (f.full.load(std::memory_order_acquire) == 0) {
+          if (stop.load(std::memory_order_relaxed)) return;
+          spin(spins);
+        }
+        std::memcpy(out.get(), mem.get() + (i % slots) * size, size);
+        asm volatile("" : : "r"(out.get()) : "memory");
+        f.full.store(0, std::memory_order_release);
+        copied += size;
+      }
+    });
+    pin(cpu_a);
+    auto in = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size]);
+    std::memset(in.get(), 0x5a, size);
+    uint32_t spins = 0;
+    const auto t0 = Clock::now();
+    auto t1 = t0;
+    for (uint64_t i = 0;; ++i) {
+      Flag& f = flags[i % slots];
+      while (f.full.load(std::memory_order_acquire) != 0) spin(spins);
+      std::memcpy(mem.get() + (i % slots) * size, in.get(), size);
+      f.full.store(1, std::memory_order_release);
+      if (i % 16 == 15 && (t1 = Clock::now()) - t0 >= each) break;
+    }
+    // The reader's count at the deadline is what was delivered in time.
+    stop.store(true, std::memory_order_relaxed);
+    reader.join();
+    for (size_t k = 0; k < slots; ++k) flags[k].full.store(0);
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    runs.push_back(static_cast<double>(copied) / s / 1e6);
+  }
+  std::sort(runs.begin(), runs.end());
+  *best = runs.back();
+  return runs[runs.size() / 2];
+}
+
 std::vector<uint64_t> parse_list(const char* s) {
   std::vector<uint64_t> v;
   while (*s) {
@@ -267,7 +340,9 @@ int main(int argc, char** argv) {
   bool json = false;
   int cpu_a = 0, cpu_b = 1;
   int rounds = 3;
-  uint64_t tcp_size = 0;  // --tcp N: also a loopback TCP ping-pong of N bytes
+  uint64_t tcp_size = 0;      // --tcp N: also a loopback TCP ping-pong of N bytes
+  uint64_t handoff_size = 0;  // --handoff N: also the two-core handoff floor
+  std::vector<uint64_t> handoff_slots{2, 4, 32};
   std::vector<uint64_t> sizes;
   for (uint64_t v = 8; v <= (uint64_t{8} << 20); v *= 2) sizes.push_back(v);
   for (int i = 1; i < argc; ++i) {
@@ -284,12 +359,17 @@ int main(int argc, char** argv) {
       sizes = parse_list(argv[++i]);
     } else if (a == "--tcp" && i + 1 < argc) {
       tcp_size = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--handoff" && i + 1 < argc) {
+      handoff_size = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--handoff-slots" && i + 1 < argc) {
+      handoff_slots = parse_list(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr,
-                   "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
-                   "[--rounds N] [--tcp BYTES]\n");
+      std::fprintf(
+          stderr,
+          "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
+          "[--rounds N] [--tcp BYTES] [--handoff BYTES] [--handoff-slots 2,4,...]\n");
       return a == "-h" || a == "--help" ? 0 : 1;
     }
   }
@@ -344,6 +424,24 @@ int main(int argc, char** argv) {
           "TCP ping-pong over loopback, %llu B: half round trip %.2f us (min %.2f)\n",
           static_cast<unsigned long long>(tcp_size), tcp / 1000, tcp_best / 1000);
     }
+  }
+  for (uint64_t slots : handoff_size != 0 ? handoff_slots : std::vector<uint64_t>{}) {
+    if (slots == 0) continue;
+    double hbest = 0;
+    const double hbw = handoff_MBps(cpu_a, cpu_b, handoff_size, slots, 5,
+                                    std::chrono::milliseconds(100), &hbest);
+    if (json) {
+      std::printf(
+          "{\"floor\":\"handoff\",\"cpus\":[%d,%d],\"size\":%llu,\"slots\":%llu,"
+          "\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
+          cpu_a, cpu_b, static_cast<unsigned long long>(handoff_size),
+          static_cast<unsigned long long>(slots), hbw, hbest);
+    } else {
+      std::printf("two-core handoff, %llu B chunks, %llu slots: %.1f MB/s (best %.1f)\n",
+                  static_cast<unsigned long long>(handoff_size),
+                  static_cast<unsigned long long>(slots), hbw, hbest);
+    }
+    std::fflush(stdout);
   }
   if (!json)
     std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");

@@ -486,8 +486,14 @@ int main(int argc, char** argv) try {
     std::fflush(nullptr);
     _exit(rc);
   }
+  // Only the server writes the port: a server that fails first is then an
+  // end of file here, not a wait forever.
+  ::close(fds[1]);
   uint16_t port = 0;
-  if (::read(fds[0], &port, sizeof port) != sizeof port) return 1;
+  if (::read(fds[0], &port, sizeof port) != sizeof port) {
+    ::waitpid(child, nullptr, 0);
+    return 1;
+  }
   int rc = client(a, port);
   int status = 0;
   ::waitpid(child, &status, 0);
