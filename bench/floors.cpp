@@ -62,13 +62,19 @@ double time_pingpong(int cpu_a, int cpu_b, uint64_t batches, double* best, Ask a
                      Answer answer) {
   constexpr uint64_t kBatch = 100;
   std::atomic<bool> go{false};
+  std::atomic<bool> b_pinned{false};
   const uint64_t rounds = batches * kBatch;
   std::thread b([&] {
     pin(cpu_b);
+    b_pinned.store(true, std::memory_order_release);
     while (!go.load(std::memory_order_acquire)) {
     }
     for (uint64_t i = 1; i <= rounds; ++i) answer(i);
   });
+  // B must be on its core before A spins on its own: under SCHED_FIFO (chrt)
+  // a spinning A would otherwise keep B from ever running if both started on
+  // A's core.
+  while (!b_pinned.load(std::memory_order_acquire)) std::this_thread::yield();
   pin(cpu_a);
   std::vector<double> per_hop(batches);
   go.store(true, std::memory_order_release);
