@@ -41,6 +41,10 @@
 
 #include "fmt/format.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -268,8 +272,27 @@ double memcpy_MBps(size_t size, int reps, std::chrono::milliseconds each, double
 // populated and page-aligned, each flag alone on its cache line. Returns the
 // median of `reps` runs of `each` in MB/s (bytes the reader copied out over
 // wall-clock time) and the best run in *best.
-double handoff_MBps(int cpu_a, int cpu_b, size_t size, size_t slots, int reps,
-                    std::chrono::milliseconds each, double* best) {
+// Copies n bytes (n a multiple of 64, both 16-byte aligned) with non-temporal
+// stores: the lines go towards memory instead of staying dirty in the
+// writer's cache, where the reader would have to fetch them from.
+void copy_nontemporal(char* dst, const char* src, size_t n) noexcept {
+#if defined(__x86_64__)
+  for (size_t i = 0; i < n; i += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(src + i);
+    auto* d = reinterpret_cast<__m128i*>(dst + i);
+    _mm_stream_si128(d, _mm_load_si128(s));
+    _mm_stream_si128(d + 1, _mm_load_si128(s + 1));
+    _mm_stream_si128(d + 2, _mm_load_si128(s + 2));
+    _mm_stream_si128(d + 3, _mm_load_si128(s + 3));
+  }
+  _mm_sfence();  // the stores are visible before the flag that publishes them
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+double handoff_MBps(int cpu_a, int cpu_b, size_t size, size_t slots, bool nontemporal,
+                    int reps, std::chrono::milliseconds each, double* best) {
   struct alignas(64) Flag {
     std::atomic<uint32_t> full{0};
   };
@@ -313,7 +336,10 @@ double handoff_MBps(int cpu_a, int cpu_b, size_t size, size_t slots, int reps,
     for (uint64_t i = 0;; ++i) {
       Flag& f = flags[i % slots];
       while (f.full.load(std::memory_order_acquire) != 0) spin(spins);
-      std::memcpy(mem.get() + (i % slots) * size, in.get(), size);
+      if (nontemporal && size % 64 == 0)
+        copy_nontemporal(mem.get() + (i % slots) * size, in.get(), size);
+      else
+        std::memcpy(mem.get() + (i % slots) * size, in.get(), size);
       f.full.store(1, std::memory_order_release);
       if (i % 16 == 15 && (t1 = Clock::now()) - t0 >= each) break;
     }
@@ -349,6 +375,7 @@ int main(int argc, char** argv) {
   uint64_t tcp_size = 0;      // --tcp N: also a loopback TCP ping-pong of N bytes
   uint64_t handoff_size = 0;  // --handoff N: also the two-core handoff floor
   std::vector<uint64_t> handoff_slots{2, 4, 32};
+  bool handoff_nt = false;  // --handoff-nt: the writer's copies also non-temporal
   std::vector<uint64_t> sizes;
   for (uint64_t v = 8; v <= (uint64_t{8} << 20); v *= 2) sizes.push_back(v);
   for (int i = 1; i < argc; ++i) {
@@ -367,6 +394,8 @@ int main(int argc, char** argv) {
       tcp_size = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--handoff" && i + 1 < argc) {
       handoff_size = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--handoff-nt") {
+      handoff_nt = true;
     } else if (a == "--handoff-slots" && i + 1 < argc) {
       handoff_slots = parse_list(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
@@ -431,24 +460,27 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(tcp_size), tcp / 1000, tcp_best / 1000);
     }
   }
-  for (uint64_t slots : handoff_size != 0 ? handoff_slots : std::vector<uint64_t>{}) {
-    if (slots == 0) continue;
-    double hbest = 0;
-    const double hbw = handoff_MBps(cpu_a, cpu_b, handoff_size, slots, 5,
-                                    std::chrono::milliseconds(100), &hbest);
-    if (json) {
-      std::printf(
-          "{\"floor\":\"handoff\",\"cpus\":[%d,%d],\"size\":%llu,\"slots\":%llu,"
-          "\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
-          cpu_a, cpu_b, static_cast<unsigned long long>(handoff_size),
-          static_cast<unsigned long long>(slots), hbw, hbest);
-    } else {
-      std::printf("two-core handoff, %llu B chunks, %llu slots: %.1f MB/s (best %.1f)\n",
-                  static_cast<unsigned long long>(handoff_size),
-                  static_cast<unsigned long long>(slots), hbw, hbest);
+  for (int nt = 0; nt <= (handoff_nt ? 1 : 0); ++nt)
+    for (uint64_t slots : handoff_size != 0 ? handoff_slots : std::vector<uint64_t>{}) {
+      if (slots == 0) continue;
+      double hbest = 0;
+      const double hbw = handoff_MBps(cpu_a, cpu_b, handoff_size, slots, nt != 0, 5,
+                                      std::chrono::milliseconds(100), &hbest);
+      if (json) {
+        std::printf(
+            "{\"floor\":\"handoff\",\"cpus\":[%d,%d],\"size\":%llu,\"slots\":%llu,"
+            "\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
+            cpu_a, cpu_b, static_cast<unsigned long long>(handoff_size),
+            static_cast<unsigned long long>(slots), hbw, hbest);
+      } else {
+        std::printf(
+            "two-core handoff%s, %llu B chunks, %llu slots: %.1f MB/s (best %.1f)\n",
+            nt != 0 ? " (non-temporal stores)" : "",
+            static_cast<unsigned long long>(handoff_size),
+            static_cast<unsigned long long>(slots), hbw, hbest);
+      }
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
-  }
   if (!json)
     std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   pin(cpu_b);
