@@ -10,14 +10,21 @@
 //     median of 5 runs of 40 ms, and the best run);
 //   with --tcp N, a TCP ping-pong of N bytes over loopback (one send() and
 //     one recv() per message, busy-polled: what any transport over kernel
-//     TCP pays at least).
+//     TCP pays at least);
+//   with --handoff N, a two-core handoff of N-byte chunks through shared
+//     slots between two processes (writer memcpy in, reader memcpy out, one
+//     flag per chunk): what any two-copy byte stream between two cores pays
+//     at least, for each slot count of --handoff-slots (default 2,4,32);
+//     --handoff-nt adds the same with the writer's non-temporal stores.
 //   rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] [--rounds N]
-//                  [--tcp BYTES]
+//                  [--tcp BYTES] [--handoff BYTES] [--handoff-slots 2,4,...]
+//                  [--handoff-nt]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +43,10 @@
 #include <vector>
 
 #include "fmt/format.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 namespace {
 
@@ -58,13 +69,19 @@ double time_pingpong(int cpu_a, int cpu_b, uint64_t batches, double* best, Ask a
                      Answer answer) {
   constexpr uint64_t kBatch = 100;
   std::atomic<bool> go{false};
+  std::atomic<bool> b_pinned{false};
   const uint64_t rounds = batches * kBatch;
   std::thread b([&] {
     pin(cpu_b);
+    b_pinned.store(true, std::memory_order_release);
     while (!go.load(std::memory_order_acquire)) {
     }
     for (uint64_t i = 1; i <= rounds; ++i) answer(i);
   });
+  // B must be on its core before A spins on its own: under SCHED_FIFO (chrt)
+  // a spinning A would otherwise keep B from ever running if both started on
+  // A's core.
+  while (!b_pinned.load(std::memory_order_acquire)) std::this_thread::yield();
   pin(cpu_a);
   std::vector<double> per_hop(batches);
   go.store(true, std::memory_order_release);
@@ -250,6 +267,126 @@ double memcpy_MBps(size_t size, int reps, std::chrono::milliseconds each, double
   return runs[runs.size() / 2];
 }
 
+// Copies n bytes (n a multiple of 64, both 16-byte aligned) with non-temporal
+// stores: the lines go towards memory instead of staying dirty in the
+// writer's cache, where the reader would have to fetch them from.
+void copy_nontemporal(char* dst, const char* src, size_t n) noexcept {
+#if defined(__x86_64__)
+  for (size_t i = 0; i < n; i += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(src + i);
+    auto* d = reinterpret_cast<__m128i*>(dst + i);
+    _mm_stream_si128(d, _mm_load_si128(s));
+    _mm_stream_si128(d + 1, _mm_load_si128(s + 1));
+    _mm_stream_si128(d + 2, _mm_load_si128(s + 2));
+    _mm_stream_si128(d + 3, _mm_load_si128(s + 3));
+  }
+  _mm_sfence();  // the stores are visible before the flag that publishes them
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Two pinned processes hand `size`-byte chunks through `slots` shared slots:
+// the writer waits for a free slot, memcpy's a chunk in and raises the
+// slot's flag (a release store); the reader waits for the flag, memcpy's the
+// chunk out into its own hot buffer and clears the flag. Nothing else: no
+// indices shared beyond the flags, no protocol, no locks. The slots are
+// populated and page-aligned, each flag alone on its cache line. Returns the
+// median of `reps` runs of `each` in MB/s (bytes the reader copied out over
+// wall-clock time) and the best run in *best.
+double handoff_MBps(int cpu_a, int cpu_b, size_t size, size_t slots, bool nontemporal,
+                    int reps, std::chrono::milliseconds each, double* best) {
+  struct alignas(64) Flag {
+    std::atomic<uint32_t> full{0};
+  };
+  struct alignas(64) Shared {
+    std::atomic<uint32_t> ready{0};
+    std::atomic<uint32_t> stop{0};
+    std::atomic<uint64_t> copied{0};
+  };
+  static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared between processes");
+  // The reader is a forked process, as the stream's reader is: like for like
+  // (two threads of one process measured 2-5x below the stream's processes
+  // in one loaded run, though not in others).
+  const size_t meta = sizeof(Shared) + slots * sizeof(Flag);
+  const size_t meta_bytes = (meta + 4095) / 4096 * 4096;
+  const size_t bytes = meta_bytes + size * slots;
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (map == MAP_FAILED) return -1;
+  auto* shared = new (map) Shared();
+  auto* flags = new (static_cast<char*>(map) + sizeof(Shared)) Flag[slots];
+  char* mem = static_cast<char*>(map) + meta_bytes;
+  auto spin = [](uint32_t& spins) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    // Both ends on one core (or a busy one) must still progress.
+    if (++spins % 4096 == 0) ::sched_yield();
+  };
+  std::vector<double> runs;
+  for (int r = 0; r < reps; ++r) {
+    shared->ready.store(0);
+    shared->stop.store(0);
+    shared->copied.store(0);
+    for (size_t k = 0; k < slots; ++k) flags[k].full.store(0);
+    const pid_t child = ::fork();
+    if (child < 0) break;
+    if (child == 0) {
+      pin(cpu_b);
+      auto out = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size]);
+      std::memset(out.get(), 0, size);
+      shared->ready.store(1, std::memory_order_release);
+      uint32_t spins = 0;
+      uint64_t copied = 0;
+      for (uint64_t i = 0;; ++i) {
+        Flag& f = flags[i % slots];
+        while (f.full.load(std::memory_order_acquire) == 0) {
+          if (shared->stop.load(std::memory_order_relaxed) != 0) {
+            shared->copied.store(copied, std::memory_order_release);
+            std::_Exit(0);
+          }
+          spin(spins);
+        }
+        std::memcpy(out.get(), mem + (i % slots) * size, size);
+        asm volatile("" : : "r"(out.get()) : "memory");
+        f.full.store(0, std::memory_order_release);
+        copied += size;
+      }
+    }
+    pin(cpu_a);
+    auto in = std::unique_ptr<char[]>(new (std::align_val_t(4096)) char[size]);
+    std::memset(in.get(), 0x5a, size);
+    while (shared->ready.load(std::memory_order_acquire) == 0) ::sched_yield();
+    uint32_t spins = 0;
+    const auto t0 = Clock::now();
+    auto t1 = t0;
+    for (uint64_t i = 0;; ++i) {
+      Flag& f = flags[i % slots];
+      while (f.full.load(std::memory_order_acquire) != 0) spin(spins);
+      if (nontemporal && size % 64 == 0)
+        copy_nontemporal(mem + (i % slots) * size, in.get(), size);
+      else
+        std::memcpy(mem + (i % slots) * size, in.get(), size);
+      f.full.store(1, std::memory_order_release);
+      if (i % 16 == 15 && (t1 = Clock::now()) - t0 >= each) break;
+    }
+    // The reader's count when it sees the stop: what was delivered in time
+    // (and the few chunks in flight).
+    shared->stop.store(1, std::memory_order_relaxed);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    runs.push_back(static_cast<double>(shared->copied.load(std::memory_order_acquire)) /
+                   s / 1e6);
+  }
+  ::munmap(map, bytes);
+  if (runs.empty()) return -1;
+  std::sort(runs.begin(), runs.end());
+  *best = runs.back();
+  return runs[runs.size() / 2];
+}
+
 std::vector<uint64_t> parse_list(const char* s) {
   std::vector<uint64_t> v;
   while (*s) {
@@ -267,7 +404,10 @@ int main(int argc, char** argv) {
   bool json = false;
   int cpu_a = 0, cpu_b = 1;
   int rounds = 3;
-  uint64_t tcp_size = 0;  // --tcp N: also a loopback TCP ping-pong of N bytes
+  uint64_t tcp_size = 0;      // --tcp N: also a loopback TCP ping-pong of N bytes
+  uint64_t handoff_size = 0;  // --handoff N: also the two-core handoff floor
+  std::vector<uint64_t> handoff_slots{2, 4, 32};
+  bool handoff_nt = false;  // --handoff-nt: the writer's copies also non-temporal
   std::vector<uint64_t> sizes;
   for (uint64_t v = 8; v <= (uint64_t{8} << 20); v *= 2) sizes.push_back(v);
   for (int i = 1; i < argc; ++i) {
@@ -284,12 +424,19 @@ int main(int argc, char** argv) {
       sizes = parse_list(argv[++i]);
     } else if (a == "--tcp" && i + 1 < argc) {
       tcp_size = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--handoff" && i + 1 < argc) {
+      handoff_size = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--handoff-nt") {
+      handoff_nt = true;
+    } else if (a == "--handoff-slots" && i + 1 < argc) {
+      handoff_slots = parse_list(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr,
-                   "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
-                   "[--rounds N] [--tcp BYTES]\n");
+      std::fprintf(
+          stderr,
+          "usage: rdmakit-floors [--json] [--cpus A,B] [--sizes 8,64,...] "
+          "[--rounds N] [--tcp BYTES] [--handoff BYTES] [--handoff-slots 2,4,...]\n");
       return a == "-h" || a == "--help" ? 0 : 1;
     }
   }
@@ -345,6 +492,27 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(tcp_size), tcp / 1000, tcp_best / 1000);
     }
   }
+  for (int nt = 0; nt <= (handoff_nt ? 1 : 0); ++nt)
+    for (uint64_t slots : handoff_size != 0 ? handoff_slots : std::vector<uint64_t>{}) {
+      if (slots == 0) continue;
+      double hbest = 0;
+      const double hbw = handoff_MBps(cpu_a, cpu_b, handoff_size, slots, nt != 0, 5,
+                                      std::chrono::milliseconds(100), &hbest);
+      if (json) {
+        std::printf(
+            "{\"floor\":\"handoff\",\"cpus\":[%d,%d],\"size\":%llu,\"slots\":%llu,"
+            "\"bw_MBps\":%.2f,\"best_MBps\":%.2f}\n",
+            cpu_a, cpu_b, static_cast<unsigned long long>(handoff_size),
+            static_cast<unsigned long long>(slots), hbw, hbest);
+      } else {
+        std::printf(
+            "two-core handoff%s, %llu B chunks, %llu slots: %.1f MB/s (best %.1f)\n",
+            nt != 0 ? " (non-temporal stores)" : "",
+            static_cast<unsigned long long>(handoff_size),
+            static_cast<unsigned long long>(slots), hbw, hbest);
+      }
+      std::fflush(stdout);
+    }
   if (!json)
     std::printf("%-10s %-16s %s\n", "#bytes", "memcpy[MB/sec]", "best run[MB/sec]");
   pin(cpu_b);

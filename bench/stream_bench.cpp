@@ -56,6 +56,7 @@ struct Args {
   std::string bind = "127.0.0.1";
   bool poll_readiness = false;  // lat: readers spin on Stream::poll_readiness()
   bool poll_fd = false;         // lat: readers spin in poll(fd(), timeout 0)
+  size_t credit_every = 0;      // floor: bytes read per index publication (0: half ring)
 };
 
 void pin(int cpu) {
@@ -363,6 +364,7 @@ static_assert(sizeof(SpscIndex) == 64, "one index per cache line");
 int spsc_floor(const Args& a) {
   const size_t ring = a.rx_ring != 0 ? a.rx_ring : (2u << 20);
   const size_t chunk = std::min(a.size, ring);
+  const size_t credit_every = a.credit_every != 0 ? a.credit_every : ring / 2;
   void* map = ::mmap(nullptr, ring, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (map == MAP_FAILED) {
@@ -399,7 +401,7 @@ int spsc_floor(const Args& a) {
       // Consumed bytes go back once half the ring is read, as the stream's
       // CREDIT does: the writer then fills lines the reader left long ago
       // instead of taking each line from the reader's cache right after it.
-      if (t - published >= ring / 2) {
+      if (t - published >= credit_every) {
         tail->value.store(t, std::memory_order_release);
         published = t;
       }
@@ -457,6 +459,10 @@ int main(int argc, char** argv) try {
   app.add_option("--rx-ring", a.rx_ring, "Receive ring bytes");
   app.add_option("--tx-buffer", a.tx_buffer, "Send buffer bytes");
   app.add_option("--inline", a.max_inline, "max_inline");
+  app.add_option(
+      "--credit-every", a.credit_every,
+      "floor: bytes read between publications of the read index (default: half "
+      "the ring, as the stream's CREDIT)");
   app.add_option("--busy-poll-us", a.busy_poll_us,
                  "StreamOptions::busy_poll in us (default: 1 s for lat and bw)");
   app.add_option("--bind", a.bind, "Address (verbs: the RDMA interface's)");
@@ -486,8 +492,14 @@ int main(int argc, char** argv) try {
     std::fflush(nullptr);
     _exit(rc);
   }
+  // Only the server writes the port: a server that fails first is then an
+  // end of file here, not a wait forever.
+  ::close(fds[1]);
   uint16_t port = 0;
-  if (::read(fds[0], &port, sizeof port) != sizeof port) return 1;
+  if (::read(fds[0], &port, sizeof port) != sizeof port) {
+    ::waitpid(child, nullptr, 0);
+    return 1;
+  }
   int rc = client(a, port);
   int status = 0;
   ::waitpid(child, &status, 0);

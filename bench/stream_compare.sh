@@ -3,6 +3,8 @@
 #   shm 16 B ping-pong half round trip   vs  rdmakit-perf send_lat (shm, 16 B)
 #   shm 64 KiB streaming                 vs  single-core memcpy of 64 KiB
 #                                        and a bare two-thread SPSC ring (the floor)
+#                                        and the two-core handoff floor (rdmakit-floors
+#                                        --handoff: 32 x 64 KiB slots, the stream's 2 MiB)
 #   tcp 1 MiB streaming                  vs  rdmakit-perf write_bw (tcp, 1 MiB)
 #   memory and fds per idle stream (1,000 streams, shm and tcp)
 # Usage: bench/stream_compare.sh [BUILD_DIR]   (default: build)
@@ -40,6 +42,9 @@ run stream_shm_lat_16 "$sbench" lat --provider shm -s 16 -D "$secs" --cpus "$cpu
 run floor_memcpy_64k "$floors" --json --cpus "$cpus" --sizes 65536
 run stream_shm_bw_64k "$sbench" bw --provider shm -s 65536 -D "$secs" --cpus "$cpus"
 run floor_spsc_64k "$sbench" floor -s 65536 -D "$secs" --cpus "$cpus"
+handoff() { "$floors" --json --cpus "$cpus" --sizes 8 --rounds 1 --handoff 65536 --handoff-slots 32 |
+  grep '"floor":"handoff"'; }  # its memcpy line comes last
+run floor_handoff_64k handoff
 # The same with blocking waits (busy_poll 0): on a loaded machine spinning
 # ends stall each other, sleeping ones are woken by the scheduler.
 run stream_shm_bw_64k_sleep "$sbench" bw --provider shm -s 65536 -D "$secs" --cpus "$cpus" --busy-poll-us 0
@@ -73,6 +78,8 @@ ratio("shm 64 KiB streaming (MB/s): stream / memcpy", g("stream_shm_bw_64k", "bw
       g("floor_memcpy_64k", "bw_MBps"), 0.45, "higher")
 ratio("shm 64 KiB streaming (MB/s): stream / bare SPSC ring floor", g("stream_shm_bw_64k", "bw_MBps"),
       g("floor_spsc_64k", "bw_MBps"), 0.0, "higher")
+ratio("shm 64 KiB streaming (MB/s): stream / two-core handoff floor", g("stream_shm_bw_64k", "bw_MBps"),
+      g("floor_handoff_64k", "bw_MBps"), 0.0, "higher")
 ratio("shm 64 KiB streaming, busy_poll 0 (MB/s): stream / memcpy", g("stream_shm_bw_64k_sleep", "bw_MBps"),
       g("floor_memcpy_64k", "bw_MBps"), 0.45, "higher")
 ratio("tcp 1 MiB streaming (MB/s): stream / core write_bw", g("stream_tcp_bw_1m", "bw_MBps"),

@@ -9,8 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -37,7 +39,10 @@ size_t page_round(size_t length) {
 
 }  // namespace
 
-ShmContext::ShmContext() : Context(ProviderKind::kShm), pid_(::getpid()) {
+ShmContext::ShmContext(uint64_t streaming_write_min)
+    : Context(ProviderKind::kShm),
+      pid_(::getpid()),
+      streaming_write_min_(streaming_write_min) {
   table_fd_ = create_sealed_memfd("rdmakit-shm-regions", sizeof(RegionTable));
   if (!table_fd_) throw context_error("memfd_create(region table)", errno);
   void* mem = map_fd(table_fd_.get(), sizeof(RegionTable), true);
@@ -312,6 +317,27 @@ void ShmContext::serve_request(Link& link) {
 
 namespace rdmakit::core {
 std::unique_ptr<Context> make_shm_context(const ContextOptions&) {
-  return std::make_unique<shm::ShmContext>();
+  // RDMAKIT_SHM_STREAMING_WRITE_MIN=N: WRITE_WITH_IMMs of at least N bytes
+  // (at least 4096) copy with non-temporal stores. Off by default: it pays
+  // when the two cores are far apart (a line between them costs more than
+  // memory), and halves streaming when they share a cache (docs/streams.md).
+  uint64_t streaming_min = 0;
+  if (const char* env = std::getenv("RDMAKIT_SHM_STREAMING_WRITE_MIN");
+      env != nullptr && *env != 0) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (end == env || *end != 0) {
+      core::log().warn(
+          "shm: RDMAKIT_SHM_STREAMING_WRITE_MIN='{}' is not a byte count; ignored (off)",
+          env);
+    } else if (v != 0) {
+      streaming_min = std::max<uint64_t>(v, 4096);
+      core::log().info(
+          "shm: WRITE_WITH_IMMs of at least {} bytes use non-temporal stores "
+          "(RDMAKIT_SHM_STREAMING_WRITE_MIN={})",
+          streaming_min, env);
+    }
+  }
+  return std::make_unique<shm::ShmContext>(streaming_min);
 }
 }  // namespace rdmakit::core

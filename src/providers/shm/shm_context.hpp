@@ -25,7 +25,9 @@ class ShmMemoryRegion;
 // regions peers cannot map, and notices dead peers.
 class ShmContext final : public Context {
  public:
-  ShmContext();
+  // streaming_write_min: WRITE_WITH_IMMs of at least this many bytes copy
+  // with non-temporal stores (0: never); see copy_streaming().
+  explicit ShmContext(uint64_t streaming_write_min = 0);
   ~ShmContext() override;
 
   std::string device_name() const override { return "shm"; }
@@ -56,6 +58,7 @@ class ShmContext final : public Context {
   void remove_link(const std::shared_ptr<Link>& link);
 
   uint32_t next_qp_num() noexcept { return next_qp_num_++; }
+  uint64_t streaming_write_min() const noexcept { return streaming_write_min_; }
 
   // A peer context's region table (fd as received in a handshake), mapped
   // read-only once however many QPs lead to that peer: each mapping of it
@@ -69,6 +72,7 @@ class ShmContext final : public Context {
   void mark_gone(Link& link);
 
   pid_t pid_;
+  uint64_t streaming_write_min_;
   Fd table_fd_;
   Fd table_ro_fd_;
   RegionTable* table_ = nullptr;

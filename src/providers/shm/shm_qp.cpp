@@ -533,7 +533,13 @@ ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr,
   RecvClaim claim;
   if (!claim_recv(&claim)) return Exec::kBlocked;
   claim.slot->data_inline = 0;
-  if (wr.length != 0) *status = copy_to_peer(target, wr.local_addr, wr.length);
+  if (wr.length != 0 && target.mapped != nullptr && context_.streaming_write_min() != 0 &&
+      wr.length >= context_.streaming_write_min()) {
+    // The receiver reads these bytes next, on its own core (opt-in).
+    copy_streaming(target.mapped, wr.local_addr, wr.length);
+  } else if (wr.length != 0) {
+    *status = copy_to_peer(target, wr.local_addr, wr.length);
+  }
   if (*status == Status::kSuccess) {
     publish_recv(*claim.slot, wr, Opcode::kRecvWriteWithImm, Status::kSuccess);
   } else if (peer_srq_ != nullptr) {
