@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
-#include "helpers.hpp"
+#include "conformance.hpp"
+#include "stream_roles.hpp"
 
 namespace rdmakit::test {
 namespace {
@@ -31,59 +31,7 @@ using stream::EngineOptions;
 using stream::Stream;
 using stream::StreamOptions;
 
-class StreamTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void run(const RoleFn& server, const RoleFn& client, const RunOptions& options = {}) {
-    run_roles(GetParam(), server, client, options);
-  }
-};
-
-EngineOptions engine_options(RoleEnv& env, StreamOptions so = {}) {
-  EngineOptions o;
-  o.provider = env.kind();
-  o.stream = so;
-  return o;
-}
-
-// Server role: one engine, one accepted stream.
-struct Served {
-  std::shared_ptr<Engine> engine;
-  std::unique_ptr<stream::StreamListener> listener;
-  std::unique_ptr<Stream> s;
-};
-Served serve(RoleEnv& env, StreamOptions so = {}) {
-  Served r;
-  r.engine = Engine::create(engine_options(env, so));
-  r.listener = r.engine->listen(env.listen_address());
-  env.publish_port(r.listener->port());
-  r.s = r.listener->accept(scaled(10s));
-  return r;
-}
-// In split mode (two hosts) the server may not listen yet: retry refusals.
-std::unique_ptr<Stream> connect_retry(Engine& engine, const std::string& address,
-                                      const StreamOptions& so) {
-  const auto until = std::chrono::steady_clock::now() + scaled(10s);
-  for (;;) {
-    try {
-      return engine.connect(address, so);
-    } catch (const Error& e) {
-      if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > until)
-        throw;
-      std::this_thread::sleep_for(50ms);
-    }
-  }
-}
-
-struct Connected {
-  std::shared_ptr<Engine> engine;
-  std::unique_ptr<Stream> s;
-};
-Connected dial(RoleEnv& env, StreamOptions so = {}) {
-  Connected r;
-  r.engine = Engine::create(engine_options(env, so));
-  r.s = connect_retry(*r.engine, env.server_address(), so);
-  return r;
-}
+class StreamTest : public ProviderTest {};
 
 // Blocking helpers that fail the test on short transfers.
 void write_all(Stream& s, const void* data, size_t len) {
@@ -1066,10 +1014,7 @@ TEST_P(StreamTest, ThousandConcurrentStreams) {
       ro);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, StreamTest, ::testing::ValuesIn(providers_from_env()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+RDMAKIT_INSTANTIATE_PROVIDERS(StreamTest);
 
 }  // namespace
 }  // namespace rdmakit::test
