@@ -66,7 +66,15 @@ class TcpCq final : public CompletionQueue {
   uint64_t overflows() const noexcept { return overflows_; }
   uint32_t capacity() const noexcept { return static_cast<uint32_t>(ring_.size()); }
 
-  static constexpr int64_t kDriveWindowNs = 200'000;
+  // How long after its last poll an unarmed CQ still counts as driven. An
+  // application thread that busy-polls between pieces of its own work (a
+  // stream writer copying 1 MiB and sending it: 250-350 us between polls)
+  // must keep its sockets through such a gap: with 200 us the progress
+  // thread took them over in every gap, and each takeover was a wake-up, a
+  // context switch and lock contention on the application's own core. A
+  // thread that stops polling arms the CQ first (which ends the window at
+  // once) or is taken over this much later.
+  static constexpr int64_t kDriveWindowNs = 2'000'000;
 
  private:
   std::shared_ptr<Engine> engine_;
