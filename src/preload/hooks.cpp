@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "conn_io.hpp"
+#include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
@@ -54,6 +55,7 @@ bool inet(const sockaddr* sa) {
 void forget_stale(int fd) {
   if (is_conn(fd)) (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
+  forget_epoll(fd);
 }
 
 uint16_t port_of(const sockaddr* sa) {
@@ -299,6 +301,7 @@ EXPORT int close(int fd) {
     return r;
   }
   if (is_listener(fd)) remove_listener(fd);
+  forget_epoll(fd);
   return real().close(fd);
 }
 
