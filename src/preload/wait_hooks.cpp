@@ -53,7 +53,9 @@ void kernel_looks_at(int fd) {
   epoll_seen_by_kernel(fd);
 }
 
-void kernel_looks_at(const pollfd* fds, nfds_t n) {
+// Not const: glibc declares poll's array write-only, and a const pointer
+// to it would count as reading memory the caller need not have set.
+void kernel_looks_at(pollfd* fds, nfds_t n) {
   if (!any_upgraded()) return;
   for (nfds_t i = 0; i < n; ++i) {
     if (fds[i].fd >= 0) kernel_looks_at(fds[i].fd);
