@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -61,6 +62,8 @@ struct EpSet {
   std::vector<Upgraded> ups;
   size_t next = 0;                      // where the next scan starts (round robin)
   std::atomic<unsigned> user_calls{0};  // calls answered from user space alone in a row
+  // This set's spin before it sleeps (adaptive_spin); 0: the configured one.
+  std::atomic<int64_t> spin_us{0};
 
   bool user_mode() const noexcept {
     return tracked && !nested && special == 0 && collisions == 0 && !ups.empty() &&
@@ -252,6 +255,36 @@ uint32_t epoll_bits(short ev, uint32_t asked) {
   auto bits = static_cast<uint32_t>(static_cast<uint16_t>(ev));
   if ((bits & EPOLLHUP) != 0) bits |= EPOLLRDHUP;  // a hang-up ends the read side too
   return bits & (asked | EPOLLERR | EPOLLHUP);
+}
+
+// The spin of a user-mode set adapts to how soon its sleeps end: a sleep
+// that a somewhat longer spin would have spared (events within
+// kSpinGrowth x the configured spin) doubles the next spins, up to that
+// bound; a sleep that ends later, or by its timeout, returns to the
+// configured spin. A request/response load whose other end answers in
+// bursts (redis-benchmark's 50 clients) keeps spinning between bursts, where
+// each sleep would cost the progress thread's wake-up and a readiness signal
+// per connection; an idle program sleeps after the configured spin.
+constexpr int64_t kSpinGrowth = 16;
+
+std::chrono::microseconds set_spin(const EpSet& s, int timeout_ms) {
+  const int64_t base = config().busy_poll.count();
+  int64_t us = s.spin_us.load(std::memory_order_relaxed);
+  if (us < base) us = base;
+  if (timeout_ms >= 0 && static_cast<int64_t>(timeout_ms) * 1000 < us) us = timeout_ms * 1000LL;
+  return std::chrono::microseconds(us);
+}
+
+void adapt_spin(EpSet& s, int r, SpinClock::duration slept) {
+  const int64_t base = config().busy_poll.count();
+  const int64_t cap = base * kSpinGrowth;
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(slept).count();
+  int64_t next = base;
+  if (r > 0 && us < cap) {
+    next = std::max(base, s.spin_us.load(std::memory_order_relaxed)) * 2;
+    if (next > cap) next = cap;
+  }
+  s.spin_us.store(next, std::memory_order_relaxed);
 }
 
 // One call's view of the upgraded registrations (reused storage: no
@@ -482,7 +515,7 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
     start = s->next % snap.size();
   }
   const size_t n_up = snap.size();
-  const auto spin = spin_budget(timeout);
+  const auto spin = set_spin(*s, timeout);
   const auto t0 = SpinClock::now();
   // Kernel answers for upgraded registrations are dropped: user space
   // answered for them (their data is theirs alone: no collisions).
@@ -551,7 +584,9 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
                 .count();
         left = ms >= timeout ? 0 : timeout - static_cast<int>(ms);
       }
+      const auto slept_from = SpinClock::now();
       r = real().epoll_wait(epfd, events, max, left);
+      adapt_spin(*s, r, SpinClock::now() - slept_from);
       const int saved = errno;
       {
         std::lock_guard lock(s->mu);
