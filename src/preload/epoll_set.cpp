@@ -176,6 +176,8 @@ void sync_kernel(EpSet& s) noexcept {
 // Before the kernel looks at the set: registrations and readiness sockets
 // current. s.mu held.
 void kernel_current(EpSet& s) noexcept {
+  // A forked child's copy: the registrations and connections are the parent's.
+  if (s.owner != process_id()) return;
   const int saved = errno;
   sync_kernel(s);
   leave_lazy(s);
