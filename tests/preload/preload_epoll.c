@@ -7,6 +7,8 @@
  *                           twice in one call
  *   preload_epoll mod       EPOLL_CTL_MOD of events and data, then a sleep
  *   preload_epoll del-add   DEL then ADD, EEXIST/ENOENT, a sleep after a DEL
+ *   preload_epoll dup       a set waited on through a dup of its fd after
+ *                           the original spun: woken by data
  *   preload_epoll drained   after a read that drained the stream, EPOLLIN
  *                           is not reported again (one spurious EAGAIN at
  *                           most), spinning or sleeping
@@ -363,6 +365,54 @@ static void case_del_add(void) {
   close(fd);
 }
 
+/* ---- dup: the set spins through its own fd (timeout 0), then a wait
+ * through a dup of it sleeps in the kernel: the peer's data must wake it. */
+static void dup_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  char c;
+  for (int round = 0; round < 3; ++round) {
+    read_all(fd, &c, 1);
+    sleep_ms(50);
+    write_all(fd, "d", 1);
+  }
+  read_all(fd, &c, 1);
+}
+
+static void case_dup(void) {
+  int fd;
+  pid_t pid = connect_child(&fd, dup_client);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 41};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add");
+  int ep2 = -1;
+  for (int round = 0; round < 3; ++round) {
+    struct epoll_event got[2];
+    for (int i = 0; i < 100; ++i) CHECK(epoll_wait(ep, got, 2, 0) == 0, "spurious event");
+    if (round == 0) ep2 = dup(ep);
+    if (round == 1) {
+      close(ep2);
+      ep2 = fcntl(ep, F_DUPFD_CLOEXEC, 0);
+    }
+    if (round == 2) {
+      close(ep2);
+      ep2 = dup3(ep, 50, O_CLOEXEC);
+    }
+    CHECK(ep2 >= 0, "dup");
+    write_all(fd, "w", 1);
+    const int64_t t0 = now_ms();
+    CHECK(epoll_wait(ep2, got, 2, WAIT_MS) == 1 && got[0].data.u64 == 41,
+          "round %d: the dup's sleep not woken after %lld ms", round,
+          (long long)(now_ms() - t0));
+    char c;
+    CHECK(read(fd, &c, 1) == 1 && c == 'd', "read");
+  }
+  write_all(fd, "e", 1);
+  reap(pid);
+  close(ep2);
+  close(ep);
+  close(fd);
+}
+
 /* ---- drained: the client sends a message per round, sometimes at once
  * (the server's wait spins), sometimes later (it sleeps); the server reads
  * until EAGAIN. Afterwards EPOLLIN must not be reported: at most one
@@ -437,7 +487,7 @@ static void case_drained(void) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: preload_epoll mixed|mod|del-add|drained\n");
+    fprintf(stderr, "usage: preload_epoll mixed|mod|del-add|dup|drained\n");
     return 2;
   }
   case_name = argv[1];
@@ -448,6 +498,8 @@ int main(int argc, char** argv) {
     case_mod();
   } else if (strcmp(case_name, "del-add") == 0) {
     case_del_add();
+  } else if (strcmp(case_name, "dup") == 0) {
+    case_dup();
   } else if (strcmp(case_name, "drained") == 0) {
     case_drained();
   } else {
