@@ -56,7 +56,7 @@ void kernel_looks_at(int fd) {
 // Not const: glibc declares poll's array write-only, and a const pointer
 // to it would count as reading memory the caller need not have set.
 void kernel_looks_at(pollfd* fds, nfds_t n) {
-  if (!any_upgraded()) return;
+  if (!any_upgraded() || engine_thread()) return;
   for (nfds_t i = 0; i < n; ++i) {
     if (fds[i].fd >= 0) kernel_looks_at(fds[i].fd);
   }
@@ -65,7 +65,7 @@ void kernel_looks_at(pollfd* fds, nfds_t n) {
 bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
 
 void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex) {
-  if (!any_upgraded() || n <= 0 || n > FD_SETSIZE) return;
+  if (!any_upgraded() || engine_thread() || n <= 0 || n > FD_SETSIZE) return;
   for (int fd = 0; fd < n; ++fd) {
     if (in(rd, fd) || in(wr, fd) || in(ex, fd)) kernel_looks_at(fd);
   }
