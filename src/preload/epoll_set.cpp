@@ -2,88 +2,23 @@
 
 #include <sys/epoll.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <mutex>
-#include <unordered_map>
-#include <vector>
 
+#include "epoll_registry.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 
 namespace rdmakit::preload {
 
-namespace {
-
-// Registrations of upgraded connections with these flags keep the kernel
-// path: their semantics live in the kernel's ready list.
-constexpr uint32_t kSpecial = EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLWAKEUP;
-
-// An upgraded registration as the application sees it (user view: what
-// epoll_ctl last asked) and as the kernel holds it. epoll_ctl on a user-mode
-// set changes the user view only; the kernel's is brought level before any
-// kernel wait on the set (sync_kernel).
-struct Upgraded {
-  int fd;
-  uint32_t events;
-  epoll_data_t data;
-  std::weak_ptr<Conn> conn;
-  bool in_user;
-  bool in_kernel;
-  uint32_t k_events;
-  uint64_t k_data;
-};
-
-struct Reg {
-  uint64_t data;
-  int up;  // index in EpSet::ups; -1 for a kernel fd
-};
-
-struct DataUse {
-  int kernel = 0;
-  int upgraded = 0;
-};
-
-struct EpSet {
-  std::mutex mu;
-  int epfd = -1;
-  bool tracked = false;  // created by the application in this process image
-  pid_t owner = 0;
-  bool nested = false;        // the kernel looks at the set itself
-  int special = 0;            // upgraded registrations with kSpecial flags
-  int collisions = 0;         // data values of both a kernel and an upgraded registration
-  int sleepers = 0;           // threads in a kernel wait on the set
-  bool lazy_any = false;      // some connection may have lazy readiness through this set
-  bool kernel_stale = false;  // some upgraded registration's kernel view differs
-  std::unordered_map<int, Reg> regs;
-  std::unordered_map<uint64_t, DataUse> data_use;
-  std::vector<Upgraded> ups;
-  size_t next = 0;                      // where the next scan starts (round robin)
-  std::atomic<unsigned> user_calls{0};  // calls answered from user space alone in a row
-  // This set's spin before it sleeps (adaptive_spin); 0: the configured one.
-  std::atomic<int64_t> spin_us{0};
-
-  bool user_mode() const noexcept {
-    return tracked && !nested && special == 0 && collisions == 0 && !ups.empty() &&
-           owner == process_id();
-  }
-  void use_data(uint64_t d, bool upgraded, int delta) {
-    DataUse& u = data_use[d];
-    const bool was = u.kernel > 0 && u.upgraded > 0;
-    (upgraded ? u.upgraded : u.kernel) += delta;
-    const bool now = u.kernel > 0 && u.upgraded > 0;
-    collisions += static_cast<int>(now) - static_cast<int>(was);
-    if (u.kernel <= 0 && u.upgraded <= 0) data_use.erase(d);
-  }
-};
+namespace ep {
 
 // One slot per descriptor number, never freed (a late hook may still look);
 // untouched slots cost no memory.
 std::atomic<EpSet*> g_sets[kMaxFd];
 
-EpSet* get(int fd, bool create) {
+EpSet* set_of(int fd, bool create) {
   if (fd < 0 || fd >= kMaxFd) return nullptr;
   EpSet* s = g_sets[fd].load(std::memory_order_acquire);
   if (s != nullptr || !create) return s;
@@ -251,57 +186,21 @@ void mod_reg(EpSet& s, int fd, const epoll_event& ev) {
   set_kernel(s, u, true, ev.events, ev.data.u64);
 }
 
-// What the readiness socket would show for the stream's state, as epoll
-// reports it for a registration of `asked` events.
-uint32_t epoll_bits(short ev, uint32_t asked) {
-  auto bits = static_cast<uint32_t>(static_cast<uint16_t>(ev));
-  if ((bits & EPOLLHUP) != 0) bits |= EPOLLRDHUP;  // a hang-up ends the read side too
-  return bits & (asked | EPOLLERR | EPOLLHUP);
-}
+}  // namespace ep
 
-// The spin of a user-mode set adapts to how soon its sleeps end: a sleep
-// that a somewhat longer spin would have spared (events within
-// kSpinGrowth x the configured spin) doubles the next spins, up to that
-// bound; a sleep that ends later, or by its timeout, returns to the
-// configured spin. A request/response load whose other end answers in
-// bursts (redis-benchmark's 50 clients) keeps spinning between bursts, where
-// each sleep would cost the progress thread's wake-up and a readiness signal
-// per connection; an idle program sleeps after the configured spin.
-constexpr int64_t kSpinGrowth = 16;
-
-std::chrono::microseconds set_spin(const EpSet& s, int timeout_ms) {
-  const int64_t base = config().busy_poll.count();
-  int64_t us = s.spin_us.load(std::memory_order_relaxed);
-  if (us < base) us = base;
-  if (timeout_ms >= 0 && static_cast<int64_t>(timeout_ms) * 1000 < us) us = timeout_ms * 1000LL;
-  return std::chrono::microseconds(us);
-}
-
-void adapt_spin(EpSet& s, int r, SpinClock::duration slept) {
-  const int64_t base = config().busy_poll.count();
-  const int64_t cap = base * kSpinGrowth;
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(slept).count();
-  int64_t next = base;
-  if (r > 0 && us < cap) {
-    next = std::max(base, s.spin_us.load(std::memory_order_relaxed)) * 2;
-    if (next > cap) next = cap;
-  }
-  s.spin_us.store(next, std::memory_order_relaxed);
-}
-
-// One call's view of the upgraded registrations (reused storage: no
-// allocation per call once warm).
-struct Snap {
-  std::shared_ptr<Conn> conn;
-  uint32_t events;
-  epoll_data_t data;
-};
-thread_local std::vector<Snap> t_snap;
-
-}  // namespace
+using ep::add_reg;
+using ep::EpSet;
+using ep::kernel_current;
+using ep::kSpecial;
+using ep::leave_lazy;
+using ep::mod_reg;
+using ep::remove_reg;
+using ep::set_lazy;
+using ep::set_user;
+using ep::Upgraded;
 
 void epoll_created(int epfd) noexcept {
-  EpSet* s = get(epfd, true);
+  EpSet* s = ep::set_of(epfd, true);
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
   leave_lazy(*s);
@@ -319,7 +218,7 @@ void epoll_created(int epfd) noexcept {
 }
 
 void forget_epoll(int epfd) noexcept {
-  EpSet* s = get(epfd, false);
+  EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
   if (!s->tracked && s->ups.empty()) return;
@@ -338,7 +237,7 @@ void forget_epoll(int epfd) noexcept {
 }
 
 void epoll_seen_by_kernel(int fd) noexcept {
-  EpSet* s = get(fd, false);
+  EpSet* s = ep::set_of(fd, false);
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
   if (!s->tracked || s->nested) return;
@@ -355,7 +254,7 @@ void keep_readiness_current(Conn& c) noexcept {
 
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
-  EpSet* s = get(epfd, false);
+  EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) {
     // A set created before this library was loaded: the kernel judges it.
     if (op == EPOLL_CTL_ADD && is_conn(fd)) {
@@ -389,7 +288,7 @@ void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
 bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
                     int* result) noexcept {
   if (!is_conn(fd)) return false;
-  EpSet* s = get(epfd, false);
+  EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return false;
   auto c = find_conn(fd);
   std::lock_guard lock(s->mu);
@@ -441,7 +340,7 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
 }
 
 bool epoll_engines(int epfd, EngineDrain* d) noexcept {
-  EpSet* s = get(epfd, false);
+  EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return false;
   std::lock_guard lock(s->mu);
   bool any = false;
@@ -450,7 +349,7 @@ bool epoll_engines(int epfd, EngineDrain* d) noexcept {
 }
 
 KernelEpollWait::KernelEpollWait(int epfd) noexcept {
-  EpSet* s = get(epfd, false);
+  EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
   if (!s->tracked) return;
@@ -464,147 +363,6 @@ KernelEpollWait::~KernelEpollWait() {
   auto* s = static_cast<EpSet*>(set_);
   std::lock_guard lock(s->mu);
   --s->sleepers;
-}
-
-bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
-                     int* result) noexcept {
-  if (max <= 0 || !wait_may_spin()) return false;
-  EpSet* s = get(epfd, false);
-  if (s == nullptr) return false;
-  EngineDrain engines;
-  auto& snap = t_snap;
-  snap.clear();
-  size_t start = 0;
-  {
-    std::lock_guard lock(s->mu);
-    if (!s->user_mode() || s->sleepers > 0) {
-      kernel_current(*s);
-      return false;
-    }
-    try {
-      snap.reserve(s->ups.size());
-      for (size_t i = 0; i < s->ups.size();) {
-        Upgraded& u = s->ups[i];
-        auto c = u.conn.lock();
-        if (!c) {
-          // Closed (its registration left the kernel set with it).
-          remove_reg(*s, epfd, u.fd);
-          continue;
-        }
-        if (!engines.add(c)) {  // a forked child's copy
-          kernel_current(*s);
-          return false;
-        }
-        if (!c->lazy.load(std::memory_order_relaxed) &&
-            !c->eager.load(std::memory_order_relaxed)) {
-          std::lock_guard clock(c->lazy_mu);
-          if (!c->eager.load(std::memory_order_relaxed) && c->epoll_set == epfd) {
-            set_lazy(*c, true);
-            s->lazy_any = true;
-          }
-        }
-        if (u.in_user) snap.push_back({std::move(c), u.events, u.data});
-        ++i;
-      }
-    } catch (...) {
-      kernel_current(*s);
-      return false;
-    }
-    if (snap.empty()) {
-      kernel_current(*s);
-      return false;
-    }
-    start = s->next % snap.size();
-  }
-  const size_t n_up = snap.size();
-  const auto spin = set_spin(*s, timeout);
-  const auto t0 = SpinClock::now();
-  // Kernel answers for upgraded registrations are dropped: user space
-  // answered for them (their data is theirs alone: no collisions).
-  auto kernel = [&](epoll_event* out, int room) -> int {
-    const int k = real().epoll_wait(epfd, out, room, 0);
-    if (k <= 0) return k;
-    std::lock_guard lock(s->mu);
-    int kept = 0;
-    for (int i = 0; i < k; ++i) {
-      auto it = s->data_use.find(out[i].data.u64);
-      if (it != s->data_use.end() && it->second.upgraded > 0) continue;
-      out[kept++] = out[i];
-    }
-    return kept;
-  };
-  int r = 0;
-  for (unsigned tries = 0;; ++tries) {
-    engines.drain();
-    // The kernel's turn: every kKernelEvery-th call, with room kept for it.
-    const bool kernel_due =
-        s->user_calls.fetch_add(1, std::memory_order_relaxed) + 1 >= kKernelEvery;
-    int room = max;
-    if (kernel_due && max > 1) room = max - 1;
-    int n = 0;
-    size_t i = 0;
-    if (!(kernel_due && max == 1)) {
-      for (; i < n_up && n < room; ++i) {
-        const Snap& e = snap[(start + i) % n_up];
-        const uint32_t bits = epoll_bits(e.conn->stream->last_events(), e.events);
-        if (bits == 0) continue;
-        events[n].events = bits;
-        events[n].data = e.data;
-        ++n;
-      }
-    }
-    if (n == 0 || kernel_due) {
-      s->user_calls.store(0, std::memory_order_relaxed);
-      const int k = kernel(events + n, max - n);
-      if (k < 0 && n == 0) {
-        r = -1;
-        break;
-      }
-      if (k > 0) n += k;
-    }
-    if (n > 0) {
-      // The next call starts after the last one reported: none starves.
-      std::lock_guard lock(s->mu);
-      s->next = (start + (i == 0 ? 1 : i)) % n_up;
-      r = n;
-      break;
-    }
-    if (SpinClock::now() - t0 >= spin) {
-      r = 0;
-      if (timeout == 0) break;
-      // Sleep in the kernel: readiness sockets current, progress thread armed.
-      {
-        std::lock_guard lock(s->mu);
-        ++s->sleepers;
-        kernel_current(*s);
-      }
-      engines.before_sleep();
-      int left = timeout;
-      if (timeout > 0) {
-        const auto ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(SpinClock::now() - t0)
-                .count();
-        left = ms >= timeout ? 0 : timeout - static_cast<int>(ms);
-      }
-      const auto slept_from = SpinClock::now();
-      r = real().epoll_wait(epfd, events, max, left);
-      adapt_spin(*s, r, SpinClock::now() - slept_from);
-      const int saved = errno;
-      {
-        std::lock_guard lock(s->mu);
-        --s->sleepers;
-      }
-      errno = saved;
-      break;
-    }
-    spin_pause(tries);
-  }
-  const int saved = errno;
-  for (auto& e : snap) e.conn.reset();
-  snap.clear();
-  errno = saved;
-  *result = r;
-  return true;
 }
 
 }  // namespace rdmakit::preload
