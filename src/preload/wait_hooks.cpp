@@ -5,11 +5,15 @@
 // (wait_spin.hpp), for up to RDMAKIT_PRELOAD_BUSY_POLL_US, and returns as
 // soon as something is ready; then it makes sure the progress thread
 // watches and sleeps in the kernel on the readiness sockets as before.
-// Sets made only of upgraded connections are answered without a syscall;
-// mixed sets and epoll ask the kernel with a zero timeout after each drain
+// poll/select sets made only of upgraded connections are answered without
+// a syscall; mixed sets ask the kernel with a zero timeout after each drain
 // (the readiness sockets are current then, so every kernel semantic holds).
-// Sets without upgraded connections, a zero timeout, the engine's own
-// threads and processes without upgraded connections go straight to libc.
+// epoll sets in user mode (epoll_set.hpp) are answered from the streams and
+// their epoll_ctl calls kept in user space; other epoll sets drain, then ask
+// the kernel. Any kernel look at an upgraded fd first makes its readiness
+// socket current (kernel_looks_at, KernelEpollWait). Sets without upgraded
+// connections, a zero timeout, the engine's own threads and processes
+// without upgraded connections go straight to libc.
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
