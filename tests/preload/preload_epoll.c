@@ -9,6 +9,8 @@
  *   preload_epoll del-add   DEL then ADD, EEXIST/ENOENT, a sleep after a DEL
  *   preload_epoll dup       a set waited on through a dup of its fd after
  *                           the original spun: woken by data
+ *   preload_epoll threads   one thread polls the set with a zero timeout
+ *                           while another sleeps on it: the data wakes it
  *   preload_epoll drained   after a read that drained the stream, EPOLLIN
  *                           is not reported again (one spurious EAGAIN at
  *                           most), spinning or sleeping
@@ -18,7 +20,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,6 +417,61 @@ static void case_dup(void) {
   close(fd);
 }
 
+/* ---- threads: a second thread keeps calling epoll_wait on the set with a
+ * zero timeout (it would take readiness from the streams and make their
+ * readiness sockets lazy) while the main thread sleeps on the set; each
+ * message of the peer must wake the sleeper. */
+static atomic_int stop_poller;
+static int poller_ep;
+
+static void* zero_poller(void* arg) {
+  (void)arg;
+  struct epoll_event got[2];
+  while (!atomic_load(&stop_poller)) (void)epoll_wait(poller_ep, got, 2, 0);
+  return NULL;
+}
+
+static void threads_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  char c;
+  for (int round = 0; round < 5; ++round) {
+    read_all(fd, &c, 1);
+    sleep_ms(30);
+    write_all(fd, "t", 1);
+  }
+  read_all(fd, &c, 1);
+}
+
+static void case_threads(void) {
+  int fd;
+  pid_t pid = connect_child(&fd, threads_client);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 51};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add");
+  poller_ep = ep;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, zero_poller, NULL) == 0, "pthread_create");
+  for (int round = 0; round < 5; ++round) {
+    write_all(fd, "w", 1);
+    struct epoll_event got[2];
+    const int64_t t0 = now_ms();
+    const int n = epoll_wait(ep, got, 2, WAIT_MS);
+    CHECK(n == 1 && got[0].data.u64 == 51,
+          "round %d: sleeper not woken: %d after %lld ms", round, n,
+          (long long)(now_ms() - t0));
+    CHECK(now_ms() - t0 < 2000, "round %d: woken after %lld ms", round,
+          (long long)(now_ms() - t0));
+    char c;
+    CHECK(read(fd, &c, 1) == 1 && c == 't', "read");
+  }
+  atomic_store(&stop_poller, 1);
+  CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+  write_all(fd, "e", 1);
+  reap(pid);
+  close(ep);
+  close(fd);
+}
+
 /* ---- drained: the client sends a message per round, sometimes at once
  * (the server's wait spins), sometimes later (it sleeps); the server reads
  * until EAGAIN. Afterwards EPOLLIN must not be reported: at most one
@@ -487,7 +546,7 @@ static void case_drained(void) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: preload_epoll mixed|mod|del-add|dup|drained\n");
+    fprintf(stderr, "usage: preload_epoll mixed|mod|del-add|dup|threads|drained\n");
     return 2;
   }
   case_name = argv[1];
@@ -500,6 +559,8 @@ int main(int argc, char** argv) {
     case_del_add();
   } else if (strcmp(case_name, "dup") == 0) {
     case_dup();
+  } else if (strcmp(case_name, "threads") == 0) {
+    case_threads();
   } else if (strcmp(case_name, "drained") == 0) {
     case_drained();
   } else {
