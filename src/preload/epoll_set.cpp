@@ -85,6 +85,13 @@ void sync_kernel(EpSet& s) noexcept {
   s.kernel_stale = false;
   for (size_t i = 0; i < s.ups.size();) {
     Upgraded& u = s.ups[i];
+    auto c = u.conn.lock();
+    if (!c || !is_conn(u.fd) || find_conn(u.fd) != c) {
+      // Closed: its registration left the kernel set with it, and the number
+      // may name another file now (never touched here).
+      remove_reg(s, s.epfd, u.fd);
+      continue;
+    }
     if (!u.in_user) {
       if (u.in_kernel) (void)real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, u.fd, nullptr);
       remove_reg(s, s.epfd, u.fd);  // moves the last entry to i
@@ -94,10 +101,8 @@ void sync_kernel(EpSet& s) noexcept {
       epoll_event ev{};
       ev.events = u.events;
       ev.data = u.data;
-      int r = real().epoll_ctl(s.epfd, u.in_kernel ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, u.fd,
-                               &ev);
-      if (r != 0 && errno == ENOENT)
-        r = real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, u.fd, &ev);
+      const int r = real().epoll_ctl(s.epfd, u.in_kernel ? EPOLL_CTL_MOD : EPOLL_CTL_ADD,
+                                     u.fd, &ev);
       try {
         if (r == 0) set_kernel(s, u, true, u.events, u.data.u64);
       } catch (...) {
