@@ -8,6 +8,7 @@
 #include <chrono>
 #include <vector>
 
+#include "epoll_set.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "wait_spin.hpp"
@@ -40,7 +41,9 @@ int advance(const iovec* iov, int n, size_t skip, std::vector<iovec>* out) {
 
 // Waits for `events` on fd until deadline (or forever). 0 ready, -EAGAIN
 // timed out, -EINTR interrupted by a signal.
-int wait_for(int fd, short events, bool has_deadline, Clock::time_point deadline) {
+int wait_for(Conn& c, int fd, short events, bool has_deadline,
+             Clock::time_point deadline) {
+  keep_readiness_current(c);  // it sleeps on the readiness socket
   int timeout = -1;
   if (has_deadline) {
     const auto left =
@@ -186,7 +189,7 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     }
     if (spin.active()) continue;
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLIN) != 0) continue;
-    const int w = wait_for(fd, POLLIN, tmo > 0, deadline);
+    const int w = wait_for(c, fd, POLLIN, tmo > 0, deadline);
     if (w != 0) {
       if (got > 0) return static_cast<ssize_t>(got);
       errno = -w;
@@ -244,7 +247,7 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     if (spin.active() && spin.until(c, POLLOUT, false)) continue;
     spin.stop();
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLOUT) != 0) continue;
-    const int w = wait_for(fd, POLLOUT, tmo > 0, deadline);
+    const int w = wait_for(c, fd, POLLOUT, tmo > 0, deadline);
     if (w != 0) {
       if (done > 0) return static_cast<ssize_t>(done);
       errno = -w;

@@ -2,104 +2,372 @@
 
 #include <sys/epoll.h>
 
-#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <mutex>
-#include <unordered_map>
-#include <vector>
+
+#include "epoll_registry.hpp"
+#include "libc.hpp"
+#include "process.hpp"
 
 namespace rdmakit::preload {
 
-namespace {
+namespace ep {
 
-struct Entry {
-  int fd;
-  std::weak_ptr<Conn> conn;  // the connection the fd named when it was added
-};
+// One slot per descriptor number, never freed (a late hook may still look);
+// untouched slots cost no memory.
+std::atomic<EpSet*> g_sets[kMaxFd];
 
-struct Sets {
-  std::mutex mu;
-  std::unordered_map<int, std::vector<Entry>> by_epfd;
-  // Lock-free test for epoll_wait: does epfd watch any upgraded fd?
-  std::atomic<uint8_t> has[kMaxFd];
-};
-
-// Never destroyed: a late hook (atexit, another thread) may still look.
-Sets& sets() {
-  static Sets* s = new Sets();
-  return *s;
+EpSet* set_of(int fd, bool create) {
+  if (fd < 0 || fd >= kMaxFd) return nullptr;
+  EpSet* s = g_sets[fd].load(std::memory_order_acquire);
+  if (s != nullptr || !create) return s;
+  auto* fresh = new (std::nothrow) EpSet();
+  if (fresh == nullptr) return nullptr;
+  if (!g_sets[fd].compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) {
+    delete fresh;
+    return s;
+  }
+  return fresh;
 }
 
-}  // namespace
+// c.lazy_mu held.
+void set_lazy(Conn& c, bool on) noexcept {
+  if (c.lazy.load(std::memory_order_relaxed) == on || !c.stream) return;
+  c.stream->set_lazy_readiness(on);
+  c.lazy.store(on, std::memory_order_relaxed);
+}
 
-void track_epoll_ctl(int epfd, int op, int fd) noexcept {
-  // Nothing to track before the first upgrade (a preloaded program that
-  // never upgrades allocates nothing here).
-  if (epfd < 0 || epfd >= kMaxFd || op == EPOLL_CTL_MOD || !any_upgraded()) return;
-  Sets& s = sets();
-  if (op == EPOLL_CTL_ADD) {
-    auto c = find_conn(fd);
-    if (!c) return;
-    std::lock_guard lock(s.mu);
-    try {
-      s.by_epfd[epfd].push_back({fd, c});
-    } catch (...) {
-      return;  // only the spin is lost: the kernel still reports the fd
+// s.mu held: every connection of the set gets current readiness sockets.
+void leave_lazy(EpSet& s) noexcept {
+  if (!s.lazy_any) return;
+  for (auto& u : s.ups) {
+    auto c = u.conn.lock();
+    if (!c || c->owner != process_id()) continue;
+    std::lock_guard lock(c->lazy_mu);
+    set_lazy(*c, false);
+  }
+  s.lazy_any = false;
+}
+
+// The user view of u becomes (in, events, data); s.mu held.
+void set_user(EpSet& s, Upgraded& u, bool in, uint32_t events, epoll_data_t data) {
+  if (u.in_user) {
+    if ((u.events & kSpecial) != 0) --s.special;
+    s.use_data(u.data.u64, true, -1);
+  }
+  u.in_user = in;
+  if (!in) return;
+  u.events = events;
+  u.data = data;
+  if ((events & kSpecial) != 0) ++s.special;
+  s.use_data(data.u64, true, 1);
+  s.regs[u.fd].data = data.u64;
+}
+
+// The kernel view of u; its data counts as upgraded too (kernel answers
+// carrying it are dropped while it is registered). s.mu held.
+void set_kernel(EpSet& s, Upgraded& u, bool in, uint32_t events, uint64_t data) {
+  if (u.in_kernel) s.use_data(u.k_data, true, -1);
+  u.in_kernel = in;
+  if (!in) return;
+  u.k_events = events;
+  u.k_data = data;
+  s.use_data(data, true, 1);
+}
+
+void remove_reg(EpSet& s, int epfd, int fd);
+
+// The kernel's registrations of upgraded fds made level with the user
+// view (the epoll_ctl calls user mode spared). s.mu held.
+void sync_kernel(EpSet& s) noexcept {
+  if (!s.kernel_stale) return;
+  s.kernel_stale = false;
+  for (size_t i = 0; i < s.ups.size();) {
+    Upgraded& u = s.ups[i];
+    auto c = u.conn.lock();
+    if (!c || !is_conn(u.fd) || find_conn(u.fd) != c) {
+      // Closed: its registration left the kernel set with it, and the number
+      // may name another file now (never touched here).
+      remove_reg(s, s.epfd, u.fd);
+      continue;
     }
-    s.has[epfd].store(1, std::memory_order_release);
+    if (!u.in_user) {
+      if (u.in_kernel) (void)real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, u.fd, nullptr);
+      remove_reg(s, s.epfd, u.fd);  // moves the last entry to i
+      continue;
+    }
+    if (!u.in_kernel || u.k_events != u.events || u.k_data != u.data.u64) {
+      epoll_event ev{};
+      ev.events = u.events;
+      ev.data = u.data;
+      const int r = real().epoll_ctl(s.epfd, u.in_kernel ? EPOLL_CTL_MOD : EPOLL_CTL_ADD,
+                                     u.fd, &ev);
+      try {
+        if (r == 0) set_kernel(s, u, true, u.events, u.data.u64);
+      } catch (...) {
+        s.kernel_stale = true;
+      }
+    }
+    ++i;
+  }
+}
+
+// Before the kernel looks at the set: registrations and readiness sockets
+// current. s.mu held.
+void kernel_current(EpSet& s) noexcept {
+  // A forked child's copy: the registrations and connections are the parent's.
+  if (s.owner != process_id()) return;
+  const int saved = errno;
+  sync_kernel(s);
+  leave_lazy(s);
+  errno = saved;
+}
+
+// s.mu held.
+void remove_reg(EpSet& s, int epfd, int fd) {
+  auto it = s.regs.find(fd);
+  if (it == s.regs.end()) return;
+  const int up = it->second.up;
+  if (up < 0) {
+    s.use_data(it->second.data, false, -1);
+  } else {
+    Upgraded& u = s.ups[static_cast<size_t>(up)];
+    if (u.in_user) {
+      if ((u.events & kSpecial) != 0) --s.special;
+      s.use_data(u.data.u64, true, -1);
+    }
+    if (u.in_kernel) s.use_data(u.k_data, true, -1);
+    if (auto c = u.conn.lock(); c && c->owner == process_id()) {
+      std::lock_guard lock(c->lazy_mu);
+      set_lazy(*c, false);
+      if (c->epoll_set == epfd) c->epoll_set = -1;
+    }
+    if (static_cast<size_t>(up) + 1 != s.ups.size()) {
+      u = std::move(s.ups.back());
+      s.regs[u.fd].up = up;
+    }
+    s.ups.pop_back();
+  }
+  s.regs.erase(fd);
+}
+
+void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
+  auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+  if (!c || c->owner != process_id()) {
+    s.regs[fd] = Reg{ev.data.u64, -1};
+    s.use_data(ev.data.u64, false, 1);
     return;
   }
-  if (op == EPOLL_CTL_DEL && s.has[epfd].load(std::memory_order_acquire) != 0) {
-    std::lock_guard lock(s.mu);
-    auto it = s.by_epfd.find(epfd);
-    if (it == s.by_epfd.end()) return;
-    auto& v = it->second;
-    v.erase(
-        std::remove_if(v.begin(), v.end(), [fd](const Entry& e) { return e.fd == fd; }),
-        v.end());
-    if (v.empty()) {
-      s.by_epfd.erase(it);
-      s.has[epfd].store(0, std::memory_order_release);
+  {
+    std::lock_guard lock(c->lazy_mu);
+    if (c->epoll_set == -1) {
+      c->epoll_set = epfd;
+    } else if (c->epoll_set != epfd) {
+      // In a second set: the kernel may look at its readiness socket there.
+      c->eager.store(true, std::memory_order_release);
+      set_lazy(*c, false);
     }
   }
+  s.regs[fd] = Reg{ev.data.u64, static_cast<int>(s.ups.size())};
+  s.ups.push_back({fd, ev.events, ev.data, c, false, false, 0, 0});
+  Upgraded& u = s.ups.back();
+  set_user(s, u, true, ev.events, ev.data);
+  set_kernel(s, u, true, ev.events, ev.data.u64);
+}
+
+void mod_reg(EpSet& s, int fd, const epoll_event& ev) {
+  auto it = s.regs.find(fd);
+  if (it == s.regs.end()) return;
+  const int up = it->second.up;
+  if (up < 0) {
+    s.use_data(it->second.data, false, -1);
+    s.use_data(ev.data.u64, false, 1);
+    it->second.data = ev.data.u64;
+    return;
+  }
+  Upgraded& u = s.ups[static_cast<size_t>(up)];
+  set_user(s, u, true, ev.events, ev.data);
+  set_kernel(s, u, true, ev.events, ev.data.u64);
+}
+
+}  // namespace ep
+
+using ep::add_reg;
+using ep::EpSet;
+using ep::kernel_current;
+using ep::kSpecial;
+using ep::leave_lazy;
+using ep::mod_reg;
+using ep::remove_reg;
+using ep::set_lazy;
+using ep::set_user;
+using ep::Upgraded;
+
+void epoll_created(int epfd) noexcept {
+  EpSet* s = ep::set_of(epfd, true);
+  if (s == nullptr) return;
+  std::lock_guard lock(s->mu);
+  leave_lazy(*s);
+  s->regs.clear();
+  s->data_use.clear();
+  s->ups.clear();
+  s->epfd = epfd;
+  s->kernel_stale = false;
+  s->tracked = true;
+  s->owner = process_id();
+  s->nested = false;
+  s->special = s->collisions = s->sleepers = 0;
+  s->next = 0;
+  s->user_calls = 0;
 }
 
 void forget_epoll(int epfd) noexcept {
-  if (epfd < 0 || epfd >= kMaxFd || !any_upgraded()) return;
-  Sets& s = sets();
-  if (s.has[epfd].load(std::memory_order_acquire) == 0) return;
-  std::lock_guard lock(s.mu);
-  s.by_epfd.erase(epfd);
-  s.has[epfd].store(0, std::memory_order_release);
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return;
+  std::lock_guard lock(s->mu);
+  if (!s->tracked && s->ups.empty()) return;
+  leave_lazy(*s);
+  for (auto& u : s->ups) {
+    auto c = u.conn.lock();
+    if (!c || c->owner != process_id()) continue;
+    std::lock_guard clock(c->lazy_mu);
+    if (c->epoll_set == epfd) c->epoll_set = -1;
+  }
+  s->regs.clear();
+  s->data_use.clear();
+  s->ups.clear();
+  s->tracked = false;
+  s->special = s->collisions = 0;
+}
+
+void epoll_seen_by_kernel(int fd) noexcept {
+  EpSet* s = ep::set_of(fd, false);
+  if (s == nullptr) return;
+  std::lock_guard lock(s->mu);
+  if (!s->tracked || s->nested) return;
+  s->nested = true;
+  kernel_current(*s);
+}
+
+void keep_readiness_current(Conn& c) noexcept {
+  if (c.eager.load(std::memory_order_acquire) || c.owner != process_id()) return;
+  std::lock_guard lock(c.lazy_mu);
+  c.eager.store(true, std::memory_order_release);
+  set_lazy(c, false);
+}
+
+void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
+  if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) {
+    // A set created before this library was loaded: the kernel judges it.
+    if (op == EPOLL_CTL_ADD && is_conn(fd)) {
+      if (auto c = find_conn(fd)) keep_readiness_current(*c);
+    }
+    return;
+  }
+  std::lock_guard lock(s->mu);
+  if (!s->tracked) {
+    if (op == EPOLL_CTL_ADD && is_conn(fd)) {
+      if (auto c = find_conn(fd)) keep_readiness_current(*c);
+    }
+    return;
+  }
+  try {
+    if (op == EPOLL_CTL_DEL) {
+      remove_reg(*s, epfd, fd);
+    } else if (ev != nullptr && op == EPOLL_CTL_ADD) {
+      remove_reg(*s, epfd, fd);  // a number reused after a close the kernel saw
+      add_reg(*s, epfd, fd, *ev);
+    } else if (ev != nullptr && op == EPOLL_CTL_MOD) {
+      mod_reg(*s, fd, *ev);
+    }
+  } catch (...) {
+    // Out of memory: the set leaves user mode for good (the kernel judges).
+    s->nested = true;
+  }
+  if (!s->user_mode()) kernel_current(*s);
+}
+
+bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
+                    int* result) noexcept {
+  if (!is_conn(fd)) return false;
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return false;
+  auto c = find_conn(fd);
+  std::lock_guard lock(s->mu);
+  auto it = s->regs.find(fd);
+  const bool ours = c && wait_may_spin() && s->user_mode() && s->sleepers == 0 &&
+                    it != s->regs.end() && it->second.up >= 0;
+  Upgraded* u = ours ? &s->ups[static_cast<size_t>(it->second.up)] : nullptr;
+  bool handled = u != nullptr && u->conn.lock() == c;
+  if (handled && op != EPOLL_CTL_DEL) {
+    // What user mode cannot answer goes to the kernel: special flags, data
+    // shared with a kernel registration, a missing event.
+    handled = ev != nullptr && (ev->events & kSpecial) == 0;
+    if (handled) {
+      auto d = s->data_use.find(ev->data.u64);
+      handled = d == s->data_use.end() || d->second.kernel == 0;
+    }
+  }
+  if (!handled) {
+    // The kernel's answer must be the user view's: registrations level first.
+    kernel_current(*s);
+    return false;
+  }
+  int r = 0;
+  try {
+    if (op == EPOLL_CTL_ADD && !u->in_user) {
+      set_user(*s, *u, true, ev->events, ev->data);
+    } else if (op == EPOLL_CTL_ADD) {
+      r = EEXIST;
+    } else if (op == EPOLL_CTL_MOD && u->in_user) {
+      set_user(*s, *u, true, ev->events, ev->data);
+    } else if (op == EPOLL_CTL_DEL && u->in_user) {
+      set_user(*s, *u, false, 0, {});
+    } else if (op == EPOLL_CTL_MOD || op == EPOLL_CTL_DEL) {
+      r = ENOENT;
+    } else {
+      r = EINVAL;
+    }
+  } catch (...) {
+    r = ENOMEM;
+  }
+  s->kernel_stale = true;
+  if (r != 0) {
+    errno = r;
+    *result = -1;
+  } else {
+    *result = 0;
+  }
+  return true;
 }
 
 bool epoll_engines(int epfd, EngineDrain* d) noexcept {
-  if (epfd < 0 || epfd >= kMaxFd) return false;
-  Sets& s = sets();
-  if (s.has[epfd].load(std::memory_order_acquire) == 0) return false;
-  std::lock_guard lock(s.mu);
-  auto it = s.by_epfd.find(epfd);
-  if (it == s.by_epfd.end()) return false;
-  auto& v = it->second;
-  // Closed connections (their fd left the kernel set with them) are dropped
-  // here; at most one per engine is needed.
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return false;
+  std::lock_guard lock(s->mu);
   bool any = false;
-  for (size_t i = 0; i < v.size();) {
-    auto c = v[i].conn.lock();
-    if (!c) {
-      v[i] = std::move(v.back());
-      v.pop_back();
-      continue;
-    }
-    any = d->add(std::move(c)) || any;
-    ++i;
-    if (any && !d->empty() && i >= 8) break;  // both engines rarely: enough
-  }
-  if (v.empty()) {
-    s.by_epfd.erase(it);
-    s.has[epfd].store(0, std::memory_order_release);
-  }
+  for (auto& u : s->ups) any = d->add(u.conn.lock()) || any;
   return any;
+}
+
+KernelEpollWait::KernelEpollWait(int epfd) noexcept {
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return;
+  std::lock_guard lock(s->mu);
+  if (!s->tracked) return;
+  ++s->sleepers;
+  kernel_current(*s);
+  set_ = s;
+}
+
+KernelEpollWait::~KernelEpollWait() {
+  if (set_ == nullptr) return;
+  auto* s = static_cast<EpSet*>(set_);
+  std::lock_guard lock(s->mu);
+  --s->sleepers;
 }
 
 }  // namespace rdmakit::preload

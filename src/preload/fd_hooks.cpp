@@ -36,7 +36,14 @@ EXPORT int eventfd(unsigned initval, int flags) {
 EXPORT int epoll_create1(int flags) {
   const int fd = real().epoll_create1(flags);
   if (internal_caller(CALLER)) return place_high(fd);
-  forget_epoll(fd);  // a closed epoll fd's connections are not this one's
+  epoll_created(fd);  // every registration of this set passes through epoll_ctl
+  return fd;
+}
+
+EXPORT int epoll_create(int size) {
+  const int fd = real().epoll_create(size);
+  if (internal_caller(CALLER)) return place_high(fd);
+  epoll_created(fd);
   return fd;
 }
 

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "conn_io.hpp"
+#include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
@@ -54,6 +55,7 @@ bool inet(const sockaddr* sa) {
 void forget_stale(int fd) {
   if (is_conn(fd)) (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
+  forget_epoll(fd);
 }
 
 uint16_t port_of(const sockaddr* sa) {
@@ -299,6 +301,7 @@ EXPORT int close(int fd) {
     return r;
   }
   if (is_listener(fd)) remove_listener(fd);
+  forget_epoll(fd);
   return real().close(fd);
 }
 
@@ -438,7 +441,10 @@ int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
     if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && internal_caller(caller)) {
       r = place_high(r);
     }
-    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_stale(r);
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) {
+      forget_stale(r);
+      epoll_seen_by_kernel(fd);  // an epoll set now also answers under another number
+    }
     return r;
   }
   auto c = find_conn(fd);
@@ -554,6 +560,7 @@ EXPORT int dup(int fd) {
   const int r = real().dup(fd);
   if (r < 0) return r;
   forget_stale(r);
+  epoll_seen_by_kernel(fd);  // an epoll set now also answers under another number
   if (auto c = find_conn(fd); c && r < kMaxFd) install_conn(r, std::move(c));
   return r;
 }
@@ -566,6 +573,8 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
   // newfd was closed by the kernel: drop what it was, keep the old alias.
   replaced = remove_conn(newfd);
   if (is_listener(newfd)) remove_listener(newfd);
+  forget_epoll(newfd);
+  epoll_seen_by_kernel(oldfd);  // an epoll set now also answers under another number
   if (c && newfd < kMaxFd) install_conn(newfd, std::move(c));
   return r;
 }

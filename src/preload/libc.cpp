@@ -56,6 +56,7 @@ void resolve_libc() noexcept {
   bind(l.socketpair, "socketpair");
   bind(l.eventfd, "eventfd");
   bind(l.epoll_create1, "epoll_create1");
+  bind(l.epoll_create, "epoll_create");
   bind(l.memfd_create, "memfd_create");
   bind(l.timerfd_create, "timerfd_create");
   bind(l.open, "open");

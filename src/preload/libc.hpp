@@ -55,6 +55,7 @@ struct Libc {
   int (*socketpair)(int, int, int, int*);
   int (*eventfd)(unsigned, int);
   int (*epoll_create1)(int);
+  int (*epoll_create)(int);
   int (*memfd_create)(const char*, unsigned);
   int (*timerfd_create)(int, int);
   int (*open)(const char*, int, ...);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct Conn {
   std::atomic<bool> foreign_logged{false};  // a fork child's use, logged once
   // The stream's error was reported (conn_io.hpp take_stream_error).
   std::atomic<bool> error_reported{false};
+  // Lazy readiness (epoll_set.hpp): lazy and epoll_set under lazy_mu.
+  std::mutex lazy_mu;
+  std::atomic<bool> lazy{false};   // Stream::set_lazy_readiness(true) is in force
+  int epoll_set = -1;              // the one epoll set it is registered in; -1 none
+  std::atomic<bool> eager{false};  // watched by the kernel elsewhere: never lazy
   ~Conn();
 };
 

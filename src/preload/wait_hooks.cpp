@@ -5,11 +5,15 @@
 // (wait_spin.hpp), for up to RDMAKIT_PRELOAD_BUSY_POLL_US, and returns as
 // soon as something is ready; then it makes sure the progress thread
 // watches and sleeps in the kernel on the readiness sockets as before.
-// Sets made only of upgraded connections are answered without a syscall;
-// mixed sets and epoll ask the kernel with a zero timeout after each drain
+// poll/select sets made only of upgraded connections are answered without
+// a syscall; mixed sets ask the kernel with a zero timeout after each drain
 // (the readiness sockets are current then, so every kernel semantic holds).
-// Sets without upgraded connections, a zero timeout, the engine's own
-// threads and processes without upgraded connections go straight to libc.
+// epoll sets in user mode (epoll_set.hpp) are answered from the streams and
+// their epoll_ctl calls kept in user space; other epoll sets drain, then ask
+// the kernel. Any kernel look at an upgraded fd first makes its readiness
+// socket current (kernel_looks_at, KernelEpollWait). Sets without upgraded
+// connections, a zero timeout, the engine's own threads and processes
+// without upgraded connections go straight to libc.
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -42,6 +46,35 @@ int left(int timeout_ms, SpinClock::duration spent) {
   return ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(ms);
 }
 
+// The kernel is about to look at fd (poll, select): an upgraded
+// connection's readiness socket must be current, and an epoll set polled
+// leaves user mode (epoll_set.hpp).
+void kernel_looks_at(int fd) {
+  if (is_conn(fd)) {
+    if (auto c = find_conn(fd)) keep_readiness_current(*c);
+    return;
+  }
+  epoll_seen_by_kernel(fd);
+}
+
+// Not const: glibc declares poll's array write-only, and a const pointer
+// to it would count as reading memory the caller need not have set.
+void kernel_looks_at(pollfd* fds, nfds_t n) {
+  if (!any_upgraded() || engine_thread()) return;
+  for (nfds_t i = 0; i < n; ++i) {
+    if (fds[i].fd >= 0) kernel_looks_at(fds[i].fd);
+  }
+}
+
+bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
+
+void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex) {
+  if (!any_upgraded() || engine_thread() || n <= 0 || n > FD_SETSIZE) return;
+  for (int fd = 0; fd < n; ++fd) {
+    if (in(rd, fd) || in(wr, fd) || in(ex, fd)) kernel_looks_at(fd);
+  }
+}
+
 // The events the readiness socket shows for the stream's state
 // (Stream::poll_events; a hang-up ends the read side too), as poll reports
 // them: what was asked, and POLLERR and POLLHUP always.
@@ -53,6 +86,7 @@ short mirrored(short ev, short asked) {
 }  // namespace
 
 EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
+  kernel_looks_at(fds, n);
   if (timeout == 0 || n == 0 || !wait_may_spin()) return real().poll(fds, n, timeout);
   EngineDrain engines;
   std::array<std::shared_ptr<Conn>, kMaxDirect> direct;
@@ -95,6 +129,8 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
 }
 
 EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
+  int answer = 0;
+  if (user_epoll_wait(epfd, events, max, timeout, &answer)) return answer;
   if (timeout == 0 || !wait_may_spin())
     return real().epoll_wait(epfd, events, max, timeout);
   EngineDrain engines;
@@ -110,13 +146,16 @@ EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
     if (SpinClock::now() - start >= spin) break;
     spin_pause(tries);
   }
+  const KernelEpollWait current(epfd);
   engines.before_sleep();
   return real().epoll_wait(epfd, events, max, left(timeout, SpinClock::now() - start));
 }
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  int answer = 0;
+  if (!engine_thread() && user_epoll_ctl(epfd, op, fd, event, &answer)) return answer;
   const int r = real().epoll_ctl(epfd, op, fd, event);
-  if (r == 0 && !engine_thread()) track_epoll_ctl(epfd, op, fd);
+  if (r == 0 && !engine_thread()) track_epoll_ctl(epfd, op, fd, event);
   return r;
 }
 
@@ -139,11 +178,10 @@ struct FdSets {
   }
 };
 
-bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
-
 }  // namespace
 
 EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
+  kernel_looks_at(n, rd, wr, ex);
   const bool zero = tv != nullptr && tv->tv_sec == 0 && tv->tv_usec == 0;
   if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
     return real().select(n, rd, wr, ex, tv);
@@ -234,6 +272,7 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
 // it (conn_io.cpp), and without the announcement the progress thread could
 // still be in a 2 ms unarmed nap when the next message arrives.
 EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask) {
+  kernel_looks_at(fds, n);
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
   if (!zero && n > 0 && wait_may_spin()) {
     EngineDrain engines;
@@ -247,6 +286,7 @@ EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mas
 
 EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tmo,
                    const sigset_t* mask) {
+  kernel_looks_at(n, rd, wr, ex);
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
   if (!zero && n > 0 && n <= FD_SETSIZE && wait_may_spin()) {
     EngineDrain engines;
@@ -261,6 +301,7 @@ EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tm
 
 EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout,
                        const sigset_t* mask) {
+  const KernelEpollWait current(epfd);  // readiness sockets current while it waits
   if (timeout != 0 && wait_may_spin()) {
     EngineDrain engines;
     if (epoll_engines(epfd, &engines)) engines.before_sleep();
@@ -274,6 +315,7 @@ EXPORT int epoll_pwait2(int epfd, epoll_event* events, int max, const timespec* 
     errno = ENOSYS;  // as a libc without it would answer
     return -1;
   }
+  const KernelEpollWait current(epfd);  // readiness sockets current while it waits
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
   if (!zero && wait_may_spin()) {
     EngineDrain engines;

@@ -212,6 +212,18 @@ class Stream {
   // POLLIN; its data arriving is then not signalled on fd() (the read takes
   // it and leaves fd() current), which spares two syscalls per message.
   short poll_readiness(bool about_to_sleep = false, bool reads_next = false) noexcept;
+  // poll_events() as the engine last published it (after its last change
+  // to the stream), read without the engine lock or a syscall: for a caller
+  // that has just drained the engine (poll_readiness on any of its streams)
+  // and then checks many streams.
+  short last_events() const noexcept;
+  // While on, the stream's becoming readable with data is not signalled on
+  // fd() (as poll_readiness's reads_next, but for every arrival, whoever
+  // collects it): for a caller that takes readiness from last_events() and
+  // reads what it finds, sparing two syscalls per message. End of stream
+  // and errors are still signalled at once. Turning it off brings fd() up to
+  // date at once: it must be off whenever anyone may sleep on fd().
+  void set_lazy_readiness(bool on) noexcept;
 
   // The error that ended the stream (0 while healthy) and its cause.
   int error() const noexcept;
@@ -231,6 +243,7 @@ class Stream {
          std::shared_ptr<detail::StreamCore> core) noexcept;
   std::shared_ptr<detail::EngineImpl> engine_;
   std::shared_ptr<detail::StreamCore> core_;
+  bool lazy_readiness_ = false;  // set_lazy_readiness; the engine lock guards it
 };
 
 }  // namespace rdmakit::stream

@@ -1,0 +1,216 @@
+// epoll_wait of a user-mode set (epoll_set.hpp): readiness of upgraded
+// registrations from the streams, the kernel set asked for the rest, an
+// adaptive spin, then a sleep in the kernel with everything current.
+#include <sys/epoll.h>
+
+#include <cerrno>
+#include <chrono>
+#include <vector>
+
+#include "epoll_registry.hpp"
+#include "epoll_set.hpp"
+#include "libc.hpp"
+#include "process.hpp"
+
+namespace rdmakit::preload {
+
+using ep::EpSet;
+using ep::kernel_current;
+using ep::remove_reg;
+using ep::set_lazy;
+using ep::Upgraded;
+
+namespace {
+
+// What the readiness socket would show for the stream's state, as epoll
+// reports it for a registration of `asked` events.
+uint32_t epoll_bits(short ev, uint32_t asked) {
+  auto bits = static_cast<uint32_t>(static_cast<uint16_t>(ev));
+  if ((bits & EPOLLHUP) != 0) bits |= EPOLLRDHUP;  // a hang-up ends the read side too
+  return bits & (asked | EPOLLERR | EPOLLHUP);
+}
+
+// The spin of a user-mode set adapts to how soon its sleeps end: a sleep
+// that a somewhat longer spin would have spared (events within
+// kSpinGrowth x the configured spin) doubles the next spins, up to that
+// bound; a sleep that ends later, or by its timeout, returns to the
+// configured spin. A request/response load whose other end answers in
+// bursts (redis-benchmark's 50 clients) keeps spinning between bursts, where
+// each sleep would cost the progress thread's wake-up and a readiness signal
+// per connection; an idle program sleeps after the configured spin.
+constexpr int64_t kSpinGrowth = 16;
+
+std::chrono::microseconds set_spin(const EpSet& s, int timeout_ms) {
+  const int64_t base = config().busy_poll.count();
+  int64_t us = s.spin_us.load(std::memory_order_relaxed);
+  if (us < base) us = base;
+  if (timeout_ms >= 0 && static_cast<int64_t>(timeout_ms) * 1000 < us)
+    us = timeout_ms * 1000LL;
+  return std::chrono::microseconds(us);
+}
+
+void adapt_spin(EpSet& s, int r, SpinClock::duration slept) {
+  const int64_t base = config().busy_poll.count();
+  const int64_t cap = base * kSpinGrowth;
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(slept).count();
+  int64_t next = base;
+  if (r > 0 && us < cap) {
+    next = std::max(base, s.spin_us.load(std::memory_order_relaxed)) * 2;
+    if (next > cap) next = cap;
+  }
+  s.spin_us.store(next, std::memory_order_relaxed);
+}
+
+// One call's view of the upgraded registrations (reused storage: no
+// allocation per call once warm).
+struct Snap {
+  std::shared_ptr<Conn> conn;
+  uint32_t events;
+  epoll_data_t data;
+};
+thread_local std::vector<Snap> t_snap;
+
+}  // namespace
+
+bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
+                     int* result) noexcept {
+  if (max <= 0 || !wait_may_spin()) return false;
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return false;
+  EngineDrain engines;
+  auto& snap = t_snap;
+  snap.clear();
+  size_t start = 0;
+  {
+    std::lock_guard lock(s->mu);
+    if (!s->user_mode() || s->sleepers > 0) {
+      kernel_current(*s);
+      return false;
+    }
+    try {
+      snap.reserve(s->ups.size());
+      for (size_t i = 0; i < s->ups.size();) {
+        Upgraded& u = s->ups[i];
+        auto c = u.conn.lock();
+        if (!c) {
+          // Closed (its registration left the kernel set with it).
+          remove_reg(*s, epfd, u.fd);
+          continue;
+        }
+        if (!engines.add(c)) {  // a forked child's copy
+          kernel_current(*s);
+          return false;
+        }
+        if (!c->lazy.load(std::memory_order_relaxed) &&
+            !c->eager.load(std::memory_order_relaxed)) {
+          std::lock_guard clock(c->lazy_mu);
+          if (!c->eager.load(std::memory_order_relaxed) && c->epoll_set == epfd) {
+            set_lazy(*c, true);
+            s->lazy_any = true;
+          }
+        }
+        if (u.in_user) snap.push_back({std::move(c), u.events, u.data});
+        ++i;
+      }
+    } catch (...) {
+      kernel_current(*s);
+      return false;
+    }
+    if (snap.empty()) {
+      kernel_current(*s);
+      return false;
+    }
+    start = s->next % snap.size();
+  }
+  const size_t n_up = snap.size();
+  const auto spin = set_spin(*s, timeout);
+  const auto t0 = SpinClock::now();
+  // Kernel answers for upgraded registrations are dropped: user space
+  // answered for them (their data is theirs alone: no collisions).
+  auto kernel = [&](epoll_event* out, int room) -> int {
+    const int k = real().epoll_wait(epfd, out, room, 0);
+    if (k <= 0) return k;
+    std::lock_guard lock(s->mu);
+    int kept = 0;
+    for (int i = 0; i < k; ++i) {
+      auto it = s->data_use.find(out[i].data.u64);
+      if (it != s->data_use.end() && it->second.upgraded > 0) continue;
+      out[kept++] = out[i];
+    }
+    return kept;
+  };
+  int r = 0;
+  for (unsigned tries = 0;; ++tries) {
+    engines.drain();
+    // The kernel's turn: every kKernelEvery-th call, with room kept for it.
+    const bool kernel_due =
+        s->user_calls.fetch_add(1, std::memory_order_relaxed) + 1 >= kKernelEvery;
+    int room = max;
+    if (kernel_due && max > 1) room = max - 1;
+    int n = 0;
+    size_t i = 0;
+    if (!(kernel_due && max == 1)) {
+      for (; i < n_up && n < room; ++i) {
+        const Snap& e = snap[(start + i) % n_up];
+        const uint32_t bits = epoll_bits(e.conn->stream->last_events(), e.events);
+        if (bits == 0) continue;
+        events[n].events = bits;
+        events[n].data = e.data;
+        ++n;
+      }
+    }
+    if (n == 0 || kernel_due) {
+      s->user_calls.store(0, std::memory_order_relaxed);
+      const int k = kernel(events + n, max - n);
+      if (k < 0 && n == 0) {
+        r = -1;
+        break;
+      }
+      if (k > 0) n += k;
+    }
+    if (n > 0) {
+      // The next call starts after the last one reported: none starves.
+      std::lock_guard lock(s->mu);
+      s->next = (start + (i == 0 ? 1 : i)) % n_up;
+      r = n;
+      break;
+    }
+    if (SpinClock::now() - t0 >= spin) {
+      r = 0;
+      if (timeout == 0) break;
+      // Sleep in the kernel: readiness sockets current, progress thread armed.
+      {
+        std::lock_guard lock(s->mu);
+        ++s->sleepers;
+        kernel_current(*s);
+      }
+      engines.before_sleep();
+      int left = timeout;
+      if (timeout > 0) {
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(SpinClock::now() - t0)
+                .count();
+        left = ms >= timeout ? 0 : timeout - static_cast<int>(ms);
+      }
+      const auto slept_from = SpinClock::now();
+      r = real().epoll_wait(epfd, events, max, left);
+      adapt_spin(*s, r, SpinClock::now() - slept_from);
+      const int saved = errno;
+      {
+        std::lock_guard lock(s->mu);
+        --s->sleepers;
+      }
+      errno = saved;
+      break;
+    }
+    spin_pause(tries);
+  }
+  const int saved = errno;
+  for (auto& e : snap) e.conn.reset();
+  snap.clear();
+  errno = saved;
+  *result = r;
+  return true;
+}
+
+}  // namespace rdmakit::preload
