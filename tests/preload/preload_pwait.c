@@ -2,7 +2,7 @@
 // epoll_pwait (server), with
 // non-blocking sockets read until EAGAIN, for the preload's pwait-announce
 // case (docs/preload.md, "Busy polling"). Every byte is checked; the client
-// prints the mean round trip.
+// prints the mean and median round trip.
 //   preload_pwait server PORTFILE ROUNDS   (listens on an ephemeral port)
 //   preload_pwait client PORT ROUNDS
 #define _GNU_SOURCE
@@ -23,6 +23,15 @@
 static int die(const char* what) {
   fprintf(stderr, "FAIL: %s: %s\n", what, strerror(errno));
   return 1;
+}
+
+static double elapsed_us(struct timespec a, struct timespec b) {
+  return (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
+}
+
+static int by_value(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
 }
 
 // Reads one byte from non-blocking fd, waiting with ppoll or epoll_pwait.
@@ -78,9 +87,15 @@ int main(int argc, char** argv) {
     fd = s;
   }
   if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) return die("fcntl");
-  struct timespec t0, t1;
+  // Each round trip's time: the median tells a woken wait from a napping
+  // one even when a loaded machine preempts some rounds (which moves the
+  // mean, not the median).
+  double* took = calloc((size_t)rounds, sizeof *took);
+  if (took == NULL) return die("calloc");
+  struct timespec t0, t1, r0, r1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (int i = 0; i < rounds; ++i) {
+    clock_gettime(CLOCK_MONOTONIC, &r0);
     const char want = (char)('a' + i % 26);
     char c = 0;
     if (ep < 0 && send(fd, &want, 1, 0) != 1) return die("send");
@@ -90,10 +105,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (ep >= 0 && send(fd, &c, 1, 0) != 1) return die("send");
+    clock_gettime(CLOCK_MONOTONIC, &r1);
+    took[i] = elapsed_us(r0, r1);
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  const double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e6 +
-                     (double)(t1.tv_nsec - t0.tv_nsec) / 1e3) / rounds;
-  printf("OK %d round trips, mean %.1f us\n", rounds, us);
+  qsort(took, (size_t)rounds, sizeof *took, by_value);
+  printf("OK %d round trips, mean %.1f us, median %.1f us\n", rounds,
+         elapsed_us(t0, t1) / rounds, took[rounds / 2]);
+  free(took);
   return 0;
 }

@@ -819,10 +819,13 @@ PY
       fail "client: $(cat "$work/c.out")"
     wait "$server_pid" || fail "server: $(cat "$work/s.out")"
     cat "$work/c.out"
-    mean=$(sed -n 's/^OK .* mean \([0-9.]*\) us$/\1/p' "$work/c.out")
-    [ -n "$mean" ] || fail "client: $(cat "$work/c.out")"
-    # Half the unannounced cost: a loaded machine adds preemptions, not naps.
-    awk -v m="$mean" 'BEGIN { exit !(m < 700) }' || fail "mean round trip $mean us (>= 700)"
+    median=$(sed -n 's/^OK .* median \([0-9.]*\) us$/\1/p' "$work/c.out")
+    [ -n "$median" ] || fail "client: $(cat "$work/c.out")"
+    # Half the unannounced cost. The median, not the mean: a loaded machine
+    # preempts some round trips (the mean moved to 1 ms under ASan at load),
+    # while a lost announcement naps in nearly every one.
+    awk -v m="$median" 'BEGIN { exit !(m < 700) }' ||
+      fail "median round trip $median us (>= 700)"
     expect_count 1 "rdmakit_preload_pwait\]: accept fd=.* path=shm" "server connections on shm"
     expect_count 1 "rdmakit_preload_pwait\]: connect fd=.* path=shm" "client connections on shm"
     ;;
