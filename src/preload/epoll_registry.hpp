@@ -4,6 +4,7 @@
 // from them (epoll_wait_user.cpp); see epoll_set.hpp for the design.
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,39 @@ struct Reg {
   int up;  // index in EpSet::ups; -1 for a kernel fd
 };
 
+// Registrations by fd number, in a flat table: epoll_ctl on the fallback
+// path (a program toggling EPOLLOUT per request) allocates nothing.
+class RegTable {
+ public:
+  Reg* find(int fd) noexcept {
+    if (fd < 0 || static_cast<size_t>(fd) >= regs_.size()) return nullptr;
+    Reg& r = regs_[static_cast<size_t>(fd)];
+    return r.up == kAbsent ? nullptr : &r;
+  }
+  // Throws std::bad_alloc when the table cannot grow.
+  void set(int fd, Reg r) {
+    const auto i = static_cast<size_t>(fd);
+    if (i >= regs_.size())
+      regs_.resize(std::max<size_t>({i + 1, 2 * regs_.size(), 64}), kEmpty);
+    regs_[i] = r;
+  }
+  void erase(int fd) noexcept {
+    if (Reg* r = find(fd)) *r = kEmpty;
+  }
+  void clear() noexcept { regs_.clear(); }
+  template <class F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < regs_.size(); ++i) {
+      if (regs_[i].up != kAbsent) f(static_cast<int>(i), regs_[i]);
+    }
+  }
+
+ private:
+  static constexpr int kAbsent = -2;
+  static constexpr Reg kEmpty{0, kAbsent};
+  std::vector<Reg> regs_;
+};
+
 struct DataUse {
   int kernel = 0;
   int upgraded = 0;
@@ -49,6 +83,10 @@ struct EpSet {
   std::mutex mu;
   int epfd = -1;
   bool tracked = false;  // created by the application in this process image
+  // Registrations are kept: made before the first upgrade (none kept then),
+  // they are read back from the kernel (import_from_kernel) at the set's
+  // first epoll_ctl after it.
+  bool imported = false;
   pid_t owner = 0;
   bool nested = false;        // the kernel looks at the set itself
   int special = 0;            // upgraded registrations with kSpecial flags
@@ -56,7 +94,7 @@ struct EpSet {
   int sleepers = 0;           // threads in a kernel wait on the set
   bool lazy_any = false;      // some connection may have lazy readiness through this set
   bool kernel_stale = false;  // some upgraded registration's kernel view differs
-  std::unordered_map<int, Reg> regs;
+  RegTable regs;
   std::unordered_map<uint64_t, DataUse> data_use;
   std::vector<Upgraded> ups;
   size_t next = 0;                      // where the next scan starts (round robin)
@@ -68,13 +106,23 @@ struct EpSet {
     return tracked && !nested && special == 0 && collisions == 0 && !ups.empty() &&
            owner == process_id();
   }
+  // Kernel registrations' data matter only beside upgraded ones (a
+  // collision): they are counted while ups is not empty (count_kernel_data
+  // when the first upgraded one arrives), so the fallback path keeps no map.
   void use_data(uint64_t d, bool upgraded, int delta) {
+    if (!upgraded && ups.empty()) return;
     DataUse& u = data_use[d];
     const bool was = u.kernel > 0 && u.upgraded > 0;
     (upgraded ? u.upgraded : u.kernel) += delta;
     const bool now = u.kernel > 0 && u.upgraded > 0;
     collisions += static_cast<int>(now) - static_cast<int>(was);
     if (u.kernel <= 0 && u.upgraded <= 0) data_use.erase(d);
+  }
+  // Before the first upgraded registration: the kernel ones' data counted.
+  void count_kernel_data() {
+    regs.for_each([this](int, const Reg& r) {
+      if (r.up < 0) ++data_use[r.data].kernel;
+    });
   }
 };
 

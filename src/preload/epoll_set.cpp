@@ -1,10 +1,13 @@
 #include "epoll_set.hpp"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <mutex>
+#include <string>
 
 #include "epoll_registry.hpp"
 #include "libc.hpp"
@@ -62,7 +65,7 @@ void set_user(EpSet& s, Upgraded& u, bool in, uint32_t events, epoll_data_t data
   u.data = data;
   if ((events & kSpecial) != 0) ++s.special;
   s.use_data(data.u64, true, 1);
-  s.regs[u.fd].data = data.u64;
+  if (ep::Reg* r = s.regs.find(u.fd)) r->data = data.u64;
 }
 
 // The kernel view of u; its data counts as upgraded too (kernel answers
@@ -126,11 +129,11 @@ void kernel_current(EpSet& s) noexcept {
 
 // s.mu held.
 void remove_reg(EpSet& s, int epfd, int fd) {
-  auto it = s.regs.find(fd);
-  if (it == s.regs.end()) return;
-  const int up = it->second.up;
+  Reg* reg = s.regs.find(fd);
+  if (reg == nullptr) return;
+  const int up = reg->up;
   if (up < 0) {
-    s.use_data(it->second.data, false, -1);
+    s.use_data(reg->data, false, -1);
   } else {
     Upgraded& u = s.ups[static_cast<size_t>(up)];
     if (u.in_user) {
@@ -145,9 +148,13 @@ void remove_reg(EpSet& s, int epfd, int fd) {
     }
     if (static_cast<size_t>(up) + 1 != s.ups.size()) {
       u = std::move(s.ups.back());
-      s.regs[u.fd].up = up;
+      if (Reg* moved = s.regs.find(u.fd)) moved->up = up;
     }
     s.ups.pop_back();
+    if (s.ups.empty()) {  // kernel data is not counted without upgraded ones
+      s.data_use.clear();
+      s.collisions = 0;
+    }
   }
   s.regs.erase(fd);
 }
@@ -155,10 +162,11 @@ void remove_reg(EpSet& s, int epfd, int fd) {
 void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
   auto c = is_conn(fd) ? find_conn(fd) : nullptr;
   if (!c || c->owner != process_id()) {
-    s.regs[fd] = Reg{ev.data.u64, -1};
+    s.regs.set(fd, Reg{ev.data.u64, -1});
     s.use_data(ev.data.u64, false, 1);
     return;
   }
+  if (s.ups.empty()) s.count_kernel_data();
   {
     std::lock_guard lock(c->lazy_mu);
     if (c->epoll_set == -1) {
@@ -169,7 +177,7 @@ void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
       set_lazy(*c, false);
     }
   }
-  s.regs[fd] = Reg{ev.data.u64, static_cast<int>(s.ups.size())};
+  s.regs.set(fd, Reg{ev.data.u64, static_cast<int>(s.ups.size())});
   s.ups.push_back({fd, ev.events, ev.data, c, false, false, 0, 0});
   Upgraded& u = s.ups.back();
   set_user(s, u, true, ev.events, ev.data);
@@ -177,18 +185,55 @@ void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
 }
 
 void mod_reg(EpSet& s, int fd, const epoll_event& ev) {
-  auto it = s.regs.find(fd);
-  if (it == s.regs.end()) return;
-  const int up = it->second.up;
+  Reg* reg = s.regs.find(fd);
+  if (reg == nullptr) return;
+  const int up = reg->up;
   if (up < 0) {
-    s.use_data(it->second.data, false, -1);
+    s.use_data(reg->data, false, -1);
     s.use_data(ev.data.u64, false, 1);
-    it->second.data = ev.data.u64;
+    reg->data = ev.data.u64;
     return;
   }
   Upgraded& u = s.ups[static_cast<size_t>(up)];
   set_user(s, u, true, ev.events, ev.data);
   set_kernel(s, u, true, ev.events, ev.data.u64);
+}
+
+// The set's registrations as the kernel holds them, from
+// /proc/self/fdinfo/EPFD ("tfd: FD events: HEX data: HEX ..."). s.mu held.
+// false when they cannot be read (the set then stays on the kernel path).
+bool import_from_kernel(EpSet& s) {
+  char path[48];
+  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", s.epfd);
+  const int fd = real().open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = real().read(fd, buf, sizeof buf)) > 0)
+    text.append(buf, static_cast<size_t>(n));
+  (void)real().close(fd);
+  if (n < 0) return false;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    int tfd = -1;
+    unsigned events = 0;
+    unsigned long long data = 0;
+    if (std::sscanf(line.c_str(), "tfd: %d events: %x data: %llx", &tfd, &events,
+                    &data) != 3)
+      continue;
+    if (tfd < 0 || tfd >= kMaxFd) return false;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = data;
+    remove_reg(s, s.epfd, tfd);
+    add_reg(s, s.epfd, tfd, ev);
+  }
+  return true;
 }
 
 }  // namespace ep
@@ -199,6 +244,7 @@ using ep::kernel_current;
 using ep::kSpecial;
 using ep::leave_lazy;
 using ep::mod_reg;
+using ep::Reg;
 using ep::remove_reg;
 using ep::set_lazy;
 using ep::set_user;
@@ -215,6 +261,7 @@ void epoll_created(int epfd) noexcept {
   s->epfd = epfd;
   s->kernel_stale = false;
   s->tracked = true;
+  s->imported = any_upgraded();
   s->owner = process_id();
   s->nested = false;
   s->special = s->collisions = s->sleepers = 0;
@@ -259,6 +306,10 @@ void keep_readiness_current(Conn& c) noexcept {
 
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
+  // Before the first upgrade nothing is kept, so the fallback path pays one
+  // load per call; a set's registrations are read back from the kernel at
+  // its first epoll_ctl after the upgrade (import_from_kernel).
+  if (!any_upgraded()) return;
   EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) {
     // A set created before this library was loaded: the kernel judges it.
@@ -275,6 +326,12 @@ void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
     return;
   }
   try {
+    if (!s->imported) {
+      s->imported = true;
+      // The kernel's set already holds this call's change: applying it
+      // again below changes nothing.
+      if (!ep::import_from_kernel(*s)) s->nested = true;  // the kernel judges
+    }
     if (op == EPOLL_CTL_DEL) {
       remove_reg(*s, epfd, fd);
     } else if (ev != nullptr && op == EPOLL_CTL_ADD) {
@@ -297,10 +354,10 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
   if (s == nullptr) return false;
   auto c = find_conn(fd);
   std::lock_guard lock(s->mu);
-  auto it = s->regs.find(fd);
+  const Reg* reg = s->regs.find(fd);
   const bool ours = c && wait_may_spin() && s->user_mode() && s->sleepers == 0 &&
-                    it != s->regs.end() && it->second.up >= 0;
-  Upgraded* u = ours ? &s->ups[static_cast<size_t>(it->second.up)] : nullptr;
+                    reg != nullptr && reg->up >= 0;
+  Upgraded* u = ours ? &s->ups[static_cast<size_t>(reg->up)] : nullptr;
   bool handled = u != nullptr && u->conn.lock() == c;
   if (handled && op != EPOLL_CTL_DEL) {
     // What user mode cannot answer goes to the kernel: special flags, data

@@ -14,6 +14,10 @@
  *   preload_epoll drained   after a read that drained the stream, EPOLLIN
  *                           is not reported again (one spurious EAGAIN at
  *                           most), spinning or sleeping
+ *   preload_epoll early-set a set made before the process's first upgraded
+ *                           connection, holding a pipe with the epoll_data
+ *                           the connection then gets too: the pipe's
+ *                           events are not dropped as the connection's
  * Exit 0 and "OK CASE" when every check held. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -544,15 +548,68 @@ static void case_drained(void) {
   close(fd);
 }
 
+/* ---- early-set: the pipe joins the set before this process has any
+ * upgraded connection (nothing is kept then: the registrations are read
+ * back from the kernel later); the connection then joins with the same
+ * epoll_data, for EPOLLOUT (always ready). The pipe's EPOLLIN must still be
+ * reported within a bounded number of calls: an answer from the kernel for
+ * that data is not taken for the connection's and dropped. */
+static void wait_end_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  char c;
+  read_all(fd, &c, 1); /* stay until the server is done */
+}
+
+static void case_early_set(void) {
+  enum { kShared = 7 };
+  int p[2];
+  CHECK(pipe2(p, O_NONBLOCK) == 0, "pipe");
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(ep >= 0, "epoll_create1");
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = kShared};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &ev) == 0, "add pipe");
+  int fd;
+  pid_t pid = connect_child(&fd, wait_end_client);
+  ev = (struct epoll_event){.events = EPOLLOUT, .data.u64 = kShared};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add conn");
+  for (int round = 0; round < 3; ++round) {
+    write_all(p[1], "p", 1);
+    int seen_in = 0;
+    int calls = 0;
+    for (; calls < 200 && !seen_in; ++calls) {
+      struct epoll_event got[4];
+      int n = epoll_wait(ep, got, 4, WAIT_MS);
+      CHECK(n >= 1, "round %d: wait gave %d", round, n);
+      for (int i = 0; i < n; ++i) {
+        CHECK(got[i].data.u64 == kShared, "round %d: data %llu", round,
+              (unsigned long long)got[i].data.u64);
+        if ((got[i].events & EPOLLIN) != 0) seen_in = 1;
+      }
+    }
+    CHECK(seen_in, "round %d: the pipe's EPOLLIN not reported in %d calls", round, calls);
+    char c;
+    CHECK(read(p[0], &c, 1) == 1, "pipe read");
+  }
+  write_all(fd, "e", 1);
+  reap(pid);
+  close(ep);
+  close(fd);
+  close(p[0]);
+  close(p[1]);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: preload_epoll mixed|mod|del-add|dup|threads|drained\n");
+    fprintf(stderr,
+            "usage: preload_epoll mixed|mod|del-add|dup|threads|drained|early-set\n");
     return 2;
   }
   case_name = argv[1];
   signal(SIGPIPE, SIG_IGN);
   if (strcmp(case_name, "mixed") == 0) {
     case_mixed();
+  } else if (strcmp(case_name, "early-set") == 0) {
+    case_early_set();
   } else if (strcmp(case_name, "mod") == 0) {
     case_mod();
   } else if (strcmp(case_name, "del-add") == 0) {
