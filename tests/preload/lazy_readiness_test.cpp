@@ -12,35 +12,16 @@
 #include <string>
 #include <thread>
 
-#include "harness.hpp"
-#include "helpers.hpp"
-#include "rdmakit/stream/stream.hpp"
+#include "conformance.hpp"
+#include "stream_roles.hpp"
 
 namespace rdmakit::test {
 namespace {
 
 using namespace std::chrono_literals;
-using stream::Engine;
-using stream::EngineOptions;
 using stream::Stream;
 
-class LazyReadinessTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void run(const RoleFn& server, const RoleFn& client) {
-    run_roles(GetParam(), server, client, {});
-  }
-};
-
-std::shared_ptr<Engine> make_engine(RoleEnv& env) {
-  EngineOptions o;
-  o.provider = env.kind();
-  return Engine::create(o);
-}
-
-bool fd_readable(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
-}
+class LazyReadinessTest : public ProviderTest {};
 
 // Drains the engine (as the preload's epoll spin does) until last_events()
 // shows `want` (bounded).
@@ -58,10 +39,7 @@ short drain_until(Stream& s, short want) {
 TEST_P(LazyReadinessTest, DataUnsignalledWhileLazyEndOfStreamSignalled) {
   run(
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        auto listener = engine->listen(env.listen_address());
-        env.publish_port(listener->port());
-        auto s = listener->accept(scaled(10s));
+        auto [engine, listener, s] = serve(env);
         s->set_nonblocking(true);
         const int fd = s->fd();
         ASSERT_GE(fd, 0);
@@ -97,18 +75,7 @@ TEST_P(LazyReadinessTest, DataUnsignalledWhileLazyEndOfStreamSignalled) {
         EXPECT_EQ(s->read(buf, sizeof buf), 0);
       },
       [](RoleEnv& env) {
-        auto engine = make_engine(env);
-        const auto until = std::chrono::steady_clock::now() + scaled(10s);
-        std::unique_ptr<Stream> s;
-        while (!s) {
-          try {
-            s = engine->connect(env.server_address());
-          } catch (const Error& e) {
-            if (e.sys_errno() != ECONNREFUSED || std::chrono::steady_clock::now() > until)
-              throw;
-            std::this_thread::sleep_for(50ms);
-          }
-        }
+        auto [engine, s] = dial(env);
         char c;
         for (int round = 0; round < 20; ++round) {
           ASSERT_EQ(s->read(&c, 1, Stream::kWaitAll), 1);
@@ -120,17 +87,7 @@ TEST_P(LazyReadinessTest, DataUnsignalledWhileLazyEndOfStreamSignalled) {
       });
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, LazyReadinessTest,
-                         ::testing::ValuesIn(providers_from_env()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+RDMAKIT_INSTANTIATE_PROVIDERS(LazyReadinessTest);
 
 }  // namespace
 }  // namespace rdmakit::test
-
-int main(int argc, char** argv) {
-  ::setenv("RDMAKIT_TEST_PROVIDERS", "shm,tcp", 0);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -33,9 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_MS 5000
+#include "preload_check.h"
 
-static const char* case_name = "";
 static volatile sig_atomic_t sigpipes;
 static volatile sig_atomic_t sigusr1s;
 static void on_sigpipe(int sig) {
@@ -45,50 +44,6 @@ static void on_sigpipe(int sig) {
 static void on_sigusr1(int sig) {
   (void)sig;
   ++sigusr1s;
-}
-
-#define CHECK(cond, ...)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "FAIL %s (%s:%d) %s: ", case_name, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fprintf(stderr, " [errno %d %s]\n", errno, strerror(errno));              \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
-
-static int64_t now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-  }
-}
-
-/* Blocking exact read/write helpers for the control of a case. */
-static void write_all(int fd, const void* p, size_t n) {
-  const char* c = p;
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    CHECK(w > 0, "write_all");
-    c += w;
-    n -= (size_t)w;
-  }
-}
-static void read_all(int fd, void* p, size_t n) {
-  char* c = p;
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    CHECK(r > 0, "read_all: %zd with %zu left", r, n);
-    c += r;
-    n -= (size_t)r;
-  }
 }
 
 static void wait_readable(int fd) {
@@ -101,7 +56,8 @@ static void wait_readable(int fd) {
 static pid_t connect_child(int* server, void (*client)(int fd, void* arg), void* arg) {
   int l = socket(AF_INET, SOCK_STREAM, 0);
   CHECK(l >= 0, "socket");
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof sa;
   CHECK(bind(l, (struct sockaddr*)&sa, len) == 0, "bind");
   CHECK(listen(l, 1) == 0, "listen");
@@ -141,12 +97,12 @@ static int so_error(int fd) {
 }
 
 /* Expect -1 with errno e from a call. */
-#define EXPECT_ERR(call, e)                                                     \
-  do {                                                                          \
-    errno = 0;                                                                  \
-    ssize_t r_ = (call);                                                        \
+#define EXPECT_ERR(call, e)                                                          \
+  do {                                                                               \
+    errno = 0;                                                                       \
+    ssize_t r_ = (call);                                                             \
     CHECK(r_ == -1 && errno == (e), "%s gave %zd, want -1 errno %d (%s)", #call, r_, \
-          (e), strerror(e));                                                    \
+          (e), strerror(e));                                                         \
   } while (0)
 
 /* ---- reset: the peer goes away with bytes it never read (kernel: RST).
@@ -156,7 +112,7 @@ static int so_error(int fd) {
 static void reset_client(int fd, void* arg) {
   (void)arg;
   write_all(fd, "hello", 5);
-  wait_readable(fd);      /* the server's 2 bytes arrived: left unread */
+  wait_readable(fd); /* the server's 2 bytes arrived: left unread */
   raise(SIGKILL);
 }
 
@@ -204,7 +160,8 @@ static void case_reset(void) {
     const int fd = fds[variant];
     sigpipes = 0;
     if (variant == 0) { /* read first: the buffered bytes, the error, then 0 */
-      CHECK(read(fd, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0, "buffered bytes");
+      CHECK(read(fd, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0,
+            "buffered bytes");
       EXPECT_ERR(read(fd, buf, sizeof buf), ECONNRESET);
       CHECK(read(fd, buf, sizeof buf) == 0, "read after the reported reset");
       CHECK(so_error(fd) == 0, "SO_ERROR after the reported reset");
@@ -232,7 +189,8 @@ static void case_reset(void) {
       CHECK(read(fd, buf, sizeof buf) == 5, "buffered bytes after the reset");
       CHECK(read(fd, buf, sizeof buf) == 0, "read after the reported reset");
       const int n = recvmmsg(fd, mm, 2, 0, NULL);
-      CHECK(n == 2 && mm[0].msg_len == 0 && mm[1].msg_len == 0, "recvmmsg at the end gave %d", n);
+      CHECK(n == 2 && mm[0].msg_len == 0 && mm[1].msg_len == 0,
+            "recvmmsg at the end gave %d", n);
     } else { /* SO_ERROR first: it takes the error */
       CHECK(so_error(fd) == ECONNRESET, "SO_ERROR");
       CHECK(so_error(fd) == 0, "SO_ERROR twice");
@@ -308,15 +266,20 @@ static void case_recv_addr(void) {
 
   memset(&from, 0x55, sizeof from);
   socklen_t fl = sizeof from;
-  CHECK(recvfrom(fd, buf, 1, MSG_WAITALL, (struct sockaddr*)&from, &fl) == 1 && buf[0] == 'a',
+  CHECK(recvfrom(fd, buf, 1, MSG_WAITALL, (struct sockaddr*)&from, &fl) == 1 &&
+            buf[0] == 'a',
         "recvfrom");
   CHECK(fl == 0, "recvfrom address length %u, want 0", (unsigned)fl);
   CHECK(memcmp(&from, pattern, sizeof from) == 0, "recvfrom wrote the address");
 
   char cbuf[64];
   struct iovec iov = {buf, 1};
-  struct msghdr m = {.msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &iov,
-                     .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf,
+  struct msghdr m = {.msg_name = &from,
+                     .msg_namelen = sizeof from,
+                     .msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = cbuf,
+                     .msg_controllen = sizeof cbuf,
                      .msg_flags = 0x7777};
   CHECK(recvmsg(fd, &m, MSG_WAITALL) == 1 && buf[0] == 'b', "recvmsg");
   CHECK(m.msg_namelen == 0, "recvmsg msg_namelen %u, want 0", (unsigned)m.msg_namelen);
@@ -327,9 +290,12 @@ static void case_recv_addr(void) {
   struct mmsghdr mm[2];
   struct iovec iov2[2] = {{buf, 3}, {buf + 3, 3}};
   for (int i = 0; i < 2; ++i) {
-    mm[i].msg_hdr = (struct msghdr){.msg_name = &from, .msg_namelen = sizeof from,
-                                    .msg_iov = &iov2[i], .msg_iovlen = 1,
-                                    .msg_control = cbuf, .msg_controllen = sizeof cbuf,
+    mm[i].msg_hdr = (struct msghdr){.msg_name = &from,
+                                    .msg_namelen = sizeof from,
+                                    .msg_iov = &iov2[i],
+                                    .msg_iovlen = 1,
+                                    .msg_control = cbuf,
+                                    .msg_controllen = sizeof cbuf,
                                     .msg_flags = 0x7777};
     mm[i].msg_len = 12345;
   }
@@ -355,7 +321,9 @@ static void case_recv_addr(void) {
  * kernel object behind an upgraded fd would lose them). */
 #define SPLICE_SIZE (3u << 20)
 #define SPLICE_MORE 70000u
-static unsigned char pattern_byte(size_t i) { return (unsigned char)((i * 2654435761u) >> 13); }
+static unsigned char pattern_byte(size_t i) {
+  return (unsigned char)((i * 2654435761u) >> 13);
+}
 
 static int pattern_file(void) {
   char path[] = "/tmp/rdmakit-surface-XXXXXX";
@@ -423,7 +391,8 @@ static void case_splice(void) {
     CHECK(in > 0, "splice socket->pipe gave %zd after %zu bytes", in, recvd);
     read_all(p[0], got, (size_t)in);
     for (ssize_t i = 0; i < in; ++i) {
-      CHECK(got[i] == pattern_byte(recvd + (size_t)i), "byte %zu differs", recvd + (size_t)i);
+      CHECK(got[i] == pattern_byte(recvd + (size_t)i), "byte %zu differs",
+            recvd + (size_t)i);
     }
     recvd += (size_t)in;
     ++rounds;
@@ -456,7 +425,8 @@ static void case_splice(void) {
     if (queued > 0) ++full_refusals;
     read_all(p[0], got, (size_t)queued);
     for (int i = 0; i < queued; ++i) {
-      CHECK(got[i] == pattern_byte(recvd + (size_t)i), "byte %zu differs", recvd + (size_t)i);
+      CHECK(got[i] == pattern_byte(recvd + (size_t)i), "byte %zu differs",
+            recvd + (size_t)i);
     }
     recvd += (size_t)queued;
   }
@@ -522,10 +492,11 @@ static void case_nested_epoll(void) {
  * unblocks arrives (SIGUSR1 is blocked outside the call), no EINTR when the
  * call's mask blocks it, and the process mask restored afterwards. */
 enum { kPpoll, kPselect, kEpollPwait, kEpollPwait2, kWaitKinds };
-static const char* const kind_name[] = {"ppoll", "pselect", "epoll_pwait", "epoll_pwait2"};
+static const char* const kind_name[] = {"ppoll", "pselect", "epoll_pwait",
+                                        "epoll_pwait2"};
 
-static int epoll_pwait2_call(int ep, struct epoll_event* ev, int n, const struct timespec* t,
-                             const sigset_t* mask) {
+static int epoll_pwait2_call(int ep, struct epoll_event* ev, int n,
+                             const struct timespec* t, const sigset_t* mask) {
 #ifdef SYS_epoll_pwait2
   return epoll_pwait2(ep, ev, n, t, mask);
 #else
@@ -556,12 +527,14 @@ static int wait_kind(int kind, int fd, int ep, int ms, const sigset_t* mask) {
     }
     case kEpollPwait: {
       const int r = epoll_pwait(ep, &ev, 1, ms, mask);
-      if (r == 1) CHECK(ev.data.fd == fd && (ev.events & EPOLLIN) != 0, "epoll_pwait event");
+      if (r == 1)
+        CHECK(ev.data.fd == fd && (ev.events & EPOLLIN) != 0, "epoll_pwait event");
       return r;
     }
     default: {
       const int r = epoll_pwait2_call(ep, &ev, 1, &ts, mask);
-      if (r == 1) CHECK(ev.data.fd == fd && (ev.events & EPOLLIN) != 0, "epoll_pwait2 event");
+      if (r == 1)
+        CHECK(ev.data.fd == fd && (ev.events & EPOLLIN) != 0, "epoll_pwait2 event");
       return r;
     }
   }
@@ -622,8 +595,9 @@ static void case_pwait(void) {
     write_all(fd, "s", 1);
     t0 = now_ms();
     r = wait_kind(kind, fd, ep, WAIT_MS, &open_mask);
-    CHECK(r == -1 && errno == EINTR && sigusr1s == 1, "%s gave %d (signals %d) after %lld ms",
-          kind_name[kind], r, (int)sigusr1s, (long long)(now_ms() - t0));
+    CHECK(r == -1 && errno == EINTR && sigusr1s == 1,
+          "%s gave %d (signals %d) after %lld ms", kind_name[kind], r, (int)sigusr1s,
+          (long long)(now_ms() - t0));
     CHECK(sigprocmask(SIG_SETMASK, NULL, &now) == 0 && sigismember(&now, SIGUSR1),
           "%s left SIGUSR1 unblocked", kind_name[kind]);
     /* A signal the call's mask blocks: no EINTR, the wait times out, the
@@ -634,7 +608,8 @@ static void case_pwait(void) {
           kind_name[kind], r, (int)sigusr1s);
     sigset_t pending;
     const int64_t until = now_ms() + WAIT_MS; /* a loaded machine may send it late */
-    while (sigpending(&pending) == 0 && !sigismember(&pending, SIGUSR1) && now_ms() < until) {
+    while (sigpending(&pending) == 0 && !sigismember(&pending, SIGUSR1) &&
+           now_ms() < until) {
       sleep_ms(5);
     }
     CHECK(sigismember(&pending, SIGUSR1), "SIGUSR1 not pending");

@@ -22,12 +22,6 @@ using stream::Stream;
 
 class ReadinessTest : public ProviderTest {};
 
-// Whether fd shows POLLIN right now (the kernel's view).
-bool fd_readable(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
-}
-
 // Spins with reads_next until the stream shows POLLIN (bounded).
 short spin_reads_next(Stream& s) {
   const auto until = std::chrono::steady_clock::now() + scaled(5s);
@@ -154,9 +148,3 @@ RDMAKIT_INSTANTIATE_PROVIDERS(ReadinessTest);
 
 }  // namespace
 }  // namespace rdmakit::test
-
-int main(int argc, char** argv) {
-  ::setenv("RDMAKIT_TEST_PROVIDERS", "shm,tcp", 0);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

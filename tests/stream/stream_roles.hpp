@@ -2,6 +2,8 @@
 // The two roles of a stream test (tests/support/harness.hpp): a server with
 // one engine and one accepted stream, a client with one engine and one
 // connected stream, on the role's provider.
+#include <poll.h>
+
 #include <cerrno>
 #include <chrono>
 #include <memory>
@@ -65,6 +67,12 @@ inline Connected dial(RoleEnv& env, stream::StreamOptions so = {}) {
   r.engine = stream::Engine::create(engine_options(env, so));
   r.s = connect_retry(*r.engine, env.server_address(), so);
   return r;
+}
+
+// Whether fd shows POLLIN right now (the kernel's view).
+inline bool fd_readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
 
 }  // namespace rdmakit::test

@@ -1018,10 +1018,3 @@ RDMAKIT_INSTANTIATE_PROVIDERS(StreamTest);
 
 }  // namespace
 }  // namespace rdmakit::test
-
-int main(int argc, char** argv) {
-  // Streams are tested on both software providers unless told otherwise.
-  ::setenv("RDMAKIT_TEST_PROVIDERS", "shm,tcp", 0);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
