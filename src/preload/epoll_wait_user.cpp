@@ -185,15 +185,8 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
         kernel_current(*s);
       }
       engines.before_sleep();
-      int left = timeout;
-      if (timeout > 0) {
-        const auto ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(SpinClock::now() - t0)
-                .count();
-        left = ms >= timeout ? 0 : timeout - static_cast<int>(ms);
-      }
       const auto slept_from = SpinClock::now();
-      r = real().epoll_wait(epfd, events, max, left);
+      r = real().epoll_wait(epfd, events, max, timeout_left(timeout, slept_from - t0));
       adapt_spin(*s, r, SpinClock::now() - slept_from);
       const int saved = errno;
       {

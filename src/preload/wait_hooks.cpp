@@ -39,13 +39,6 @@ namespace {
 // the streams directly (one poll_readiness per entry and try).
 constexpr size_t kMaxDirect = 16;
 
-// What is left of timeout_ms after `spent` (never below 0; -1 stays -1).
-int left(int timeout_ms, SpinClock::duration spent) {
-  if (timeout_ms < 0) return timeout_ms;
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(spent).count();
-  return ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(ms);
-}
-
 // The kernel is about to look at fd (poll, select): an upgraded
 // connection's readiness socket must be current, and an epoll set polled
 // leaves user mode (epoll_set.hpp).
@@ -125,7 +118,7 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
     spin_pause(tries);
   }
   engines.before_sleep();
-  return real().poll(fds, n, left(timeout, SpinClock::now() - start));
+  return real().poll(fds, n, timeout_left(timeout, SpinClock::now() - start));
 }
 
 EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
@@ -148,7 +141,8 @@ EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
   }
   const KernelEpollWait current(epfd);
   engines.before_sleep();
-  return real().epoll_wait(epfd, events, max, left(timeout, SpinClock::now() - start));
+  return real().epoll_wait(epfd, events, max,
+                           timeout_left(timeout, SpinClock::now() - start));
 }
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {

@@ -48,4 +48,10 @@ void spin_pause(unsigned tries) noexcept {
 #endif
 }
 
+int timeout_left(int timeout_ms, SpinClock::duration spent) noexcept {
+  if (timeout_ms < 0) return timeout_ms;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(spent).count();
+  return ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(ms);
+}
+
 }  // namespace rdmakit::preload

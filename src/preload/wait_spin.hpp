@@ -46,6 +46,9 @@ class EngineDrain {
   std::shared_ptr<Conn> remote_;
 };
 
+// What is left of timeout_ms after `spent` (never below 0; -1 stays -1).
+int timeout_left(int timeout_ms, SpinClock::duration spent) noexcept;
+
 // Between two tries of a spin: a pause, and every 64 tries the core is
 // offered to whoever else is runnable (the peer may share it).
 void spin_pause(unsigned tries) noexcept;
