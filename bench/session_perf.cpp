@@ -17,20 +17,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "rdmakit/session/session.hpp"
-
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
+#include "tsc_stamp.hpp"
 
 using namespace rdmakit;
 using namespace rdmakit::session;
 using Clock = std::chrono::steady_clock;
+using rdmakit::bench::Stamp;
 
 namespace {
 
@@ -43,50 +40,6 @@ struct Config {
   uint32_t batch = 16;
   int client_cpu = 0;
   int server_cpu = 1;
-};
-
-// The latency loop's timestamps, taken as rdmakit-perf takes them: one per
-// iteration, rdtsc where the TSC is invariant (calibrated against
-// steady_clock), else steady_clock.
-class Stamp {
- public:
-  Stamp() {
-#if defined(__x86_64__)
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("flags", 0) == 0) {
-        tsc_ = line.find(" constant_tsc") != std::string::npos &&
-               line.find(" nonstop_tsc") != std::string::npos;
-        break;
-      }
-    }
-    if (tsc_) {
-      const auto c0 = Clock::now();
-      const uint64_t t0 = __rdtsc();
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      const auto c1 = Clock::now();
-      const uint64_t t1 = __rdtsc();
-      us_per_tick_ = std::chrono::duration<double, std::micro>(c1 - c0).count() /
-                     static_cast<double>(t1 - t0);
-    }
-#endif
-  }
-  uint64_t now() const noexcept {
-#if defined(__x86_64__)
-    if (tsc_) return __rdtsc();
-#endif
-    return static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-  }
-  double us(uint64_t ticks) const noexcept {
-    return tsc_ ? static_cast<double>(ticks) * us_per_tick_
-                : static_cast<double>(ticks) * 1e6 * Clock::period::num /
-                      Clock::period::den;
-  }
-
- private:
-  bool tsc_ = false;
-  double us_per_tick_ = 0;
 };
 
 void pin(int cpu) {

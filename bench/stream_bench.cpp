@@ -1,7 +1,9 @@
 // rdmakit-stream-bench: streams measured the way rdmakit-perf measures the
 // core, two pinned processes on one host (fork), one JSON object per line.
 //   lat   ping-pong of --size bytes (blocking read/write with busy-poll):
-//         half round trip, median of batches of 100 exchanges
+//         half round trip: median of batches of 100 exchanges (half_rtt_us)
+//         and median of per-exchange rdtsc stamps as rdmakit-perf's
+//         t_typical (t_typical_us)
 //   bw    one direction, --size byte writes for --seconds: MB/s (10^6) at
 //         the reader, every byte checked against a pattern on the first pass
 //   idle  --streams idle streams: resident KiB and fds per stream (client)
@@ -32,11 +34,13 @@
 #include <vector>
 
 #include "rdmakit/stream/stream.hpp"
+#include "tsc_stamp.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using rdmakit::bench::Stamp;
 using rdmakit::stream::Engine;
 using rdmakit::stream::EngineOptions;
 using rdmakit::stream::Stream;
@@ -264,30 +268,50 @@ int client(const Args& a, uint16_t port) {
   std::vector<uint8_t> buf(a.size);
   if (a.test == "lat") {
     const auto end = Clock::now() + std::chrono::duration<double>(a.seconds);
+    // Two statistics of the same exchanges: the median of per-exchange half
+    // round trips, stamped as rdmakit-perf stamps send_lat (one rdtsc per
+    // iteration, t_typical: the like-for-like comparison with the core), and
+    // the median of batch means over 100 exchanges (steady_clock; a batch
+    // mean also carries the batch's slow exchanges).
+    const Stamp stamp;
     std::vector<double> batches;
+    std::vector<double> exchanges;
+    exchanges.reserve(1 << 22);
     for (int w = 0; w < 1000; ++w) {  // warm-up
       if (!write_full(*s, buf.data(), a.size) || !read_msg(a, *s, buf.data(), a.size))
         return 1;
     }
     while (Clock::now() < end) {
       const auto t0 = Clock::now();
+      uint64_t prev = stamp.now();
       for (int i = 0; i < 100; ++i) {
         if (!write_full(*s, buf.data(), a.size) || !read_msg(a, *s, buf.data(), a.size))
           return 1;
+        const uint64_t t = stamp.now();
+        if (exchanges.size() < exchanges.capacity())
+          exchanges.push_back(stamp.us(t - prev) / 2);
+        prev = t;
       }
       batches.push_back(
           std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 200.0);
     }
     std::sort(batches.begin(), batches.end());
+    std::sort(exchanges.begin(), exchanges.end());
+    const auto pct = [&exchanges](double p) {
+      return exchanges[std::min(
+          exchanges.size() - 1,
+          static_cast<size_t>(p * static_cast<double>(exchanges.size())))];
+    };
     std::printf(
         "{\"test\":\"stream_lat\",\"provider\":\"%s\",\"size\":%zu,\"read\":\"%s\","
-        "\"exchanges\":%zu,\"half_rtt_us\":%.3f,\"best_half_rtt_us\":%.3f}\n",
+        "\"exchanges\":%zu,\"half_rtt_us\":%.3f,\"best_half_rtt_us\":%.3f,"
+        "\"t_typical_us\":%.4f,\"t_p99_us\":%.4f}\n",
         prov, a.size,
         a.poll_fd          ? "poll_fd"
         : a.poll_readiness ? "poll_readiness"
                            : "blocking",
         batches.size() * 100, batches[batches.size() / 2] / 1000.0,
-        batches.front() / 1000.0);
+        batches.front() / 1000.0, pct(0.5), pct(0.99));
     return 0;
   }
   // bw
