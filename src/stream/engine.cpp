@@ -416,6 +416,10 @@ void EngineImpl::fail(StreamCore& s, int err, Status status) noexcept {
 }
 
 void EngineImpl::update(StreamCore& s) noexcept {
+  // Published before the fd changes: a thread the fd wakes (the preload's
+  // hooks answer from last_events() without the lock) must find the new
+  // state there. Storing it after the fd's system calls made such readers
+  // see data the fd had announced as absent (EAGAIN in preload_epoll_*).
   s.published.store(s.events(), std::memory_order_release);
   if (s.readiness.is_open()) {
     bool readable = s.readable();

@@ -69,10 +69,10 @@ inline Connected dial(RoleEnv& env, stream::StreamOptions so = {}) {
   return r;
 }
 
-// Whether fd shows POLLIN right now (the kernel's view).
-inline bool fd_readable(int fd) {
+// Whether fd shows POLLIN right now, or within timeout_ms (the kernel's view).
+inline bool fd_readable(int fd, int timeout_ms = 0) {
   pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+  return ::poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN) != 0;
 }
 
 }  // namespace rdmakit::test
