@@ -167,6 +167,7 @@ ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_vie
     return more;
   }
   ProbeResult best;
+  best.reach = reach;
   const std::byte* best_data = nullptr;  // the data of the best inline hit
   for (size_t i = 0; i < reach; ++i) {
     const std::byte* raw = slots.data() + i * kSlotSize;

@@ -136,7 +136,9 @@ struct ProbeResult {
   uint32_t block = kNoBlock;
   uint64_t seq = 0;
   uint32_t value_len = 0;
-  uint32_t reach = 0;  // kMore: the slots to copy from the home bucket
+  // The home slot's reach: for kMore the slots to copy from the home bucket;
+  // otherwise what the client remembers to size its next READ of the bucket.
+  uint32_t reach = 0;
 };
 // slots: 1..kNeighborhood slots copied from the table starting at the key's
 // home bucket, in any alignment. The home slot's reach bounds the search
