@@ -2,7 +2,8 @@
 # Two rdmakit-kv binaries (e.g. before and after a change) in alternating
 # rounds (A B A B ...), pinned as `rdmakit-kv bench` pins (server cpu 0,
 # clients cpu 1), beside rdmakit-perf read_lat of 512 B (what a READ-GET
-# copies) in each round: shm with one client thread (the latency goal), tcp
+# copies of a bucket it has not read yet; on shm read_lat is the same at
+# 128-512 B) in each round: shm with one client thread (the latency goal), tcp
 # with two client threads and a CPU hog on the server's core, the server
 # sleeping and busy-polling (the ops/s goal).
 #   bench/kv-ab.sh BINARY_A BINARY_B [LABEL_A LABEL_B]

@@ -39,7 +39,7 @@ Client::Client(const ClientOptions& options) : options_(options) {
   if (!info)
     throw Error("connect", ctx_->provider_name(), options.address, EPROTO,
                 "the server's reply is not an rdmakit-kv table descriptor");
-  table_ = *info;
+  adopt_table(*info);
   if (!qp_->post_recv({.wr_id = kRecvId,
                        .addr = mr_->data() + kRecvOffset,
                        .length = static_cast<uint32_t>(kMaxResponse),
@@ -50,6 +50,13 @@ Client::Client(const ClientOptions& options) : options_(options) {
 }
 
 Client::~Client() = default;
+
+void Client::adopt_table(const TableInfo& info) {
+  table_ = info;
+  // One byte per bucket (2 MiB at the largest table); the hints of another
+  // table say nothing about this one.
+  first_read_slots_.assign(table_.buckets, 0);
+}
 
 void Client::fail(const std::string& what) {
   broken_ = fmt::format("rdmakit-kv: {} (server {}, provider {})", what, options_.address,
@@ -95,6 +102,11 @@ void Client::await(uint64_t wr_id, const char* what) {
 
 KvStatus Client::check_local(std::string_view key, std::string_view value,
                              std::string* why) const {
+  // The common case without building the reason text (a READ-GET's path).
+  if (!key.empty() && key.size() <= kMaxKey && value.size() <= kMaxValue) {
+    if (why != nullptr) why->clear();
+    return KvStatus::kOk;
+  }
   KvStatus s = KvStatus::kOk;
   std::string text;
   if (key.empty() || key.size() > kMaxKey) {
@@ -181,7 +193,7 @@ void Client::refresh_table() {
     fail(fmt::format("TABLE request answered {} with an unusable descriptor",
                      kv_status_name(s)));
   if (info->epoch != table_.epoch) ++stats_.table_moves;
-  table_ = *info;
+  adopt_table(*info);
   table_stale_ = false;
 }
 
@@ -216,7 +228,8 @@ std::span<const std::byte> Client::read_buffer() const noexcept {
 }
 
 void Client::read_raw(std::string_view key) {
-  read_home(table_.home_bucket(key_hash(key)), kFirstReadSlots);
+  const uint64_t home = table_.home_bucket(key_hash(key));
+  read_home(home, first_read(home));
 }
 
 KvStatus Client::get_by_read(std::string_view key, std::string* value) {
@@ -231,9 +244,12 @@ KvStatus Client::get_by_read(std::string_view key, std::string* value) {
     const uint64_t home = table_.home_bucket(hash);
     // The home slot and the next few; the home slot's reach says whether the
     // key may lie further (then one more READ of the rest).
-    uint32_t len = read_home(home, kFirstReadSlots);
+    uint32_t len = read_home(home, first_read(home));
     ProbeResult p =
         probe_neighborhood({mr_->data() + kReadOffset, len}, key, hash, value);
+    // A reach is at most kNeighborhood in any answer but kRetry.
+    if (p.probe != Probe::kRetry)
+      first_read_slots_[home] = static_cast<uint8_t>(std::max<uint32_t>(p.reach, 1));
     if (p.probe == Probe::kMore) {
       ++stats_.wide;
       const uint32_t have = len / kSlotSize;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "protocol.hpp"
 #include "rdmakit/rdmakit.hpp"
@@ -56,9 +57,10 @@ class Client {
   // Fetches the server's current table (a new epoch after growth).
   void refresh_table();
   // The bench's baseline: the first READ a READ-GET of key posts (the same
-  // bytes, QP and wait), with no hashing of the copy, no checks, no copy out.
+  // bytes, QP and wait), with no checks of the copy and no copy out.
   void read_raw(std::string_view key);
-  // What the last READ of a home bucket copied (kFirstReadSlots slots at most).
+  // What the last READ of a home bucket copied (kFirstReadSlots slots, or the
+  // bucket's reach as last seen).
   std::span<const std::byte> read_buffer() const noexcept;
 
   const TableInfo& table() const noexcept { return table_; }
@@ -74,6 +76,12 @@ class Client {
   // READs up to `slots` slots from `slot` to the start of the read buffer;
   // returns the bytes copied.
   uint32_t read_home(uint64_t slot, uint32_t slots);
+  // The slots the first READ of home bucket `home` copies.
+  uint32_t first_read(uint64_t home) const noexcept {
+    const uint8_t hint = first_read_slots_[home];
+    return hint == 0 ? kFirstReadSlots : hint;
+  }
+  void adopt_table(const TableInfo& info);
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
   void await(uint64_t wr_id, const char* what);
   [[noreturn]] void fail(const std::string& what);
@@ -95,6 +103,13 @@ class Client {
   uint32_t recv_len_ = 0;
   std::array<Completion, 4> batch_{};  // await()'s poll buffer
   ReadStats stats_;
+  // Per home bucket of table_: how many slots the first READ of a READ-GET
+  // copies (0: not seen yet, copy kFirstReadSlots). The home slot's reach as
+  // last seen, at least 1 (the home slot itself): a READ of just the slots
+  // that can hold the bucket's keys. Only a hint: a reach grown since then
+  // shows in the copied home slot and takes a second READ (kMore), and the
+  // hint follows it.
+  std::vector<uint8_t> first_read_slots_;
 };
 
 }  // namespace rdmakit::kv

@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cstddef>
 #include <cstring>
 
 namespace rdmakit::kv {
@@ -70,11 +71,7 @@ uint64_t key_hash(std::string_view key) noexcept {
 namespace {
 
 constexpr size_t kCheckCovered = offsetof(Slot, check) + sizeof(uint64_t);
-
-// The check of a slot's bytes as they lie at raw (any alignment).
-uint64_t raw_slot_check(const std::byte* raw, uint64_t version) noexcept {
-  return XXH3_64bits_withSeed(raw + kCheckCovered, sizeof(Slot) - kCheckCovered, version);
-}
+constexpr size_t kHeadCovered = kSlotHeader - kCheckCovered;  // seq .. reach
 
 // A slot's fields without its data, read in place from a snapshot.
 struct SlotHead {
@@ -90,10 +87,55 @@ struct SlotHead {
 };
 static_assert(sizeof(SlotHead) == kSlotHeader);
 
+// The bytes after the check field that the check covers: the rest of the
+// header, and for an inline entry its key and value; the data bytes past them
+// are never read, so they need no check (a short entry hashes ~50 B, not 112).
+// The lengths are part of what is covered, so a copy whose lengths come from
+// one state and whose covered bytes are not all that state's is still a mix
+// the check rejects. nullopt: lengths no sealed slot has.
+std::optional<size_t> covered_bytes(const SlotHead& s) noexcept {
+  if (s.state != uint16_t(SlotState::kInline)) return kHeadCovered;
+  const uint64_t data = uint64_t{s.key_len} + s.value_len;
+  if (data > kInlineBytes) return std::nullopt;
+  return kHeadCovered + data;
+}
+
+// The check of a slot's bytes as they lie at raw (any alignment). The reader
+// calls xxh3's 17..128-byte routine directly, which is what
+// XXH3_64bits_withSeed runs for these lengths: the general entry inlines every
+// length class into the READ-GET's path, with spills that cost more than the
+// hash (kv_table_test checks that both give the same check).
+static_assert(kHeadCovered >= 17 && kHeadCovered + kInlineBytes <= 128);
+uint64_t raw_slot_check(const std::byte* raw, uint64_t version, size_t covered) noexcept {
+  return XXH3_len_17to128_64b(reinterpret_cast<const xxh_u8*>(raw + kCheckCovered),
+                              covered, XXH3_kSecret, sizeof(XXH3_kSecret), version);
+}
+
+template <class T>
+T load(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A snapshot of a slot that may hold our key is trusted only if its version is
+// even and its check matches.
+bool sealed(const std::byte* raw, const SlotHead& s) noexcept {
+  if ((s.version & 1) != 0) return false;
+  const std::optional<size_t> covered = covered_bytes(s);
+  return covered && s.check == raw_slot_check(raw, s.version, *covered);
+}
+
 }  // namespace
 
 uint64_t slot_check(const Slot& slot) noexcept {
-  return raw_slot_check(reinterpret_cast<const std::byte*>(&slot), slot.version);
+  SlotHead s;
+  std::memcpy(&s, &slot, sizeof s);
+  // The server never seals an inline entry longer than the slot's data; if it
+  // did, the whole slot would be covered and no reader would accept it.
+  const size_t covered = covered_bytes(s).value_or(sizeof(Slot) - kCheckCovered);
+  return XXH3_64bits_withSeed(reinterpret_cast<const std::byte*>(&slot) + kCheckCovered,
+                              covered, s.version);
 }
 
 uint64_t block_check(const BlockHeader& header, const std::byte* payload) noexcept {
@@ -104,53 +146,58 @@ uint64_t block_check(const BlockHeader& header, const std::byte* payload) noexce
 ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_view key,
                                uint64_t hash, std::string* value_out) {
   // Verified in place, with no copy of the slots: the snapshot is ours.
+  const size_t have = std::min<size_t>(kNeighborhood, slots.size() / kSlotSize);
+  if (have == 0) return {Probe::kRetry};
+  // The home slot's reach and state are used without its check. Each is a
+  // small number (reach <= kNeighborhood, state <= 3) whose high byte is zero
+  // in every state the server ever stores, so a copy, which takes each byte
+  // whole from some state, shows a value the field really had, never a blend.
+  // And neither goes back within a table: reach only grows, and raises before
+  // the reply of the PUT that needs it; kMoved is final. So a READ issued after
+  // a PUT's reply sees that PUT's reach or a larger one, and a `moved` state
+  // means the table is retired. What is checked is the entry a hit is taken
+  // from, below.
+  const auto reach = load<uint16_t>(slots.data() + offsetof(Slot, reach));
+  if (load<uint16_t>(slots.data() + offsetof(Slot, state)) == uint16_t(SlotState::kMoved))
+    return {Probe::kMoved};
+  if (reach > kNeighborhood) return {Probe::kRetry};  // never stored
+  if (reach > have) {
+    ProbeResult more{Probe::kMore};
+    more.reach = reach;
+    return more;
+  }
   ProbeResult best;
+  best.reach = reach;
   const std::byte* best_data = nullptr;  // the data of the best inline hit
-  size_t n = std::min<size_t>(kNeighborhood, slots.size() / kSlotSize);
-  if (n == 0) return {Probe::kRetry};
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < reach; ++i) {
     const std::byte* raw = slots.data() + i * kSlotSize;
-    // Only slots that may hold the key are verified. A slot whose key_hash
-    // field differs from ours is skipped unchecked: a copy mixes bytes of
-    // states of the slot, and if any of them held our key then either both
-    // did (the key's bytes are the same in both, so the mix matches) or the
-    // key is being inserted or deleted right now, when absent is a right
-    // answer. A torn kMoved only costs a table refresh. The home slot is
-    // always verified: its reach says how far the key can be.
+    // Fields are loaded from the snapshot where they lie, the whole header
+    // only for a slot that may hold the key.
+    const auto state = load<uint16_t>(raw + offsetof(Slot, state));
+    if (state == uint16_t(SlotState::kMoved)) return {Probe::kMoved};  // final too
+    if (load<uint64_t>(raw + offsetof(Slot, key_hash)) != hash) continue;
     SlotHead s;
     std::memcpy(&s, raw, sizeof s);
-    if (i != 0 && s.key_hash != hash && s.state != uint16_t(SlotState::kMoved)) continue;
-    if ((s.version & 1) != 0 || s.check != raw_slot_check(raw, s.version))
-      return {Probe::kRetry};
-    const auto state = static_cast<SlotState>(s.state);
-    if (state == SlotState::kMoved) return {Probe::kMoved};
-    if (i == 0) {
-      if (s.reach > kNeighborhood) return {Probe::kRetry};  // never in a checked slot
-      if (s.reach > n) {
-        ProbeResult more{Probe::kMore};
-        more.reach = s.reach;
-        return more;
-      }
-      n = s.reach;  // no key of this bucket lies further
-      if (n == 0) return best;
-    }
-    if (s.key_hash != hash) continue;  // the home slot holds another bucket's key
-    if (state == SlotState::kEmpty || s.key_len != key.size()) continue;
+    // Only slots that may hold the key are verified. A slot whose key_hash,
+    // key length or state says it does not is skipped unchecked: a copy mixes
+    // bytes of states of the slot, and if any of them held our key then
+    // either all did (the key's fields are the same in each, so they match)
+    // or the key is being inserted or deleted right now, when absent is a
+    // right answer.
+    if (s.key_hash != hash || s.key_len != key.size()) continue;
+    const bool is_inline = s.state == uint16_t(SlotState::kInline);
+    if (!is_inline && s.state != uint16_t(SlotState::kIndirect)) continue;
+    if (!sealed(raw, s)) return {Probe::kRetry};
     const std::byte* data = raw + kSlotHeader;
-    if (state == SlotState::kInline) {
-      if (s.key_len + size_t{s.value_len} > kInlineBytes) return {Probe::kRetry};
-      if (std::memcmp(data, key.data(), key.size()) != 0) continue;
-    } else if (state != SlotState::kIndirect) {
-      return {Probe::kRetry};
-    }
+    if (is_inline && std::memcmp(data, key.data(), key.size()) != 0) continue;
     // The neighborhood is not copied atomically: a key deleted from one slot
     // and put again into another may show up twice. The later PUT wins.
     if (best.probe != Probe::kAbsent && s.seq <= best.seq) continue;
-    best.probe = state == SlotState::kInline ? Probe::kFound : Probe::kIndirect;
+    best.probe = is_inline ? Probe::kFound : Probe::kIndirect;
     best.seq = s.seq;
     best.block = s.block;
     best.value_len = s.value_len;
-    best_data = state == SlotState::kInline ? data : nullptr;
+    best_data = is_inline ? data : nullptr;
   }
   if (best_data != nullptr && value_out != nullptr) {
     value_out->assign(reinterpret_cast<const char*>(best_data) + key.size(),

@@ -10,11 +10,12 @@
 // Key + value up to kInlineBytes live in the slot; longer ones live in a
 // block (second READ) that the slot names.
 //
-// Every slot and block is self-verifying: a slot's check is xxh3 over its bytes
-// after the check field, seeded with its version (odd while the server writes
-// it); a block's check is xxh3 over its key and value, seeded with the slot's
-// seq. A READ is a copy the server does not take part in (a NIC's DMA, shm's
-// memcpy from the mapping, tcp's send(2) from the region), in any byte order
+// Every slot and block is self-verifying: a slot's check is xxh3 over the
+// header bytes after the check field and, for an inline entry, its key and
+// value (not the unused rest of the data), seeded with its version (odd while
+// the server writes it); a block's check is xxh3 over its key and value,
+// seeded with the slot's seq. A READ is a copy the server does not take part in (a NIC's
+// DMA, shm's memcpy from the mapping, tcp's send(2) from the region), in any byte order
 // and racing the server's stores, so the reader trusts only a snapshot whose
 // check matches; anything else is retried.
 #include <cstddef>
@@ -55,7 +56,7 @@ enum class SlotState : uint16_t {
 
 struct Slot {
   uint64_t version;  // seqlock: odd while the server writes the slot
-  uint64_t check;    // xxh3(bytes after this field, seed = version)
+  uint64_t check;    // xxh3(header after this field + key + value, seed = version)
   uint64_t seq;      // server-wide write counter at the PUT; newer wins
   uint64_t key_hash;
   uint32_t key_len;
@@ -135,11 +136,14 @@ struct ProbeResult {
   uint32_t block = kNoBlock;
   uint64_t seq = 0;
   uint32_t value_len = 0;
-  uint32_t reach = 0;  // kMore: the slots to copy from the home bucket
+  // The home slot's reach: for kMore the slots to copy from the home bucket;
+  // otherwise what the client remembers to size its next READ of the bucket.
+  uint32_t reach = 0;
 };
 // slots: 1..kNeighborhood slots copied from the table starting at the key's
-// home bucket, in any alignment. The home slot is always verified (its reach
-// bounds the search); kMore if the copy is shorter than that reach.
+// home bucket, in any alignment. The home slot's reach bounds the search
+// (kMore if the copy is shorter); only the slots that may hold the key are
+// verified (table_layout.cpp says why the reach needs no check).
 ProbeResult probe_neighborhood(std::span<const std::byte> slots, std::string_view key,
                                uint64_t hash, std::string* value_out);
 inline ProbeResult probe_neighborhood(std::span<const std::byte> slots,

@@ -54,6 +54,40 @@ TEST_P(KvTest, BusyPollingServerServesBothGetModes) {
       });
 }
 
+// A READ-GET copies only the slots its bucket's reach covered when the client
+// last looked; a reach grown since (another client's PUTs) shows in the
+// copied home slot, and the GET reads on once and remembers it.
+TEST_P(KvTest, ReadGetsCopyTheReachAsLastSeenAndFollowItsGrowth) {
+  run_roles(
+      GetParam(), [](RoleEnv& env) { serve(env, 2, {.capacity = 8, .grow = false}); },
+      [](RoleEnv& env) {
+        Client reader(client_options(env));
+        Client writer(client_options(env));
+        std::vector<std::string> same;  // keys of one home bucket
+        const uint64_t home = reader.table().home_bucket(key_hash("0"));
+        for (int i = 0; same.size() < 6; ++i) {
+          std::string k = std::to_string(i);
+          if (reader.table().home_bucket(key_hash(k)) == home) same.push_back(k);
+        }
+        ASSERT_EQ(writer.put(same[0], "v0"), KvStatus::kOk);
+        EXPECT_EQ(get(reader, same[0], GetMode::kRead), "v0");  // 4 slots: not seen yet
+        ReadStats before = reader.read_stats();
+        EXPECT_EQ(get(reader, same[0], GetMode::kRead), "v0");
+        EXPECT_EQ(reader.read_stats().reads - before.reads, 1u);
+        EXPECT_EQ(reader.read_stats().bytes - before.bytes, kSlotSize);  // reach 1
+        for (size_t i = 1; i < same.size(); ++i)
+          ASSERT_EQ(writer.put(same[i], "v" + std::to_string(i)), KvStatus::kOk);
+        before = reader.read_stats();
+        EXPECT_EQ(get(reader, same[5], GetMode::kRead), "v5");
+        EXPECT_EQ(reader.read_stats().wide - before.wide, 1u);
+        EXPECT_EQ(reader.read_stats().bytes - before.bytes, 6 * kSlotSize);
+        before = reader.read_stats();
+        EXPECT_EQ(get(reader, same[3], GetMode::kRead), "v3");
+        EXPECT_EQ(reader.read_stats().reads - before.reads, 1u);
+        EXPECT_EQ(reader.read_stats().bytes - before.bytes, 6 * kSlotSize);
+      });
+}
+
 TEST_P(KvTest, PutGetDeleteAndLimits) {
   run_roles(
       GetParam(), [](RoleEnv& env) { serve(env, 2); },

@@ -251,6 +251,81 @@ TEST(KvTable, TornAndHalfWrittenSnapshotsAreRejected) {
   EXPECT_EQ(probe_neighborhood(odd, "k", &v).probe, Probe::kRetry);
 }
 
+// A slot's check covers its header and the entry's key and value, not the
+// unused rest of the data; the reader's check (xxh3's short-input routine,
+// called directly) gives what the server's slot_check gives at every length.
+TEST(KvTable, SlotCheckCoversTheEntryAndNothingElse) {
+  const std::string key = "k";
+  for (size_t value_len = 0; key.size() + value_len <= kInlineBytes; ++value_len) {
+    Slot s{};
+    s.version = 6;
+    s.seq = 9;
+    s.key_hash = key_hash(key);
+    s.key_len = uint32_t(key.size());
+    s.value_len = uint32_t(value_len);
+    s.block = kNoBlock;
+    s.state = uint16_t(SlotState::kInline);
+    s.reach = 1;
+    for (size_t i = 0; i < kInlineBytes; ++i) s.data[i] = std::byte(i * 7 + value_len);
+    std::memcpy(s.data, key.data(), key.size());
+    s.check = slot_check(s);
+    std::vector<std::byte> snap(kSlotSize);
+    std::memcpy(snap.data(), &s, sizeof s);
+    std::string v;
+    ASSERT_EQ(probe_neighborhood(snap, key, &v).probe, Probe::kFound) << value_len;
+    ASSERT_EQ(v.size(), value_len);
+    const size_t used = kSlotHeader + key.size() + value_len;
+    for (size_t at = sizeof(uint64_t); at < kSlotSize; ++at) {
+      std::vector<std::byte> bad = snap;
+      bad[at] ^= std::byte{0x20};
+      const Probe p = probe_neighborhood(bad, key, &v).probe;
+      if (at < used) {
+        // A changed byte of what the answer depends on: rejected, or a
+        // field that makes the slot not hold the key (absent).
+        EXPECT_NE(p, Probe::kFound)
+            << "byte " << at << " of a " << value_len << " B value";
+      } else {
+        EXPECT_EQ(p, Probe::kFound) << "unused byte " << at;
+      }
+    }
+  }
+}
+
+// Only the slot a hit comes from is verified: a home slot that holds another
+// key and is being rewritten does not hold up a GET of a key further on,
+// since its reach (one byte that only grows) is what the GET uses of it.
+TEST(KvTable, ARewriteOfAnotherKeysHomeSlotDoesNotDisturbAHit) {
+  auto ctx = shm_context();
+  Table table(*ctx, {.capacity = 8, .grow = false});  // 16 buckets
+  std::vector<std::string> same;
+  const uint64_t home = table.info().home_bucket(key_hash("0"));
+  for (int i = 0; same.size() < 2; ++i) {
+    std::string k = std::to_string(i);
+    if (table.info().home_bucket(key_hash(k)) == home) same.push_back(k);
+  }
+  ASSERT_EQ(table.put(same[0], "first-old"), PutOutcome::kOk);  // the home slot
+  ASSERT_EQ(table.put(same[1], "second"), PutOutcome::kOk);     // home + 1
+  Snapshot before(table.info(), same[1]);
+  ASSERT_EQ(table.put(same[0], "first-new"), PutOutcome::kOk);
+  Snapshot after(table.info(), same[1]);
+  size_t first_rejected = 0;
+  for (size_t cut = 1; cut < kSlotSize; ++cut) {
+    std::vector<std::byte> mixed = before.slots;
+    std::memcpy(mixed.data() + cut, after.slots.data() + cut, kSlotSize - cut);
+    std::string v;
+    ASSERT_EQ(probe_neighborhood(mixed, same[1], &v).probe, Probe::kFound) << cut;
+    EXPECT_EQ(v, "second");
+    const Probe p = probe_neighborhood(mixed, same[0], &v).probe;
+    if (p == Probe::kRetry) {
+      ++first_rejected;
+      continue;
+    }
+    ASSERT_EQ(p, Probe::kFound) << cut;
+    ASSERT_TRUE(v == "first-old" || v == "first-new") << "torn at " << cut << ": " << v;
+  }
+  EXPECT_GT(first_rejected, 0u);
+}
+
 TEST(KvTable, ReusedBlockIsNotTakenForTheOldEntry) {
   auto ctx = shm_context();
   Table table(*ctx, {.capacity = 64, .blocks = 2});

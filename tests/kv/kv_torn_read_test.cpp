@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "kv_test_util.hpp"
+#include "table.hpp"
+#include "table_layout.hpp"
 
 namespace rdmakit::kv::test {
 namespace {
@@ -155,6 +159,67 @@ TEST_P(KvTornReadTest, ReadGetsRacingPutsAndDeletesAreNeverTornOrStale) {
         EXPECT_GT(wide.load(), 0u);
       },
       {.timeout = std::chrono::seconds(200)});
+}
+
+// The reader's checks against a copy that races the writer for sure: a
+// thread copies a neighborhood of the table byte by byte, last byte first (an
+// order a DMA engine may use and the server's memcpy does not), while another
+// PUTs and DELETEs keys of that bucket, so many copies mix states of a slot.
+// Every answer must be a whole value, and some copies must have been
+// rejected: with the checks removed, this fails within milliseconds (the
+// two-process test above rarely sees a torn copy: a provider's READ of a
+// few hundred bytes is hard to catch mid-way).
+TEST(KvTornCopy, ByteByByteCopiesRacingTheWriterAreWholeOrRejected) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two CPUs to race";
+  ContextOptions co;
+  co.provider = ProviderKind::kShm;
+  auto ctx = Context::open(co);
+  Table table(*ctx, {.capacity = 8, .grow = false});  // 16 buckets
+  const TableInfo info = table.info();
+  std::vector<std::string> keys;  // one home bucket, so hits lie past the home slot
+  const uint64_t home = info.home_bucket(key_hash("0"));
+  for (int i = 0; keys.size() < 4; ++i) {
+    std::string k = std::to_string(i);
+    if (info.home_bucket(key_hash(k)) == home) keys.push_back(k);
+  }
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t n = 1; !stop.load(std::memory_order_relaxed); ++n) {
+      const uint64_t k = n % keys.size();
+      if (n % 7 == 0) {
+        table.erase(keys[k]);
+      } else {
+        ASSERT_EQ(table.put(keys[k], checked_value(k, n, n % 23)), PutOutcome::kOk);
+      }
+    }
+  });
+  const auto* src = reinterpret_cast<const volatile unsigned char*>(info.region.addr) +
+                    info.slot_offset(home);
+  std::vector<std::byte> copy(kNeighborhood * kSlotSize);
+  uint64_t copies = 0, found = 0, rejected = 0, torn = 0;
+  std::string value;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(3) &&
+         (copies < 20000 || rejected < 200)) {
+    for (size_t i = copy.size(); i-- > 0;) copy[i] = std::byte(src[i]);
+    ++copies;
+    const uint64_t k = copies % keys.size();
+    const ProbeResult p = probe_neighborhood(copy, keys[k], &value);
+    if (p.probe == Probe::kRetry) {
+      ++rejected;
+    } else if (p.probe == Probe::kFound) {
+      ++found;
+      uint64_t got_key = 0, n = 0;
+      if (!parse_checked(value, &got_key, &n) || got_key != k) ++torn;
+    } else {
+      EXPECT_EQ(p.probe, Probe::kAbsent);
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(torn, 0u) << "of " << found << " values found in " << copies << " copies";
+  EXPECT_GT(found, 0u);
+  EXPECT_GT(rejected, 0u) << "no copy raced the writer in " << copies << " copies";
 }
 
 }  // namespace
