@@ -242,6 +242,10 @@ int serve(const ServeOptions& o) {
   // per copy (measured: each one costs the receiving CPU a few percent).
   so.thread_mode = session::ThreadMode::kSharedWorkers;
   so.workers = 1;
+  // The worker sleeps in epoll at once instead of spinning 50 us after each
+  // completion: on the receiving CPU, shared with the writer, the spin costs
+  // more than the wake-ups (with SCHED_BATCH; docs/cp.md).
+  so.event_mode = session::EventMode::kEpollFd;
   // Room for the admitted clients and as many being refused at the same
   // time: past max_endpoints the session rejects a peer before it could be
   // told why.
