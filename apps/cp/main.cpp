@@ -2,10 +2,12 @@
 //   rdmakit-cp serve --root DIR [-p PORT] [--provider P] [--max-clients N]
 //   rdmakit-cp [-r] [--resume] [--json] SRC... HOST:DST     (push)
 //   rdmakit-cp [-r] [--resume] [--json] HOST:SRC... DST     (pull)
+#include <sched.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,8 +16,32 @@
 #include "endpoints.hpp"
 #include "report.hpp"
 
+namespace {
+
+// A copy is bulk work, and each end runs several threads on what may be one
+// CPU (the transport's receive thread, the session worker, the reader or
+// writer). Under SCHED_BATCH a thread that wakes does not preempt the one
+// running, so the writer (or reader) keeps its CPU for its time slice and the
+// receive thread finds more data per wake-up: on a 2 GiB tcp push with the
+// receiver on one CPU, 8 % less receiver CPU and 15 % fewer wake-ups
+// (docs/cp.md). Set before any thread starts: they inherit it. A policy
+// chosen from outside (chrt) is kept; RDMAKIT_CP_SCHED=other keeps the
+// default one.
+void use_batch_scheduling() {
+  const char* choice = std::getenv("RDMAKIT_CP_SCHED");
+  if (choice != nullptr && std::strcmp(choice, "other") == 0) return;
+  if (::sched_getscheduler(0) != SCHED_OTHER) return;
+  const sched_param param{};
+  if (::sched_setscheduler(0, SCHED_BATCH, &param) != 0)
+    std::fprintf(stderr, "rdmakit-cp: cannot use SCHED_BATCH (%s); default scheduling\n",
+                 std::strerror(errno));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace rdmakit::cp;
+  use_batch_scheduling();
   const int usage = static_cast<int>(Failure::kUsage);
   // Library logs go to stderr: stdout carries the summary (or its JSON).
   spdlog::set_default_logger(spdlog::stderr_color_mt("rdmakit-cp"));

@@ -32,6 +32,7 @@ void on_signal(int) { g_stop = true; }
 
 struct ServerState {
   int root = -1;
+  Context* context = nullptr;  // registers the mappings a pull sends from
   uint32_t max_clients = kDefaultMaxClients;
   std::atomic<uint32_t> copying{0};  // admitted transfers, at most max_clients
   std::atomic<int> active{0};        // handler threads (admitted or not)
@@ -174,6 +175,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     }
     SenderConfig sc;
     sc.channel = &ch;
+    sc.context = s.context;
     sc.remote_offset = 0;
     sc.staging = session::Local::of(*own);
     sc.root = root;
@@ -240,6 +242,10 @@ int serve(const ServeOptions& o) {
   // per copy (measured: each one costs the receiving CPU a few percent).
   so.thread_mode = session::ThreadMode::kSharedWorkers;
   so.workers = 1;
+  // The worker sleeps in epoll at once instead of spinning 50 us after each
+  // completion: on the receiving CPU, shared with the writer, the spin costs
+  // more than the wake-ups (with SCHED_BATCH; docs/cp.md).
+  so.event_mode = session::EventMode::kEpollFd;
   // Room for the admitted clients and as many being refused at the same
   // time: past max_endpoints the session rejects a peer before it could be
   // told why.
@@ -256,6 +262,7 @@ int serve(const ServeOptions& o) {
   const std::string address = o.bind + ":" + std::to_string(o.port);
   session::Server server(address, so, h);
   server.expose_per_endpoint(kSlotsBuffer, kLaneBytes, kAccessAll);
+  s.context = &server.context();
   server.start();
   std::fprintf(stderr,
                "rdmakit-cp serve: root %s, listening on %s (%s), confinement: %s, "
