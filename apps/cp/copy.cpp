@@ -200,7 +200,6 @@ int copy(const CopyOptions& o) {
     if (push) {
       SenderConfig sc;
       sc.channel = &ch;
-      sc.context = &client_holder->context();
       sc.remote_offset = uint64_t{lane} * kLaneBytes;
       sc.staging = {staging->data(), staging->length(), staging->lkey()};
       sc.root = {AT_FDCWD, false};

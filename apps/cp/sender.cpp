@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "records.hpp"
@@ -229,10 +227,6 @@ bool Sender::acquire() {
         cur_ = static_cast<int>(s);
         cur_len_ = 0;
         first_data_ = -1;
-        lock.unlock();
-        // The slot's previous mappings, unmapped here if it was their last.
-        for (uint32_t k = 0; k < n_ext_[s]; ++k) ext_[s][k] = External{};
-        n_ext_[s] = 0;
         return true;
       }
     }
@@ -262,57 +256,18 @@ bool Sender::post(uint32_t s) {
     std::lock_guard lock(error_mu_);
     if (!post_error_.empty()) return fatal(Failure::kPeer, post_error_);
   }
-  // The slot's own bytes and its external ones, in payload order; the last
-  // piece goes as the WRITE_WITH_IMM, which arrives after the others (in
-  // order on the channel), so the receiver sees a complete slot.
-  const uint64_t base = c_.remote_offset + uint64_t{s} * kSlotSize;
-  const uint32_t total = static_cast<uint32_t>(sizeof(SlotHeader)) + slots_[s].len;
-  session::WriteSegment seg[2 * kMaxExternal + 1];
-  size_t n = 0;
-  uint32_t pos = 0;
-  auto own = [&](uint32_t end) {
-    if (end > pos)
-      seg[n++] = {base + pos, {slot_mem(s) + pos, end - pos, c_.staging.lkey}, end - pos};
-    pos = end;
-  };
-  for (uint32_t k = 0; k < n_ext_[s]; ++k) {
-    const External& e = ext_[s][k];
-    const uint32_t at = static_cast<uint32_t>(sizeof(SlotHeader)) + e.at;
-    own(at);
-    seg[n++] = {
-        base + at, {const_cast<std::byte*>(e.src), e.len, e.source->lkey()}, e.len};
-    pos = at + e.len;
-  }
-  own(total);
-  session::OpResult r;
-  if (n > 1)
-    r = c_.channel->write_batch(remote_,
-                                std::span<const session::WriteSegment>(seg, n - 1));
-  const session::WriteSegment& last = seg[n - 1];
-  if (r.ok())
-    r = c_.channel->write_with_imm(remote_, last.offset, last.src, last.length, s,
-                                   [this](const session::OpResult& res) {
-                                     if (res.ok()) return;
-                                     std::lock_guard lock(error_mu_);
-                                     if (post_error_.empty())
-                                       post_error_ = "chunk WRITE failed: " + res.detail;
-                                   });
+  const session::Local src{slot_mem(s), kSlotSize, c_.staging.lkey};
+  const session::OpResult r = c_.channel->write_with_imm(
+      kSlotsBuffer, c_.remote_offset + uint64_t{s} * kSlotSize, src,
+      sizeof(SlotHeader) + slots_[s].len, s, [this](const session::OpResult& res) {
+        if (res.ok()) return;
+        std::lock_guard lock(error_mu_);
+        if (post_error_.empty()) post_error_ = "chunk WRITE failed: " + res.detail;
+      });
   if (!r.ok())
     return fatal(Failure::kPeer, std::string("chunk WRITE failed: ") +
                                      session::errc_name(r.code) + ": " + r.detail);
   return true;
-}
-
-void Sender::materialize(uint32_t s) {
-  for (uint32_t k = 0; k < n_ext_[s]; ++k) {
-    const External& e = ext_[s][k];
-    std::byte* dst = slot_mem(s) + sizeof(SlotHeader) + e.at;
-    // Read before (hashed): a truncation since leaves the copy short, and
-    // the receiver's digest check then fails the file.
-    (void)guarded_read([&] { std::memcpy(dst, e.src, e.len); });
-    ext_[s][k] = External{};
-  }
-  n_ext_[s] = 0;
 }
 
 bool Sender::flush() {
@@ -340,7 +295,6 @@ bool Sender::flush() {
     // file data byte (caught by its block digest) if the chunk has data and
     // records were not asked for, else the first record byte (the slot hash).
     corrupt_at = c_.corrupt_records || first_data_ < 0 ? 0 : first_data_;
-    materialize(s);  // the byte flipped is the slot's own
     mem[sizeof(SlotHeader) + static_cast<uint32_t>(corrupt_at)] ^= std::byte{0xff};
   }
   chunks_posted_++;
@@ -381,28 +335,6 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   }
   Entry e = entry;  // metadata as of opening
   e.size = static_cast<uint64_t>(st.st_size);
-  std::shared_ptr<MappedSource> source;
-  if (map_ && e.size >= kMapMin) {
-    std::string why;
-    source = MappedSource::map(*c_.context, fd, e.size, &why);
-    if (source != nullptr && shrink_mapped_ >= 0) {
-      // Test hook: the file shrinks after it was mapped.
-      const int w = ::openat(c_.root.base, entry.open.c_str(), O_WRONLY | O_CLOEXEC);
-      if (w < 0 || ::ftruncate(w, shrink_mapped_) != 0)
-        std::fprintf(stderr, "rdmakit-cp: test hook: cannot shrink %s: %s\n",
-                     entry.open.c_str(), std::strerror(errno));
-      if (w >= 0) ::close(w);
-    }
-    if (source == nullptr) {
-      // Not an error: the file is read into the slots instead, as are
-      // the rest (said once).
-      map_ = false;
-      std::fprintf(stderr,
-                   "rdmakit-cp: %s: cannot send from a mapping (%s); reading "
-                   "files into the slots instead\n",
-                   entry.open.c_str(), why.c_str());
-    }
-  }
   e.mode = st.st_mode & 07777;
   e.mtime_sec = st.st_mtim.tv_sec;
   e.mtime_nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
@@ -503,36 +435,23 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
         const uint32_t room =
             kSlotPayload - cur_len_ - static_cast<uint32_t>(kDataHeader);
         const auto len = static_cast<uint32_t>(std::min<uint64_t>(room, seg_end - off));
-        const auto s = static_cast<uint32_t>(cur_);
-        std::byte* dst = slot_mem(s) + sizeof(SlotHeader) + cur_len_ + kDataHeader;
-        if (!hasher.active()) hasher.start(b, e.size);
-        if (source != nullptr && n_ext_[s] < kMaxExternal) {
-          // The bytes stay in the page cache and go out from there; the
-          // hash pass reads them through the mapping.
-          const std::byte* src = source->data() + off;
-          if (!guarded_read(
-                  [&] { hasher.data(off, std::span<const std::byte>(src, len)); })) {
-            failure = "file shrank while being copied";
-            break;
-          }
-          ext_[s][n_ext_[s]++] = {cur_len_ + static_cast<uint32_t>(kDataHeader), len, src,
-                                  source};
-        } else {
-          ssize_t got = 0;
-          while (got < len) {
-            const ssize_t n =
-                ::pread(fd, dst + got, len - got, static_cast<off_t>(off + got));
-            if (n <= 0) break;
-            got += n;
-          }
-          if (got != len) {
-            failure = got < 0 ? std::strerror(errno) : "file shrank while being copied";
-            break;
-          }
-          // One pass over the bytes, while they are in the cache: the block's
-          // running digest goes into the record, the block hash is its end.
-          hasher.data(off, std::span<const std::byte>(dst, len));
+        std::byte* dst = slot_mem(static_cast<uint32_t>(cur_)) + sizeof(SlotHeader) +
+                         cur_len_ + kDataHeader;
+        ssize_t got = 0;
+        while (got < len) {
+          const ssize_t n =
+              ::pread(fd, dst + got, len - got, static_cast<off_t>(off + got));
+          if (n <= 0) break;
+          got += n;
         }
+        if (got != len) {
+          failure = got < 0 ? std::strerror(errno) : "file shrank while being copied";
+          break;
+        }
+        // One pass over the bytes, while they are in the cache: the block's
+        // running digest goes into the record, the block hash is its end.
+        if (!hasher.active()) hasher.start(b, e.size);
+        hasher.data(off, std::span<const std::byte>(dst, len));
         put<uint8_t>(static_cast<uint8_t>(Rec::kData));
         put<uint32_t>(id);
         put<uint64_t>(off);
@@ -578,21 +497,6 @@ bool Sender::run(EntryQueue& queue) {
     totals.put<uint64_t>(queue.files()).put<uint64_t>(queue.bytes());
     return send_message(totals);
   };
-  const session::OpResult resolved = c_.channel->resolve(kSlotsBuffer, &remote_);
-  if (!resolved.ok()) return fatal(Failure::kPeer, resolved.detail);
-  // Only on tcp: there the kernel copies from the mapping (a source
-  // truncated meanwhile fails that send with EFAULT, an error), and
-  // registering is bookkeeping. shm copies in this process (a truncated
-  // source would raise SIGBUS in the provider), verbs would pin the pages.
-  // RDMAKIT_CP_READ=pread reads every file in (a test and bench switch).
-  const char* read_mode = std::getenv("RDMAKIT_CP_READ");
-  map_ = c_.context != nullptr && c_.context->provider() == ProviderKind::kTcp &&
-         !(read_mode != nullptr && std::strcmp(read_mode, "pread") == 0);
-  // Test hook: RDMAKIT_CP_SHRINK_MAPPED=N truncates each mapped source to N
-  // bytes right after mapping it (a file that shrinks while it is sent).
-  const char* shrink = std::getenv("RDMAKIT_CP_SHRINK_MAPPED");
-  if (shrink != nullptr && *shrink != '\0')
-    shrink_mapped_ = std::strtoll(shrink, nullptr, 10);
   acker_ = std::thread([this] { ack_loop(); });
   poster_ = std::thread([this] { post_loop(); });
   std::vector<Entry> batch;

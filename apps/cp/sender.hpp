@@ -4,11 +4,7 @@
 // receiver's "slots" buffer with an immediate, and keeps up to kSlots slots
 // in flight. Three threads: the caller reads and hashes into free slots, a
 // posting thread WRITEs the full ones, an acknowledgement thread frees them
-// (or re-posts a nacked one: hash mismatch at the receiver). Files of at
-// least kMapMin bytes are sent from a registered mapping (mapped_source.hpp):
-// their data records' bytes go out from the page cache, the slot carries the
-// records around them.
-#include <array>
+// (or re-posts a nacked one: hash mismatch at the receiver).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,21 +17,14 @@
 #include <vector>
 
 #include "entry_queue.hpp"
-#include "mapped_source.hpp"
 #include "protocol.hpp"
 #include "report.hpp"
 #include "tree.hpp"
 
 namespace rdmakit::cp {
 
-// Files from this size on are sent from a mapping (on tcp).
-inline constexpr uint64_t kMapMin = uint64_t{1} << 20;
-
 struct SenderConfig {
   session::Channel* channel = nullptr;
-  // Registers the mappings of large files; null: every file is read into
-  // the slots (pread).
-  Context* context = nullptr;
   uint64_t remote_offset = 0;  // where this transfer's slots start in the receiver's
   session::Local staging;      // kLaneBytes of registered local memory
   SourceRoot root{};
@@ -69,17 +58,7 @@ class Sender {
     uint32_t resends = 0;
     int32_t corrupt_at = -1;  // payload byte flipped by fault injection
   };
-  // Data record bytes a slot takes from a mapping instead of its own memory.
-  struct External {
-    uint32_t at = 0;  // payload offset
-    uint32_t len = 0;
-    const std::byte* src = nullptr;
-    std::shared_ptr<MappedSource> source;  // kept until the slot is reused
-  };
-  static constexpr uint32_t kMaxExternal = 4;  // per slot; more are read in
-
   std::byte* slot_mem(uint32_t s) const;
-  void materialize(uint32_t s);  // copies a slot's external bytes into it
   bool send_message(Writer& w);
   bool handle(session::Message& m);  // one control message (ack thread)
   void ack_loop();
@@ -105,14 +84,7 @@ class Sender {
 
   SenderConfig c_;
   Slot slots_[kSlots];
-  // Written by the reading thread while it fills the slot, read by the
-  // posting thread (the slot's state, under mu_, orders the two).
-  std::array<External, kMaxExternal> ext_[kSlots];
-  uint32_t n_ext_[kSlots] = {};
-  session::RemoteBuffer remote_;
-  bool map_ = false;            // large files from mappings
-  int64_t shrink_mapped_ = -1;  // test hook (RDMAKIT_CP_SHRINK_MAPPED)
-  int cur_ = -1;                // the slot being filled (reading thread only)
+  int cur_ = -1;  // the slot being filled (reading thread only)
   uint32_t cur_len_ = 0;
   int32_t first_data_ = -1;  // payload offset of the current slot's first data byte
   uint32_t next_seq_ = 0;

@@ -32,7 +32,6 @@ void on_signal(int) { g_stop = true; }
 
 struct ServerState {
   int root = -1;
-  Context* context = nullptr;  // registers the mappings a pull sends from
   uint32_t max_clients = kDefaultMaxClients;
   std::atomic<uint32_t> copying{0};  // admitted transfers, at most max_clients
   std::atomic<int> active{0};        // handler threads (admitted or not)
@@ -175,7 +174,6 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     }
     SenderConfig sc;
     sc.channel = &ch;
-    sc.context = s.context;
     sc.remote_offset = 0;
     sc.staging = session::Local::of(*own);
     sc.root = root;
@@ -262,7 +260,6 @@ int serve(const ServeOptions& o) {
   const std::string address = o.bind + ":" + std::to_string(o.port);
   session::Server server(address, so, h);
   server.expose_per_endpoint(kSlotsBuffer, kLaneBytes, kAccessAll);
-  s.context = &server.context();
   server.start();
   std::fprintf(stderr,
                "rdmakit-cp serve: root %s, listening on %s (%s), confinement: %s, "

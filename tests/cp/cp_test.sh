@@ -231,24 +231,6 @@ case $mode in
       pass "pull: corrupted chunk detected and re-sent"
     else fail "pull with a corrupted chunk: exit $rc $out"; fi
     same_tree "$src" "$work/pulled/tree" && pass "pull: tree identical" || fail "pull: trees differ"
-    if [ "$provider" = tcp ]; then
-      # On tcp a file of 1 MiB or more is sent from a mapping of it. One that
-      # shrinks after it was mapped (test hook) raises SIGBUS where it is
-      # hashed: the file fails, named (exit 2); the client is not killed and
-      # nothing appears under the final name.
-      head -c $((4 * 1024 * 1024)) /dev/urandom >"$work/src/shrinking"
-      RDMAKIT_CP_SHRINK_MAPPED=$((1536 * 1024)) cp_ "$work/src/shrinking" "$host:shrunk" \
-        2>"$work/err"
-      rc=$?
-      if [ $rc = 2 ] && grep -q "shrinking: file shrank while being copied" "$work/err" &&
-         [ ! -e "$work/root/shrunk" ]; then
-        pass "a mapped source that shrinks: the file fails, named (exit 2)"
-      else fail "mapped source that shrinks: exit $rc"; cat "$work/err"; fi
-      # Read into the slots instead (RDMAKIT_CP_READ=pread): the same bytes.
-      RDMAKIT_CP_READ=pread cp_ -r "$src" "$host:pread" 2>"$work/err" &&
-        same_tree "$src" "$work/root/pread" && pass "push with pread: tree identical" ||
-        fail "push with pread"
-    fi
     # A client of the previous protocol (1: one hash over the whole slot) is
     # refused before anything is copied, both versions named.
     RDMAKIT_CP_HELLO_VERSION=1 cp_ -r "$src" "$host:v1" 2>"$work/err"
