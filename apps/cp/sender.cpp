@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "records.hpp"
 
@@ -131,8 +132,11 @@ bool Sender::handle(session::Message& m) {
                                            std::to_string(kMaxResends) + " times");
       }
       if (slot.corrupt_at >= 0) {
-        slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(slot.corrupt_at)] ^=
-            std::byte{0xff};
+        // Restored by the posting thread before it sends the slot again. The
+        // bytes were copied out before the receiver could answer, but only
+        // through the peer: a write here would race the post in the eyes of
+        // this process (and of TSan).
+        slot.restore_at = slot.corrupt_at;
         slot.corrupt_at = -1;
       }
       c_.report->chunks_resent++;
@@ -191,6 +195,7 @@ void Sender::queue_post(uint32_t s) {
 void Sender::post_loop() {
   for (;;) {
     uint32_t s = 0;
+    int32_t restore_at = -1;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || dead() || ready_head_ != ready_tail_; });
@@ -198,9 +203,13 @@ void Sender::post_loop() {
       s = ready_[ready_head_++ % kSlots];
       // In flight before the WRITE: its acknowledgement may come at once.
       slots_[s].state = State::kInFlight;
+      restore_at = std::exchange(slots_[s].restore_at, -1);
       in_flight_++;
       posting_++;
     }
+    if (restore_at >= 0)
+      slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(restore_at)] ^=
+          std::byte{0xff};
     const bool ok = post(s);
     std::lock_guard lock(mu_);
     posting_--;

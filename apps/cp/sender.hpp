@@ -57,6 +57,9 @@ class Sender {
     uint32_t len = 0;  // payload bytes
     uint32_t resends = 0;
     int32_t corrupt_at = -1;  // payload byte flipped by fault injection
+    // A flipped byte to restore before the slot is sent again, by the posting
+    // thread: the acknowledgement thread never writes a slot's bytes.
+    int32_t restore_at = -1;
   };
   std::byte* slot_mem(uint32_t s) const;
   bool send_message(Writer& w);
