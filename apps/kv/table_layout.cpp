@@ -55,11 +55,15 @@ std::optional<TableInfo> TableInfo::deserialize(std::span<const std::byte> in) n
   t.slot_count = get_u64(p + 12);
   t.block_count = get_u64(p + 20);
   t.blocks_offset = get_u64(p + 28);
-  // A geometry that does not fit its region would send READs out of range.
+  // A geometry that does not fit its region would send READs out of range;
+  // one too large would have the client allocate per bucket without bound.
+  // Every product below is checked before it is formed.
   const bool pow2 = t.buckets != 0 && (t.buckets & (t.buckets - 1)) == 0;
-  if (!pow2 || t.slot_count != t.buckets + kNeighborhood - 1 ||
+  if (!pow2 || t.buckets > kMaxDescribedBuckets ||
+      t.slot_count != t.buckets + kNeighborhood - 1 ||
       t.blocks_offset < kTableHeader + t.slot_count * kSlotSize ||
-      t.blocks_offset + t.block_count * kBlockSize > t.region.length)
+      t.blocks_offset > t.region.length ||
+      t.block_count > (t.region.length - t.blocks_offset) / kBlockSize)
     return std::nullopt;
   return t;
 }

@@ -39,6 +39,10 @@ inline constexpr size_t kInlineBytes = kSlotSize - kSlotHeader;  // key + value
 inline constexpr size_t kBlockHeader = 32;
 inline constexpr size_t kBlockSize = 65856;  // header + kMaxKey + kMaxValue, 64-aligned
 inline constexpr size_t kTableHeader = 64;
+// The largest table a descriptor may describe (the server grows to 2^21
+// buckets by default): a client keeps a byte per bucket, and the geometry's
+// products stay far from overflow.
+inline constexpr uint64_t kMaxDescribedBuckets = uint64_t{1} << 26;
 inline constexpr uint64_t kTableMagic = 0x314c4254564b5452ull;  // "RTKVTBL1"
 inline constexpr uint32_t kNoBlock = 0xffffffffu;
 // A READ-GET first copies this many slots from the key's home bucket (512 B):

@@ -358,6 +358,22 @@ TEST(KvTable, TableInfoRoundTripsAndRejectsBadGeometry) {
   bad = table.info();
   bad.buckets = 100;  // not a power of two
   EXPECT_FALSE(TableInfo::deserialize(bad.serialize()));
+  // Products that wrap: 2^57 buckets make slot_count * 128 wrap to 1920, which
+  // would pass a check formed with it, and then cost the client a byte per
+  // bucket; a block count whose product with the block size wraps.
+  bad = table.info();
+  bad.buckets = uint64_t{1} << 57;
+  bad.slot_count = bad.buckets + kNeighborhood - 1;
+  bad.blocks_offset = kTableHeader + bad.slot_count * kSlotSize;
+  bad.block_count = 0;
+  EXPECT_FALSE(TableInfo::deserialize(bad.serialize()));
+  bad = table.info();
+  bad.buckets = kMaxDescribedBuckets * 2;
+  bad.slot_count = bad.buckets + kNeighborhood - 1;
+  EXPECT_FALSE(TableInfo::deserialize(bad.serialize()));
+  bad = table.info();
+  bad.block_count = UINT64_MAX / kBlockSize + 2;
+  EXPECT_FALSE(TableInfo::deserialize(bad.serialize()));
   EXPECT_FALSE(TableInfo::deserialize(std::span(blob).first(10)));
 }
 
