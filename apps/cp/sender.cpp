@@ -204,6 +204,7 @@ void Sender::post_loop() {
       // In flight before the WRITE: its acknowledgement may come at once.
       slots_[s].state = State::kInFlight;
       restore_at = std::exchange(slots_[s].restore_at, -1);
+      slots_[s].posting = true;
       in_flight_++;
       posting_++;
     }
@@ -212,6 +213,7 @@ void Sender::post_loop() {
           std::byte{0xff};
     const bool ok = post(s);
     std::lock_guard lock(mu_);
+    slots_[s].posting = false;
     posting_--;
     cv_.notify_all();
     if (!ok) return;
@@ -230,7 +232,7 @@ bool Sender::acquire() {
     if (dead()) return false;
     for (uint32_t i = 0; i < kSlots; ++i) {
       const uint32_t s = (next_slot_ + i) % kSlots;
-      if (slots_[s].state == State::kFree) {
+      if (slots_[s].state == State::kFree && !slots_[s].posting) {
         slots_[s].state = State::kFilling;
         next_slot_ = (s + 1) % kSlots;
         cur_ = static_cast<int>(s);

@@ -60,6 +60,10 @@ class Sender {
     // A flipped byte to restore before the slot is sent again, by the posting
     // thread: the acknowledgement thread never writes a slot's bytes.
     int32_t restore_at = -1;
+    // The posting thread is inside post() for this slot. Its acknowledgement
+    // can come first (through the peer), but the slot is refilled only
+    // after the post returned, so no thread writes bytes a post still reads.
+    bool posting = false;
   };
   std::byte* slot_mem(uint32_t s) const;
   bool send_message(Writer& w);
