@@ -78,6 +78,20 @@ static pid_t connect_child(int* server,
   return pid;
 }
 
+/* The peer's side of most cases: for each letter of replies, wait for a byte
+ * from the server, pause (first_ms before the first reply, then ms), answer
+ * with the letter; then stay until the server's last byte. */
+static void answer_rounds(int fd, const char* replies, int first_ms, int ms) {
+  char c;
+  for (const char* r = replies; *r != 0; ++r) {
+    read_all(fd, &c, 1);
+    const int pause = r == replies ? first_ms : ms;
+    if (pause > 0) sleep_ms(pause);
+    write_all(fd, r, 1);
+  }
+  read_all(fd, &c, 1);
+}
+
 static void reap(pid_t pid) {
   int st = 0;
   CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
@@ -206,15 +220,11 @@ static void case_mixed(void) {
 
 /* ---- mod: events and data changed by EPOLL_CTL_MOD are what the next
  * waits report, spinning (timeout 0) and sleeping. */
+/* "a" at once (readable from here on); "b" 100 ms after the server's next
+ * byte, when it is about to sleep. */
 static void mod_client(int fd, const struct sockaddr_in* sa) {
   (void)sa;
-  char c;
-  read_all(fd, &c, 1);
-  write_all(fd, "a", 1); /* readable from here on */
-  read_all(fd, &c, 1);   /* the server is about to sleep */
-  sleep_ms(100);
-  write_all(fd, "b", 1);
-  read_all(fd, &c, 1);
+  answer_rounds(fd, "ab", 0, 100);
 }
 
 static void case_mod(void) {
@@ -279,13 +289,7 @@ static void case_mod(void) {
  * the kernel gives them. */
 static void del_client(int fd, const struct sockaddr_in* sa) {
   (void)sa;
-  char c;
-  read_all(fd, &c, 1);
-  write_all(fd, "a", 1);
-  read_all(fd, &c, 1); /* the server waits for "b" */
-  sleep_ms(50);
-  write_all(fd, "b", 1);
-  read_all(fd, &c, 1);
+  answer_rounds(fd, "ab", 0, 50); /* the server waits for "b" */
 }
 
 static void case_del_add(void) {
@@ -331,13 +335,7 @@ static void case_del_add(void) {
  * through a dup of it sleeps in the kernel: the peer's data must wake it. */
 static void dup_client(int fd, const struct sockaddr_in* sa) {
   (void)sa;
-  char c;
-  for (int round = 0; round < 3; ++round) {
-    read_all(fd, &c, 1);
-    sleep_ms(50);
-    write_all(fd, "d", 1);
-  }
-  read_all(fd, &c, 1);
+  answer_rounds(fd, "ddd", 50, 50);
 }
 
 static void case_dup(void) {
@@ -391,13 +389,7 @@ static void* zero_poller(void* arg) {
 
 static void threads_client(int fd, const struct sockaddr_in* sa) {
   (void)sa;
-  char c;
-  for (int round = 0; round < 5; ++round) {
-    read_all(fd, &c, 1);
-    sleep_ms(30);
-    write_all(fd, "t", 1);
-  }
-  read_all(fd, &c, 1);
+  answer_rounds(fd, "ttttt", 30, 30);
 }
 
 static void case_threads(void) {
