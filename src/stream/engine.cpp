@@ -214,10 +214,10 @@ short EngineImpl::poll_readiness(StreamCore& s, bool about_to_sleep,
     progress_ = Progress::kRunning;
     kick();
   }
-  s.defer_readable = reads_next && !about_to_sleep;
+  s.defer_readable = (reads_next || s.lazy_readiness) && !about_to_sleep;
   drain();
   update(s);
-  s.defer_readable = false;
+  s.defer_readable = s.lazy_readiness;
   const short ev = s.events();
   if (about_to_sleep) before_would_block();
   return ev;

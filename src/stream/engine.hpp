@@ -108,6 +108,8 @@ class StreamCore {
   // readiness fd (readiness_stale records it); the read that follows, which
   // takes the data, brings the fd up to date (EngineImpl::update).
   bool defer_readable = false;
+  // Stream::set_lazy_readiness: defer_readable outside poll_readiness too.
+  bool lazy_readiness = false;
   bool readiness_stale = false;
   // events() as of the last update(): what poll_readiness() reports while
   // another thread holds the engine lock.

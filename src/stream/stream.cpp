@@ -535,10 +535,7 @@ short Stream::poll_readiness(bool about_to_sleep, bool reads_next) noexcept {
     if (!about_to_sleep) return core_->published.load(std::memory_order_acquire);
     lock.lock();
   }
-  const short ev =
-      engine_->poll_readiness(*core_, about_to_sleep, reads_next || lazy_readiness_);
-  if (lazy_readiness_) core_->defer_readable = true;  // the engine's call reset it
-  return ev;
+  return engine_->poll_readiness(*core_, about_to_sleep, reads_next);
 }
 
 short Stream::last_events() const noexcept {
@@ -549,7 +546,7 @@ short Stream::last_events() const noexcept {
 void Stream::set_lazy_readiness(bool on) noexcept {
   if (!core_) return;
   std::lock_guard lock(engine_->mu);
-  lazy_readiness_ = on;
+  core_->lazy_readiness = on;
   core_->defer_readable = on;
   if (!on && core_->readiness_stale) engine_->update(*core_);
 }

@@ -243,7 +243,6 @@ class Stream {
          std::shared_ptr<detail::StreamCore> core) noexcept;
   std::shared_ptr<detail::EngineImpl> engine_;
   std::shared_ptr<detail::StreamCore> core_;
-  bool lazy_readiness_ = false;  // set_lazy_readiness; the engine lock guards it
 };
 
 }  // namespace rdmakit::stream
