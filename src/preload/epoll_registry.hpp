@@ -99,6 +99,10 @@ struct EpSet {
   std::vector<Upgraded> ups;
   size_t next = 0;                      // where the next scan starts (round robin)
   std::atomic<unsigned> user_calls{0};  // calls answered from user space alone in a row
+  // Bumped (s.mu held) by every change of the user view (set_user) and of
+  // the upgraded registrations: a spinning user-mode epoll_wait retakes its
+  // view when it moved.
+  std::atomic<unsigned> changes{0};
   // This set's spin before it sleeps (adaptive_spin); 0: the configured one.
   std::atomic<int64_t> spin_us{0};
 

@@ -34,6 +34,10 @@ EpSet* set_of(int fd, bool create) {
   return fresh;
 }
 
+void forget_sets_in_child() noexcept {
+  for (auto& s : g_sets) s.store(nullptr, std::memory_order_relaxed);
+}
+
 // c.lazy_mu held.
 void set_lazy(Conn& c, bool on) noexcept {
   if (c.lazy.load(std::memory_order_relaxed) == on || !c.stream) return;
@@ -55,6 +59,7 @@ void leave_lazy(EpSet& s) noexcept {
 
 // The user view of u becomes (in, events, data); s.mu held.
 void set_user(EpSet& s, Upgraded& u, bool in, uint32_t events, epoll_data_t data) {
+  s.changes.fetch_add(1, std::memory_order_release);  // a spinning wait retakes its view
   if (u.in_user) {
     if ((u.events & kSpecial) != 0) --s.special;
     s.use_data(u.data.u64, true, -1);
@@ -136,11 +141,8 @@ void remove_reg(EpSet& s, int epfd, int fd) {
     s.use_data(reg->data, false, -1);
   } else {
     Upgraded& u = s.ups[static_cast<size_t>(up)];
-    if (u.in_user) {
-      if ((u.events & kSpecial) != 0) --s.special;
-      s.use_data(u.data.u64, true, -1);
-    }
-    if (u.in_kernel) s.use_data(u.k_data, true, -1);
+    set_user(s, u, false, 0, {});
+    set_kernel(s, u, false, 0, 0);
     if (auto c = u.conn.lock(); c && c->owner == process_id()) {
       std::lock_guard lock(c->lazy_mu);
       set_lazy(*c, false);
@@ -250,6 +252,8 @@ using ep::set_lazy;
 using ep::set_user;
 using ep::Upgraded;
 
+void forget_epoll_sets_in_child() noexcept { ep::forget_sets_in_child(); }
+
 void epoll_created(int epfd) noexcept {
   EpSet* s = ep::set_of(epfd, true);
   if (s == nullptr) return;
@@ -258,6 +262,7 @@ void epoll_created(int epfd) noexcept {
   s->regs.clear();
   s->data_use.clear();
   s->ups.clear();
+  s->changes.fetch_add(1, std::memory_order_release);
   s->epfd = epfd;
   s->kernel_stale = false;
   s->tracked = true;
@@ -284,6 +289,7 @@ void forget_epoll(int epfd) noexcept {
   s->regs.clear();
   s->data_use.clear();
   s->ups.clear();
+  s->changes.fetch_add(1, std::memory_order_release);
   s->tracked = false;
   s->special = s->collisions = 0;
 }
@@ -405,8 +411,15 @@ bool epoll_engines(int epfd, EngineDrain* d) noexcept {
   EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return false;
   std::lock_guard lock(s->mu);
+  // One connection per engine is enough: stop once both are found, or after
+  // the first 8 once one is (a set rarely mixes shm and remote streams), so
+  // a large set does not cost a weak_ptr lock per registration per wait.
   bool any = false;
-  for (auto& u : s->ups) any = d->add(u.conn.lock()) || any;
+  size_t seen = 0;
+  for (auto& u : s->ups) {
+    any = d->add(u.conn.lock()) || any;
+    if (d->full() || (any && ++seen >= 8)) break;
+  }
   return any;
 }
 

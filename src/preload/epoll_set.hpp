@@ -49,6 +49,10 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
                     int* result) noexcept;
 // epfd is closed (or its number reused): whatever was tracked is stale.
 void forget_epoll(int epfd) noexcept;
+// In a forked child: the parent's sets are dropped (leaked: another parent
+// thread may have held a set's lock at the fork), so the inherited ones are
+// untracked and go to the kernel.
+void forget_epoll_sets_in_child() noexcept;
 // The kernel is about to look at fd from outside (fd added to another epoll
 // set, or given to poll/select): if it is a tracked epoll set, it leaves user
 // mode for good (its connections' readiness sockets become current).

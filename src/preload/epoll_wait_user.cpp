@@ -70,6 +70,60 @@ struct Snap {
 };
 thread_local std::vector<Snap> t_snap;
 
+void release(std::vector<Snap>& snap) noexcept {
+  for (auto& e : snap) e.conn.reset();
+  snap.clear();
+}
+
+// The call's view of s: its upgraded registrations reported from user space,
+// the engines to drain, where the round robin starts, and s->changes as of
+// the view. false (after bringing the kernel set current) if s is not to be
+// answered from user space now.
+bool take_view(EpSet* s, int epfd, EngineDrain* engines, std::vector<Snap>* snap,
+               size_t* start, unsigned* seen) noexcept {
+  std::lock_guard lock(s->mu);
+  if (!s->user_mode() || s->sleepers > 0) {
+    kernel_current(*s);
+    return false;
+  }
+  try {
+    snap->reserve(s->ups.size());
+    for (size_t i = 0; i < s->ups.size();) {
+      Upgraded& u = s->ups[i];
+      auto c = u.conn.lock();
+      if (!c) {
+        // Closed (its registration left the kernel set with it).
+        remove_reg(*s, epfd, u.fd);
+        continue;
+      }
+      if (!engines->add(c)) {  // a forked child's copy
+        kernel_current(*s);
+        return false;
+      }
+      if (!c->lazy.load(std::memory_order_relaxed) &&
+          !c->eager.load(std::memory_order_relaxed)) {
+        std::lock_guard clock(c->lazy_mu);
+        if (!c->eager.load(std::memory_order_relaxed) && c->epoll_set == epfd) {
+          set_lazy(*c, true);
+          s->lazy_any = true;
+        }
+      }
+      if (u.in_user) snap->push_back({std::move(c), u.events, u.data});
+      ++i;
+    }
+  } catch (...) {
+    kernel_current(*s);
+    return false;
+  }
+  if (snap->empty()) {
+    kernel_current(*s);
+    return false;
+  }
+  *start = s->next % snap->size();
+  *seen = s->changes.load(std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace
 
 bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
@@ -81,48 +135,12 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
   auto& snap = t_snap;
   snap.clear();
   size_t start = 0;
-  {
-    std::lock_guard lock(s->mu);
-    if (!s->user_mode() || s->sleepers > 0) {
-      kernel_current(*s);
-      return false;
-    }
-    try {
-      snap.reserve(s->ups.size());
-      for (size_t i = 0; i < s->ups.size();) {
-        Upgraded& u = s->ups[i];
-        auto c = u.conn.lock();
-        if (!c) {
-          // Closed (its registration left the kernel set with it).
-          remove_reg(*s, epfd, u.fd);
-          continue;
-        }
-        if (!engines.add(c)) {  // a forked child's copy
-          kernel_current(*s);
-          return false;
-        }
-        if (!c->lazy.load(std::memory_order_relaxed) &&
-            !c->eager.load(std::memory_order_relaxed)) {
-          std::lock_guard clock(c->lazy_mu);
-          if (!c->eager.load(std::memory_order_relaxed) && c->epoll_set == epfd) {
-            set_lazy(*c, true);
-            s->lazy_any = true;
-          }
-        }
-        if (u.in_user) snap.push_back({std::move(c), u.events, u.data});
-        ++i;
-      }
-    } catch (...) {
-      kernel_current(*s);
-      return false;
-    }
-    if (snap.empty()) {
-      kernel_current(*s);
-      return false;
-    }
-    start = s->next % snap.size();
+  unsigned seen = 0;
+  if (!take_view(s, epfd, &engines, &snap, &start, &seen)) {
+    release(snap);
+    return false;
   }
-  const size_t n_up = snap.size();
+  size_t n_up = snap.size();
   const auto spin = set_spin(*s, timeout);
   const auto t0 = SpinClock::now();
   // Kernel answers for upgraded registrations are dropped: user space
@@ -142,6 +160,20 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
   int r = 0;
   for (unsigned tries = 0;; ++tries) {
     engines.drain();
+    if (s->changes.load(std::memory_order_acquire) != seen) {
+      // Another thread added, changed or removed a registration: what this
+      // view would report may be gone (its data freed). Take a new view; if
+      // the set is no longer answered here, the caller's kernel path waits
+      // (with the whole timeout: at most this spin longer).
+      release(snap);
+      engines = EngineDrain{};
+      if (!take_view(s, epfd, &engines, &snap, &start, &seen)) {
+        release(snap);
+        return false;
+      }
+      n_up = snap.size();
+      continue;
+    }
     // The kernel's turn: every kKernelEvery-th call, with room kept for it.
     const bool kernel_due =
         s->user_calls.fetch_add(1, std::memory_order_relaxed) + 1 >= kKernelEvery;
@@ -199,8 +231,7 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
     spin_pause(tries);
   }
   const int saved = errno;
-  for (auto& e : snap) e.conn.reset();
-  snap.clear();
+  release(snap);
   errno = saved;
   *result = r;
   return true;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "state.hpp"
@@ -36,6 +37,7 @@ void on_child() {
   g_pid = getpid();
   reset_counts_in_child();
   disown_all_in_child();
+  forget_epoll_sets_in_child();
   unlock_table_after_fork();
   // The parent's engine has no progress thread here; the child makes its
   // own if it upgrades a connection of its own.

@@ -35,6 +35,7 @@ class EngineDrain {
   // Returns whether c may be used here (a forked child's copy may not).
   bool add(std::shared_ptr<Conn> c) noexcept;
   bool empty() const noexcept { return !shm_ && !remote_; }
+  bool full() const noexcept { return shm_ && remote_; }
   // Spinning: collects arrivals on the caller's thread, no syscall.
   void drain() noexcept;
   // Before sleeping in the kernel: collects arrivals once more and makes

@@ -373,6 +373,51 @@ static void case_dup(void) {
   close(fd);
 }
 
+/* ---- del-spinning: while the main thread waits on the set (spinning in
+ * user space when the busy-poll is long), a second thread deletes the
+ * connection's registration and only then asks the peer for data: the wait
+ * must not report the deleted registration (its data may be freed memory by
+ * then). Run with a long busy-poll too (CMakeLists.txt), so that the delete
+ * lands inside the spin. */
+static int deleter_ep;
+static int deleter_fd;
+
+static void* deleter(void* arg) {
+  (void)arg;
+  sleep_ms(20);
+  CHECK(epoll_ctl(deleter_ep, EPOLL_CTL_DEL, deleter_fd, NULL) == 0, "del");
+  write_all(deleter_fd, "g", 1); /* the peer answers now */
+  return NULL;
+}
+
+static void once_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  answer_rounds(fd, "a", 0, 0);
+}
+
+static void case_del_spinning(void) {
+  int fd;
+  pid_t pid = connect_child(&fd, once_client);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 61};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add");
+  deleter_ep = ep;
+  deleter_fd = fd;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, deleter, NULL) == 0, "pthread_create");
+  struct epoll_event got[2];
+  const int n = epoll_wait(ep, got, 2, 300);
+  CHECK(n == 0, "the deleted registration was reported: %d (data %llu)", n,
+        n > 0 ? (unsigned long long)got[0].data.u64 : 0ULL);
+  CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+  char c;
+  CHECK(read(fd, &c, 1) == 1 && c == 'a', "the peer's answer");
+  write_all(fd, "e", 1);
+  reap(pid);
+  close(ep);
+  close(fd);
+}
+
 /* ---- threads: a second thread keeps calling epoll_wait on the set with a
  * zero timeout (it would take readiness from the streams and make their
  * readiness sockets lazy) while the main thread sleeps on the set; each
@@ -547,7 +592,8 @@ static void case_early_set(void) {
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr,
-            "usage: preload_epoll mixed|mod|del-add|dup|threads|drained|early-set\n");
+            "usage: preload_epoll "
+            "mixed|mod|del-add|del-spinning|dup|threads|drained|early-set\n");
     return 2;
   }
   case_name = argv[1];
@@ -562,6 +608,8 @@ int main(int argc, char** argv) {
     case_del_add();
   } else if (strcmp(case_name, "dup") == 0) {
     case_dup();
+  } else if (strcmp(case_name, "del-spinning") == 0) {
+    case_del_spinning();
   } else if (strcmp(case_name, "threads") == 0) {
     case_threads();
   } else if (strcmp(case_name, "drained") == 0) {

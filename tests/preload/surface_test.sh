@@ -4,7 +4,8 @@
 # The case runs first on kernel TCP (its checks are what the kernel does),
 # then under the preload with both ends upgraded (every connection must be
 # on shm, none on kernel TCP), then under the preload with a 50 us busy-poll
-# (the wait hooks spin). Every run is bounded.
+# (the wait hooks spin); SURFACE_SPINS replaces the busy-polls (us). Every
+# run is bounded.
 set -euo pipefail
 case_name=$1 run=$(realpath "$2") surface=$(realpath "$3")
 work=$(mktemp -d /tmp/rdmakit-surface-test.XXXXXX)
@@ -14,7 +15,7 @@ export RDMAKIT_PRELOAD_DIR=$work/rdv
 mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 
 timeout 60 "$surface" "$case_name" || fail "on kernel TCP"
-for spin in 0 50; do
+for spin in ${SURFACE_SPINS:-0 50}; do
   rm -f "$work/log"
   timeout 60 "$run" --log "$work/log" --busy-poll "$spin" "$surface" "$case_name" ||
     fail "under the preload (busy-poll $spin us)"
