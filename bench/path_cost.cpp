@@ -11,6 +11,7 @@
 #include <string>
 
 #include "rdmakit/rdmakit.hpp"
+#include "rdmakit/stream/stream.hpp"
 
 namespace {
 
@@ -102,9 +103,37 @@ void empty_poll(benchmark::State& state, ProviderKind provider) {
   for (auto _ : state) benchmark::DoNotOptimize(p.cq_b->poll(c));
 }
 
+// A 16-byte stream ping-pong in one thread, both streams on one engine
+// (busy-polling, as rdmakit-stream-bench lat): per iteration, two messages,
+// each a write and the read that takes it. Half an iteration is the stream
+// layer's instructions per message, to set beside send_recv above.
+void stream_ping_pong(benchmark::State& state, ProviderKind provider) {
+  stream::EngineOptions engine_options;
+  engine_options.provider = provider;
+  auto engine = stream::Engine::create(engine_options);
+  stream::StreamOptions options;
+  options.busy_poll = 1s;
+  auto listener = engine->listen("127.0.0.1:0", options);
+  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
+  auto accepted = std::async(std::launch::async, [&] { return listener->accept(10s); });
+  auto a = engine->connect(address, options);
+  auto b = accepted.get();
+  const auto size = static_cast<size_t>(state.range(0));
+  std::byte buf[64] = {};
+  for (auto _ : state) {
+    if (a->write(buf, size) != static_cast<ssize_t>(size)) state.SkipWithError("write");
+    if (b->read(buf, size, stream::Stream::kWaitAll) != static_cast<ssize_t>(size))
+      state.SkipWithError("read");
+    if (b->write(buf, size) != static_cast<ssize_t>(size)) state.SkipWithError("write");
+    if (a->read(buf, size, stream::Stream::kWaitAll) != static_cast<ssize_t>(size))
+      state.SkipWithError("read");
+  }
+}
+
 BENCHMARK_CAPTURE(send_recv, shm, ProviderKind::kShm)->Arg(8)->Arg(0);
 BENCHMARK_CAPTURE(write_completion, shm, ProviderKind::kShm);
 BENCHMARK_CAPTURE(empty_poll, shm, ProviderKind::kShm);
+BENCHMARK_CAPTURE(stream_ping_pong, shm, ProviderKind::kShm)->Arg(16);
 
 }  // namespace
 

@@ -32,6 +32,13 @@ struct QpOptions {
   std::chrono::milliseconds peer_timeout{2000};
   // false: only the thread that first posts may post (checked cheaply).
   bool thread_safe = false;
+  // Any thread may post, and the caller guarantees that no two calls on this
+  // QP overlap, nor with polls of its CQs (it holds a lock of its own around
+  // all of them, as libfabric's FI_THREAD_DOMAIN): the QP then takes no lock
+  // and keeps no owner. A completion a post produces still wakes another
+  // thread asleep on the armed CQ's fd. Calls from two threads at once are
+  // undefined, as on any object shared without a lock. Ignored with thread_safe.
+  bool caller_serializes = false;
 };
 
 enum class QpState : uint8_t { kConnected, kError, kClosed };
@@ -81,7 +88,9 @@ class RDMAKIT_API QueuePair {
   QpOptions options_;  // providers may adjust limits at construction
 
  private:
-  bool owner_ok() noexcept { return owner_.admits(options_.thread_safe); }
+  bool owner_ok() noexcept {
+    return owner_.admits(options_.thread_safe || options_.caller_serializes);
+  }
 
   uint32_t qp_num_;
   std::string peer_;

@@ -7,8 +7,9 @@ namespace rdmakit::detail {
 
 class OwnerThread {
  public:
-  bool admits(bool thread_safe) noexcept {
-    if (thread_safe) return true;
+  // any_thread: a thread-safe object, or one whose caller serializes calls.
+  bool admits(bool any_thread) noexcept {
+    if (any_thread) return true;
     const void* self = current();
     if (owner_ == nullptr) owner_ = self;
     return owner_ == self;

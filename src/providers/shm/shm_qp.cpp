@@ -188,7 +188,8 @@ PostResult ShmQueuePair::do_post_send(std::span<const SendWr> wrs) noexcept {
     progress();
     // Queued behind an RNR wait from a thread that may not own the CQ: a
     // sleeping owner must re-arm, which sets the retry timer.
-    if (options_.thread_safe) send_cq_->wake_if_armed_after_queueing();
+    if (options_.thread_safe || options_.caller_serializes)
+      send_cq_->wake_if_armed_after_queueing();
   }
   return result;
 }
@@ -650,8 +651,9 @@ void ShmQueuePair::push_send_completion(const SendWr& wr, Status status) noexcep
     c.reserved = 0;
     c.vendor_err = 0;
   }
-  // Several producers: this may not be the owner's thread.
-  if (locked) send_cq_->wake_if_armed();
+  // Several producers, or a caller that posts from any thread: this may not
+  // be the thread that sleeps on the CQ.
+  if (locked || options_.caller_serializes) send_cq_->wake_if_armed();
 }
 
 void ShmQueuePair::enter_error() noexcept {

@@ -43,6 +43,7 @@ bool same_answer(const PendingHandshake& p, const QpOptions& o,
          a.max_send_wr == o.max_send_wr && a.max_recv_wr == o.max_recv_wr &&
          a.max_inline == o.max_inline && a.rnr_timeout == o.rnr_timeout &&
          a.peer_timeout == o.peer_timeout && a.thread_safe == o.thread_safe &&
+         a.caller_serializes == o.caller_serializes &&
          std::equal(p.reply.begin(), p.reply.end(), reply.begin(), reply.end());
 }
 
