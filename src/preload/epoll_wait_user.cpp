@@ -216,6 +216,9 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
         ++s->sleepers;
         kernel_current(*s);
       }
+      // The view lets go of the connections first: one that another thread
+      // closes during the sleep ends at once (the kernel set holds no file).
+      release(snap);
       engines.before_sleep();
       const auto slept_from = SpinClock::now();
       r = real().epoll_wait(epfd, events, max, timeout_left(timeout, slept_from - t0));

@@ -36,6 +36,8 @@ void EngineDrain::drain() noexcept {
 void EngineDrain::before_sleep() noexcept {
   if (shm_) (void)shm_->stream->poll_readiness(true);
   if (remote_) (void)remote_->stream->poll_readiness(true);
+  shm_.reset();
+  remote_.reset();
 }
 
 void spin_pause(unsigned tries) noexcept {

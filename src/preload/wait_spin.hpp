@@ -39,7 +39,9 @@ class EngineDrain {
   // Spinning: collects arrivals on the caller's thread, no syscall.
   void drain() noexcept;
   // Before sleeping in the kernel: collects arrivals once more and makes
-  // sure the progress thread watches for the next ones.
+  // sure the progress thread watches for the next ones. Then lets go of its
+  // connections: a sleep keeps none open (an epoll set's connection that
+  // another thread closes meanwhile ends at once, as with the kernel).
   void before_sleep() noexcept;
 
  private:
