@@ -21,10 +21,10 @@ std::chrono::microseconds spin_budget(int timeout_ms) noexcept {
   return spin;
 }
 
-bool EngineDrain::add(std::shared_ptr<Conn> c) noexcept {
+bool EngineDrain::add(const std::shared_ptr<Conn>& c) noexcept {
   if (!c || c->owner != process_id()) return false;
   auto& slot = c->remote ? remote_ : shm_;
-  if (!slot) slot = std::move(c);
+  if (!slot) slot = c;
   return true;
 }
 

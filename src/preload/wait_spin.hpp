@@ -31,9 +31,10 @@ std::chrono::microseconds spin_budget(int timeout_ms) noexcept;
 // One connection per engine of a wait set, to drain each engine.
 class EngineDrain {
  public:
-  // Keeps c if it is this process's and its engine has no representative.
+  // Keeps c if it is this process's and its engine has no representative
+  // (a copy only then: a wait's other connections cost no count update).
   // Returns whether c may be used here (a forked child's copy may not).
-  bool add(std::shared_ptr<Conn> c) noexcept;
+  bool add(const std::shared_ptr<Conn>& c) noexcept;
   bool empty() const noexcept { return !shm_ && !remote_; }
   bool full() const noexcept { return shm_ && remote_; }
   // Spinning: collects arrivals on the caller's thread, no syscall.
