@@ -94,7 +94,7 @@ void sync_kernel(EpSet& s) noexcept {
   for (size_t i = 0; i < s.ups.size();) {
     Upgraded& u = s.ups[i];
     auto c = u.conn.lock();
-    if (!c || !is_conn(u.fd) || find_conn(u.fd) != c) {
+    if (!c || find_conn(u.fd) != c) {
       // Closed: its registration left the kernel set with it, and the number
       // may name another file now (never touched here).
       remove_reg(s, s.epfd, u.fd);
@@ -254,24 +254,48 @@ using ep::Upgraded;
 
 void forget_epoll_sets_in_child() noexcept { ep::forget_sets_in_child(); }
 
+namespace {
+
+// The set forgets every registration (s.mu held): its connections' readiness
+// sockets current and unlinked from it. The sleepers count stays: a thread
+// still in a kernel wait on the old set counts itself out later.
+void reset_set(EpSet& s, int epfd) noexcept {
+  leave_lazy(s);
+  for (auto& u : s.ups) {
+    auto c = u.conn.lock();
+    if (!c || c->owner != process_id()) continue;
+    std::lock_guard lock(c->lazy_mu);
+    if (c->epoll_set == epfd) c->epoll_set = -1;
+  }
+  s.regs.clear();
+  s.data_use.clear();
+  s.ups.clear();
+  s.changes.fetch_add(1, std::memory_order_release);
+  s.kernel_stale = false;
+  s.nested = false;
+  s.special = s.collisions = 0;
+  s.next = 0;
+  s.user_calls.store(0, std::memory_order_relaxed);
+}
+
+// The kernel judges a set this process does not track: a connection added
+// to it keeps its readiness socket current.
+void added_to_kernel_set(int op, int fd) noexcept {
+  if (op != EPOLL_CTL_ADD) return;
+  if (auto c = find_conn(fd)) keep_readiness_current(*c);
+}
+
+}  // namespace
+
 void epoll_created(int epfd) noexcept {
   EpSet* s = ep::set_of(epfd, true);
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
-  leave_lazy(*s);
-  s->regs.clear();
-  s->data_use.clear();
-  s->ups.clear();
-  s->changes.fetch_add(1, std::memory_order_release);
+  reset_set(*s, epfd);
   s->epfd = epfd;
-  s->kernel_stale = false;
   s->tracked = true;
   s->imported = any_upgraded();
   s->owner = process_id();
-  s->nested = false;
-  s->special = s->collisions = s->sleepers = 0;
-  s->next = 0;
-  s->user_calls = 0;
 }
 
 void forget_epoll(int epfd) noexcept {
@@ -279,19 +303,8 @@ void forget_epoll(int epfd) noexcept {
   if (s == nullptr) return;
   std::lock_guard lock(s->mu);
   if (!s->tracked && s->ups.empty()) return;
-  leave_lazy(*s);
-  for (auto& u : s->ups) {
-    auto c = u.conn.lock();
-    if (!c || c->owner != process_id()) continue;
-    std::lock_guard clock(c->lazy_mu);
-    if (c->epoll_set == epfd) c->epoll_set = -1;
-  }
-  s->regs.clear();
-  s->data_use.clear();
-  s->ups.clear();
-  s->changes.fetch_add(1, std::memory_order_release);
+  reset_set(*s, epfd);
   s->tracked = false;
-  s->special = s->collisions = 0;
 }
 
 void epoll_seen_by_kernel(int fd) noexcept {
@@ -318,17 +331,12 @@ void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (!any_upgraded()) return;
   EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) {
-    // A set created before this library was loaded: the kernel judges it.
-    if (op == EPOLL_CTL_ADD && is_conn(fd)) {
-      if (auto c = find_conn(fd)) keep_readiness_current(*c);
-    }
+    added_to_kernel_set(op, fd);  // a set created before this library was loaded
     return;
   }
   std::lock_guard lock(s->mu);
   if (!s->tracked) {
-    if (op == EPOLL_CTL_ADD && is_conn(fd)) {
-      if (auto c = find_conn(fd)) keep_readiness_current(*c);
-    }
+    added_to_kernel_set(op, fd);
     return;
   }
   try {

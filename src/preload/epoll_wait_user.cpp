@@ -78,7 +78,11 @@ void release(std::vector<Snap>& snap) noexcept {
 // The call's view of s: its upgraded registrations reported from user space,
 // the engines to drain, where the round robin starts, and s->changes as of
 // the view. false (after bringing the kernel set current) if s is not to be
-// answered from user space now.
+// answered from user space now. Taken per call, not kept across calls: a
+// kept view would either hold its connections open (a stream ends with its
+// last reference, so a closed one's peer would wait for this thread's next
+// call) or lock each weak reference per call as this does (measured no
+// faster).
 bool take_view(EpSet* s, int epfd, EngineDrain* engines, std::vector<Snap>* snap,
                size_t* start, unsigned* seen) noexcept {
   std::lock_guard lock(s->mu);
@@ -216,6 +220,9 @@ bool user_epoll_wait(int epfd, epoll_event* events, int max, int timeout,
         ++s->sleepers;
         kernel_current(*s);
       }
+      // The view lets go of the connections first: one that another thread
+      // closes during the sleep ends at once (the kernel set holds no file).
+      release(snap);
       engines.before_sleep();
       const auto slept_from = SpinClock::now();
       r = real().epoll_wait(epfd, events, max, timeout_left(timeout, slept_from - t0));

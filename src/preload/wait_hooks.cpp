@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
@@ -41,13 +42,16 @@ constexpr size_t kMaxDirect = 16;
 
 // The kernel is about to look at fd (poll, select): an upgraded
 // connection's readiness socket must be current, and an epoll set polled
-// leaves user mode (epoll_set.hpp).
-void kernel_looks_at(int fd) {
-  if (is_conn(fd)) {
-    if (auto c = find_conn(fd)) keep_readiness_current(*c);
-    return;
+// leaves user mode (epoll_set.hpp). Returns fd's connection, if any, so that
+// a wait looks each fd up once.
+std::shared_ptr<Conn> kernel_looks_at(int fd) {
+  if (!is_conn(fd)) {
+    epoll_seen_by_kernel(fd);
+    return nullptr;
   }
-  epoll_seen_by_kernel(fd);
+  auto c = find_conn(fd);
+  if (c) keep_readiness_current(*c);
+  return c;
 }
 
 // Not const: glibc declares poll's array write-only, and a const pointer
@@ -55,7 +59,7 @@ void kernel_looks_at(int fd) {
 void kernel_looks_at(pollfd* fds, nfds_t n) {
   if (!any_upgraded() || engine_thread()) return;
   for (nfds_t i = 0; i < n; ++i) {
-    if (fds[i].fd >= 0) kernel_looks_at(fds[i].fd);
+    if (fds[i].fd >= 0) (void)kernel_looks_at(fds[i].fd);
   }
 }
 
@@ -64,7 +68,7 @@ bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
 void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex) {
   if (!any_upgraded() || engine_thread() || n <= 0 || n > FD_SETSIZE) return;
   for (int fd = 0; fd < n; ++fd) {
-    if (in(rd, fd) || in(wr, fd) || in(ex, fd)) kernel_looks_at(fd);
+    if (in(rd, fd) || in(wr, fd) || in(ex, fd)) (void)kernel_looks_at(fd);
   }
 }
 
@@ -79,15 +83,18 @@ short mirrored(short ev, short asked) {
 }  // namespace
 
 EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
-  kernel_looks_at(fds, n);
-  if (timeout == 0 || n == 0 || !wait_may_spin()) return real().poll(fds, n, timeout);
+  if (timeout == 0 || n == 0 || !wait_may_spin()) {
+    kernel_looks_at(fds, n);
+    return real().poll(fds, n, timeout);
+  }
   EngineDrain engines;
   std::array<std::shared_ptr<Conn>, kMaxDirect> direct;
   bool all_conns = n <= kMaxDirect;
+  // Each fd looked up once: kernel_looks_at(fd) before any kernel call below.
   for (nfds_t i = 0; i < n; ++i) {
     const int fd = fds[i].fd;
     if (fd < 0) continue;
-    auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+    auto c = kernel_looks_at(fd);
     const bool usable = engines.add(c);
     if (all_conns && usable) {
       direct[i] = std::move(c);
@@ -175,9 +182,9 @@ struct FdSets {
 }  // namespace
 
 EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
-  kernel_looks_at(n, rd, wr, ex);
   const bool zero = tv != nullptr && tv->tv_sec == 0 && tv->tv_usec == 0;
   if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
+    kernel_looks_at(n, rd, wr, ex);
     return real().select(n, rd, wr, ex, tv);
   }
   EngineDrain engines;
@@ -185,9 +192,10 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
   std::array<int, kMaxDirect> direct_fd{};
   size_t ndirect = 0;
   bool all_conns = true;
+  // Each fd looked up once: kernel_looks_at(fd) before any kernel call below.
   for (int fd = 0; fd < n; ++fd) {
     if (!in(rd, fd) && !in(wr, fd) && !in(ex, fd)) continue;
-    auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+    auto c = kernel_looks_at(fd);
     const bool usable = engines.add(c);
     if (all_conns && usable && ndirect < kMaxDirect) {
       direct_fd[ndirect] = fd;
@@ -266,12 +274,15 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
 // it (conn_io.cpp), and without the announcement the progress thread could
 // still be in a 2 ms unarmed nap when the next message arrives.
 EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask) {
-  kernel_looks_at(fds, n);
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
-  if (!zero && n > 0 && wait_may_spin()) {
+  if (zero || n == 0 || !wait_may_spin()) {
+    kernel_looks_at(fds, n);
+    return real().ppoll(fds, n, tmo, mask);
+  }
+  {
     EngineDrain engines;
     for (nfds_t i = 0; i < n; ++i) {
-      if (fds[i].fd >= 0 && is_conn(fds[i].fd)) (void)engines.add(find_conn(fds[i].fd));
+      if (fds[i].fd >= 0) (void)engines.add(kernel_looks_at(fds[i].fd));
     }
     engines.before_sleep();
   }
@@ -280,13 +291,15 @@ EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mas
 
 EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tmo,
                    const sigset_t* mask) {
-  kernel_looks_at(n, rd, wr, ex);
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
-  if (!zero && n > 0 && n <= FD_SETSIZE && wait_may_spin()) {
+  if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
+    kernel_looks_at(n, rd, wr, ex);
+    return real().pselect(n, rd, wr, ex, tmo, mask);
+  }
+  {
     EngineDrain engines;
     for (int fd = 0; fd < n; ++fd) {
-      if ((in(rd, fd) || in(wr, fd) || in(ex, fd)) && is_conn(fd))
-        (void)engines.add(find_conn(fd));
+      if (in(rd, fd) || in(wr, fd) || in(ex, fd)) (void)engines.add(kernel_looks_at(fd));
     }
     engines.before_sleep();
   }

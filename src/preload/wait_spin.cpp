@@ -21,10 +21,10 @@ std::chrono::microseconds spin_budget(int timeout_ms) noexcept {
   return spin;
 }
 
-bool EngineDrain::add(std::shared_ptr<Conn> c) noexcept {
+bool EngineDrain::add(const std::shared_ptr<Conn>& c) noexcept {
   if (!c || c->owner != process_id()) return false;
   auto& slot = c->remote ? remote_ : shm_;
-  if (!slot) slot = std::move(c);
+  if (!slot) slot = c;
   return true;
 }
 
@@ -36,6 +36,8 @@ void EngineDrain::drain() noexcept {
 void EngineDrain::before_sleep() noexcept {
   if (shm_) (void)shm_->stream->poll_readiness(true);
   if (remote_) (void)remote_->stream->poll_readiness(true);
+  shm_.reset();
+  remote_.reset();
 }
 
 void spin_pause(unsigned tries) noexcept {

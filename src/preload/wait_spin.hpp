@@ -31,15 +31,18 @@ std::chrono::microseconds spin_budget(int timeout_ms) noexcept;
 // One connection per engine of a wait set, to drain each engine.
 class EngineDrain {
  public:
-  // Keeps c if it is this process's and its engine has no representative.
+  // Keeps c if it is this process's and its engine has no representative
+  // (a copy only then: a wait's other connections cost no count update).
   // Returns whether c may be used here (a forked child's copy may not).
-  bool add(std::shared_ptr<Conn> c) noexcept;
+  bool add(const std::shared_ptr<Conn>& c) noexcept;
   bool empty() const noexcept { return !shm_ && !remote_; }
   bool full() const noexcept { return shm_ && remote_; }
   // Spinning: collects arrivals on the caller's thread, no syscall.
   void drain() noexcept;
   // Before sleeping in the kernel: collects arrivals once more and makes
-  // sure the progress thread watches for the next ones.
+  // sure the progress thread watches for the next ones. Then lets go of its
+  // connections: a sleep keeps none open (an epoll set's connection that
+  // another thread closes meanwhile ends at once, as with the kernel).
   void before_sleep() noexcept;
 
  private:

@@ -9,6 +9,9 @@
  *   preload_epoll del-add   DEL then ADD, EEXIST/ENOENT, a sleep after a DEL
  *   preload_epoll dup       a set waited on through a dup of its fd after
  *                           the original spun: woken by data
+ *   preload_epoll close-sleeping  a thread closes a connection while another
+ *                           sleeps on its set (level, then edge-triggered):
+ *                           the peer sees the end at once
  *   preload_epoll threads   one thread polls the set with a zero timeout
  *                           while another sleeps on it: the data wakes it
  *   preload_epoll drained   after a read that drained the stream, EPOLLIN
@@ -418,6 +421,62 @@ static void case_del_spinning(void) {
   close(fd);
 }
 
+/* ---- close-sleeping: the main thread sleeps on a set holding a connection
+ * and a pipe; a second thread closes the connection. The peer must see the
+ * end at once (it then writes to the pipe, which wakes the sleeper), not
+ * when the sleep ends: a wait must keep no closed connection open. Level
+ * (answered from user space) and edge-triggered (the kernel's path). */
+static int eof_pipe = -1;
+static int closer_fd;
+
+static void* closer(void* arg) {
+  (void)arg;
+  sleep_ms(100);
+  CHECK(close(closer_fd) == 0, "close");
+  return NULL;
+}
+
+static void eof_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  char c;
+  CHECK(read(fd, &c, 1) == 0, "the peer's end");
+  write_all(eof_pipe, "x", 1);
+}
+
+static void case_close_sleeping(void) {
+  const uint32_t flags[2] = {EPOLLIN, EPOLLIN | EPOLLET};
+  for (int v = 0; v < 2; ++v) {
+    int p[2];
+    CHECK(pipe2(p, O_NONBLOCK) == 0, "pipe");
+    eof_pipe = p[1];
+    int fd;
+    pid_t pid = connect_child(&fd, eof_client);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = flags[v], .data.u64 = 71};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add conn");
+    ev = (struct epoll_event){.events = EPOLLIN, .data.u64 = 72};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &ev) == 0, "add pipe");
+    closer_fd = fd;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, closer, NULL) == 0, "pthread_create");
+    struct epoll_event got[2];
+    const int64_t t0 = now_ms();
+    const int n = epoll_wait(ep, got, 2, 3000);
+    const int64_t took = now_ms() - t0;
+    CHECK(n == 1 && got[0].data.u64 == 72,
+          "flags 0x%x: the peer did not see the close during the sleep: %d (data %llu) "
+          "after %lld ms",
+          flags[v], n, n > 0 ? (unsigned long long)got[0].data.u64 : 0ULL,
+          (long long)took);
+    CHECK(took < 2000, "flags 0x%x: woken after %lld ms", flags[v], (long long)took);
+    CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+    reap(pid);
+    close(ep);
+    close(p[0]);
+    close(p[1]);
+  }
+}
+
 /* ---- threads: a second thread keeps calling epoll_wait on the set with a
  * zero timeout (it would take readiness from the streams and make their
  * readiness sockets lazy) while the main thread sleeps on the set; each
@@ -591,9 +650,10 @@ static void case_early_set(void) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr,
-            "usage: preload_epoll "
-            "mixed|mod|del-add|del-spinning|dup|threads|drained|early-set\n");
+    fprintf(
+        stderr,
+        "usage: preload_epoll "
+        "mixed|mod|del-add|del-spinning|close-sleeping|dup|threads|drained|early-set\n");
     return 2;
   }
   case_name = argv[1];
@@ -610,6 +670,8 @@ int main(int argc, char** argv) {
     case_dup();
   } else if (strcmp(case_name, "del-spinning") == 0) {
     case_del_spinning();
+  } else if (strcmp(case_name, "close-sleeping") == 0) {
+    case_close_sleeping();
   } else if (strcmp(case_name, "threads") == 0) {
     case_threads();
   } else if (strcmp(case_name, "drained") == 0) {
