@@ -20,16 +20,6 @@ constexpr uint32_t kCreditReserve = 2;    // credits kept for FIN/RST
 constexpr uint32_t kMaxRepostBatch = 16;
 }  // namespace
 
-short StreamCore::events() const noexcept {
-  short ev = 0;
-  if (readable()) ev |= POLLIN;
-  if (writable()) ev |= POLLOUT;
-  if (flow.fin_received) ev |= POLLRDHUP;
-  if (err != 0 || (flow.fin_received && fin_sent)) ev |= POLLHUP;
-  if (err != 0 && !err_hidden) ev |= POLLERR;
-  return ev;
-}
-
 size_t StreamCore::memory_bytes() const noexcept {
   // Buffers plus the queue slots the provider keeps per QP (send: request +
   // inline copy; receive: one entry each), as configured.

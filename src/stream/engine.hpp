@@ -123,7 +123,15 @@ class StreamCore {
   }
   uint64_t tx_free() const noexcept { return opt.tx_buffer - (tx_staged - tx_freed); }
   bool writable() const noexcept { return err != 0 || wr_shut || tx_free() > 0; }
-  short events() const noexcept;
+  short events() const noexcept {
+    short ev = 0;
+    if (readable()) ev |= POLLIN;
+    if (writable()) ev |= POLLOUT;
+    if (flow.fin_received) ev |= POLLRDHUP;
+    if (err != 0 || (flow.fin_received && fin_sent)) ev |= POLLHUP;
+    if (err != 0 && !err_hidden) ev |= POLLERR;
+    return ev;
+  }
   // The readiness fd's end-of-stream, hang-up and error states (lock held,
   // before readiness.set()).
   void show_ended() noexcept {
@@ -246,11 +254,16 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
       }
       drain();
       if (pred()) break;
-      lock.unlock();
+      // Other threads get the lock every few polls, not after each: an
+      // unlock and lock per poll made each poll longer, and a message that
+      // lands meanwhile waits for the rest of it.
+      if (spins % 8 == 0) {
+        lock.unlock();
 #if defined(__x86_64__)
-      __builtin_ia32_pause();
+        __builtin_ia32_pause();
 #endif
-      lock.lock();
+        lock.lock();
+      }
     }
     --spinning_;
     if (pred()) return true;

@@ -82,7 +82,7 @@ void ring_to_iov(const std::byte* ring, uint64_t size, uint64_t pos, IovCursor& 
   while (n > 0) {
     const uint64_t at = pos % size;
     auto [dst, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    std::memcpy(dst, ring + at, len);
+    wire::copy_short(static_cast<std::byte*>(dst), ring + at, len);
     cur.advance(len);
     pos += len;
     n -= len;
@@ -92,7 +92,7 @@ void iov_to_ring(std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur, s
   while (n > 0) {
     const uint64_t at = pos % size;
     auto [src, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    std::memcpy(ring + at, src, len);
+    wire::copy_short(ring + at, static_cast<const std::byte*>(src), len);
     cur.advance(len);
     pos += len;
     n -= len;

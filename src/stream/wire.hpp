@@ -219,6 +219,25 @@ struct Flow {
   }
 };
 
+// memcpy of a run-time length without a libc call up to 32 bytes (a record,
+// a small read): two calls per 16-byte message showed in its profile.
+// Non-overlapping buffers; n <= Max (a bound the optimizer can use).
+template <size_t Max = SIZE_MAX>
+inline void copy_short(std::byte* dst, const std::byte* src, size_t n) noexcept {
+  if (n > Max) __builtin_unreachable();
+  if (n > 32) {
+    std::memcpy(dst, src, n);
+  } else if (n >= 16) {
+    std::memcpy(dst, src, 16);
+    std::memcpy(dst + n - 16, src + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(dst, src, 8);
+    std::memcpy(dst + n - 8, src + n - 8, 8);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i];
+  }
+}
+
 // Copies a record's bytes (already accepted by Flow::on_message, which
 // advanced rx_written by len from `at`) into the ring at the receiver's own
 // position, split at the ring's end. len <= kRecordData <= kMinRing.
@@ -226,8 +245,9 @@ inline void place_record(std::byte* ring, uint32_t ring_size, uint64_t at,
                          const std::byte* src, uint32_t len) noexcept {
   const auto off = static_cast<uint32_t>(at % ring_size);
   const uint32_t first = len < ring_size - off ? len : ring_size - off;
-  std::memcpy(ring + off, src, first);
-  if (first < len) std::memcpy(ring, src + first, len - first);
+  // Flow::on_message bounded len by kRecordData.
+  copy_short<kRecordData>(ring + off, src, first);
+  if (first < len) copy_short<kRecordData>(ring, src + first, len - first);
 }
 static_assert(kRecordData <= kMinRing);
 
