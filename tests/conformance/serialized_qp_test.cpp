@@ -21,34 +21,54 @@ constexpr uint32_t kChunk = 16;
 constexpr size_t kBytes = size_t{kThreads} * kWritesPerThread * kChunk;
 constexpr uint64_t kSeed = 77;
 
+// The server: a target of `bytes` for the client's WRITEs; once the client
+// says "done", the first `checked` bytes must hold its pattern.
+void serve_target(RoleEnv& env, size_t bytes, size_t checked) {
+  auto ctx = env.open_context();
+  Buffer target = make_buffer(*ctx, MemKind::kAllocated, bytes, kAccessAll);
+  std::memset(target.data(), 0, bytes);
+  const auto reply = pack_regions({target.mr->remote()});
+  auto listener = env.listen(*ctx);
+  Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
+  auto ctl = Control::accept(*ctx, *listener);
+  ASSERT_TRUE(ctl->expect("done"));
+  EXPECT_TRUE(check_pattern(target.data(), checked, kSeed));
+}
+
+// The client: a caller-serialized QP to the server's target and a local
+// source of `bytes` filled with the pattern.
+struct Client {
+  std::unique_ptr<Context> ctx;
+  Endpoint ep;
+  std::unique_ptr<Control> ctl;
+  RemoteRegion target;
+  Buffer local;
+};
+Client connect_client(RoleEnv& env, size_t bytes, uint32_t max_send_wr) {
+  Client c;
+  c.ctx = env.open_context();
+  QpOptions options = test_qp_options();
+  options.caller_serializes = true;
+  options.max_send_wr = max_send_wr;
+  c.ep = connect_endpoint(env, *c.ctx, options);
+  c.ctl = Control::connect(env, *c.ctx);
+  c.target = unpack_regions(c.ep.qp->peer_private_data()).at(0);
+  c.local = make_buffer(*c.ctx, MemKind::kAllocated, bytes, kAccessLocalWrite);
+  fill_pattern(c.local.data(), bytes, kSeed);
+  return c;
+}
+
 // Two threads take turns under one mutex: each posts WRITEs of its own
 // chunks and reaps whatever completions are there, so posts and polls come
 // from both threads, never at once. Every post is accepted, every WRITE
 // completes, and the target holds every chunk (TSan sees no race: the
 // caller's lock orders everything the QP does).
 TEST_P(SerializedQpTest, PostsFromAnyThreadUnderTheCallersLock) {
-  auto server = [](RoleEnv& env) {
-    auto ctx = env.open_context();
-    Buffer target = make_buffer(*ctx, MemKind::kAllocated, kBytes, kAccessAll);
-    std::memset(target.data(), 0, kBytes);
-    const auto reply = pack_regions({target.mr->remote()});
-    auto listener = env.listen(*ctx);
-    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
-    auto ctl = Control::accept(*ctx, *listener);
-    ASSERT_TRUE(ctl->expect("done"));
-    EXPECT_TRUE(check_pattern(target.data(), kBytes, kSeed));
-  };
+  auto server = [](RoleEnv& env) { serve_target(env, kBytes, kBytes); };
   auto client = [](RoleEnv& env) {
-    auto ctx = env.open_context();
-    QpOptions options = test_qp_options();
-    options.caller_serializes = true;
-    options.max_send_wr = 64;
-    Endpoint ep = connect_endpoint(env, *ctx, options);
-    auto ctl = Control::connect(env, *ctx);
-    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
-    Buffer local = make_buffer(*ctx, MemKind::kAllocated, kBytes, kAccessLocalWrite);
-    fill_pattern(local.data(), kBytes, kSeed);
-
+    Client cl = connect_client(env, kBytes, 64);
+    Endpoint& ep = cl.ep;
+    const uint32_t max_send_wr = ep.qp->options().max_send_wr;
     std::mutex caller_lock;
     uint32_t completed = 0;
     uint32_t failed = 0;
@@ -60,10 +80,10 @@ TEST_P(SerializedQpTest, PostsFromAnyThreadUnderTheCallersLock) {
       const auto give_up = std::chrono::steady_clock::now() + wait_timeout();
       while (std::chrono::steady_clock::now() < give_up) {
         const std::lock_guard lock(caller_lock);
-        if (posted < kWritesPerThread && outstanding < options.max_send_wr) {
+        if (posted < kWritesPerThread && outstanding < max_send_wr) {
           const size_t off = (size_t{t} * kWritesPerThread + posted) * kChunk;
           const PostResult r = ep.qp->post_send(
-              rdma_wr(Opcode::kWrite, off, *local.mr, off, kChunk, rr, off));
+              rdma_wr(Opcode::kWrite, off, *cl.local.mr, off, kChunk, cl.target, off));
           if (r.status == PostStatus::kOk) {
             ++posted;
             ++outstanding;
@@ -97,7 +117,7 @@ TEST_P(SerializedQpTest, PostsFromAnyThreadUnderTheCallersLock) {
     EXPECT_EQ(completed + rest.size(), size_t{kThreads} * kWritesPerThread);
     EXPECT_EQ(failed, 0u);
     EXPECT_EQ(ep.qp->state(), QpState::kConnected);
-    ASSERT_TRUE(ctl->send("done"));
+    ASSERT_TRUE(cl.ctl->send("done"));
   };
   run(server, client);
 }
@@ -106,26 +126,10 @@ TEST_P(SerializedQpTest, PostsFromAnyThreadUnderTheCallersLock) {
 // completion the post produces wakes it, as a NIC's would (a provider that
 // completes at post time must signal the CQ's fd itself).
 TEST_P(SerializedQpTest, APostWakesAnotherThreadSleepingOnTheArmedCq) {
-  auto server = [](RoleEnv& env) {
-    auto ctx = env.open_context();
-    Buffer target = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessAll);
-    const auto reply = pack_regions({target.mr->remote()});
-    auto listener = env.listen(*ctx);
-    Endpoint ep = accept_endpoint(*ctx, *listener, test_qp_options(), reply);
-    auto ctl = Control::accept(*ctx, *listener);
-    ASSERT_TRUE(ctl->expect("done"));
-    EXPECT_TRUE(check_pattern(target.data(), 64, kSeed));
-  };
+  auto server = [](RoleEnv& env) { serve_target(env, 4096, 64); };
   auto client = [](RoleEnv& env) {
-    auto ctx = env.open_context();
-    QpOptions options = test_qp_options();
-    options.caller_serializes = true;
-    Endpoint ep = connect_endpoint(env, *ctx, options);
-    auto ctl = Control::connect(env, *ctx);
-    const RemoteRegion rr = unpack_regions(ep.qp->peer_private_data()).at(0);
-    Buffer local = make_buffer(*ctx, MemKind::kAllocated, 4096, kAccessLocalWrite);
-    fill_pattern(local.data(), 64, kSeed);
-
+    Client cl = connect_client(env, 64, 16);
+    Endpoint& ep = cl.ep;
     std::mutex caller_lock;
     std::atomic<bool> sleeping{false};
     bool woke = false;
@@ -149,7 +153,8 @@ TEST_P(SerializedQpTest, APostWakesAnotherThreadSleepingOnTheArmedCq) {
     std::this_thread::sleep_for(milliseconds(20));  // into its poll()
     {
       const std::lock_guard lock(caller_lock);
-      EXPECT_TRUE(post(*ep.qp, rdma_wr(Opcode::kWrite, 5, *local.mr, 0, 64, rr, 0)));
+      EXPECT_TRUE(
+          post(*ep.qp, rdma_wr(Opcode::kWrite, 5, *cl.local.mr, 0, 64, cl.target, 0)));
     }
     sleeper.join();
     EXPECT_TRUE(sleeping.load()) << "arm() found a completion pending";
@@ -157,7 +162,7 @@ TEST_P(SerializedQpTest, APostWakesAnotherThreadSleepingOnTheArmedCq) {
     ASSERT_EQ(reaped, 1);
     EXPECT_EQ(c[0].wr_id, 5u);
     EXPECT_EQ(c[0].status, Status::kSuccess);
-    ASSERT_TRUE(ctl->send("done"));
+    ASSERT_TRUE(cl.ctl->send("done"));
   };
   run(server, client);
 }
