@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rdmakit/rdmakit.hpp"
 #include "rdmakit/stream/stream.hpp"
@@ -118,6 +119,13 @@ void stream_ping_pong(benchmark::State& state, ProviderKind provider) {
   auto accepted = std::async(std::launch::async, [&] { return listener->accept(10s); });
   auto a = engine->connect(address, options);
   auto b = accepted.get();
+  // state.range(1) idle stream pairs on the same engine (its CQ serves them all).
+  std::vector<std::unique_ptr<stream::Stream>> idle;
+  for (int64_t i = 0; i < state.range(1); ++i) {
+    auto other = std::async(std::launch::async, [&] { return listener->accept(10s); });
+    idle.push_back(engine->connect(address, options));
+    idle.push_back(other.get());
+  }
   const auto size = static_cast<size_t>(state.range(0));
   std::byte buf[64] = {};
   for (auto _ : state) {
@@ -133,7 +141,10 @@ void stream_ping_pong(benchmark::State& state, ProviderKind provider) {
 BENCHMARK_CAPTURE(send_recv, shm, ProviderKind::kShm)->Arg(8)->Arg(0);
 BENCHMARK_CAPTURE(write_completion, shm, ProviderKind::kShm);
 BENCHMARK_CAPTURE(empty_poll, shm, ProviderKind::kShm);
-BENCHMARK_CAPTURE(stream_ping_pong, shm, ProviderKind::kShm)->Arg(16);
+BENCHMARK_CAPTURE(stream_ping_pong, shm, ProviderKind::kShm)
+    ->Args({16, 0})
+    ->Args({16, 100})
+    ->Args({16, 400});
 
 }  // namespace
 

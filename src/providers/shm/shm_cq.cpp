@@ -96,6 +96,8 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
   close_gate();
   try {
     (send ? send_qps_ : recv_qps_).push_back(qp);
+    // The poll adds to hot_ without allocating.
+    if (!send) hot_.reserve(recv_qps_.size());
   } catch (...) {
     std::erase(send ? send_qps_ : recv_qps_, qp);
     budget_.refund(depth);
@@ -128,7 +130,10 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   close_gate();
   std::erase(send_qps_, qp);
   std::erase(recv_qps_, qp);
-  next_recv_ = 0;  // the round-robin index must stay inside recv_qps_
+  std::erase(hot_, qp);
+  qp->cq_hot = false;
+  next_recv_ = 0;  // the round-robin indices must stay inside the lists
+  next_send_ = 0;
   // Its completions still in the ring are dropped, as a NIC cleans its CQ at
   // ibv_destroy_qp: polling them would touch the freed QP, and the capacity
   // they hold is given back below. With the gate closed the owner neither
@@ -165,12 +170,34 @@ void ShmCompletionQueue::disarm() noexcept {
   for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(false);
 }
 
+void ShmCompletionQueue::note_hit(ShmQueuePair* qp) noexcept {
+  qp->cq_last_hit = polls_;
+  if (!qp->cq_hot) {
+    qp->cq_hot = true;
+    hot_.push_back(qp);  // never reallocates: capacity >= recv_qps_.size()
+  }
+}
+
 int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   const OwnerSection section(*this);
   if (!section.entered()) return 0;  // a QP is being attached or detached
-  if (armed_.load(std::memory_order_relaxed)) disarm();
-  for (ShmQueuePair* qp : send_qps_) {
-    if (qp->needs_progress()) qp->progress();
+  ++polls_;
+  bool visit_all = true;
+  if (armed_.load(std::memory_order_relaxed)) {
+    disarm();
+  } else {
+    visit_all = send_qps_.size() <= kScanAll && recv_qps_.size() <= kScanAll;
+  }
+  if (visit_all || send_qps_.size() <= kScanAll) {
+    for (ShmQueuePair* qp : send_qps_) {
+      if (qp->needs_progress()) qp->progress();
+    }
+  } else {
+    for (size_t i = 0; i < kColdSlice; ++i) {
+      ShmQueuePair* qp = send_qps_[next_send_];
+      if (++next_send_ >= send_qps_.size()) next_send_ = 0;
+      if (qp->needs_progress()) qp->progress();
+    }
   }
   size_t n = 0;
   // A push in progress is seen by the next poll; the ring lock is taken only
@@ -186,12 +213,41 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     }
   }
   const size_t qps = recv_qps_.size();
-  size_t at = next_recv_;
-  for (size_t i = 0; i < qps && n < out.size(); ++i) {
-    n += static_cast<size_t>(recv_qps_[at]->poll_recv(out.subspan(n)));
-    if (++at == qps) at = 0;
+  if (visit_all || qps <= kScanAll) {
+    size_t at = next_recv_;
+    for (size_t i = 0; i < qps && n < out.size(); ++i) {
+      const int got = recv_qps_[at]->poll_recv(out.subspan(n));
+      if (got > 0 && qps > kScanAll) note_hit(recv_qps_[at]);
+      n += static_cast<size_t>(got);
+      if (++at == qps) at = 0;
+    }
+    if (++next_recv_ >= qps) next_recv_ = 0;
+    return static_cast<int>(n);
   }
-  if (++next_recv_ >= qps) next_recv_ = 0;
+  for (size_t i = 0; i < hot_.size() && n < out.size();) {
+    ShmQueuePair* qp = hot_[i];
+    const int got = qp->poll_recv(out.subspan(n));
+    if (got > 0) {
+      n += static_cast<size_t>(got);
+      qp->cq_last_hit = polls_;
+    } else if (polls_ - qp->cq_last_hit > kHotPolls) {
+      qp->cq_hot = false;  // cold again: seen in the slices only
+      hot_[i] = hot_.back();
+      hot_.pop_back();
+      continue;
+    }
+    ++i;
+  }
+  for (size_t i = 0; i < kColdSlice && n < out.size(); ++i) {
+    ShmQueuePair* qp = recv_qps_[next_recv_];
+    if (++next_recv_ >= qps) next_recv_ = 0;  // stays a valid index for either path
+    if (qp->cq_hot) continue;
+    const int got = qp->poll_recv(out.subspan(n));
+    if (got > 0) {
+      n += static_cast<size_t>(got);
+      note_hit(qp);
+    }
+  }
   return static_cast<int>(n);
 }
 

@@ -35,6 +35,11 @@ class ShmQueuePair final : public QueuePair {
   }
 
   // Completion-queue side.
+  // Owned by the receive CQ's poller (ShmCompletionQueue::poll): whether the
+  // QP is on that CQ's list of recently active QPs, and the poll it last
+  // yielded a completion in.
+  bool cq_hot = false;
+  uint64_t cq_last_hit = 0;
   void progress() noexcept;
   // Inline (see the end of this file): the receive half of every poll.
   int poll_recv(std::span<Completion> out) noexcept;
