@@ -10,7 +10,9 @@
 //
 // A CQ is single-owner: one thread at a time polls, waits and arms it. QPs
 // attached to it post from that thread unless they are thread-safe
-// (QpOptions::thread_safe), which may post from any thread. QPs may be
+// (QpOptions::thread_safe), which may post from any thread, or
+// caller-serialized (QpOptions::caller_serializes: any thread, under the
+// caller's one lock around every call on the CQ and its QPs). QPs may be
 // created and destroyed from any thread, also while the owner polls.
 #include <chrono>
 #include <cstdint>

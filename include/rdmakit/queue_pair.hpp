@@ -32,12 +32,14 @@ struct QpOptions {
   std::chrono::milliseconds peer_timeout{2000};
   // false: only the thread that first posts may post (checked cheaply).
   bool thread_safe = false;
-  // Any thread may post, and the caller guarantees that no two calls on this
-  // QP overlap, nor with polls of its CQs (it holds a lock of its own around
-  // all of them, as libfabric's FI_THREAD_DOMAIN): the QP then takes no lock
-  // and keeps no owner. A completion a post produces still wakes another
-  // thread asleep on the armed CQ's fd. Calls from two threads at once are
-  // undefined, as on any object shared without a lock. Ignored with thread_safe.
+  // Any thread may post; the QP takes no lock and keeps no owner (libfabric's
+  // FI_THREAD_DOMAIN). The caller holds one lock of its own around every
+  // call on this QP, on its CQs (poll, arm) and on every other QP that
+  // completes into those CQs; a thread that sleeps sleeps on the CQ's fd()
+  // outside that lock, never in CompletionQueue::wait(). A completion a post
+  // produces wakes a thread asleep on the armed CQ's fd. Calls that overlap
+  // are undefined, as on any object shared without its lock. Ignored with
+  // thread_safe.
   bool caller_serializes = false;
 };
 

@@ -41,8 +41,10 @@ class EngineDrain {
   void drain() noexcept;
   // Before sleeping in the kernel: collects arrivals once more and makes
   // sure the progress thread watches for the next ones. Then lets go of its
-  // connections: a sleep keeps none open (an epoll set's connection that
-  // another thread closes meanwhile ends at once, as with the kernel).
+  // connections: an epoll sleep keeps none open (a connection of the set
+  // that another thread closes meanwhile ends at once, as with the kernel's
+  // epoll; poll() and select() keep theirs, as the kernel pins the files
+  // they wait on).
   void before_sleep() noexcept;
 
  private:

@@ -26,10 +26,11 @@ class ShmCompletionQueue final : public CompletionQueue {
 
   int wake_fd() const noexcept { return event_.get(); }
 
-  // A producer on another thread than the owner (a thread-safe QP) pushed a
-  // completion or queued work: an owner asleep in arm()'s wake-up must hear
-  // of it. The ring lock orders this load after the owner's arm(), whose
-  // re-check runs under the same lock, so no completion is missed.
+  // A producer on another thread than the owner (a thread-safe or
+  // caller-serialized QP) pushed a completion or queued work: an owner asleep
+  // in arm()'s wake-up must hear of it. The ring lock (or the caller's lock)
+  // orders this load after the owner's arm(), whose re-check runs under the
+  // same lock, so no completion is missed.
   void wake_if_armed() noexcept;
   // The same after queueing RNR work outside the ring lock: the owner's
   // arm() must set the retry timer.
@@ -39,7 +40,9 @@ class ShmCompletionQueue final : public CompletionQueue {
   // the private ring can never overflow. QPs may be created and destroyed
   // from any thread, also while the owner polls: attach and detach close the
   // owner gate (below) around their changes. Attaching a thread-safe QP
-  // makes the private ring multi-producer (locked).
+  // makes the private ring multi-producer (locked). A caller-serialized QP
+  // does not: its caller's lock already orders its pushes with the owner's
+  // polls and with every other producer on this CQ.
   void attach_send(ShmQueuePair* qp, uint32_t depth);
   void attach_recv(ShmQueuePair* qp, uint32_t depth);
   void detach(ShmQueuePair* qp) noexcept;
