@@ -1,0 +1,62 @@
+// The ring copies of src/stream/wire.hpp on their own: wire::copy_short
+// against memcpy for every short length and alignment, and a record placed
+// across the ring's end. Bytes outside the target must stay untouched.
+#include "stream/wire.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <vector>
+
+namespace rdmakit::stream::wire {
+namespace {
+
+TEST(WireCopy, CopyShortMatchesMemcpyForEveryShortLengthAndAlignment) {
+  std::array<std::byte, 128> src{};
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i * 7 + 1);
+  for (size_t n = 0; n <= 40; ++n) {
+    for (size_t s_off = 0; s_off < 8; ++s_off) {
+      for (size_t d_off = 0; d_off < 8; ++d_off) {
+        std::array<std::byte, 128> got;
+        std::array<std::byte, 128> want;
+        got.fill(std::byte{0xEE});
+        want.fill(std::byte{0xEE});
+        copy_short(got.data() + 16 + d_off, src.data() + s_off, n);
+        std::memcpy(want.data() + 16 + d_off, src.data() + s_off, n);
+        ASSERT_EQ(got, want) << "n " << n << " src offset " << s_off << " dst offset "
+                             << d_off;
+      }
+    }
+  }
+}
+
+TEST(WireCopy, RecordsSplitAtTheRingEnd) {
+  constexpr uint32_t kRing = kMinRing;
+  std::vector<std::byte> ring(kRing + 64,
+                              std::byte{0xEE});  // 64 guard bytes past the end
+  std::array<std::byte, kRecordData> rec;
+  for (size_t i = 0; i < rec.size(); ++i) rec[i] = std::byte(0x10 + i);
+  // 20 bytes at position 2 * kRing - 6: offset kRing - 6, so 6 at the end,
+  // 14 at the start.
+  place_record(ring.data(), kRing, 2 * uint64_t{kRing} - 6, rec.data(), kRecordData);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(ring[kRing - 6 + i], rec[i]) << i;
+  for (size_t i = 6; i < kRecordData; ++i) EXPECT_EQ(ring[i - 6], rec[i]) << i;
+  EXPECT_EQ(ring[kRecordData - 6], std::byte{0xEE});
+  for (size_t i = kRing; i < ring.size(); ++i) EXPECT_EQ(ring[i], std::byte{0xEE}) << i;
+  // Every length from 1 to kRecordData at every offset near the end.
+  for (uint32_t len = 1; len <= kRecordData; ++len) {
+    for (uint32_t back = 1; back <= kRecordData + 1; ++back) {
+      std::vector<std::byte> r(kRing + 64, std::byte{0xEE});
+      place_record(r.data(), kRing, kRing - back, rec.data(), len);
+      for (uint32_t i = 0; i < len; ++i) {
+        const uint32_t at = (kRing - back + i) % kRing;
+        ASSERT_EQ(r[at], rec[i]) << "len " << len << " back " << back << " byte " << i;
+      }
+      for (size_t i = kRing; i < r.size(); ++i) ASSERT_EQ(r[i], std::byte{0xEE});
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rdmakit::stream::wire
