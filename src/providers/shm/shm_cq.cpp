@@ -186,8 +186,9 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   if (!section.entered()) return 0;  // a QP is being attached or detached
   ++polls_;
   bool visit_all = true;
-  if (armed_.load(std::memory_order_relaxed)) {
-    disarm();
+  if (armed_.load(std::memory_order_relaxed) || visit_all_next_) {
+    if (armed_.load(std::memory_order_relaxed)) disarm();
+    visit_all_next_ = false;
   } else {
     visit_all = send_qps_.size() <= kScanAll && recv_qps_.size() <= kScanAll;
   }
@@ -281,6 +282,9 @@ bool ShmCompletionQueue::arm() noexcept {
   }
   if (pending) {
     disarm();
+    // The owner polls next for what arm() saw, which may be on a QP a
+    // partial poll would reach only after many polls (each with an arm()).
+    visit_all_next_ = true;
     return false;
   }
   if (paced) {

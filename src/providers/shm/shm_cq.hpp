@@ -186,12 +186,14 @@ class ShmCompletionQueue final : public CompletionQueue {
   // ones (a completion in the last kHotPolls polls) and a slice of
   // kColdSlice others in turn, so every QP is still seen every
   // size / kColdSlice polls. The first poll after the CQ was armed (the
-  // owner slept: anything may have arrived) visits all.
+  // owner slept: anything may have arrived), or after an arm() that found
+  // work pending, visits all.
   static constexpr size_t kScanAll = 16;
   static constexpr size_t kColdSlice = 4;
   static constexpr uint64_t kHotPolls = 4096;
   std::vector<ShmQueuePair*> hot_;  // capacity: recv_qps_'s, reserved at attach
   uint64_t polls_ = 0;
+  bool visit_all_next_ = false;  // arm() found work pending: the next poll visits all
   void note_hit(ShmQueuePair* qp) noexcept;
   // The owner writes it; producers on other threads read it after pushing
   // under the ring lock, which orders both sides (see wake_if_armed()).
