@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <utility>
 
 #include "providers/shm/asymmetric_fence.hpp"
 #include "providers/shm/shm_qp.hpp"
@@ -185,12 +186,10 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   const OwnerSection section(*this);
   if (!section.entered()) return 0;  // a QP is being attached or detached
   ++polls_;
-  bool visit_all = true;
-  if (armed_.load(std::memory_order_relaxed) || visit_all_next_) {
-    if (armed_.load(std::memory_order_relaxed)) disarm();
-    visit_all_next_ = false;
-  } else {
-    visit_all = send_qps_.size() <= kScanAll && recv_qps_.size() <= kScanAll;
+  bool visit_all = std::exchange(visit_all_next_, false);
+  if (armed_.load(std::memory_order_relaxed)) {
+    disarm();
+    visit_all = true;
   }
   if (visit_all || send_qps_.size() <= kScanAll) {
     for (ShmQueuePair* qp : send_qps_) {
