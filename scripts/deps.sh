@@ -5,7 +5,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ clang pkg-config libgtest-dev libgmock-dev libbenchmark-dev
       libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
-      libibverbs-dev librdmacm-dev libclang-rt-14-dev iproute2 procps
+      libibverbs-dev librdmacm-dev libsodium-dev libclang-rt-14-dev iproute2 procps
       clang-format clang-tidy ccache)
 # rdmakit-mesh: PMIx bootstrap under mpirun (tested), heat-map PNG.
 pkgs+=(libpmix-dev openmpi-bin python3-matplotlib)
