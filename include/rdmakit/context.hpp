@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "rdmakit/completion_queue.hpp"
 #include "rdmakit/export.hpp"
@@ -22,11 +23,23 @@ struct VerbsContextOptions {
   int gid_index = -1;  // -1: pick a RoCEv2 IPv4 GID automatically
 };
 
+// Options only the shm provider reads: processes of other users. A peer's
+// uid comes from the kernel (SO_PEERCRED). By default a peer of another uid
+// is refused, both by a listener and by a connecting side. An admitted one
+// (listed here, or in RDMAKIT_SHM_ALLOW_UIDS=uid,name,...|any) reaches only
+// regions allocated with a remote access bit, and read-only ones stay
+// read-only; it never reaches memory given to register_memory().
+struct ShmContextOptions {
+  std::vector<uint32_t> allowed_uids;
+  bool allow_any_uid = false;
+};
+
 struct ContextOptions {
   // kAuto: RDMAKIT_PROVIDER if set, else verbs when a usable device exists,
   // else shm. The choice and the reason are logged.
   ProviderKind provider = ProviderKind::kAuto;
   VerbsContextOptions verbs;
+  ShmContextOptions shm;
 };
 
 class RDMAKIT_API Listener {

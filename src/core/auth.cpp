@@ -1,6 +1,7 @@
 #include "rdmakit/auth.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 
 #include "core/fd.hpp"
 #include "rdmakit/error.hpp"
@@ -51,8 +51,8 @@ Secret Secret::from_file(const std::string& path) {
   core::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY));
   if (!fd) {
     const int err = errno;
-    throw secret_error(path, err,
-                       err == ELOOP ? "the key file is a symbolic link" : "open key file");
+    throw secret_error(
+        path, err, err == ELOOP ? "the key file is a symbolic link" : "open key file");
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw secret_error(path, errno, "fstat");
@@ -68,9 +68,9 @@ Secret Secret::from_file(const std::string& path) {
                                    st.st_mode & 07777, path));
   }
   if (st.st_size > static_cast<off_t>(kMaxSecretBytes + 2)) {
-    throw secret_error(path, EFBIG,
-                       fmt::format("{} bytes; a secret has at most {}", st.st_size,
-                                   kMaxSecretBytes));
+    throw secret_error(
+        path, EFBIG,
+        fmt::format("{} bytes; a secret has at most {}", st.st_size, kMaxSecretBytes));
   }
   std::vector<std::byte> key(static_cast<size_t>(st.st_size));
   size_t got = 0;
@@ -99,8 +99,8 @@ std::optional<Secret> Secret::from_env(const char* name) {
   const size_t len = std::strlen(value);
   if (len < kMinSecretBytes || len > kMaxSecretBytes) {
     throw secret_error(name, EINVAL,
-                       fmt::format("{} bytes; a secret has {} to {}", len, kMinSecretBytes,
-                                   kMaxSecretBytes));
+                       fmt::format("{} bytes; a secret has {} to {}", len,
+                                   kMinSecretBytes, kMaxSecretBytes));
   }
   const auto* bytes = reinterpret_cast<const std::byte*>(value);
   return Secret(std::vector<std::byte>(bytes, bytes + len), name);
@@ -117,19 +117,19 @@ Proof Secret::prove(Role role, std::string_view label, const Nonce& client,
                     const Nonce& server) const {
   ensure_sodium();
   crypto_auth_hmacsha256_state state;
-  ::crypto_auth_hmacsha256_init(&state, reinterpret_cast<const unsigned char*>(key_.data()),
-                                key_.size());
+  ::crypto_auth_hmacsha256_init(
+      &state, reinterpret_cast<const unsigned char*>(key_.data()), key_.size());
   // Length-prefixed label, so "ab"+role never equals "a"+other bytes.
   const auto label_len = static_cast<unsigned char>(std::min<size_t>(label.size(), 255));
   const auto role_byte = static_cast<unsigned char>(role);
   ::crypto_auth_hmacsha256_update(&state, &label_len, 1);
-  ::crypto_auth_hmacsha256_update(&state, reinterpret_cast<const unsigned char*>(label.data()),
-                                  label_len);
+  ::crypto_auth_hmacsha256_update(
+      &state, reinterpret_cast<const unsigned char*>(label.data()), label_len);
   ::crypto_auth_hmacsha256_update(&state, &role_byte, 1);
-  ::crypto_auth_hmacsha256_update(&state, reinterpret_cast<const unsigned char*>(client.data()),
-                                  client.size());
-  ::crypto_auth_hmacsha256_update(&state, reinterpret_cast<const unsigned char*>(server.data()),
-                                  server.size());
+  ::crypto_auth_hmacsha256_update(
+      &state, reinterpret_cast<const unsigned char*>(client.data()), client.size());
+  ::crypto_auth_hmacsha256_update(
+      &state, reinterpret_cast<const unsigned char*>(server.data()), server.size());
   Proof out;
   ::crypto_auth_hmacsha256_final(&state, reinterpret_cast<unsigned char*>(out.data()));
   ::sodium_memzero(&state, sizeof state);

@@ -1,6 +1,8 @@
 // Shared-secret challenge-response (rdmakit/auth.hpp): proofs verify only
 // with the same secret, role, label and nonces; key files are refused unless
 // private to their owner.
+#include "rdmakit/auth.hpp"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,7 +12,6 @@
 #include <fstream>
 #include <string>
 
-#include "rdmakit/auth.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::auth {

@@ -101,7 +101,7 @@ TEST_F(ShmAcceptTest, ShortAcceptPollsKeepAClientWhoseHelloIsLate) {
   }
   // Now the Hello, by hand (what connect() sends).
   auto& cctx = dynamic_cast<ShmContext&>(*client);
-  LocalEnd local = prepare_local_end(cctx, copts);
+  LocalEnd local = prepare_local_end(cctx, copts, false);
   ASSERT_EQ(send_handshake(sock.get(), cctx, local, copts, {}, true), 0);
   std::unique_ptr<QueuePair> accepted;
   const auto deadline = Clock::now() + 5s;
@@ -113,7 +113,8 @@ TEST_F(ShmAcceptTest, ShortAcceptPollsKeepAClientWhoseHelloIsLate) {
     }
   }
   ASSERT_NE(accepted, nullptr);
-  PeerEnd answer = receive_handshake(sock.get(), "connect", "listener", 5s);
+  PeerEnd answer =
+      receive_handshake(sock.get(), "connect", "listener", cred_of(sock.get()), cctx, 5s);
   EXPECT_EQ(answer.ring_size, 256u);
 }
 

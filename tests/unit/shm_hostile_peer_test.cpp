@@ -111,10 +111,11 @@ class HandmadeAcceptor {
         std::launch::async,
         [this, tamper = std::move(tamper), victim_done = victim_connected_.get_future()] {
           Fd conn(::accept4(raw.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-          PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim", 5s);
           auto& evil_ctx = dynamic_cast<ShmContext&>(*evil_);
+          PeerEnd victim_end = receive_handshake(conn.get(), "accept", "victim",
+                                                 cred_of(conn.get()), evil_ctx, 5s);
           const QpOptions options{.send_cq = evil_cq_.get(), .recv_cq = evil_cq_.get()};
-          LocalEnd reply = prepare_local_end(evil_ctx, options);
+          LocalEnd reply = prepare_local_end(evil_ctx, options, false);
           tamper(victim_end, reply);
           send_handshake(conn.get(), evil_ctx, reply, options, {}, true);
           // Hang up only once the victim has mapped what it got (its connect()
@@ -192,7 +193,8 @@ TEST(ShmHostilePeerTest, PeersGetOurRegionTableReadOnly) {
       static_cast<uint16_t>(scratch_port() + 2), [](PeerEnd& victim_end, LocalEnd&) {
         EXPECT_EQ(map_fd(victim_end.table_fd.get(), sizeof(RegionTable), true), nullptr)
             << "the victim's region table could be mapped writable";
-        EXPECT_EQ(errno, EACCES);
+        // Sealed (F_SEAL_FUTURE_WRITE): EPERM whatever the descriptor's mode.
+        EXPECT_EQ(errno, EPERM);
         void* readable = map_fd(victim_end.table_fd.get(), sizeof(RegionTable), false);
         EXPECT_NE(readable, nullptr);
         if (readable != nullptr) ::munmap(readable, sizeof(RegionTable));
@@ -281,11 +283,14 @@ TEST(ShmHostilePeerTest, PeerNotReadingRepliesDoesNotStallTheServiceThread) {
                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
       0);
   QpOptions evil_options{.send_cq = evil_cq.get(), .recv_cq = evil_cq.get()};
-  LocalEnd local = prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options);
+  LocalEnd local =
+      prepare_local_end(dynamic_cast<ShmContext&>(*evil), evil_options, false);
   ASSERT_EQ(send_handshake(sock.get(), dynamic_cast<ShmContext&>(*evil), local,
                            evil_options, {}, true),
             0);
-  PeerEnd victim_end = receive_handshake(sock.get(), "connect", "victim", 5s);
+  PeerEnd victim_end =
+      receive_handshake(sock.get(), "connect", "victim", cred_of(sock.get()),
+                        dynamic_cast<ShmContext&>(*evil), 5s);
   auto victim_qp1 = first.get();
   const Request request{RequestOp::kGetRegion, 12345, 0, 0, 0};
   const auto flood_end = std::chrono::steady_clock::now() + 300ms;

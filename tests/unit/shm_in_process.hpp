@@ -5,9 +5,17 @@
 #include <memory>
 #include <string>
 
+#include "providers/shm/unix_socket.hpp"
 #include "rdmakit/rdmakit.hpp"
 
 namespace rdmakit::shm {
+
+// The kernel's credentials of a connected Unix socket's peer.
+inline PeerCred cred_of(int sock) {
+  PeerCred cred;
+  peer_cred(sock, &cred);
+  return cred;
+}
 
 inline std::unique_ptr<Context> open_shm() {
   ContextOptions options;

@@ -4,7 +4,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,32 +38,29 @@ size_t page_round(size_t length) {
 
 }  // namespace
 
-ShmContext::ShmContext(uint64_t streaming_write_min)
+ShmContext::ShmContext(uint64_t streaming_write_min, const ShmContextOptions& options)
     : Context(ProviderKind::kShm),
-      pid_(::getpid()),
-      streaming_write_min_(streaming_write_min) {
-  table_fd_ = create_sealed_memfd("rdmakit-shm-regions", sizeof(RegionTable));
+      streaming_write_min_(streaming_write_min),
+      peer_policy_(options) {
+  table_fd_ = create_resizable_sealed_memfd("rdmakit-shm-regions", sizeof(RegionTable));
   if (!table_fd_) throw context_error("memfd_create(region table)", errno);
   void* mem = map_fd(table_fd_.get(), sizeof(RegionTable), true);
   if (mem == nullptr) throw context_error("mmap(region table)", errno);
-  // Peers get a read-only open of the table: they check access against it
-  // but must not be able to rewrite what we (and our other peers) check.
-  const std::string path = "/proc/self/fd/" + std::to_string(table_fd_.get());
-  table_ro_fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!table_ro_fd_) throw context_error("open(region table, read-only)", errno);
+  // Peers check access against the table but must never rewrite what we
+  // (and our other peers) check: only our mapping stays writable.
+  if (!finish_seals(table_fd_.get(), true)) {
+    const int err = errno;
+    ::munmap(mem, sizeof(RegionTable));
+    throw context_error("fcntl(F_SEAL_FUTURE_WRITE, region table)", err);
+  }
   table_ = new (mem) RegionTable();
-  table_->owner_pid = static_cast<uint32_t>(pid_);
   free_indices_.reserve(kRegionTableSize);
   for (uint32_t i = kRegionTableSize; i-- > 0;) free_indices_.push_back(i);
   generation_ = std::random_device{}() & ((1u << (32 - kRegionIndexBits)) - 1);
-
-  // Peers read and write registered user memory with process_vm_readv/writev,
-  // which Yama's ptrace_scope=1 would refuse for non-descendants.
-  if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL) {
-    core::log().warn(
-        "shm: prctl(PR_SET_PTRACER) failed ({}); peers may be unable "
-        "to access registered user memory",
-        std::strerror(errno));
+  if (peer_policy_.ptrace_restricted()) {
+    core::log().debug(
+        "shm: Yama ptrace_scope >= 1: SEND payloads travel through a socket, and peers "
+        "cannot reach memory given to register_memory()");
   }
 
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -164,13 +160,21 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
     throw context_error("allocate", EINVAL, "unknown access bits");
   }
   const size_t mapped = page_round(length == 0 ? 1 : length);
-  Fd memfd = create_sealed_memfd("rdmakit-shm-region", mapped);
+  Fd memfd = create_resizable_sealed_memfd("rdmakit-shm-region", mapped);
   if (!memfd) {
     throw context_error("memfd_create(region)", errno,
                         "allocating " + std::to_string(length) + " bytes");
   }
   void* mem = map_fd(memfd.get(), mapped, true, true);
   if (mem == nullptr) throw context_error("mmap(region)", errno);
+  // A region peers may not write is sealed so: a descriptor of it that a
+  // peer holds can never be mapped or reopened writable.
+  const bool peers_write = (access & (kAccessRemoteWrite | kAccessRemoteAtomic)) != 0;
+  if (!finish_seals(memfd.get(), !peers_write)) {
+    const int err = errno;
+    ::munmap(mem, mapped);
+    throw context_error("fcntl(F_ADD_SEALS, region)", err);
+  }
   const uint32_t key = reserve_key();
   auto region = std::make_unique<ShmMemoryRegion>(*this, mem, length, key, access,
                                                   std::move(memfd), mapped);
@@ -271,16 +275,14 @@ void ShmContext::serve_request(Link& link) {
     const uint32_t index = request.rkey & kRegionIndexMask;
     ShmMemoryRegion* region = regions_[index];
     const bool live = region != nullptr && region->rkey() == request.rkey;
+    // Only a region that grants remote access is ever handed out; one that
+    // grants no remote write goes out sealed read-only (see allocate()).
+    constexpr uint32_t kRemoteBits =
+        kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic;
     if (live && request.op == RequestOp::kGetRegion &&
-        region->kind() == RegionKind::kMemfd) {
-      if (region->peers_may_write()) {
-        region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
-        reply.writable = 1;
-      } else {
-        // A new read-only open file description: the peer cannot mmap it writable.
-        const std::string path = "/proc/self/fd/" + std::to_string(region->memfd());
-        region_fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      }
+        region->kind() == RegionKind::kMemfd && (region->access() & kRemoteBits) != 0) {
+      region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
+      reply.writable = region->peers_may_write() ? 1 : 0;
       reply.status = static_cast<uint32_t>(region_fd ? Status::kSuccess
                                                      : Status::kRemoteOperationError);
     } else if (live && (request.op == RequestOp::kCompareSwap ||
@@ -316,7 +318,7 @@ void ShmContext::serve_request(Link& link) {
 }  // namespace rdmakit::shm
 
 namespace rdmakit::core {
-std::unique_ptr<Context> make_shm_context(const ContextOptions&) {
+std::unique_ptr<Context> make_shm_context(const ContextOptions& options) {
   // RDMAKIT_SHM_STREAMING_WRITE_MIN=N: WRITE_WITH_IMMs of at least N bytes
   // (at least 4096) copy with non-temporal stores. Off by default: it pays
   // when the two cores are far apart (a line between them costs more than
@@ -338,6 +340,6 @@ std::unique_ptr<Context> make_shm_context(const ContextOptions&) {
           streaming_min, env);
     }
   }
-  return std::make_unique<shm::ShmContext>(streaming_min);
+  return std::make_unique<shm::ShmContext>(streaming_min, options.shm);
 }
 }  // namespace rdmakit::core

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "providers/shm/peer_policy.hpp"
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
 #include "providers/shm/unix_socket.hpp"
@@ -27,7 +28,8 @@ class ShmContext final : public Context {
  public:
   // streaming_write_min: WRITE_WITH_IMMs of at least this many bytes copy
   // with non-temporal stores (0: never); see copy_streaming().
-  explicit ShmContext(uint64_t streaming_write_min = 0);
+  explicit ShmContext(uint64_t streaming_write_min = 0,
+                      const ShmContextOptions& options = {});
   ~ShmContext() override;
 
   std::string device_name() const override { return "shm"; }
@@ -42,9 +44,10 @@ class ShmContext final : public Context {
                                      std::chrono::milliseconds timeout) override;
 
   RegionTable& table() noexcept { return *table_; }
-  // What peers receive: a read-only descriptor of the region table.
-  int table_fd() const noexcept { return table_ro_fd_.get(); }
-  pid_t pid() const noexcept { return pid_; }
+  // What peers receive: the region table's memfd, sealed so that no
+  // descriptor of it can be mapped writable (F_SEAL_FUTURE_WRITE).
+  int table_fd() const noexcept { return table_fd_.get(); }
+  const PeerPolicy& peer_policy() const noexcept { return peer_policy_; }
 
   // Region bookkeeping (control path).
   // Throws Error(ENOSPC) when the table is full.
@@ -71,10 +74,9 @@ class ShmContext final : public Context {
   void serve_request(Link& link);
   void mark_gone(Link& link);
 
-  pid_t pid_;
   uint64_t streaming_write_min_;
+  PeerPolicy peer_policy_;
   Fd table_fd_;
-  Fd table_ro_fd_;
   RegionTable* table_ = nullptr;
   std::mutex mutex_;  // regions_, free_indices_, links_
   ShmMemoryRegion* regions_[kRegionTableSize] = {};

@@ -5,6 +5,7 @@
 #include "providers/shm/shm_handshake.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -50,6 +51,8 @@ LocalEnd& LocalEnd::operator=(LocalEnd&& other) noexcept {
     link = std::move(other.link);
     qp_num = other.qp_num;
     srq = other.srq;
+    payload_rx = std::move(other.payload_rx);
+    peer_payload_end = std::move(other.peer_payload_end);
   }
   return *this;
 }
@@ -58,7 +61,8 @@ LocalEnd::~LocalEnd() {
   if (block != nullptr) ::munmap(block, block_bytes);
 }
 
-LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
+LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options,
+                           bool other_user) {
   if (options.send_cq == nullptr || options.recv_cq == nullptr) {
     throw setup_error("create_qp", "", EINVAL, "send_cq and recv_cq are required");
   }
@@ -72,6 +76,12 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
       throw setup_error(
           "create_qp", "", EINVAL,
           "the shared receive queue belongs to another context or provider");
+    }
+    // Every sender of an SRQ writes its shared block: one of another user
+    // could redirect the others' payloads.
+    if (other_user) {
+      throw setup_error("create_qp", "", EPERM,
+                        "a peer of another user cannot use a shared receive queue");
     }
   }
   local.qp_num = context.next_qp_num();
@@ -98,6 +108,17 @@ LocalEnd prepare_local_end(ShmContext& context, const QpOptions& options) {
   local.link = std::make_shared<Link>();
   local.link->serve_socket.reset(pair[0]);
   local.peer_request_end.reset(pair[1]);
+  if (other_user || context.peer_policy().ptrace_restricted()) {
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+      throw setup_error("socketpair(payload)", "", errno);
+    }
+    local.payload_rx.reset(pair[0]);
+    local.peer_payload_end.reset(pair[1]);
+    // The largest SEND that fits is what the kernel lets one message be
+    // (net.core.wmem_max caps this).
+    const int bytes = kPayloadSocketBytes;
+    (void)::setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  }
   return local;
 }
 
@@ -105,54 +126,81 @@ int send_handshake(int sock, ShmContext& context, const LocalEnd& local,
                    const QpOptions& options, std::span<const std::byte> private_data,
                    bool accepted) {
   Hello hello;
-  hello.pid = static_cast<uint32_t>(context.pid());
   hello.ring_size = local.ring_size;
   hello.qp_num = local.qp_num;
   hello.accepted = accepted ? 1 : 0;
   hello.private_len = static_cast<uint16_t>(private_data.size());
   hello.srq_ring_size = local.srq != nullptr ? local.srq->ring_size() : 0;
   hello.fence_on_arm = asymmetric_fence_available() ? 1 : 0;
+  hello.payload_socket = local.payload_rx ? 1 : 0;
   if (!private_data.empty()) {
     std::memcpy(hello.private_data, private_data.data(), private_data.size());
   }
   auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
-  const int fds[kHelloFdsWithSrq] = {context.table_fd(), local.block_fd.get(),
-                                     recv_cq->wake_fd(), local.peer_request_end.get(),
-                                     local.srq != nullptr ? local.srq->block_fd() : -1};
-  return send_with_fds(sock, &hello, sizeof hello,
-                       {fds, local.srq != nullptr ? kHelloFdsWithSrq : kHelloFds});
+  int fds[kHelloMaxFds] = {context.table_fd(), local.block_fd.get(), recv_cq->wake_fd(),
+                           local.peer_request_end.get()};
+  size_t nfds = kHelloFds;
+  if (local.srq != nullptr) fds[nfds++] = local.srq->block_fd();
+  if (local.payload_rx) fds[nfds++] = local.peer_payload_end.get();
+  return send_with_fds(sock, &hello, sizeof hello, {fds, nfds});
+}
+
+void send_refusal(int sock, RejectReason reason) {
+  Hello hello;
+  hello.accepted = 0;
+  hello.reject_reason = static_cast<uint32_t>(reason);
+  (void)send_with_fds(sock, &hello, sizeof hello, {}, true);
 }
 
 PeerEnd receive_handshake(int sock, const char* operation, const std::string& peer,
+                          const PeerCred& cred, const ShmContext& context,
                           std::chrono::milliseconds timeout) {
   Hello hello;
-  Fd fds[kHelloFdsWithSrq];
+  Fd fds[kHelloMaxFds];
   size_t nfds = 0;
   const ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
   if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
   if (got == 0)
     throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
   if (got != sizeof hello || hello.magic != kLayoutMagic ||
-      hello.version != kProtocolVersion ||
-      nfds != (hello.srq_ring_size != 0 ? kHelloFdsWithSrq : kHelloFds) ||
+      hello.version != kProtocolVersion) {
+    throw setup_error(operation, peer, EPROTO, "malformed handshake");
+  }
+  const PeerPolicy& policy = context.peer_policy();
+  if (hello.accepted == 0) {
+    if (hello.reject_reason == static_cast<uint32_t>(RejectReason::kUserNotAdmitted)) {
+      throw setup_error(
+          operation, peer, EACCES,
+          fmt::format("the listener (pid {}, uid {}) does not admit processes of our uid "
+                      "{}; it must allow them (ContextOptions::shm.allowed_uids or "
+                      "RDMAKIT_SHM_ALLOW_UIDS={} on the listener's side)",
+                      cred.pid, cred.uid, policy.self(), policy.self()));
+    }
+    throw setup_error(operation, peer, ECONNREFUSED, "rejected");
+  }
+  const size_t want = kHelloFds + (hello.srq_ring_size != 0 ? 1 : 0) +
+                      (hello.payload_socket != 0 ? 1 : 0);
+  if (nfds != want ||
       (hello.srq_ring_size != 0 && !std::has_single_bit(hello.srq_ring_size)) ||
       hello.private_len > Context::kMaxPrivateData || hello.ring_size == 0 ||
       !std::has_single_bit(hello.ring_size)) {
     throw setup_error(operation, peer, EPROTO, "malformed handshake");
   }
-  if (hello.accepted == 0) throw setup_error(operation, peer, ECONNREFUSED, "rejected");
   PeerEnd end;
   end.table_fd = std::move(fds[0]);
   end.block_fd = std::move(fds[1]);
   end.cq_event = std::move(fds[2]);
   end.request_socket = std::move(fds[3]);
-  end.pid = static_cast<pid_t>(hello.pid);
+  size_t next = kHelloFds;
+  end.cred = cred;
+  end.other_user = cred.uid != policy.self();
   end.ring_size = hello.ring_size;
   end.fence_on_arm = hello.fence_on_arm != 0;
   if (hello.srq_ring_size != 0) {
-    end.srq_fd = std::move(fds[4]);
+    end.srq_fd = std::move(fds[next++]);
     end.srq_ring_size = hello.srq_ring_size;
   }
+  if (hello.payload_socket != 0) end.payload_socket = std::move(fds[next++]);
   end.address = peer;
   end.private_data.assign(
       reinterpret_cast<const std::byte*>(hello.private_data),
@@ -183,12 +231,24 @@ std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
                           ? "no shm listener on that port (same host only)"
                           : "connect");
   }
-  LocalEnd local = prepare_local_end(context, options);
+  // The listener's identity, from the kernel: an abstract name can be taken
+  // by anyone first, so a listener of another user gets nothing from us.
+  PeerCred cred;
+  if (!peer_cred(sock.get(), &cred))
+    throw setup_error("connect", address, errno, "SO_PEERCRED");
+  const PeerPolicy& policy = context.peer_policy();
+  if (!policy.admits(cred.uid)) {
+    throw setup_error("connect", address, EACCES,
+                      policy.refusal(cred.uid, cred.pid, "shm listener on this port") +
+                          "; another user may have taken the port's name");
+  }
+  LocalEnd local = prepare_local_end(context, options, cred.uid != policy.self());
   if (int rc = send_handshake(sock.get(), context, local, options, private_data, true);
       rc != 0) {
     throw setup_error("connect", address, -rc, "sending handshake");
   }
-  PeerEnd peer = receive_handshake(sock.get(), "connect", address, timeout);
+  PeerEnd peer =
+      receive_handshake(sock.get(), "connect", address, cred, context, timeout);
   return std::make_unique<ShmQueuePair>(context, options, std::move(local),
                                         std::move(peer));
 }
@@ -287,6 +347,7 @@ void ShmQueuePair::set_up() {
   // Our copy of the peer's request end must close, so the peer's death (or
   // ours) is seen as a hang-up by the other side's progress thread.
   local_.peer_request_end.reset();
+  local_.peer_payload_end.reset();
 }
 
 void ShmQueuePair::unmap_peer() noexcept {

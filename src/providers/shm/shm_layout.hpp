@@ -12,8 +12,8 @@ inline constexpr uint32_t kRegionIndexBits = 12;
 inline constexpr uint32_t kRegionTableSize = 1u << kRegionIndexBits;
 inline constexpr uint32_t kRegionIndexMask = kRegionTableSize - 1;
 inline constexpr uint32_t kLayoutMagic = 0x52444b53;  // "RDKS"
-// 3: every shared memfd is sealed against resizing, and receivers check it.
-inline constexpr uint16_t kProtocolVersion = 3;
+// 4: identity from SO_PEERCRED (no pid in the Hello), payload sockets.
+inline constexpr uint16_t kProtocolVersion = 4;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "cross-process atomics must not fall back to locks");
@@ -40,7 +40,7 @@ static_assert(sizeof(RegionEntry) == 32);
 
 struct RegionTable {
   uint32_t magic = kLayoutMagic;
-  uint32_t owner_pid = 0;
+  uint32_t reserved32 = 0;
   uint64_t reserved[7] = {};
   RegionEntry entries[kRegionTableSize];
 };
@@ -60,6 +60,10 @@ inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (small_copy.hpp
 // into the buffer of RECV n. A receiver entering the error state does not
 // flush that RECV until the sender published it (or died).
 inline constexpr uint64_t kSlotFilling = uint64_t{1} << 63;
+// RecvSlot::data_inline: where a successful SEND's payload is.
+inline constexpr uint8_t kPayloadInBuffer = 0;  // written into the RECV buffer
+inline constexpr uint8_t kPayloadInSlot = 1;    // in slot.data
+inline constexpr uint8_t kPayloadOnSocket = 2;  // next message on the payload socket
 
 struct alignas(64) RecvSlot {
   std::atomic<uint64_t> post_seq{0};  // receiver writes
@@ -153,12 +157,15 @@ struct Reply {
 
 // Connection handshake: each side sends one Hello plus four descriptors:
 // region table, inbound block, recv CQ eventfd, request socket for the peer;
-// a fifth, the SRQ block, when srq_ring_size != 0.
+// then the SRQ block when srq_ring_size != 0, then the sending end of our
+// payload socket when payload_socket != 0. A refusal carries no descriptor.
+// Who the peer is (pid, uid) comes from SO_PEERCRED, never from here.
+enum class RejectReason : uint32_t { kNone = 0, kRejected = 1, kUserNotAdmitted = 2 };
 struct Hello {
   uint32_t magic = kLayoutMagic;
   uint16_t version = kProtocolVersion;
   uint16_t private_len = 0;
-  uint32_t pid = 0;
+  uint32_t reject_reason = 0;  // RejectReason, with accepted == 0
   uint32_t ring_size = 0;
   uint32_t qp_num = 0;
   uint32_t accepted = 1;       // reply only: 0 = rejected
@@ -166,9 +173,12 @@ struct Hello {
   // The sender's CQs issue heavy_fence() when they arm, so our sends may
   // publish completions with a release store (see asymmetric_fence.hpp).
   uint32_t fence_on_arm = 0;
+  // SEND payloads larger than a slot go through a socket we read at poll
+  // time, not into our buffers (a peer of another user, or Yama).
+  uint32_t payload_socket = 0;
   uint8_t private_data[192] = {};
 };
 inline constexpr size_t kHelloFds = 4;
-inline constexpr size_t kHelloFdsWithSrq = 5;
+inline constexpr size_t kHelloMaxFds = 6;
 
 }  // namespace rdmakit::shm

@@ -30,6 +30,23 @@ int bind_abstract(int sock, uint16_t port) {
   return ::bind(sock, reinterpret_cast<sockaddr*>(&sa), len);
 }
 
+// Who holds a port's name: the kernel's credentials of its listener.
+std::string holder_of(uint16_t port) {
+  Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const std::string name = abstract_name(port);
+  std::memcpy(sa.sun_path, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  PeerCred cred;
+  if (!probe || ::connect(probe.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
+      !peer_cred(probe.get(), &cred)) {
+    return "the port's name is taken";
+  }
+  return fmt::format("the port's name is taken by pid {} of uid {}{}", cred.pid, cred.uid,
+                     cred.uid != ::geteuid() ? " (another user)" : "");
+}
+
 }  // namespace
 
 ShmListener::ShmListener(ShmContext& context, const std::string& address)
@@ -41,7 +58,9 @@ ShmListener::ShmListener(ShmContext& context, const std::string& address)
   if (!socket_) throw Error("listen", "shm", address, errno, "socket");
   if (where.port != 0) {
     if (bind_abstract(socket_.get(), where.port) != 0) {
-      throw Error("listen", "shm", address, errno, "bind");
+      const int err = errno;
+      throw Error("listen", "shm", address, err,
+                  err == EADDRINUSE ? holder_of(where.port) : std::string("bind"));
     }
     port_ = where.port;
   } else {
@@ -103,7 +122,7 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
       PeerEnd remote;
       try {
         // A SEQPACKET Hello arrives whole: this does not wait.
-        remote = receive_handshake(p.conn.get(), "accept", p.peer,
+        remote = receive_handshake(p.conn.get(), "accept", p.peer, p.cred, context_,
                                    std::chrono::milliseconds(0));
       } catch (const Error& e) {
         // One bad client must not take the listener down: log and go on.
@@ -112,7 +131,7 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
         if (!failure) failure = e;
         continue;
       }
-      LocalEnd local = prepare_local_end(context_, options);
+      LocalEnd local = prepare_local_end(context_, options, remote.other_user);
       if (int rc = send_handshake(p.conn.get(), context_, local, options, reply, true);
           rc != 0) {
         throw Error("accept", "shm", p.peer, -rc, "sending handshake");
@@ -150,19 +169,28 @@ void ShmListener::accept_queued() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       throw Error("accept", "shm", address(), errno, "accept");
     }
-    ucred cred{};
-    socklen_t cred_len = sizeof cred;
-    const int pid =
-        ::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0
-            ? cred.pid
-            : 0;
+    PeerCred cred;
+    if (!peer_cred(conn.get(), &cred)) {
+      core::log().warn("shm: {}: dropped a connection: SO_PEERCRED failed ({})",
+                       address(), std::strerror(errno));
+      continue;
+    }
+    const PeerPolicy& policy = context_.peer_policy();
+    if (!policy.admits(cred.uid)) {
+      // Refused before anything of ours is exchanged; accept() goes on
+      // waiting for admitted clients.
+      send_refusal(conn.get(), RejectReason::kUserNotAdmitted);
+      core::log().warn("shm: {}: refused a connection: {}", address(),
+                       policy.refusal(cred.uid, cred.pid, "client"));
+      continue;
+    }
     if (pending_.size() >= kMaxPendingHandshakes) {
       core::log().warn("shm: {}: {} handshakes pending, dropping the oldest (from {})",
                        address(), pending_.size(), pending_.front().peer);
       pending_.erase(pending_.begin());
     }
-    pending_.push_back({std::move(conn), "pid " + std::to_string(pid),
-                        core::Clock::now() + kHandshakeTimeout});
+    pending_.push_back({std::move(conn), fmt::format("pid {} uid {}", cred.pid, cred.uid),
+                        cred, core::Clock::now() + kHandshakeTimeout});
   }
 }
 

@@ -38,6 +38,7 @@ class ShmListener final : public Listener {
   struct Pending {
     Fd conn;
     std::string peer;
+    PeerCred cred;
     core::Clock::time_point deadline;
   };
   // Takes every connection the kernel has queued into pending_.

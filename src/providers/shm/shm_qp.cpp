@@ -103,7 +103,7 @@ inline bool ShmQueuePair::try_small_send(const SendWr& wr) noexcept {
     }
     small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
   }
-  slot.data_inline = wr.length != 0 ? 1 : 0;
+  slot.data_inline = wr.length != 0 ? kPayloadInSlot : kPayloadInBuffer;
   publish_recv(slot, wr, Opcode::kRecv, Status::kSuccess);
   ++sq_posted_;
   complete_send(wr, Status::kSuccess);
@@ -271,7 +271,15 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
     target.status = Status::kRemoteAccessError;
     return target;
   }
-  if (view.kind == RegionKind::kUser) {
+  // Memory given to register_memory(), and a RECV buffer that grants no
+  // remote write, are reached through the kernel (process_vm_*): only by a
+  // process of the same user, at the pid the kernel named.
+  if (view.kind == RegionKind::kUser ||
+      (want_write && (view.access & (kAccessRemoteWrite | kAccessRemoteAtomic)) == 0)) {
+    if (peer_.other_user) {
+      target.status = Status::kRemoteAccessError;
+      return target;
+    }
     target.user_addr = addr;
     return target;
   }
@@ -318,9 +326,7 @@ ShmQueuePair::Target ShmQueuePair::resolve(uint32_t rkey, uint64_t addr, uint64_
     return target;
   }
   if (want_write && !m.writable) {
-    // Writable by the owner's grant (e.g. a RECV buffer) but mapped
-    // read-only here: go through the kernel, as a NIC's DMA would.
-    target.user_addr = addr;
+    target.status = Status::kRemoteAccessError;
     return target;
   }
   target.mapped = m.base + (addr - m.region_addr);
@@ -335,9 +341,10 @@ Status ShmQueuePair::copy_to_peer(const Target& target, const void* src,
     copy_bytes(target.mapped, src, length);
     return Status::kSuccess;
   }
+  if (peer_.other_user) return Status::kRemoteAccessError;
   iovec local{const_cast<void*>(src), length};
   iovec remote{reinterpret_cast<void*>(target.user_addr), length};
-  const ssize_t n = ::process_vm_writev(peer_.pid, &local, 1, &remote, 1, 0);
+  const ssize_t n = ::process_vm_writev(peer_.cred.pid, &local, 1, &remote, 1, 0);
   if (n == static_cast<ssize_t>(length)) return Status::kSuccess;
   return errno == ESRCH ? Status::kRetryExceeded : Status::kRemoteAccessError;
 }
@@ -349,9 +356,10 @@ Status ShmQueuePair::copy_from_peer(const Target& target, void* dst,
     copy_bytes(dst, target.mapped, length);
     return Status::kSuccess;
   }
+  if (peer_.other_user) return Status::kRemoteAccessError;
   iovec local{dst, length};
   iovec remote{reinterpret_cast<void*>(target.user_addr), length};
-  const ssize_t n = ::process_vm_readv(peer_.pid, &local, 1, &remote, 1, 0);
+  const ssize_t n = ::process_vm_readv(peer_.cred.pid, &local, 1, &remote, 1, 0);
   if (n == static_cast<ssize_t>(length)) return Status::kSuccess;
   return errno == ESRCH ? Status::kRetryExceeded : Status::kRemoteAccessError;
 }
@@ -482,7 +490,7 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
   if (!claim_recv(&claim)) return Exec::kBlocked;
   RecvSlot& slot = *claim.slot;
   Status recv_status = Status::kSuccess;
-  slot.data_inline = 0;
+  slot.data_inline = kPayloadInBuffer;
   if (carry_payload) {
     if (wr.length > claim.length) {
       recv_status = Status::kLocalLengthError;
@@ -495,7 +503,21 @@ ShmQueuePair::Exec ShmQueuePair::deliver(const SendWr& wr, Opcode recv_opcode,
         // Small payloads ride in the slot's cache line; the receiver copies
         // them into its buffer when it polls.
         small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
-        slot.data_inline = 1;
+        slot.data_inline = kPayloadInSlot;
+      } else if (peer_.payload_socket) {
+        // The receiver reads the payload into its buffer when it polls.
+        const ssize_t sent = ::send(peer_.payload_socket.get(), wr.local_addr, wr.length,
+                                    MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent == static_cast<ssize_t>(wr.length)) {
+          slot.data_inline = kPayloadOnSocket;
+        } else if (sent < 0 && (errno == EAGAIN || errno == ENOBUFS) &&
+                   peer_srq_ == nullptr) {
+          return Exec::kBlocked;  // the receiver has not read earlier ones yet
+        } else {
+          recv_status = Status::kLocalLengthError;
+          *status = errno == EMSGSIZE ? Status::kLocalLengthError
+                                      : Status::kRemoteOperationError;
+        }
       } else if (!begin_fill(slot)) {
         // The receiver entered the error state: it flushes this RECV itself.
         *status = Status::kRetryExceeded;
@@ -533,7 +555,7 @@ ShmQueuePair::Exec ShmQueuePair::write_with_imm(const SendWr& wr,
   }
   RecvClaim claim;
   if (!claim_recv(&claim)) return Exec::kBlocked;
-  claim.slot->data_inline = 0;
+  claim.slot->data_inline = kPayloadInBuffer;
   if (wr.length != 0 && target.mapped != nullptr && context_.streaming_write_min() != 0 &&
       wr.length >= context_.streaming_write_min()) {
     // The receiver reads these bytes next, on its own core (opt-in).
@@ -722,6 +744,19 @@ void ShmQueuePair::take_srq_recv(uint64_t index, Completion* c) noexcept {
 uint64_t ShmQueuePair::claimed_srq_entry() const noexcept {
   RecvSlot& slot = local_.block->slots()[rq_polled_ & rq_mask_];
   return std::atomic_ref<uint64_t>(slot.srq_entry).load(std::memory_order_acquire);
+}
+
+Status ShmQueuePair::take_socket_payload(const PostedRecv& posted,
+                                         uint32_t byte_len) const noexcept {
+  if (!local_.payload_rx) return Status::kLocalQpOperationError;
+  ssize_t got;
+  do {
+    got = ::recv(local_.payload_rx.get(), posted.addr, posted.length,
+                 MSG_DONTWAIT | MSG_TRUNC);
+  } while (got < 0 && errno == EINTR);
+  // MSG_TRUNC: the message's real length, so a longer one is caught too.
+  return got == static_cast<ssize_t>(byte_len) ? Status::kSuccess
+                                               : Status::kLocalQpOperationError;
 }
 
 Completion ShmQueuePair::flushed_recv(uint64_t wr_id) const noexcept {

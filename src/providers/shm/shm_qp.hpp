@@ -138,6 +138,9 @@ class ShmQueuePair final : public QueuePair {
   void take_srq_recv(uint64_t index, Completion* c) noexcept;
   void fill_recv_completion(const RecvSlot& slot, const PostedRecv& posted,
                             Completion* c) const noexcept;
+  // Reads the next payload message into the posted buffer; it must be
+  // exactly byte_len bytes.
+  Status take_socket_payload(const PostedRecv& posted, uint32_t byte_len) const noexcept;
   // poll_recv once nothing (more) arrived: notices a dead or failed peer and
   // flushes; n completions are already in out.
   int poll_recv_idle(std::span<Completion> out, size_t n) noexcept;
@@ -238,14 +241,32 @@ class ShmQueuePair final : public QueuePair {
 inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
                                                const PostedRecv& posted,
                                                Completion* c) const noexcept {
+  // Every field was written by the peer: each is checked against our own
+  // record before it is used or reported. A lie fails this completion.
   auto status = static_cast<Status>(slot.status);
   const uint32_t byte_len = slot.byte_len;
-  if (slot.data_inline != 0 && status == Status::kSuccess) {
-    // The peer wrote this slot: its length is checked against our own
-    // record before anything is copied into our memory.
-    if (byte_len <= kSlotInline && byte_len <= posted.length) {
-      small_copy<kSlotInline>(posted.addr, slot.data, byte_len);
-    } else {
+  auto opcode = static_cast<Opcode>(slot.opcode);
+  if (opcode != Opcode::kRecv && opcode != Opcode::kRecvWriteWithImm) {
+    opcode = Opcode::kRecv;
+    status = Status::kLocalQpOperationError;
+  }
+  if (status != Status::kSuccess && status != Status::kLocalLengthError &&
+      status != Status::kLocalProtectionError && status != Status::kWrFlushError) {
+    status = Status::kLocalQpOperationError;
+  }
+  if (status == Status::kSuccess && opcode == Opcode::kRecv) {
+    const uint8_t where = slot.data_inline;
+    if (byte_len > posted.length) {
+      status = Status::kLocalQpOperationError;
+    } else if (where == kPayloadInSlot) {
+      if (byte_len <= kSlotInline) {
+        small_copy<kSlotInline>(posted.addr, slot.data, byte_len);
+      } else {
+        status = Status::kLocalQpOperationError;
+      }
+    } else if (where == kPayloadOnSocket) {
+      status = take_socket_payload(posted, byte_len);
+    } else if (where != kPayloadInBuffer) {
       status = Status::kLocalQpOperationError;
     }
   }
@@ -253,9 +274,9 @@ inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
   c->byte_len = byte_len;
   c->imm = slot.imm;
   c->qp_num = qp_num();
-  c->opcode = static_cast<Opcode>(slot.opcode);
+  c->opcode = opcode;
   c->status = status;
-  c->flags = slot.flags;
+  c->flags = slot.flags & kCompletionHasImm;
   c->reserved = 0;
   c->vendor_err = 0;
 }

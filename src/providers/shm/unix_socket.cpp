@@ -96,6 +96,33 @@ Fd create_sealed_memfd(const char* name, size_t bytes) {
   return fd;
 }
 
+Fd create_resizable_sealed_memfd(const char* name, size_t bytes) {
+  Fd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return fd;
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    const int err = errno;
+    fd.reset();
+    errno = err;
+  }
+  return fd;
+}
+
+bool finish_seals(int fd, bool read_only_for_peers) {
+  return ::fcntl(fd, F_ADD_SEALS,
+                 F_SEAL_SEAL | (read_only_for_peers ? F_SEAL_FUTURE_WRITE : 0)) == 0;
+}
+
+bool peer_cred(int sock, PeerCred* cred) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0) return false;
+  cred->pid = c.pid;
+  cred->uid = c.uid;
+  cred->gid = c.gid;
+  return true;
+}
+
 bool sealed_and_sized(int fd, size_t bytes) {
   struct stat st {};
   const int seals = ::fcntl(fd, F_GET_SEALS);

@@ -1,6 +1,8 @@
 #pragma once
 // SOCK_SEQPACKET messages carrying descriptors (SCM_RIGHTS): the control
 // plane of the shm provider.
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,24 @@ int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fd
 // cannot truncate it under our mappings (a SIGBUS on our next access).
 // Returns an empty Fd on failure (errno set).
 Fd create_sealed_memfd(const char* name, size_t bytes);
+// As create_sealed_memfd, but F_SEAL_SEAL is not yet set: the caller maps it
+// writable first, then calls finish_seals().
+Fd create_resizable_sealed_memfd(const char* name, size_t bytes);
+// Seals what create_resizable_sealed_memfd left open. read_only_for_peers:
+// also F_SEAL_FUTURE_WRITE, so no descriptor of this memfd (a dup, a
+// /proc/PID/fd reopen) can ever be mapped writable or written again; our own
+// writable mapping made before stays writable. Returns false (errno set).
+bool finish_seals(int fd, bool read_only_for_peers);
+
+// The kernel's word on who is at the other end of a Unix socket: the
+// connecting process (listener side) or the listening one (connector side).
+struct PeerCred {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+// False (errno set) if the kernel has no credentials for the socket.
+bool peer_cred(int sock, PeerCred* cred);
 // A descriptor a peer handed us is a memfd sealed against shrinking and at
 // least `bytes` long: mapping it cannot fault past its end later.
 bool sealed_and_sized(int fd, size_t bytes);
