@@ -3,6 +3,7 @@
 // what the handshake exchanged in shm_handshake.cpp.
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -271,7 +272,8 @@ inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
     }
   }
   c->wr_id = posted.wr_id;
-  c->byte_len = byte_len;
+  // A RECV never reports more than its buffer holds, even with an error.
+  c->byte_len = opcode == Opcode::kRecv ? std::min(byte_len, posted.length) : byte_len;
   c->imm = slot.imm;
   c->qp_num = qp_num();
   c->opcode = opcode;
