@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "fmt/format.h"
 
@@ -26,6 +27,7 @@ Client::Client(const ClientOptions& options) : options_(options) {
   ctx_ = Context::open(context_options);
   cq_ = ctx_->create_cq(CqOptions{.capacity = 64});
   mr_ = ctx_->allocate(kBufferBytes, kAccessLocalWrite);
+  const auth::Nonce client_nonce = auth::fresh_nonce();
   qp_ = ctx_->connect(options.address,
                       QpOptions{.send_cq = cq_.get(),
                                 .recv_cq = cq_.get(),
@@ -34,19 +36,73 @@ Client::Client(const ClientOptions& options) : options_(options) {
                                 // The server adopts a new connection within
                                 // its loop's tick; our first SEND may wait.
                                 .rnr_timeout = options.timeout},
-                      {}, options.timeout);
-  auto info = TableInfo::deserialize(qp_->peer_private_data());
-  if (!info)
-    throw Error("connect", ctx_->provider_name(), options.address, EPROTO,
-                "the server's reply is not an rdmakit-kv table descriptor");
+                      encode_hello(client_nonce), options.timeout);
+  authenticate(client_nonce);
+}
+
+void Client::authenticate(const auth::Nonce& client_nonce) {
+  const auto challenge = parse_challenge(qp_->peer_private_data());
+  if (!challenge)
+    fail(
+        "the server's reply is not an rdmakit-kv handshake (another service, or an "
+        "rdmakit-kv too old to authenticate)");
+  if (challenge->auth_required && !options_.secret)
+    fail("the server requires a secret (--secret-file or RDMAKIT_SECRET)");
+  if (!challenge->auth_required && options_.secret)
+    fail(
+        "the server does not authenticate (it runs without a secret) but this client "
+        "has one: refusing to use it (drop the client's secret to connect anyway)");
+  ProofMsg proof;
+  if (options_.secret) {
+    proof.has_secret = true;
+    proof.proof = options_.secret->prove(auth::Role::kClient, kAuthLabel, client_nonce,
+                                         challenge->server_nonce);
+  }
+  const auto msg = encode_proof(proof);
+  std::memcpy(mr_->data() + kSendOffset, msg.data(), msg.size());
+  if (!qp_->post_recv({.wr_id = kRecvId,
+                       .addr = mr_->data() + kRecvOffset,
+                       .length = static_cast<uint32_t>(kMaxResponse),
+                       .lkey = mr_->lkey()})
+           .ok())
+    fail("cannot post the reply buffer");
+  send_done_ = recv_done_ = false;
+  if (!qp_->post_send({.wr_id = kSendId,
+                       .opcode = Opcode::kSend,
+                       .flags = kSignaled,
+                       .length = static_cast<uint32_t>(msg.size()),
+                       .local_addr = mr_->data() + kSendOffset,
+                       .lkey = mr_->lkey()})
+           .ok())
+    fail("cannot post the authentication proof");
+  await(kSendId, "authentication");
+  await(kRecvId, "authentication");
+  const auto welcome = parse_welcome({mr_->data() + kRecvOffset, recv_len_});
+  if (!welcome)
+    fail(fmt::format("authentication: malformed answer ({} bytes)", recv_len_));
+  switch (welcome->status) {
+    case AuthStatus::kOk: break;
+    case AuthStatus::kWrongSecret: fail("authentication failed: wrong secret");
+    case AuthStatus::kNoSecret:
+      fail("the server requires a secret (--secret-file or RDMAKIT_SECRET)");
+    case AuthStatus::kMalformed:
+      fail("authentication failed: the server refused the proof");
+  }
+  if (options_.secret &&
+      !options_.secret->verify(auth::Role::kServer, kAuthLabel, client_nonce,
+                               challenge->server_nonce, welcome->server_proof))
+    fail(
+        "authentication failed: the server did not prove the secret (wrong secret on "
+        "the server, or not the server)");
+  auto info = TableInfo::deserialize(welcome->table_info);
+  if (!info) fail("the server's answer is not an rdmakit-kv table descriptor");
   adopt_table(*info);
   if (!qp_->post_recv({.wr_id = kRecvId,
                        .addr = mr_->data() + kRecvOffset,
                        .length = static_cast<uint32_t>(kMaxResponse),
                        .lkey = mr_->lkey()})
            .ok())
-    throw Error("post_recv", ctx_->provider_name(), options.address, EIO,
-                "cannot post the reply buffer");
+    fail("cannot post the reply buffer");
 }
 
 Client::~Client() = default;

@@ -12,7 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "auth.hpp"
 #include "protocol.hpp"
+#include "rdmakit/auth.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "table_layout.hpp"
 
@@ -30,6 +32,9 @@ struct ClientOptions {
   ProviderKind provider = ProviderKind::kAuto;
   bool inline_sends = false;                // -i: requests that fit go INLINE
   std::chrono::milliseconds timeout{5000};  // per request, and connect
+  // Proves this secret to the server and requires the server to prove it
+  // back (auth.hpp). A client with a secret refuses a server without one.
+  std::shared_ptr<const auth::Secret> secret;
 };
 
 enum class GetMode { kRpc, kRead };
@@ -82,6 +87,8 @@ class Client {
     return hint == 0 ? kFirstReadSlots : hint;
   }
   void adopt_table(const TableInfo& info);
+  // The handshake after connect: proof, the server's proof, the table.
+  void authenticate(const auth::Nonce& client_nonce);
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
   void await(uint64_t wr_id, const char* what);
   [[noreturn]] void fail(const std::string& what);

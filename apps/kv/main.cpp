@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <string_view>
 
 #include "bench.hpp"
 #include "client.hpp"
@@ -33,14 +34,27 @@ static int run_tool(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string provider = "auto";
+  std::string secret_file;
   uint16_t port = 7471;
 
   auto* server_cmd = app.add_subcommand("server", "Serve a table");
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";
   ServerOptions so;
   bool no_grow = false;
+  int auth_timeout_ms = 5000;
   server_cmd->add_option("-p,--port", port, "Port (default 7471)");
-  server_cmd->add_option("--bind", bind, "Address to listen on (default 0.0.0.0)");
+  server_cmd->add_option("--bind", bind,
+                         "Address to listen on (default 127.0.0.1; another one needs a "
+                         "secret or --no-auth)");
+  server_cmd->add_option("--secret-file", secret_file,
+                         "Clients must prove this key (0600 file; else "
+                         "RDMAKIT_SECRET_FILE, else RDMAKIT_SECRET)");
+  server_cmd->add_flag("--no-auth", so.allow_no_auth,
+                       "Allow a non-loopback address without a secret (anyone who "
+                       "reaches it can read and write the table)");
+  server_cmd->add_option(
+      "--auth-timeout-ms", auth_timeout_ms,
+      "Drop a client that has not authenticated by then (default 5000)");
   server_cmd->add_option("--provider", provider, "auto, shm, tcp or verbs");
   server_cmd->add_option("--capacity", so.table.capacity,
                          "Keys the first table holds (default 32768)");
@@ -63,6 +77,9 @@ static int run_tool(int argc, char** argv) {
   std::vector<std::string> words;
   client_cmd->add_option("-s,--server", server_host, "Server host (default 127.0.0.1)");
   client_cmd->add_option("-p,--port", port, "Port (default 7471)");
+  client_cmd->add_option("--secret-file", secret_file,
+                         "Prove this key to the server (0600 file; else "
+                         "RDMAKIT_SECRET_FILE, else RDMAKIT_SECRET)");
   client_cmd->add_option("--provider", provider, "auto, shm, tcp or verbs");
   client_cmd->add_flag("-i,--inline", co.inline_sends,
                        "Send requests INLINE when they fit");
@@ -100,12 +117,13 @@ static int run_tool(int argc, char** argv) {
       so.provider = provider_of(provider);
       so.address = bind + ":" + std::to_string(port);
       so.table.grow = !no_grow;
+      so.auth_timeout = std::chrono::milliseconds(auth_timeout_ms);
+      if (auto secret = auth::Secret::resolve(secret_file))
+        so.secret = std::make_shared<const auth::Secret>(std::move(*secret));
       Server server(so);
-      std::fprintf(stderr,
-                   "rdmakit-kv server: listening on %s:%u (provider %s, table sized for "
-                   "%lu keys)\n",
-                   bind.c_str(), server.port(), server.provider_name(),
-                   static_cast<unsigned long>(so.table.capacity));
+      std::fprintf(
+          stderr, "rdmakit-kv server: listening on %s, table sized for %lu keys\n",
+          server.describe().c_str(), static_cast<unsigned long>(so.table.capacity));
       struct sigaction sa {};
       sa.sa_handler = [](int) { g_stop = true; };
       sigaction(SIGINT, &sa, nullptr);
@@ -119,6 +137,8 @@ static int run_tool(int argc, char** argv) {
       co.provider = provider_of(provider);
       co.address = server_host + ":" + std::to_string(port);
       co.timeout = std::chrono::milliseconds(timeout_ms);
+      if (auto secret = auth::Secret::resolve(secret_file))
+        co.secret = std::make_shared<const auth::Secret>(std::move(*secret));
       const GetMode mode = get_mode == "read" ? GetMode::kRead : GetMode::kRpc;
       Client client(co);
       if (!quiet)
@@ -134,7 +154,10 @@ static int run_tool(int argc, char** argv) {
     return run_bench(bo);
   } catch (const std::exception& e) {
     std::cout << std::flush;
-    std::fprintf(stderr, "rdmakit-kv: %s\n", e.what());
+    // ClientError's text already starts with the tool's name.
+    const std::string_view what = e.what();
+    std::fprintf(stderr, "%s%s\n",
+                 what.starts_with("rdmakit-kv: ") ? "" : "rdmakit-kv: ", e.what());
     return 1;
   }
 }

@@ -72,6 +72,11 @@ std::optional<Request> parse_request(std::span<const std::byte> in, KvStatus* st
         h.value_len, in.size() - sizeof h);
     return std::nullopt;
   }
+  if (h.reserved != 0 || h.reserved2 != 0) {
+    *why = fmt::format("reserved header fields are not zero ({:#x}, {:#x})", h.reserved,
+                       h.reserved2);
+    return std::nullopt;
+  }
   const Op op = static_cast<Op>(h.op);
   if (op != Op::kPut && op != Op::kGet && op != Op::kDel && op != Op::kTable) {
     *status = KvStatus::kUnknownOp;
@@ -86,6 +91,10 @@ std::optional<Request> parse_request(std::span<const std::byte> in, KvStatus* st
   if (h.value_len > kMaxValue) {
     *status = KvStatus::kValueTooLong;
     *why = fmt::format("value of {} bytes (at most {})", h.value_len, kMaxValue);
+    return std::nullopt;
+  }
+  if (op == Op::kTable && h.key_len != 0) {
+    *why = fmt::format("TABLE carries a {}-byte key", h.key_len);
     return std::nullopt;
   }
   if (op != Op::kPut && h.value_len != 0) {

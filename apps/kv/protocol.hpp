@@ -77,8 +77,11 @@ struct Request {
 size_t encode_request(std::span<std::byte> out, Op op, uint64_t id, std::string_view key,
                       std::string_view value) noexcept;
 
-// Parses a received request. On failure returns nullopt and sets *status and
-// *why (and *id when the header was readable, else 0).
+// Parses a received request: pure, no I/O (fuzz/kv_request_fuzzer.cpp). Every
+// field is checked: magic, reserved fields zero, lengths equal to what the
+// message carries and within kMaxKey / kMaxValue, a known op, no value on
+// GET/DEL/TABLE and no key on TABLE. The views point into `in`. On failure returns
+// nullopt and sets *status and *why (and *id when the header was readable, else 0).
 std::optional<Request> parse_request(std::span<const std::byte> in, KvStatus* status,
                                      std::string* why, uint64_t* id);
 

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <stdexcept>
 
 #include "fmt/format.h"
 
@@ -37,6 +39,12 @@ std::string printable(std::string_view s) {
 
 struct Server::Conn {
   uint32_t id = 0;
+  bool authenticated = false;
+  bool closing = false;  // refused: dropped once the refusal is sent
+  std::string close_reason;
+  std::chrono::steady_clock::time_point deadline;  // to authenticate, or to close
+  auth::Nonce client_nonce{};
+  auth::Nonce server_nonce{};
   std::unique_ptr<MemoryRegion> mr;  // kMaxOutstanding receive + send slots
   std::unique_ptr<QueuePair> qp;     // declared last: destroyed before mr
   std::string peer;
@@ -45,6 +53,18 @@ struct Server::Conn {
 Server::Server(const ServerOptions& options) : options_(options) {
   ContextOptions context_options;
   context_options.provider = options.provider;
+  const std::string host = options.address.substr(0, options.address.rfind(':'));
+  if (!options.secret && !options.allow_no_auth && !is_loopback_host(host))
+    throw std::invalid_argument(
+        "refusing to listen on " + options.address +
+        " without a secret: any host that reaches it could read and write the table. "
+        "Give --secret-file PATH (or RDMAKIT_SECRET_FILE / RDMAKIT_SECRET), bind a "
+        "loopback address, or pass --no-auth");
+  if (!options.secret)
+    std::fprintf(stderr,
+                 "rdmakit-kv server: warning: no secret (authentication off): any %s "
+                 "can connect, read the whole table and write to it\n",
+                 is_loopback_host(host) ? "local user" : "host that reaches the port");
   ctx_ = Context::open(context_options);
   cq_ = ctx_->create_cq(
       CqOptions{.capacity = options.max_clients * 2 * kQueueDepth + 64, .spin = 20us});
@@ -52,6 +72,12 @@ Server::Server(const ServerOptions& options) : options_(options) {
   info_blob_ = table_->info().serialize();
   listener_ = ctx_->listen(options.address);
   acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+std::string Server::describe() const {
+  return fmt::format("{} (provider {}, auth {})", listener_->address(), provider_name(),
+                     options_.secret ? "on: secret from " + options_.secret->origin()
+                                     : std::string("OFF"));
 }
 
 Server::~Server() {
@@ -96,16 +122,24 @@ void Server::accept_loop() {
       std::this_thread::sleep_for(20ms);
       continue;
     }
-    std::vector<std::byte> reply;
-    {
-      std::lock_guard lock(mutex_);
-      reply = info_blob_;
-    }
+    // A fresh server nonce per connection: a proof recorded on another
+    // connection does not verify on this one. Nothing about the table here.
+    const Challenge challenge{.auth_required = options_.secret != nullptr,
+                              .server_nonce = auth::fresh_nonce()};
+    const std::vector<std::byte> reply = encode_challenge(challenge);
     try {
       auto qp = listener_->accept(qp_options, kAcceptWindow, reply);
       if (!accepting_) break;  // the wake-up from stop_acceptor()
+      const auto client_nonce = parse_hello(qp->peer_private_data());
+      if (!client_nonce) {
+        std::fprintf(stderr,
+                     "rdmakit-kv server: connection from %s closed: not an rdmakit-kv "
+                     "client (no valid hello, %zu bytes of private data)\n",
+                     qp->peer().c_str(), qp->peer_private_data().size());
+        continue;
+      }
       std::lock_guard lock(mutex_);
-      pending_.push_back(std::move(qp));
+      pending_.push_back({std::move(qp), *client_nonce, challenge.server_nonce});
       live_clients_.fetch_add(1, std::memory_order_relaxed);
     } catch (const Error& e) {
       if (e.sys_errno() == ETIMEDOUT) continue;
@@ -122,15 +156,18 @@ void Server::publish_table_info() {
 }
 
 void Server::adopt_pending() {
-  std::vector<std::unique_ptr<QueuePair>> fresh;
+  std::vector<Pending> fresh;
   {
     std::lock_guard lock(mutex_);
     fresh.swap(pending_);
   }
-  for (auto& qp : fresh) {
+  for (auto& [qp, client_nonce, server_nonce] : fresh) {
     auto conn = std::make_unique<Conn>();
     conn->id = next_id_++;
     conn->peer = qp->peer();
+    conn->client_nonce = client_nonce;
+    conn->server_nonce = server_nonce;
+    conn->deadline = std::chrono::steady_clock::now() + options_.auth_timeout;
     conn->mr =
         ctx_->allocate(kMaxOutstanding * (kRecvStride + kSendStride), kAccessLocalWrite);
     conn->qp = std::move(qp);
@@ -160,10 +197,10 @@ std::byte* Server::send_slot(Conn& conn, uint32_t slot) const {
   return conn.mr->data() + kMaxOutstanding * kRecvStride + slot * kSendStride;
 }
 
-void Server::drop(uint32_t id, const char* why) {
+void Server::drop(uint32_t id, const char* why, bool loud) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
-  if (!options_.quiet)
+  if (loud || !options_.quiet)
     std::fprintf(stderr, "rdmakit-kv server: client %u (%s) %s\n", id,
                  it->second->peer.c_str(), why);
   conns_.erase(it);
@@ -185,6 +222,7 @@ void Server::run(const std::atomic<bool>& stop) {
       n = cq_->wait(batch, 20ms);
     }
     for (int i = 0; i < n; ++i) on_completion(batch[i]);
+    if (!options_.busy_poll || (polls & 1023) == 1) expire_unauthenticated();
     if (options_.exit_after_clients > 0 &&
         finished_clients_ >= options_.exit_after_clients && conns_.empty())
       break;
@@ -201,6 +239,11 @@ void Server::on_completion(const Completion& c) {
   if (!c.ok()) {
     // A client that closed flushes our RECVs; one that sent more than a RECV
     // holds fails with a length error. Either way only that client goes.
+    if (!conn.authenticated) {
+      if (!conn.closing) ++auth_failures_;
+      drop(id, "disconnected before authenticating", true);
+      return;
+    }
     drop(id, c.status == Status::kWrFlushError
                  ? "disconnected"
                  : fmt::format("dropped: {} on its {}", status_name(c.status),
@@ -209,6 +252,10 @@ void Server::on_completion(const Completion& c) {
     return;
   }
   if (send) {
+    if (conn.closing) {
+      drop(id, conn.close_reason.c_str());
+      return;
+    }
     const PostResult r = conn.qp->post_recv({.wr_id = make_wr_id(id, false, slot),
                                              .addr = recv_slot(conn, slot),
                                              .length = static_cast<uint32_t>(kMaxRequest),
@@ -216,7 +263,102 @@ void Server::on_completion(const Completion& c) {
     if (!r.ok()) drop(id, "dropped: could not repost a receive buffer");
     return;
   }
+  if (conn.closing) return;
+  if (!conn.authenticated) {
+    authenticate(conn, slot, c.byte_len);
+    return;
+  }
   handle(conn, slot, c.byte_len);
+}
+
+void Server::expire_unauthenticated() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_expiry_) return;
+  next_expiry_ =
+      now + std::min<std::chrono::milliseconds>(options_.auth_timeout / 4, 50ms);
+  std::vector<uint32_t> late;
+  for (const auto& [id, conn] : conns_)
+    if ((!conn->authenticated || conn->closing) && now >= conn->deadline)
+      late.push_back(id);
+  for (uint32_t id : late) {
+    Conn& conn = *conns_.at(id);
+    if (conn.closing) {
+      drop(id, conn.close_reason.c_str());
+      continue;
+    }
+    ++auth_failures_;
+    drop(id,
+         fmt::format("dropped: did not authenticate within {} ms",
+                     options_.auth_timeout.count())
+             .c_str(),
+         true);
+  }
+}
+
+bool Server::post_reply(Conn& conn, uint32_t slot, size_t len) {
+  const PostResult r = conn.qp->post_send({.wr_id = make_wr_id(conn.id, true, slot),
+                                           .opcode = Opcode::kSend,
+                                           .flags = kSignaled,
+                                           .length = static_cast<uint32_t>(len),
+                                           .local_addr = send_slot(conn, slot),
+                                           .lkey = conn.mr->lkey()});
+  if (r.ok()) return true;
+  drop(conn.id, "dropped: could not post a reply");
+  return false;
+}
+
+void Server::refuse(Conn& conn, uint32_t slot, AuthStatus status,
+                    const std::string& why) {
+  ++auth_failures_;
+  // Logged whatever --quiet says: someone tried the door.
+  std::fprintf(stderr, "rdmakit-kv server: client %u (%s) refused: %s\n", conn.id,
+               conn.peer.c_str(), why.c_str());
+  // The refusal tells the client why; the connection is closed once it is
+  // sent (or after a second, whichever comes first).
+  const auto msg = encode_welcome(status, {}, {});
+  std::memcpy(send_slot(conn, slot), msg.data(), msg.size());
+  conn.closing = true;
+  conn.close_reason = "closed after its refusal";
+  conn.deadline = std::chrono::steady_clock::now() + 1s;
+  post_reply(conn, slot, msg.size());
+}
+
+void Server::authenticate(Conn& conn, uint32_t slot, uint32_t byte_len) {
+  const auto proof = parse_proof({recv_slot(conn, slot), byte_len});
+  if (!proof) {
+    refuse(conn, slot, AuthStatus::kMalformed,
+           fmt::format("its first message ({} bytes) is not an authentication proof",
+                       byte_len));
+    return;
+  }
+  const AuthStatus status =
+      check_proof(options_.secret.get(), conn.client_nonce, conn.server_nonce, *proof);
+  if (status == AuthStatus::kNoSecret) {
+    refuse(conn, slot, status, "authentication failed: the client has no secret");
+    return;
+  }
+  if (status != AuthStatus::kOk) {
+    refuse(conn, slot, status,
+           "authentication failed: wrong secret (or a proof replayed from another "
+           "connection)");
+    return;
+  }
+  conn.authenticated = true;
+  auth::Proof server_proof{};
+  if (options_.secret)
+    server_proof = options_.secret->prove(auth::Role::kServer, kAuthLabel,
+                                          conn.client_nonce, conn.server_nonce);
+  std::vector<std::byte> msg;
+  {
+    std::lock_guard lock(mutex_);
+    msg = encode_welcome(AuthStatus::kOk, server_proof, info_blob_);
+  }
+  std::memcpy(send_slot(conn, slot), msg.data(), msg.size());
+  if (!options_.quiet)
+    std::fprintf(stderr, "rdmakit-kv server: client %u (%s) %s\n", conn.id,
+                 conn.peer.c_str(),
+                 options_.secret ? "authenticated" : "admitted (authentication off)");
+  post_reply(conn, slot, msg.size());
 }
 
 void Server::handle(Conn& conn, uint32_t slot, uint32_t byte_len) {
@@ -275,16 +417,9 @@ void Server::handle(Conn& conn, uint32_t slot, uint32_t byte_len) {
       std::fprintf(stderr, "rdmakit-kv server: client %u %s %s -> %s\n", conn.id,
                    op_name(op), printable(req->key).c_str(), kv_status_name(status));
   }
-  std::byte* out = send_slot(conn, slot);
-  const size_t len =
-      encode_response({out, kSendStride}, op, status, table_->epoch(), id, payload);
-  const PostResult r = conn.qp->post_send({.wr_id = make_wr_id(conn.id, true, slot),
-                                           .opcode = Opcode::kSend,
-                                           .flags = kSignaled,
-                                           .length = static_cast<uint32_t>(len),
-                                           .local_addr = out,
-                                           .lkey = conn.mr->lkey()});
-  if (!r.ok()) drop(conn.id, "dropped: could not post a reply");
+  const size_t len = encode_response({send_slot(conn, slot), kSendStride}, op, status,
+                                     table_->epoch(), id, payload);
+  post_reply(conn, slot, len);
 }
 
 }  // namespace rdmakit::kv

@@ -63,11 +63,25 @@ Slot next_slot(const Slot& current) {
   Slot s{};
   s.version = (current.version | 1) + 1;  // next even version
   s.block = kNoBlock;
-  s.reach = current.reach;  // the bucket's, whatever entry the slot holds
+  // The bucket's, whatever entry the slot holds (never beyond the neighborhood).
+  s.reach = std::min<uint16_t>(current.reach, kNeighborhood);
   return s;
 }
 
 void seal(Slot& s) { s.check = slot_check(s); }
+
+// The table's memory is shared: peers READ it and, should a provider or a
+// peer with more access than granted ever write it, its lengths would be
+// lies. So the server copies a slot out before it uses it, and uses an entry
+// only if every length and index in that copy is one the server could have
+// stored (the copy, not the shared bytes, is what is checked and then used).
+bool entry_in_bounds(const Slot& s, const TableInfo& t) noexcept {
+  if (s.key_len == 0 || s.key_len > kMaxKey || s.value_len > kMaxValue) return false;
+  if (s.state == uint16_t(SlotState::kInline))
+    return size_t{s.key_len} + s.value_len <= kInlineBytes;
+  if (s.state == uint16_t(SlotState::kIndirect)) return s.block < t.block_count;
+  return false;
+}
 
 uint64_t round_pow2(uint64_t v) { return std::bit_ceil(std::max<uint64_t>(v, 16)); }
 
@@ -116,6 +130,15 @@ Table::Generation Table::make_generation(uint64_t buckets, uint64_t blocks,
   return g;
 }
 
+uint32_t Table::indirect_block(const Generation& g, const Slot& shared) const noexcept {
+  Slot s;
+  std::memcpy(&s, &shared, sizeof s);
+  // A block index out of range is never freed (nor used).
+  return s.state == uint16_t(SlotState::kIndirect) && s.block < g.info.block_count
+             ? s.block
+             : kNoBlock;
+}
+
 Slot* Table::slot(const Generation& g, uint64_t index) const noexcept {
   return reinterpret_cast<Slot*>(g.mr->data() + g.info.slot_offset(index));
 }
@@ -124,19 +147,24 @@ std::byte* Table::block(const Generation& g, uint32_t index) const noexcept {
   return g.mr->data() + g.info.block_offset(index);
 }
 
+bool Table::load_entry(const Generation& g, uint64_t index, Slot* out) const noexcept {
+  std::memcpy(out, slot(g, index), sizeof *out);
+  return entry_in_bounds(*out, g.info);
+}
+
+const std::byte* Table::entry_key(const Generation& g, const Slot& s) const noexcept {
+  return s.state == uint16_t(SlotState::kInline) ? nullptr
+                                                 : block(g, s.block) + kBlockHeader;
+}
+
 int64_t Table::find(const Generation& g, std::string_view key, uint64_t hash) const {
   const uint64_t home = g.info.home_bucket(hash);
   for (uint64_t i = home; i < home + kNeighborhood; ++i) {
-    const Slot* s = slot(g, i);
-    if (s->key_hash != hash || s->key_len != key.size()) continue;
-    const std::byte* k = nullptr;
-    if (s->state == uint16_t(SlotState::kInline)) {
-      k = s->data;
-    } else if (s->state == uint16_t(SlotState::kIndirect)) {
-      k = block(g, s->block) + kBlockHeader;
-    } else {
-      continue;
-    }
+    if (slot(g, i)->key_hash != hash) continue;
+    Slot s;
+    if (!load_entry(g, i, &s) || s.key_hash != hash || s.key_len != key.size()) continue;
+    const std::byte* k =
+        s.state == uint16_t(SlotState::kInline) ? s.data : entry_key(g, s);
     if (std::memcmp(k, key.data(), key.size()) == 0) return static_cast<int64_t>(i);
   }
   return -1;
@@ -185,8 +213,7 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
     if (!value.empty()) std::memcpy(next.data + key.size(), value.data(), value.size());
     next.state = uint16_t(SlotState::kInline);
   }
-  const uint32_t old_block =
-      dst->state == uint16_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+  const uint32_t old_block = existing ? indirect_block(g, *dst) : kNoBlock;
   const uint64_t home = g.info.home_bucket(hash);
   const auto reach = static_cast<uint16_t>(static_cast<uint64_t>(index) - home + 1);
   if (dst == slot(g, home) && next.reach < reach) next.reach = reach;
@@ -195,8 +222,9 @@ PutOutcome Table::put_into(Generation& g, std::string_view key, std::string_view
   // The entry first, then the reach that lets readers find it; both before
   // the reply, so a GET issued after it sees both.
   if (Slot* h = slot(g, home); h->reach < reach) {
-    Slot widened = *h;
-    widened.version = (h->version | 1) + 1;
+    Slot widened;
+    std::memcpy(&widened, h, sizeof widened);
+    widened.version = (widened.version | 1) + 1;
     widened.reach = reach;
     seal(widened);
     publish_slot(h, widened);
@@ -219,11 +247,12 @@ PutOutcome Table::put(std::string_view key, std::string_view value) {
 bool Table::get(std::string_view key, std::string* value) const {
   const int64_t i = find(current_, key, key_hash(key));
   if (i < 0) return false;
-  const Slot* s = slot(current_, static_cast<uint64_t>(i));
-  const std::byte* v = s->state == uint16_t(SlotState::kInline)
-                           ? s->data + s->key_len
-                           : block(current_, s->block) + kBlockHeader + s->key_len;
-  value->assign(reinterpret_cast<const char*>(v), s->value_len);
+  Slot s;
+  if (!load_entry(current_, static_cast<uint64_t>(i), &s)) return false;
+  const std::byte* v = s.state == uint16_t(SlotState::kInline)
+                           ? s.data + s.key_len
+                           : entry_key(current_, s) + s.key_len;
+  value->assign(reinterpret_cast<const char*>(v), s.value_len);
   return true;
 }
 
@@ -231,8 +260,7 @@ bool Table::erase(std::string_view key) {
   const int64_t i = find(current_, key, key_hash(key));
   if (i < 0) return false;
   Slot* dst = slot(current_, static_cast<uint64_t>(i));
-  const uint32_t old_block =
-      dst->state == uint16_t(SlotState::kIndirect) ? dst->block : kNoBlock;
+  const uint32_t old_block = indirect_block(current_, *dst);
   Slot next = next_slot(*dst);
   next.seq = ++seq_;
   seal(next);
@@ -252,16 +280,14 @@ bool Table::grow(bool more_slots, bool more_blocks) {
     std::string key;
     std::string value;
     for (uint64_t i = 0; i < current_.info.slot_count && ok; ++i) {
-      const Slot* s = slot(current_, i);
-      if (s->state != uint16_t(SlotState::kInline) &&
-          s->state != uint16_t(SlotState::kIndirect))
-        continue;
-      const std::byte* k = s->state == uint16_t(SlotState::kInline)
-                               ? s->data
-                               : block(current_, s->block) + kBlockHeader;
-      key.assign(reinterpret_cast<const char*>(k), s->key_len);
-      value.assign(reinterpret_cast<const char*>(k) + s->key_len, s->value_len);
-      const PutOutcome r = put_into(g, key, value, s->seq);
+      Slot s;
+      // Empty and moved slots, and entries no server could have stored.
+      if (!load_entry(current_, i, &s)) continue;
+      const std::byte* k =
+          s.state == uint16_t(SlotState::kInline) ? s.data : entry_key(current_, s);
+      key.assign(reinterpret_cast<const char*>(k), s.key_len);
+      value.assign(reinterpret_cast<const char*>(k) + s.key_len, s.value_len);
+      const PutOutcome r = put_into(g, key, value, s.seq);
       if (r == PutOutcome::kFullNeighborhood) {
         buckets *= 2;
         ok = false;

@@ -50,6 +50,13 @@ class Table {
   Generation make_generation(uint64_t buckets, uint64_t blocks, uint32_t epoch);
   Slot* slot(const Generation& g, uint64_t index) const noexcept;
   std::byte* block(const Generation& g, uint32_t index) const noexcept;
+  // Copies slot `index` of g to *out; false unless it holds an entry whose
+  // lengths and block index are within bounds (table.cpp, entry_in_bounds).
+  bool load_entry(const Generation& g, uint64_t index, Slot* out) const noexcept;
+  // Where an indirect entry's key (then value) lies; s from load_entry.
+  const std::byte* entry_key(const Generation& g, const Slot& s) const noexcept;
+  // The block an indirect slot names, or kNoBlock (also when out of range).
+  uint32_t indirect_block(const Generation& g, const Slot& shared) const noexcept;
   // Index of the slot holding key in g, or -1.
   int64_t find(const Generation& g, std::string_view key, uint64_t hash) const;
   PutOutcome put_into(Generation& g, std::string_view key, std::string_view value,

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "helpers.hpp"
+#include "kv_raw_client.hpp"
 #include "kv_test_util.hpp"
 
 namespace rdmakit::kv::test {
@@ -20,6 +21,15 @@ using Clock = std::chrono::steady_clock;
 
 class KvTest : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Providers, KvTest, ::testing::ValuesIn(kv_providers()));
+
+// prefix + i, appended rather than prefix + to_string(i), whose inlined
+// insert GCC 12 flags with a false -Wrestrict.
+std::string cat(const char* prefix, uint64_t i) {
+  std::string v = prefix;
+  v += std::to_string(i);
+  return v;
+}
+std::string v_of(int i) { return cat("v", static_cast<uint64_t>(i)); }
 
 std::string get(Client& c, std::string_view key, GetMode mode,
                 KvStatus want = KvStatus::kOk) {
@@ -40,10 +50,10 @@ TEST_P(KvTest, BusyPollingServerServesBothGetModes) {
         // 40 keys in a table sized for 8: it grows and stays crowded, so
         // some READ-GETs read past the first 4 slots.
         for (int i = 0; i < 40; ++i)
-          ASSERT_EQ(c.put(std::to_string(i), "v" + std::to_string(i)), KvStatus::kOk);
+          ASSERT_EQ(c.put(std::to_string(i), v_of(i)), KvStatus::kOk);
         for (int i = 0; i < 40; ++i) {
-          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), "v" + std::to_string(i));
-          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRpc), "v" + std::to_string(i));
+          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), v_of(i));
+          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRpc), v_of(i));
         }
         EXPECT_GT(c.read_stats().wide, 0u);
         EXPECT_GT(c.table().epoch, 1u);
@@ -76,7 +86,7 @@ TEST_P(KvTest, ReadGetsCopyTheReachAsLastSeenAndFollowItsGrowth) {
         EXPECT_EQ(reader.read_stats().reads - before.reads, 1u);
         EXPECT_EQ(reader.read_stats().bytes - before.bytes, kSlotSize);  // reach 1
         for (size_t i = 1; i < same.size(); ++i)
-          ASSERT_EQ(writer.put(same[i], "v" + std::to_string(i)), KvStatus::kOk);
+          ASSERT_EQ(writer.put(same[i], v_of(i)), KvStatus::kOk);
         before = reader.read_stats();
         EXPECT_EQ(get(reader, same[5], GetMode::kRead), "v5");
         EXPECT_EQ(reader.read_stats().wide - before.wide, 1u);
@@ -147,7 +157,7 @@ TEST_P(KvTest, GrowthIsLearntThroughTheEpoch) {
         for (int i = 0; i < 600; ++i) {
           const std::string v =
               i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
-          ASSERT_EQ(writer.put("k" + std::to_string(i), v), KvStatus::kOk) << i;
+          ASSERT_EQ(writer.put(cat("k", i), v), KvStatus::kOk) << i;
         }
         ASSERT_EQ(writer.put("early", "v1"), KvStatus::kOk);
         // The reader READs its old table, finds it moved, fetches the new one.
@@ -157,7 +167,7 @@ TEST_P(KvTest, GrowthIsLearntThroughTheEpoch) {
         for (int i = 0; i < 600; ++i) {
           const std::string v =
               i % 50 == 0 ? std::string(2000, char('a' + i % 26)) : std::to_string(i);
-          ASSERT_EQ(get(reader, "k" + std::to_string(i), GetMode::kRead), v) << i;
+          ASSERT_EQ(get(reader, cat("k", i), GetMode::kRead), v) << i;
         }
       });
 }
@@ -172,14 +182,14 @@ TEST_P(KvTest, FullTableRefusesClearlyAndStaysIntact) {
         std::string why;
         KvStatus s = KvStatus::kOk;
         for (int i = 0; i < 1000 && s == KvStatus::kOk; ++i) {
-          s = c.put(std::to_string(i), "v" + std::to_string(i), &why);
+          s = c.put(std::to_string(i), v_of(i), &why);
           if (s == KvStatus::kOk) ++stored;
         }
         ASSERT_EQ(s, KvStatus::kTableFull);
         EXPECT_NE(why.find("table full"), std::string::npos) << why;
         EXPECT_NE(why.find("growth disabled"), std::string::npos) << why;
         for (int i = 0; i < stored; ++i)
-          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), "v" + std::to_string(i));
+          EXPECT_EQ(get(c, std::to_string(i), GetMode::kRead), v_of(i));
         ASSERT_EQ(c.put("0", std::string(1000, 'x')),
                   KvStatus::kOk);  // takes the one block
         EXPECT_EQ(c.put("1", std::string(1000, 'y'), &why), KvStatus::kTableFull);
@@ -189,58 +199,6 @@ TEST_P(KvTest, FullTableRefusesClearlyAndStaysIntact) {
       });
 }
 
-// A client that speaks the core API directly and sends what it likes.
-struct RawClient {
-  std::unique_ptr<Context> ctx;
-  std::unique_ptr<CompletionQueue> cq;
-  std::unique_ptr<MemoryRegion> mr;
-  std::unique_ptr<QueuePair> qp;
-  TableInfo table;
-
-  explicit RawClient(RoleEnv& env) {
-    ctx = env.open_context();
-    cq = ctx->create_cq();
-    mr = ctx->allocate(4 * kMaxRequest, kAccessLocalWrite);
-    QpOptions o = rdmakit::test::test_qp_options();
-    o.send_cq = o.recv_cq = cq.get();
-    qp = env.connect(*ctx, o);
-    table = *TableInfo::deserialize(qp->peer_private_data());
-    EXPECT_TRUE(qp->post_recv({.wr_id = 100,
-                               .addr = mr->data() + kMaxRequest * 2,
-                               .length = static_cast<uint32_t>(kMaxResponse),
-                               .lkey = mr->lkey()})
-                    .ok());
-  }
-  // Sends bytes; returns the reply (status, payload), reposting the RECV.
-  std::optional<Response> send(std::span<const std::byte> bytes, std::string* payload) {
-    std::memcpy(mr->data(), bytes.data(), bytes.size());
-    EXPECT_TRUE(qp->post_send({.wr_id = 1,
-                               .opcode = Opcode::kSend,
-                               .flags = kSignaled,
-                               .length = static_cast<uint32_t>(bytes.size()),
-                               .local_addr = mr->data(),
-                               .lkey = mr->lkey()})
-                    .ok());
-    Completion c;
-    std::optional<Response> r;
-    for (int got = 0; got < 2;) {
-      if (!rdmakit::test::wait_one(*cq, &c)) return std::nullopt;
-      if (!c.ok()) return std::nullopt;
-      ++got;
-      if (c.wr_id == 100) {
-        r = parse_response({mr->data() + kMaxRequest * 2, c.byte_len});
-        if (r) payload->assign(r->payload);
-      }
-    }
-    EXPECT_TRUE(qp->post_recv({.wr_id = 100,
-                               .addr = mr->data() + kMaxRequest * 2,
-                               .length = static_cast<uint32_t>(kMaxResponse),
-                               .lkey = mr->lkey()})
-                    .ok());
-    return r;
-  }
-};
-
 TEST_P(KvTest, HostileClientGetsErrorsAndTheServerStaysIntact) {
   run_roles(
       GetParam(), [](RoleEnv& env) { serve(env, 4); },
@@ -249,6 +207,7 @@ TEST_P(KvTest, HostileClientGetsErrorsAndTheServerStaysIntact) {
         ASSERT_EQ(good.put("keep", "me"), KvStatus::kOk);
         {
           RawClient raw(env);
+          raw.login(*test_secret());
           std::vector<std::byte> buf(kMaxRequest);
           std::string why;
           auto expect_error = [&](std::span<const std::byte> bytes, KvStatus want) {
@@ -294,6 +253,7 @@ TEST_P(KvTest, HostileClientGetsErrorsAndTheServerStaysIntact) {
           // A message larger than the server's receive buffer: that client's
           // connection fails (verbs semantics), nobody else's.
           RawClient raw(env);
+          raw.login(*test_secret());
           std::vector<std::byte> huge(kMaxRequest + 512);
           const size_t n = encode_request(huge, Op::kPut, 1, "keep", "x");
           (void)n;
@@ -311,11 +271,7 @@ TEST_P(KvTest, ServerKilledMidBenchFailsClientsClearly) {
   run_roles(
       GetParam(),
       [](RoleEnv& env) {
-        ServerOptions o;
-        o.address = env.listen_address();
-        o.provider = env.kind();
-        o.quiet = true;
-        Server server(o);
+        Server server(server_options(env));
         env.publish_port(server.port());
         std::atomic<bool> stop{false};
         // Serve for a moment, then die without closing anything.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "auth.hpp"
 #include "protocol.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "table.hpp"
@@ -408,6 +409,51 @@ TEST(KvProtocol, MalformedRequestsAreNamed) {
   buf[0] = std::byte{0};
   EXPECT_FALSE(parse_request({buf.data(), n}, &s, &why, &id));
   EXPECT_NE(why.find("magic"), std::string::npos);
+  // Every field counts: reserved bytes set, a key on TABLE.
+  n = encode_request(buf, Op::kGet, 10, "k", "");
+  buf[offsetof(RequestHeader, reserved)] = std::byte{1};
+  EXPECT_FALSE(parse_request({buf.data(), n}, &s, &why, &id));
+  EXPECT_NE(why.find("reserved"), std::string::npos) << why;
+  n = encode_request(buf, Op::kGet, 10, "k", "");
+  buf[offsetof(RequestHeader, reserved2) + 3] = std::byte{0x80};
+  EXPECT_FALSE(parse_request({buf.data(), n}, &s, &why, &id));
+  n = encode_request(buf, Op::kTable, 11, "k", "");
+  EXPECT_FALSE(parse_request({buf.data(), n}, &s, &why, &id));
+  EXPECT_EQ(s, KvStatus::kMalformed);
+  n = encode_request(buf, Op::kTable, 12, "", "");
+  EXPECT_TRUE(parse_request({buf.data(), n}, &s, &why, &id));
+}
+
+// The handshake messages (auth.hpp): each parses back to what was encoded,
+// and anything else is refused whole.
+TEST(KvHandshake, MessagesRoundTripAndRejectTheRest) {
+  const auth::Nonce nonce = auth::fresh_nonce();
+  const auto hello = encode_hello(nonce);
+  ASSERT_EQ(hello.size(), kHelloBytes);
+  EXPECT_EQ(parse_hello(hello), nonce);
+  EXPECT_FALSE(parse_hello(std::span(hello).first(hello.size() - 1)));
+  EXPECT_FALSE(parse_challenge(hello));  // another message's magic
+  const auto challenge = encode_challenge({.auth_required = true, .server_nonce = nonce});
+  const auto c = parse_challenge(challenge);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->auth_required);
+  EXPECT_EQ(c->server_nonce, nonce);
+  auto bad = challenge;
+  bad[4] = std::byte{2};  // flag out of range
+  EXPECT_FALSE(parse_challenge(bad));
+  bad = challenge;
+  bad[6] = std::byte{1};  // padding not zero
+  EXPECT_FALSE(parse_challenge(bad));
+  const std::vector<std::byte> info(68, std::byte{7});
+  const auto ok = parse_welcome(encode_welcome(AuthStatus::kOk, {}, info));
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->table_info.size(), info.size());
+  // A refusal never carries the descriptor.
+  const auto refused = encode_welcome(AuthStatus::kWrongSecret, {}, info);
+  EXPECT_EQ(refused.size(), kWelcomeHeaderBytes);
+  auto with_tail = refused;
+  with_tail.push_back(std::byte{0});
+  EXPECT_FALSE(parse_welcome(with_tail));
 }
 
 }  // namespace

@@ -21,18 +21,50 @@ std::vector<std::string> kv_providers() {
   return out;
 }
 
-void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table, bool busy_poll) {
+namespace {
+
+std::shared_ptr<const auth::Secret> secret_from(const char* name, const char* fallback) {
+  setenv(name, fallback, /*overwrite=*/0);
+  auto s = auth::Secret::from_env(name);
+  return s ? std::make_shared<const auth::Secret>(std::move(*s)) : nullptr;
+}
+
+}  // namespace
+
+std::shared_ptr<const auth::Secret> test_secret() {
+  static const auto secret =
+      secret_from("RDMAKIT_KV_TEST_SECRET", "rdmakit-kv test secret 0123456789");
+  return secret;
+}
+
+std::shared_ptr<const auth::Secret> wrong_secret() {
+  static const auto secret =
+      secret_from("RDMAKIT_KV_TEST_WRONG_SECRET", "rdmakit-kv WRONG secret 987654321");
+  return secret;
+}
+
+ServerOptions server_options(rdmakit::test::RoleEnv& env) {
   ServerOptions o;
-  o.busy_poll = busy_poll;
   o.address = env.listen_address();
   o.provider = env.kind();
   o.quiet = true;
-  o.table = table;
-  o.exit_after_clients = clients;
-  Server server(o);
+  o.secret = test_secret();
+  return o;
+}
+
+void serve(rdmakit::test::RoleEnv& env, ServerOptions options) {
+  Server server(options);
   env.publish_port(server.port());
   std::atomic<bool> stop{false};
   server.run(stop);
+}
+
+void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table, bool busy_poll) {
+  ServerOptions o = server_options(env);
+  o.busy_poll = busy_poll;
+  o.table = table;
+  o.exit_after_clients = clients;
+  serve(env, o);
 }
 
 ClientOptions client_options(rdmakit::test::RoleEnv& env) {
@@ -40,6 +72,7 @@ ClientOptions client_options(rdmakit::test::RoleEnv& env) {
   o.address = env.server_address();
   o.provider = env.kind();
   o.timeout = rdmakit::test::scaled(std::chrono::seconds(10));
+  o.secret = test_secret();
   return o;
 }
 

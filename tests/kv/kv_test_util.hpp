@@ -17,11 +17,22 @@ namespace rdmakit::kv::test {
 // RDMAKIT_KV_TEST_PROVIDERS (comma list), default "shm,tcp".
 std::vector<std::string> kv_providers();
 
+// The secret the kv tests' servers and clients share (RDMAKIT_KV_TEST_SECRET,
+// set to a fixed test value if unset): every kv test runs authenticated.
+std::shared_ptr<const auth::Secret> test_secret();
+// Another secret of the same length, for the wrong-secret cases.
+std::shared_ptr<const auth::Secret> wrong_secret();
+
+// A server on the harness's address with the test secret, quiet.
+ServerOptions server_options(rdmakit::test::RoleEnv& env);
+
 // Runs a Server on the harness's address until `clients` connections came
 // and went.
 void serve(rdmakit::test::RoleEnv& env, int clients, TableOptions table = {},
            bool busy_poll = false);
+void serve(rdmakit::test::RoleEnv& env, ServerOptions options);
 
+// A client of the harness's server with the test secret.
 ClientOptions client_options(rdmakit::test::RoleEnv& env);
 
 // "k=<key>;n=<n>;<filler>;<16 hex digits of xxh3 of what precedes>". The
