@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "confine.hpp"
+#include "limits.hpp"
 #include "records.hpp"
 
 namespace rdmakit::cp {
@@ -182,16 +183,33 @@ bool Receiver::on_entry(Reader& rd) {
   if (hasher_.active()) hasher_.finish();
   close_file();
   cur_ = File{};
-  cur_.id = rd.get<uint32_t>();
-  const auto kind = static_cast<Kind>(rd.get<uint8_t>());
-  cur_.mode = rd.get<uint32_t>() & 07777;
-  cur_.sec = rd.get<int64_t>();
-  cur_.nsec = rd.get<uint32_t>();
-  cur_.size = rd.get<uint64_t>();
-  const std::string rel = rd.str(4096);
-  const std::string link = rd.str(4096);
-  if (!rd.ok()) return false;
+  EntryRecord rec;
   std::string why;
+  const Parsed parsed = parse_entry(rd, &rec, &why);
+  if (parsed == Parsed::kMalformed) return false;
+  cur_.id = rec.id;
+  const auto kind = static_cast<Kind>(rec.kind);
+  cur_.mode = applied_mode(rec.mode, c_.preserve_special);
+  cur_.sec = rec.sec;
+  cur_.nsec = rec.nsec;
+  cur_.size = rec.size;
+  const std::string& rel = rec.path;
+  const std::string& link = rec.link;
+  if (parsed == Parsed::kRefused) {
+    cur_.path = rel;
+    cur_.size = 0;
+    fail_file(Failure::kRefused, why);
+    return true;
+  }
+  if (kind == Kind::kFile) {
+    why = admit_size(cur_.size);
+    if (!why.empty()) {
+      cur_.path = rel;
+      cur_.size = 0;
+      fail_file(why.rfind("no space", 0) == 0 ? Failure::kFile : Failure::kRefused, why);
+      return true;
+    }
+  }
   cur_.path = map_path(rel, &why);
   if (cur_.path.empty()) {
     cur_.path = rel;
@@ -315,17 +333,41 @@ bool Receiver::on_entry(Reader& rd) {
   return true;
 }
 
+std::string Receiver::admit_size(uint64_t size) {
+  if (c_.max_bytes != 0 && (size > c_.max_bytes || declared_ > c_.max_bytes - size))
+    return "refused: over this transfer's byte limit (" + std::to_string(c_.max_bytes) +
+           " bytes, --max-client-bytes at the server; " + std::to_string(declared_) +
+           " declared before this file of " + std::to_string(size) + ")";
+  std::string why;
+  if (!fits_free_space(c_.target.base, size, &why)) return why;
+  declared_ += size;
+  return "";
+}
+
 bool Receiver::on_data(Reader& rd) {
-  const auto id = rd.get<uint32_t>();
-  const auto off = rd.get<uint64_t>();
-  const auto len = rd.get<uint32_t>();
-  const auto digest = rd.get<uint64_t>();
-  const auto bytes = rd.take(len);
-  if (!rd.ok() || id != cur_.id || !cur_.open || cur_.failed) return true;
+  DataRecord d;
+  if (parse_data(rd, &d) != Parsed::kOk) return true;  // the slot is malformed
+  if (d.id != cur_.id || !cur_.open || cur_.failed) return true;
+  const uint64_t off = d.offset;
+  const uint32_t len = d.len;
+  const uint64_t digest = d.digest;
+  const auto bytes = d.bytes;
+  // Within the declared size (checked without overflow), one block, a block
+  // of this file: only then index by it.
+  if (!data_in_file(d, cur_.size) || off / kBlockSize >= cur_.needed.size()) {
+    fail_file(Failure::kVerify, "malformed data record (outside the declared size " +
+                                    std::to_string(cur_.size) + ")");
+    return true;
+  }
   const uint32_t b = static_cast<uint32_t>(off / kBlockSize);
-  if (len == 0 || off + len > cur_.size || (off + len - 1) / kBlockSize != b ||
-      !cur_.needed[b] || (hasher_.active() && (b < hasher_.block()))) {
+  if (!cur_.needed[b] || (hasher_.active() && (b < hasher_.block()))) {
     fail_file(Failure::kVerify, "malformed data record");
+    return true;
+  }
+  if (c_.max_bytes != 0 && written_ + len > c_.max_bytes) {
+    fail_file(Failure::kRefused, "refused: this transfer wrote its byte limit (" +
+                                     std::to_string(c_.max_bytes) +
+                                     " bytes, --max-client-bytes at the server)");
     return true;
   }
   if (hasher_.active() && hasher_.block() != b)
@@ -347,6 +389,7 @@ bool Receiver::on_data(Reader& rd) {
     return true;
   }
   cur_.written_end = std::max<uint64_t>(cur_.written_end, off + len);
+  written_ += len;
   c_.report->bytes_sent += len;
   return true;
 }
@@ -490,17 +533,24 @@ void Receiver::writer_loop() {
 }
 
 void Receiver::on_probe(Reader& rd) {
-  const auto id = rd.get<uint32_t>();
-  const std::string rel = rd.str(4096);
-  const auto size = rd.get<uint64_t>();
-  const auto nblocks = rd.get<uint32_t>();
-  auto raw = rd.take(uint64_t{nblocks} * sizeof(uint64_t));
-  if (!rd.ok() || nblocks != block_count(size)) {
-    fatal(Failure::kPeer, "protocol error: malformed probe", true);
+  ProbeRecord probe;
+  if (parse_probe(rd, &probe) != Parsed::kOk) {
+    fatal(Failure::kPeer, "protocol error: malformed probe (or a size over the limit)",
+          true);
     return;
   }
-  std::vector<uint64_t> theirs(nblocks);
-  std::memcpy(theirs.data(), raw.data(), raw.size());
+  {
+    std::lock_guard lock(mu_);
+    if (probes_.size() >= kSlots * 4) {  // probes are answered one at a time
+      fatal(Failure::kPeer, "protocol error: too many probes", true);
+      return;
+    }
+  }
+  const uint32_t id = probe.id;
+  const std::string& rel = probe.path;
+  const uint64_t size = probe.size;
+  const auto nblocks = static_cast<uint32_t>(probe.hashes.size());
+  std::vector<uint64_t> theirs = std::move(probe.hashes);
   ProbeResult res;
   res.needed.assign(nblocks, true);
   NeedMode mode = NeedMode::kAll;
@@ -637,10 +687,18 @@ bool Receiver::run() {
     Reader rd(m.data());
     const auto type = static_cast<Msg>(rd.get<uint8_t>());
     switch (type) {
-      case Msg::kTotals:
+      case Msg::kTotals: {
         c_.report->total_files = rd.get<uint64_t>();
         c_.report->total_bytes = rd.get<uint64_t>();
+        const uint64_t total = c_.report->total_bytes.load();
+        if (rd.ok() && c_.max_bytes != 0 && total > c_.max_bytes)
+          fatal(Failure::kRefused,
+                "refused: the transfer declares " + std::to_string(total) +
+                    " bytes, over this client's limit of " +
+                    std::to_string(c_.max_bytes) + " (--max-client-bytes at the server)",
+                true);
         break;
+      }
       case Msg::kProbe: on_probe(rd); break;
       case Msg::kFileError: {
         const auto kind = static_cast<Failure>(rd.get<uint8_t>());
