@@ -223,8 +223,10 @@ int copy(const CopyOptions& o) {
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
       sc.corrupt_records = corrupt_records_from_env();
-      if (const char* v = std::getenv("RDMAKIT_CP_TEST_DECLARE_SIZE"); v && *v)
-        sc.declare_size = static_cast<int64_t>(std::strtoull(v, nullptr, 10));
+      if (const char* v = std::getenv("RDMAKIT_CP_TEST_DECLARE_SIZE"); v && *v) {
+        sc.lie_size = true;
+        sc.declare_size = std::strtoull(v, nullptr, 10);
+      }
       Sender(sc).run(entries);
     } else {
       ReceiverConfig rc;

@@ -331,9 +331,7 @@ bool Sender::send_entry(const Entry& e, uint32_t id) {
   put<uint32_t>(e.mode);
   put<int64_t>(e.mtime_sec);
   put<uint32_t>(e.mtime_nsec);
-  put<uint64_t>(e.kind == Kind::kFile && c_.declare_size >= 0
-                    ? static_cast<uint64_t>(c_.declare_size)
-                    : e.size);
+  put<uint64_t>(e.kind == Kind::kFile && c_.lie_size ? c_.declare_size : e.size);
   put_str(e.rel);
   put_str(e.link);
   return true;

@@ -33,8 +33,9 @@ struct SenderConfig {
   int64_t corrupt_chunk = -1;    // fault injection: corrupt this chunk once,
   bool corrupt_records = false;  // in its records rather than its file data
   // Test hook (RDMAKIT_CP_TEST_DECLARE_SIZE=N, a lying sender): every file's
-  // entry declares N bytes whatever it holds; -1: the true size.
-  int64_t declare_size = -1;
+  // entry declares N bytes whatever it holds.
+  bool lie_size = false;
+  uint64_t declare_size = 0;
   std::chrono::milliseconds timeout{30000};
 };
 

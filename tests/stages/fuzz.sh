@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI stage: the tcp frame fuzzer (clang, ASan+UBSan) for a bounded time.
+# CI stage: the fuzzers (tcp frames, stream rings, cp records; clang,
+# ASan+UBSan), each for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RDMAKIT_FUZZ_SECONDS=${RDMAKIT_FUZZ_SECONDS:-60} exec fuzz/run_fuzz.sh
