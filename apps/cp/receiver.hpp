@@ -24,6 +24,11 @@
 
 namespace rdmakit::cp {
 
+// ".NAME.rdmakit-cp-part": where NAME is written until it verified.
+inline std::string part_name(const std::string& name) {
+  return "." + name + ".rdmakit-cp-part";
+}
+
 // Where received paths land: beneath `base`; if rename_top is set, the first
 // component of every path is replaced by it (copy to a new name).
 struct Target {

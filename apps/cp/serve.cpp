@@ -2,7 +2,9 @@
 // its own (Server::expose_per_endpoint: only that peer sees it) and a thread
 // running a Receiver (push) or a Sender (pull) confined to --root. At most
 // --max-clients copy at once; one more is refused with the limit named.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -248,9 +250,16 @@ bool corrupt_records_from_env() {
   return v != nullptr && *v != '\0' && v[std::strlen(v) - 1] == 'r';
 }
 
-// 127.0.0.0/8, ::1 and localhost: only this host's users can connect.
+// 127.0.0.0/8, ::1 and localhost: only this host's users can connect. A
+// name other than localhost is not loopback (it could resolve anywhere).
 bool is_loopback(const std::string& a) {
-  return a.rfind("127.", 0) == 0 || a == "::1" || a == "[::1]" || a == "localhost";
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, a.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  const std::string bare =
+      a.size() > 2 && a.front() == '[' && a.back() == ']' ? a.substr(1, a.size() - 2) : a;
+  if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return a == "localhost";
 }
 
 int serve(const ServeOptions& o) {
