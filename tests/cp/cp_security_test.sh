@@ -9,8 +9,9 @@
 # setuid/setgid/sticky dropped both ways (kept with --preserve-special);
 # hostile declared sizes (2^52, 1 TiB, lies against the data) and
 # --max-client-bytes; '..' and symlinked last components with openat2 and
-# with the per-component fallback (RDMAKIT_CP_NO_OPENAT2=1). As root, an
-# unprivileged second user (tests/support/second_user.sh) is the attacker.
+# with the per-component fallback (RDMAKIT_CP_NO_OPENAT2=1). As root on tcp,
+# an unprivileged second user (tests/support/second_user.sh) is the attacker
+# of a root daemon, and the service user a daemon runs as.
 # Loopback addresses only; every wait is bounded.
 set -u
 bin=${1:?binary}
@@ -167,6 +168,28 @@ cp_ --secret-file "$work/key" "$work/modes/m4755" "$work/modes/m1777" "$host:." 
 check "serve --preserve-special keeps 4755 and 1777" \
   test "$(stat -c %a "$work/root/m4755")$(stat -c %a "$work/root/m1777")" = 47551777
 stop_server
+
+# --- A daemon run as a service user ----------------------------------------
+# Its key file is its own; a client with the key (root here) pushes a 4755
+# file: it lands 0755 and owned by the service user; a client without the
+# key is refused; the daemon cannot write outside its own tree.
+if [ $have_user = 1 ]; then
+  mkdir "$work/svc"; cp "$work/key" "$work/svc.key"
+  chown "$SECOND_USER:" "$work/svc" "$work/svc.key"; chmod 600 "$work/svc.key"
+  rm -f "$work/user/port"  # (a directory the service user may write)
+  as_second_user "$bin" serve --root "$work/svc" -p 0 --port-file "$work/user/port" \
+    --provider "$provider" --secret-file "$work/svc.key" 2>>"$work/server.log" &
+  server_pid=$!
+  for _ in $(seq 100); do [ -s "$work/user/port" ] && break; sleep 0.05; done
+  port=$(cat "$work/user/port" 2>/dev/null) || { fail "service-user server did not start"; tail -5 "$work/server.log"; }
+  cp_ "$work/file" "$host:x" 2>"$work/err"; rc=$?
+  check "service-user daemon refuses a client without the secret" refused 4 "requires a secret"
+  cp_ --secret-file "$work/key" "$work/modes/m4755" "$host:." 2>"$work/err"
+  check "service-user daemon: pushed 4755 lands 0755, owned by the service user" \
+    test "$(stat -c '%a %U' "$work/svc/m4755" 2>/dev/null)" = "755 $SECOND_USER"
+  genuine "service-user daemon" --secret-file "$work/key"
+  stop_server
+fi
 
 # --- --read-only / --write-only --------------------------------------------
 start_server "$work/root" --secret-file "$work/key" --read-only
