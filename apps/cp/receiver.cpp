@@ -590,9 +590,23 @@ bool Receiver::run() {
         continue;
       }
       c_.report->chunks++;
-      std::lock_guard lock(mu_);
-      ready_[h.seq] = slot;
-      cv_.notify_all();
+      bool in_window = false;
+      {
+        std::lock_guard lock(mu_);
+        // A sender has at most kSlots chunks in flight, from the one the
+        // writer waits for on (acks run ahead of next_seq_ by a little): any
+        // other sequence number is a lying peer, which could grow ready_.
+        in_window = h.seq >= next_seq_ && h.seq - next_seq_ < 2 * kSlots;
+        if (in_window) ready_[h.seq] = slot;
+        cv_.notify_all();
+      }
+      if (!in_window) {
+        fatal(Failure::kPeer,
+              "protocol error: chunk sequence " + std::to_string(h.seq) + " out of order",
+              true);
+        ok = false;
+        break;
+      }
       continue;
     }
     Reader rd(m.data());
