@@ -74,8 +74,8 @@ echo data >"$work/file"
 head -c 32 /dev/urandom | base64 >"$work/key"; chmod 600 "$work/key"
 head -c 32 /dev/urandom | base64 >"$work/wrong"; chmod 600 "$work/wrong"
 have_user=0
-# On tcp only: the shm provider does not connect processes of different
-# users (its segments are the owner's), so there is nothing to attack.
+# On tcp only: on shm a client of another user fails to connect at all
+# (the session setup is reset), so there is nothing to attack there.
 if [ "$(id -u)" = 0 ] && [ "$provider" = tcp ]; then
   . "$here/../support/second_user.sh"
   if second_user_create; then
