@@ -19,7 +19,8 @@ CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDeb
   -DRDMAKIT_FUZZ_SECONDS="$seconds" >"$dir.configure.log" 2>&1 ||
   { tail -30 "$dir.configure.log"; exit 1; }
 ninja -C "$dir" tcp_frame_fuzzer tcp_frame_replay stream_ring_fuzzer stream_ring_replay \
-  kv_request_fuzzer kv_request_replay >"$dir.build.log" 2>&1 || { tail -40 "$dir.build.log"; exit 1; }
+  kv_request_fuzzer kv_request_replay cp_record_fuzzer cp_record_replay \
+  >"$dir.build.log" 2>&1 || { tail -40 "$dir.build.log"; exit 1; }
 # Connection errors are what the fuzzer provokes; keep the log quiet.
 RDMAKIT_LOG=off ctest --test-dir "$dir/fuzz" -L fuzz --output-on-failure --timeout $((seconds + 300))
 rc=$?

@@ -95,13 +95,25 @@ int open_beneath(int dirfd, const std::string& path, int flags, unsigned mode) {
     const std::string comp =
         path.substr(start, end == std::string::npos ? end : end - start);
     if (end == std::string::npos) {
-      const int fd = ::openat(cur, comp.c_str(), flags | O_CLOEXEC, mode);
-      const int err = errno;
+      // The last component is never followed either, whatever the caller
+      // asked: a symlink there is refused as an escape (O_NOFOLLOW gives
+      // ELOOP, or ENOTDIR with O_DIRECTORY; O_PATH opens the link itself).
+      const int fd = ::openat(cur, comp.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
+      int err = errno;
+      struct stat st {};
+      if (fd < 0 && err == ENOTDIR &&
+          ::fstatat(cur, comp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))
+        err = EXDEV;
       ::close(cur);
+      if (fd >= 0 && (flags & O_PATH) && ::fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+        ::close(fd);
+        return -EXDEV;
+      }
       return fd >= 0 ? fd : (err == ELOOP ? -EXDEV : -err);
     }
     start = end + 1;
-    if (comp.empty() || comp == ".") continue;
+    if (comp.empty() || comp == ".") continue;  // (check_relative refused "..")
     const int next =
         ::openat(cur, comp.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int err = errno;

@@ -3,7 +3,8 @@
 // and may not leave it ("..", absolute paths, symlinks pointing outside).
 // openat2(RESOLVE_BENEATH) is used when the kernel has it (5.6+); otherwise
 // each component is opened with O_NOFOLLOW after a lexical check (stricter:
-// no symlinked directories at all), and the reason is logged once.
+// no symlink in any component, the last included), and the reason is logged
+// once. RDMAKIT_CP_NO_OPENAT2=1 forces the fallback (tests).
 #include <string>
 #include <string_view>
 #include <utility>

@@ -13,6 +13,7 @@
 #include <rdmakit/session/session.hpp>
 #include <thread>
 
+#include "auth.hpp"
 #include "endpoints.hpp"
 #include "progress.hpp"
 #include "protocol.hpp"
@@ -112,6 +113,13 @@ int copy(const CopyOptions& o) {
     }
   }
 
+  std::optional<auth::Secret> secret;
+  try {
+    secret = auth::Secret::resolve(o.secret_file);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rdmakit-cp: %s\n", e.what());
+    return static_cast<int>(Failure::kUsage);
+  }
   const session::SessionOptions so = session_options(o.provider);
   const std::string address = host + ":" + std::to_string(o.port);
   SummaryInfo info;
@@ -153,6 +161,14 @@ int copy(const CopyOptions& o) {
     session::Channel& ch = ep.channel();
     const auto t0 = std::chrono::steady_clock::now();
 
+    // Before any request: prove we hold the secret and have the server
+    // prove it (a client with a secret trusts no server without one).
+    const std::string auth_error = authenticate_to_server(ch, secret, 10s);
+    if (!auth_error.empty()) {
+      report.error(Failure::kRefused, address, auth_error);
+      ep.close();
+      return report.exit_code();
+    }
     // Test hook: RDMAKIT_CP_HELLO_VERSION=N says version N (a client of another version).
     const char* speak = std::getenv("RDMAKIT_CP_HELLO_VERSION");
     const auto version = speak != nullptr && *speak != '\0'
@@ -207,6 +223,10 @@ int copy(const CopyOptions& o) {
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
       sc.corrupt_records = corrupt_records_from_env();
+      if (const char* v = std::getenv("RDMAKIT_CP_TEST_DECLARE_SIZE"); v && *v) {
+        sc.lie_size = true;
+        sc.declare_size = std::strtoull(v, nullptr, 10);
+      }
       Sender(sc).run(entries);
     } else {
       ReceiverConfig rc;
@@ -215,6 +235,7 @@ int copy(const CopyOptions& o) {
       rc.target = target;
       rc.resume = o.resume;
       rc.report = &report;
+      rc.preserve_special = o.preserve_special;
       Receiver(rc).run();
     }
     progress.stop();

@@ -12,7 +12,13 @@ namespace rdmakit::cp {
 
 struct ServeOptions {
   std::string root;
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";  // closed by default: only local users
+  std::string secret_file;         // else RDMAKIT_SECRET_FILE, RDMAKIT_SECRET
+  bool no_auth = false;            // allow a non-loopback bind without a secret
+  bool read_only = false;          // refuse pushes
+  bool write_only = false;         // refuse pulls
+  bool preserve_special = false;   // keep setuid/setgid/sticky of pushed modes
+  uint64_t max_client_bytes = 0;   // per transfer; 0: no limit
   uint16_t port = 7480;
   std::string provider = "auto";
   std::string port_file;                      // written with the bound port (for -p 0)
@@ -29,6 +35,8 @@ struct CopyOptions {
   bool quiet = false;
   uint16_t port = 7480;
   std::string provider = "auto";
+  std::string secret_file;        // else RDMAKIT_SECRET_FILE, RDMAKIT_SECRET
+  bool preserve_special = false;  // keep setuid/setgid/sticky of pulled modes
 };
 // Push or pull, decided by which side names a HOST:.
 int copy(const CopyOptions& options);

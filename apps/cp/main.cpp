@@ -1,5 +1,7 @@
 // rdmakit-cp: copy files and trees between hosts over any rdmakit provider.
 //   rdmakit-cp serve --root DIR [-p PORT] [--provider P] [--max-clients N]
+//                    [--bind ADDR] [--secret-file F] [--no-auth] [--read-only]
+//                    [--write-only] [--preserve-special] [--max-client-bytes SIZE]
 //   rdmakit-cp [-r] [--resume] [--json] SRC... HOST:DST     (push)
 //   rdmakit-cp [-r] [--resume] [--json] HOST:SRC... DST     (pull)
 #include <sched.h>
@@ -14,6 +16,7 @@
 #include <rdmakit/rdmakit.hpp>
 
 #include "endpoints.hpp"
+#include "limits.hpp"
 #include "report.hpp"
 
 namespace {
@@ -52,7 +55,28 @@ int main(int argc, char** argv) {
       app.add_option("--root", o.root, "directory served; no path may leave it")
           ->required();
       app.add_option("-p,--port", o.port, "port (0 picks one; see --port-file)");
-      app.add_option("--bind", o.bind, "address to listen on");
+      app.add_option("--bind", o.bind,
+                     "address to listen on (default 127.0.0.1: local users only); "
+                     "another one needs a secret or --no-auth")
+          ->capture_default_str();
+      app.add_option("--secret-file", o.secret_file,
+                     "shared secret (0600 file); else RDMAKIT_SECRET_FILE or "
+                     "RDMAKIT_SECRET. Clients must prove it, and this server proves it");
+      app.add_flag("--no-auth", o.no_auth,
+                   "allow a non-loopback --bind without a secret (anyone who reaches "
+                   "the port reads and writes under --root)");
+      app.add_flag("--read-only", o.read_only, "serve pulls only; refuse pushes");
+      app.add_flag("--write-only", o.write_only, "accept pushes only; refuse pulls");
+      app.add_flag("--preserve-special", o.preserve_special,
+                   "keep setuid/setgid/sticky bits of pushed files (dropped by default)");
+      std::string max_bytes;
+      app.add_option("--max-client-bytes", max_bytes,
+                     "bytes one transfer may declare and write (e.g. 10G); default: no "
+                     "limit but the filesystem's free space")
+          ->check([&](const std::string& v) {
+            uint64_t b = 0;
+            return parse_size(v, &b) && b > 0 ? std::string() : "not a size: " + v;
+          });
       app.add_option("--provider", o.provider, "shm, tcp, verbs or auto");
       app.add_option("--port-file", o.port_file, "write the bound port here");
       app.add_option("--max-clients", o.max_clients,
@@ -65,6 +89,7 @@ int main(int argc, char** argv) {
       } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : usage;
       }
+      if (!max_bytes.empty()) parse_size(max_bytes, &o.max_client_bytes);
       return serve(o);
     }
     CopyOptions o;
@@ -81,6 +106,12 @@ int main(int argc, char** argv) {
     app.add_flag("-q,--quiet", o.quiet, "no progress line");
     app.add_option("-p,--port", o.port, "server port");
     app.add_option("--provider", o.provider, "shm, tcp, verbs or auto");
+    app.add_option(
+        "--secret-file", o.secret_file,
+        "shared secret (0600 file); else RDMAKIT_SECRET_FILE or RDMAKIT_SECRET. "
+        "The server must prove it too");
+    app.add_flag("--preserve-special", o.preserve_special,
+                 "pull: keep setuid/setgid/sticky bits (dropped by default)");
     app.add_option("paths", paths, "SRC... DST")->required();
     try {
       app.parse(argc, argv);

@@ -61,6 +61,10 @@ enum class Msg : uint8_t {
   kDone = 8,        // sender -> receiver: number of slots in the stream
   kFinal = 9,       // receiver -> sender: the receiver's totals
   kFatal = 10,      // either way: the transfer cannot continue
+  // Authentication (auth.hpp), before the hello when the client has a secret.
+  kAuthNonce = 11,      // client -> server: client nonce
+  kAuthChallenge = 12,  // server -> client: ok, server nonce, server proof (or why not)
+  kAuthProof = 13,      // client -> server: client proof
 };
 
 enum class Rec : uint8_t { kEntry = 1, kData = 2, kEnd = 3, kAbort = 4 };

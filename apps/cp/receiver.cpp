@@ -11,15 +11,12 @@
 #include <thread>
 
 #include "confine.hpp"
+#include "limits.hpp"
 #include "records.hpp"
 
 namespace rdmakit::cp {
 
 namespace {
-
-constexpr const char* kPartSuffix = ".rdmakit-cp-part";
-
-std::string part_name(const std::string& name) { return "." + name + kPartSuffix; }
 
 int open_dir(int root, const std::string& path, bool confined) {
   if (confined) return open_beneath(root, path, O_RDONLY | O_DIRECTORY);
@@ -182,16 +179,33 @@ bool Receiver::on_entry(Reader& rd) {
   if (hasher_.active()) hasher_.finish();
   close_file();
   cur_ = File{};
-  cur_.id = rd.get<uint32_t>();
-  const auto kind = static_cast<Kind>(rd.get<uint8_t>());
-  cur_.mode = rd.get<uint32_t>() & 07777;
-  cur_.sec = rd.get<int64_t>();
-  cur_.nsec = rd.get<uint32_t>();
-  cur_.size = rd.get<uint64_t>();
-  const std::string rel = rd.str(4096);
-  const std::string link = rd.str(4096);
-  if (!rd.ok()) return false;
+  EntryRecord rec;
   std::string why;
+  const Parsed parsed = parse_entry(rd, &rec, &why);
+  if (parsed == Parsed::kMalformed) return false;
+  cur_.id = rec.id;
+  const auto kind = static_cast<Kind>(rec.kind);
+  cur_.mode = applied_mode(rec.mode, c_.preserve_special);
+  cur_.sec = rec.sec;
+  cur_.nsec = rec.nsec;
+  cur_.size = rec.size;
+  const std::string& rel = rec.path;
+  const std::string& link = rec.link;
+  if (parsed == Parsed::kRefused) {
+    cur_.path = rel;
+    cur_.size = 0;
+    fail_file(Failure::kRefused, why);
+    return true;
+  }
+  if (kind == Kind::kFile) {
+    why = admit_size(cur_.size);
+    if (!why.empty()) {
+      cur_.path = rel;
+      cur_.size = 0;
+      fail_file(why.rfind("no space", 0) == 0 ? Failure::kFile : Failure::kRefused, why);
+      return true;
+    }
+  }
   cur_.path = map_path(rel, &why);
   if (cur_.path.empty()) {
     cur_.path = rel;
@@ -315,17 +329,41 @@ bool Receiver::on_entry(Reader& rd) {
   return true;
 }
 
+std::string Receiver::admit_size(uint64_t size) {
+  if (c_.max_bytes != 0 && (size > c_.max_bytes || declared_ > c_.max_bytes - size))
+    return "refused: over this transfer's byte limit (" + std::to_string(c_.max_bytes) +
+           " bytes, --max-client-bytes at the server; " + std::to_string(declared_) +
+           " declared before this file of " + std::to_string(size) + ")";
+  std::string why;
+  if (!fits_free_space(c_.target.base, size, &why)) return why;
+  declared_ += size;
+  return "";
+}
+
 bool Receiver::on_data(Reader& rd) {
-  const auto id = rd.get<uint32_t>();
-  const auto off = rd.get<uint64_t>();
-  const auto len = rd.get<uint32_t>();
-  const auto digest = rd.get<uint64_t>();
-  const auto bytes = rd.take(len);
-  if (!rd.ok() || id != cur_.id || !cur_.open || cur_.failed) return true;
+  DataRecord d;
+  if (parse_data(rd, &d) != Parsed::kOk) return true;  // the slot is malformed
+  if (d.id != cur_.id || !cur_.open || cur_.failed) return true;
+  const uint64_t off = d.offset;
+  const uint32_t len = d.len;
+  const uint64_t digest = d.digest;
+  const auto bytes = d.bytes;
+  // Within the declared size (checked without overflow), one block, a block
+  // of this file: only then index by it.
+  if (!data_in_file(d, cur_.size) || off / kBlockSize >= cur_.needed.size()) {
+    fail_file(Failure::kVerify, "malformed data record (outside the declared size " +
+                                    std::to_string(cur_.size) + ")");
+    return true;
+  }
   const uint32_t b = static_cast<uint32_t>(off / kBlockSize);
-  if (len == 0 || off + len > cur_.size || (off + len - 1) / kBlockSize != b ||
-      !cur_.needed[b] || (hasher_.active() && (b < hasher_.block()))) {
+  if (!cur_.needed[b] || (hasher_.active() && (b < hasher_.block()))) {
     fail_file(Failure::kVerify, "malformed data record");
+    return true;
+  }
+  if (c_.max_bytes != 0 && written_ + len > c_.max_bytes) {
+    fail_file(Failure::kRefused, "refused: this transfer wrote its byte limit (" +
+                                     std::to_string(c_.max_bytes) +
+                                     " bytes, --max-client-bytes at the server)");
     return true;
   }
   if (hasher_.active() && hasher_.block() != b)
@@ -347,6 +385,7 @@ bool Receiver::on_data(Reader& rd) {
     return true;
   }
   cur_.written_end = std::max<uint64_t>(cur_.written_end, off + len);
+  written_ += len;
   c_.report->bytes_sent += len;
   return true;
 }
@@ -489,84 +528,6 @@ void Receiver::writer_loop() {
   cv_.notify_all();
 }
 
-void Receiver::on_probe(Reader& rd) {
-  const auto id = rd.get<uint32_t>();
-  const std::string rel = rd.str(4096);
-  const auto size = rd.get<uint64_t>();
-  const auto nblocks = rd.get<uint32_t>();
-  auto raw = rd.take(uint64_t{nblocks} * sizeof(uint64_t));
-  if (!rd.ok() || nblocks != block_count(size)) {
-    fatal(Failure::kPeer, "protocol error: malformed probe", true);
-    return;
-  }
-  std::vector<uint64_t> theirs(nblocks);
-  std::memcpy(theirs.data(), raw.data(), raw.size());
-  ProbeResult res;
-  res.needed.assign(nblocks, true);
-  NeedMode mode = NeedMode::kAll;
-  std::string why;
-  const std::string path = map_path(rel, &why);
-  int parent = -1;
-  if (!path.empty()) {
-    auto [dir, name] = split_parent(path);
-    parent = dir == "." ? ::dup(c_.target.base)
-                        : open_beneath(c_.target.base, dir, O_PATH | O_DIRECTORY);
-    std::vector<std::byte> scratch;
-    auto compare = [&](int fd, uint64_t have) {
-      bool io_error = false;
-      uint32_t matched = 0;
-      for (uint32_t b = 0; b < nblocks; ++b) {
-        if (uint64_t{b} * kBlockSize >= have) break;
-        if (hash_file_block(fd, have, b, &scratch, &io_error) == theirs[b] && !io_error) {
-          res.needed[b] = false;
-          ++matched;
-        }
-      }
-      return matched;
-    };
-    struct stat st {};
-    if (parent >= 0) {
-      const int fin = ::openat(parent, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-      if (fin >= 0 && ::fstat(fin, &st) == 0 && S_ISREG(st.st_mode) &&
-          static_cast<uint64_t>(st.st_size) == size && compare(fin, size) == nblocks) {
-        mode = NeedMode::kNone;
-        res.keep_final = true;
-      } else {
-        res.needed.assign(nblocks, true);
-        const int part =
-            ::openat(parent, part_name(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (part >= 0 && ::fstat(part, &st) == 0 && S_ISREG(st.st_mode)) {
-          // The last block only matches if the part file had the same size.
-          const uint64_t have =
-              std::min<uint64_t>(static_cast<uint64_t>(st.st_size), size);
-          compare(part, have);
-          if (have < size && nblocks > 0 && have / kBlockSize < nblocks)
-            res.needed[have / kBlockSize] = true;
-          mode = NeedMode::kBitmap;
-        }
-        if (part >= 0) ::close(part);
-      }
-      if (fin >= 0) ::close(fin);
-      ::close(parent);
-    }
-  }
-  res.hashes = std::move(theirs);
-  Writer w = message(Msg::kNeed);
-  w.put<uint32_t>(id).put<uint8_t>(static_cast<uint8_t>(mode));
-  if (mode == NeedMode::kBitmap) {
-    std::vector<std::byte> bits((nblocks + 7) / 8);
-    for (uint32_t b = 0; b < nblocks; ++b)
-      if (res.needed[b]) bits[b / 8] |= std::byte{static_cast<uint8_t>(1u << (b % 8))};
-    w.bytes(bits);
-  }
-  if (mode != NeedMode::kAll) {
-    std::lock_guard lock(mu_);
-    probes_[id] = std::move(res);
-  }
-  if (mode == NeedMode::kNone) c_.report->files_skipped++;
-  send(w);
-}
-
 bool Receiver::run() {
   std::thread writer([this] { writer_loop(); });
   bool ok = true;
@@ -629,18 +590,40 @@ bool Receiver::run() {
         continue;
       }
       c_.report->chunks++;
-      std::lock_guard lock(mu_);
-      ready_[h.seq] = slot;
-      cv_.notify_all();
+      bool in_window = false;
+      {
+        std::lock_guard lock(mu_);
+        // A sender has at most kSlots chunks in flight, from the one the
+        // writer waits for on (acks run ahead of next_seq_ by a little): any
+        // other sequence number is a lying peer, which could grow ready_.
+        in_window = h.seq >= next_seq_ && h.seq - next_seq_ < 2 * kSlots;
+        if (in_window) ready_[h.seq] = slot;
+        cv_.notify_all();
+      }
+      if (!in_window) {
+        fatal(Failure::kPeer,
+              "protocol error: chunk sequence " + std::to_string(h.seq) + " out of order",
+              true);
+        ok = false;
+        break;
+      }
       continue;
     }
     Reader rd(m.data());
     const auto type = static_cast<Msg>(rd.get<uint8_t>());
     switch (type) {
-      case Msg::kTotals:
+      case Msg::kTotals: {
         c_.report->total_files = rd.get<uint64_t>();
         c_.report->total_bytes = rd.get<uint64_t>();
+        const uint64_t total = c_.report->total_bytes.load();
+        if (rd.ok() && c_.max_bytes != 0 && total > c_.max_bytes)
+          fatal(Failure::kRefused,
+                "refused: the transfer declares " + std::to_string(total) +
+                    " bytes, over this client's limit of " +
+                    std::to_string(c_.max_bytes) + " (--max-client-bytes at the server)",
+                true);
         break;
+      }
       case Msg::kProbe: on_probe(rd); break;
       case Msg::kFileError: {
         const auto kind = static_cast<Failure>(rd.get<uint8_t>());

@@ -24,6 +24,11 @@
 
 namespace rdmakit::cp {
 
+// ".NAME.rdmakit-cp-part": where NAME is written until it verified.
+inline std::string part_name(const std::string& name) {
+  return "." + name + ".rdmakit-cp-part";
+}
+
 // Where received paths land: beneath `base`; if rename_top is set, the first
 // component of every path is replaced by it (copy to a new name).
 struct Target {
@@ -44,6 +49,11 @@ struct ReceiverConfig {
   bool resume = false;
   Report* report = nullptr;
   std::chrono::milliseconds timeout{60000};
+  // Setuid, setgid and sticky bits from the peer are dropped unless set.
+  bool preserve_special = false;
+  // Bytes this transfer may declare and write (0: no limit); files that
+  // would not fit the filesystem's free space are refused either way.
+  uint64_t max_bytes = 0;
 };
 
 class Receiver {
@@ -90,6 +100,8 @@ class Receiver {
   // is the record to continue with when the slot comes again.
   Applied apply_slot(uint32_t slot, uint32_t* at);
   bool on_entry(Reader& rd);
+  // Room for a file of `size` (byte limit, free space); else "" + reason.
+  std::string admit_size(uint64_t size);
   bool on_data(Reader& rd);  // false: the data does not match its digest
   void on_end(Reader& rd);
   void on_abort(Reader& rd);
@@ -118,6 +130,9 @@ class Receiver {
   int64_t total_seqs_ = -1;
   bool writer_done_ = false;
   bool abort_ = false;
+  // Writer thread only: what this transfer declared and wrote so far.
+  uint64_t declared_ = 0;
+  uint64_t written_ = 0;
 };
 
 }  // namespace rdmakit::cp

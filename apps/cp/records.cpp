@@ -6,7 +6,9 @@
 
 #include <cstring>
 
+#include "limits.hpp"
 #include "protocol.hpp"
+#include "tree.hpp"
 
 namespace rdmakit::cp {
 
@@ -61,6 +63,104 @@ uint64_t records_hash(std::span<const std::byte> payload, bool* ok) {
   XXH3_64bits_update(&state, payload.data() + span_start, payload.size() - span_start);
   *ok = true;
   return XXH3_64bits_digest(&state);
+}
+
+}  // namespace rdmakit::cp
+
+namespace rdmakit::cp {
+
+Parsed parse_entry(Reader& rd, EntryRecord* e, std::string* why) {
+  e->id = rd.get<uint32_t>();
+  e->kind = rd.get<uint8_t>();
+  e->mode = rd.get<uint32_t>();
+  e->sec = rd.get<int64_t>();
+  e->nsec = rd.get<uint32_t>();
+  e->size = rd.get<uint64_t>();
+  e->path = rd.str(kMaxPath);
+  e->link = rd.str(kMaxPath);
+  if (!rd.ok()) return Parsed::kMalformed;
+  const auto kind = static_cast<Kind>(e->kind);
+  if (kind != Kind::kFile && kind != Kind::kDir && kind != Kind::kSymlink)
+    return Parsed::kMalformed;
+  if (e->size > kMaxFileSize) {
+    *why = "refused: declared size " + std::to_string(e->size) +
+           " bytes exceeds the limit of " + std::to_string(kMaxFileSize);
+    return Parsed::kRefused;
+  }
+  if (kind != Kind::kFile && e->size != 0) {
+    *why = "refused: a directory or symlink with a size";
+    return Parsed::kRefused;
+  }
+  if (e->nsec > kMaxNsec) {
+    *why = "refused: mtime nanoseconds out of range";
+    return Parsed::kRefused;
+  }
+  if (kind == Kind::kSymlink && e->link.empty()) {
+    *why = "refused: symlink without a target";
+    return Parsed::kRefused;
+  }
+  if (e->link.find('\0') != std::string::npos ||
+      e->path.find('\0') != std::string::npos) {
+    *why = "refused: NUL byte in a name";
+    return Parsed::kRefused;
+  }
+  return Parsed::kOk;
+}
+
+Parsed parse_data(Reader& rd, DataRecord* d) {
+  d->id = rd.get<uint32_t>();
+  d->offset = rd.get<uint64_t>();
+  d->len = rd.get<uint32_t>();
+  d->digest = rd.get<uint64_t>();
+  if (!rd.ok() || d->len > kSlotPayload) {
+    rd.take(rd.left() + 1);  // the reader is bad from here
+    return Parsed::kMalformed;
+  }
+  d->bytes = rd.take(d->len);
+  return rd.ok() ? Parsed::kOk : Parsed::kMalformed;
+}
+
+bool data_in_file(const DataRecord& d, uint64_t size) {
+  if (d.len == 0 || size > kMaxFileSize || !range_within(d.offset, d.len, size))
+    return false;
+  return d.offset / kBlockSize == (d.offset + d.len - 1) / kBlockSize;
+}
+
+Parsed parse_probe(Reader& rd, ProbeRecord* p) {
+  p->id = rd.get<uint32_t>();
+  p->path = rd.str(kMaxPath);
+  p->size = rd.get<uint64_t>();
+  const auto nblocks = rd.get<uint32_t>();
+  if (!rd.ok() || p->size > kMaxFileSize || nblocks != block_count(p->size) ||
+      uint64_t{nblocks} * sizeof(uint64_t) > rd.left())
+    return Parsed::kMalformed;
+  const auto raw = rd.take(uint64_t{nblocks} * sizeof(uint64_t));
+  if (!rd.ok()) return Parsed::kMalformed;
+  p->hashes.resize(nblocks);
+  if (!raw.empty()) std::memcpy(p->hashes.data(), raw.data(), raw.size());
+  return Parsed::kOk;
+}
+
+Parsed parse_request(std::span<const std::byte> msg, Request* r) {
+  Reader rd(msg);
+  r->type = rd.get<uint8_t>();
+  r->version = rd.get<uint32_t>();
+  if (!rd.ok() || static_cast<Msg>(r->type) != Msg::kHello) return Parsed::kMalformed;
+  if (r->version != kProtocolVersion) return Parsed::kRefused;
+  r->op = rd.get<uint8_t>();
+  r->flags = rd.get<uint8_t>();
+  const auto n = rd.get<uint32_t>();
+  if (!rd.ok() || n == 0 || n > kMaxRequestPaths) return Parsed::kMalformed;
+  const auto op = static_cast<Op>(r->op);
+  if (op != Op::kPush && op != Op::kPull) return Parsed::kMalformed;
+  r->paths.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    r->paths.push_back(rd.str(kMaxPath));
+    if (!rd.ok()) return Parsed::kMalformed;
+  }
+  // A push names its destination and the number of its sources.
+  if (op == Op::kPush && r->paths.size() != 2) return Parsed::kMalformed;
+  return rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
 }
 
 }  // namespace rdmakit::cp

@@ -148,7 +148,13 @@ bool Sender::handle(session::Message& m) {
       const auto id = rd.get<uint32_t>();
       if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad need");
       auto rest = rd.take(rd.left());
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
+      // Only the answer to the probe waited for is kept (a peer could
+      // otherwise grow needs_ without bound).
+      if (id != awaiting_need_ || needs_.contains(id)) {
+        lock.unlock();
+        return fatal(Failure::kPeer, "protocol error: unexpected need");
+      }
       needs_[id].assign(rest.begin(), rest.end());
       cv_.notify_all();
       return true;
@@ -325,7 +331,7 @@ bool Sender::send_entry(const Entry& e, uint32_t id) {
   put<uint32_t>(e.mode);
   put<int64_t>(e.mtime_sec);
   put<uint32_t>(e.mtime_nsec);
-  put<uint64_t>(e.size);
+  put<uint64_t>(e.kind == Kind::kFile && c_.lie_size ? c_.declare_size : e.size);
   put_str(e.rel);
   put_str(e.link);
   return true;
@@ -377,6 +383,7 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
     {
       std::unique_lock lock(mu_);
       waiting_since_ = std::chrono::steady_clock::now();
+      awaiting_need_ = id;
       lock.unlock();
       const bool sent = send_message(w);
       lock.lock();

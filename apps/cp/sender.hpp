@@ -32,6 +32,10 @@ struct SenderConfig {
   Report* report = nullptr;
   int64_t corrupt_chunk = -1;    // fault injection: corrupt this chunk once,
   bool corrupt_records = false;  // in its records rather than its file data
+  // Test hook (RDMAKIT_CP_TEST_DECLARE_SIZE=N, a lying sender): every file's
+  // entry declares N bytes whatever it holds.
+  bool lie_size = false;
+  uint64_t declare_size = 0;
   std::chrono::milliseconds timeout{30000};
 };
 
@@ -107,6 +111,7 @@ class Sender {
   uint32_t in_flight_ = 0;
   bool final_ = false;
   bool stop_ = false;
+  uint32_t awaiting_need_ = 0;  // the probe whose answer is expected
   std::map<uint32_t, std::vector<std::byte>> needs_;       // id -> Need message body
   std::chrono::steady_clock::time_point waiting_since_{};  // for a silent peer
 

@@ -2,7 +2,9 @@
 // its own (Server::expose_per_endpoint: only that peer sees it) and a thread
 // running a Receiver (push) or a Sender (pull) confined to --root. At most
 // --max-clients copy at once; one more is refused with the limit named.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,13 +14,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <rdmakit/session/session.hpp>
 #include <thread>
 
+#include "auth.hpp"
 #include "confine.hpp"
 #include "endpoints.hpp"
 #include "protocol.hpp"
 #include "receiver.hpp"
+#include "records.hpp"
 #include "sender.hpp"
 
 namespace rdmakit::cp {
@@ -32,6 +37,9 @@ void on_signal(int) { g_stop = true; }
 
 struct ServerState {
   int root = -1;
+  std::optional<auth::Secret> secret;
+  bool read_only = false, write_only = false, preserve_special = false;
+  uint64_t max_client_bytes = 0;  // 0: no limit
   uint32_t max_clients = kDefaultMaxClients;
   std::atomic<uint32_t> copying{0};  // admitted transfers, at most max_clients
   std::atomic<int> active{0};        // handler threads (admitted or not)
@@ -70,6 +78,7 @@ void wait_for_close(session::Endpoint& ep) {
 
 void reply(session::Channel& ch, bool ok, uint32_t lane, Failure kind,
            const std::string& why) {
+  if (!ok) return refuse_hello(ch, static_cast<uint8_t>(kind), why);
   Writer w = message(Msg::kHelloReply);
   w.put<uint8_t>(ok)
       .put<uint32_t>(lane)
@@ -80,36 +89,50 @@ void reply(session::Channel& ch, bool ok, uint32_t lane, Failure kind,
 
 void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   session::Channel& ch = ep->channel();
-  session::Message m;
-  const session::OpResult r = ch.recv(&m, 10s);
+  session::Message first;
+  const session::OpResult r = ch.recv(&first, 10s);
   if (!r.ok()) {
     std::fprintf(stderr, "rdmakit-cp serve: %s: no request: %s\n", ep->peer().c_str(),
                  r.detail.c_str());
     ep->close();
     return;
   }
-  Reader rd(m.data());
-  const auto type = static_cast<Msg>(rd.get<uint8_t>());
-  const auto version = rd.get<uint32_t>();
-  const auto op = static_cast<Op>(rd.get<uint8_t>());
-  const auto flags = rd.get<uint8_t>();
-  const auto n = rd.get<uint32_t>();
-  std::vector<std::string> paths;
-  for (uint32_t i = 0; i < n && i < 100000 && rd.ok(); ++i) paths.push_back(rd.str(4096));
+  // Nothing of the request is read before the client is authenticated.
+  session::Message m;
+  std::string auth_why;
+  if (!authenticate_client(ch, s.secret, std::move(first), &m, &auth_why)) {
+    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(),
+                 auth_why.c_str());
+    wait_for_close(*ep);
+    return;
+  }
+  Request req;
+  const Parsed parsed = parse_request(m.data(), &req);
   m.release();
-  if (type == Msg::kHello && version != kProtocolVersion) {
+  if (parsed == Parsed::kRefused) {
     const std::string why = "protocol version mismatch: the client speaks version " +
-                            std::to_string(version) + ", this server " +
+                            std::to_string(req.version) + ", this server " +
                             std::to_string(kProtocolVersion);
     reply(ch, false, 0, Failure::kPeer, why);
     std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
     wait_for_close(*ep);
     return;
   }
-  if (!rd.ok() || type != Msg::kHello || paths.empty() ||
-      (op != Op::kPush && op != Op::kPull)) {
+  if (parsed != Parsed::kOk) {
     reply(ch, false, 0, Failure::kPeer, "malformed request");
     std::fprintf(stderr, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
+    wait_for_close(*ep);
+    return;
+  }
+  const auto op = static_cast<Op>(req.op);
+  const auto flags = req.flags;
+  const std::vector<std::string>& paths = req.paths;
+  if ((op == Op::kPush && s.read_only) || (op == Op::kPull && s.write_only)) {
+    const std::string why =
+        op == Op::kPush ? "refused: this server is read-only (--read-only): no pushes"
+                        : "refused: this server is write-only (--write-only): no pulls";
+    reply(ch, false, 0, Failure::kRefused, why);
+    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
     wait_for_close(*ep);
     return;
   }
@@ -144,17 +167,23 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     Target target;
     Failure kind = Failure::kNone;
     std::string why;
-    const uint32_t nsources =
-        paths.size() > 1
-            ? static_cast<uint32_t>(std::strtoul(paths[1].c_str(), nullptr, 10))
-            : 1;
+    const uint32_t nsources = static_cast<uint32_t>(
+        std::min<unsigned long>(std::strtoul(paths[1].c_str(), nullptr, 10), 1u << 20));
     if (!resolve_target(s.root, paths[0], true, nsources, &target, &kind, &why)) {
       std::fprintf(stderr, "rdmakit-cp serve: %s: push to %s: %s\n", ep->peer().c_str(),
                    paths[0].c_str(), why.c_str());
       reply(ch, false, 0, kind, paths[0] + ": " + why);
     } else {
       reply(ch, true, 0, Failure::kNone, "");
-      Receiver rx({&ch, own->data(), target, resume, &report});
+      ReceiverConfig rc;
+      rc.channel = &ch;
+      rc.slots = own->data();
+      rc.target = target;
+      rc.resume = resume;
+      rc.report = &report;
+      rc.preserve_special = s.preserve_special;
+      rc.max_bytes = s.max_client_bytes;
+      Receiver rx(rc);
       rx.run();
       ::close(target.base);
     }
@@ -221,9 +250,47 @@ bool corrupt_records_from_env() {
   return v != nullptr && *v != '\0' && v[std::strlen(v) - 1] == 'r';
 }
 
+// 127.0.0.0/8, ::1 and localhost: only this host's users can connect. A
+// name other than localhost is not loopback (it could resolve anywhere).
+bool is_loopback(const std::string& a) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, a.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  const std::string bare =
+      a.size() > 2 && a.front() == '[' && a.back() == ']' ? a.substr(1, a.size() - 2) : a;
+  if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return a == "localhost";
+}
+
 int serve(const ServeOptions& o) {
   ServerState s;
   s.max_clients = o.max_clients;
+  s.read_only = o.read_only;
+  s.write_only = o.write_only;
+  s.preserve_special = o.preserve_special;
+  s.max_client_bytes = o.max_client_bytes;
+  const int usage = static_cast<int>(Failure::kUsage);
+  if (o.read_only && o.write_only) {
+    std::fprintf(stderr,
+                 "rdmakit-cp serve: --read-only and --write-only exclude each other\n");
+    return usage;
+  }
+  try {
+    s.secret = auth::Secret::resolve(o.secret_file);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rdmakit-cp serve: %s\n", e.what());
+    return usage;
+  }
+  const bool loopback = is_loopback(o.bind);
+  if (!s.secret && !loopback && !o.no_auth) {
+    std::fprintf(
+        stderr,
+        "rdmakit-cp serve: refusing to listen on %s without a secret: anyone who "
+        "reaches it could read and write under --root. Give --secret-file PATH "
+        "(or RDMAKIT_SECRET_FILE / RDMAKIT_SECRET), or --no-auth to accept that\n",
+        o.bind.c_str());
+    return usage;
+  }
   s.root = ::open(o.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (s.root < 0) {
     std::fprintf(stderr, "rdmakit-cp serve: --root %s: %s\n", o.root.c_str(),
@@ -261,11 +328,19 @@ int serve(const ServeOptions& o) {
   session::Server server(address, so, h);
   server.expose_per_endpoint(kSlotsBuffer, kLaneBytes, kAccessAll);
   server.start();
+  const std::string auth_state =
+      s.secret ? "on (" + s.secret->origin() + ")"
+               : std::string(loopback ? "OFF: any local user can connect and read/write "
+                                        "under the root"
+                                      : "OFF (--no-auth): anyone who reaches the port "
+                                        "can read/write under the root");
   std::fprintf(stderr,
-               "rdmakit-cp serve: root %s, listening on %s (%s), confinement: %s, "
-               "max clients %u\n",
+               "rdmakit-cp serve: root %s, listening on %s (%s), authentication %s, "
+               "confinement: %s, max clients %u%s%s%s\n",
                o.root.c_str(), server.address().c_str(), server.context().provider_name(),
-               confinement_method(), o.max_clients);
+               auth_state.c_str(), confinement_method(), o.max_clients,
+               o.read_only ? ", read-only" : "", o.write_only ? ", write-only" : "",
+               o.preserve_special ? ", keeps setuid/setgid/sticky" : "");
   if (!o.port_file.empty()) {
     const std::string tmp = o.port_file + ".tmp";
     if (FILE* f = std::fopen(tmp.c_str(), "w")) {

@@ -359,12 +359,17 @@ case $mode in
     ip -n $a link set ${tag}va up; ip -n $b link set ${tag}vb up
     src=$work/src/tree; mkdir -p "$work/src" "$work/root" "$work/pulled"
     make_tree "$src"
+    # Not loopback: the server needs a secret (or --no-auth).
+    head -c 32 /dev/urandom | base64 >"$work/key"; chmod 600 "$work/key"
     ip netns exec $a "$bin" serve --root "$work/root" -p 0 --port-file "$work/port" \
-      --provider tcp --bind 10.201.0.1 2>>"$work/server.log" &
+      --provider tcp --bind 10.201.0.1 --secret-file "$work/key" 2>>"$work/server.log" &
     server_pid=$!
     for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
     port=$(cat "$work/port")
-    nscp() { ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" "$@"; }
+    nscp() { ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" --secret-file "$work/key" "$@"; }
+    ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" "$work/src" 10.201.0.1:x 2>"$work/err"
+    [ $? = 4 ] && grep -q "requires a secret" "$work/err" && pass "two hosts: a client without the secret is refused" ||
+      fail "two hosts: a client without the secret"
     nscp -r "$src" 10.201.0.1:. && same_tree "$src" "$work/root/tree" &&
       pass "two hosts: push" || fail "two hosts: push"
     nscp -r 10.201.0.1:tree "$work/pulled" && same_tree "$src" "$work/pulled/tree" &&
