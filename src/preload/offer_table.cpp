@@ -85,6 +85,18 @@ void RateLimitedLog::note(const std::string& line) {
   suppressed_ = 0;
 }
 
+void RateLimitedLog::flush() {
+  if (suppressed_ == 0) return;
+  const auto now = Clock::now();
+  if (now - window_ < std::chrono::seconds(1)) return;
+  log_line(
+      "rendezvous: %zu more %s in the last %lld ms", suppressed_, kind_,
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - window_).count()));
+  window_ = now;
+  suppressed_ = 0;
+}
+
 void OfferTable::evict_one(const SourceKey* source) {
   // Over the per-source bound: that source's oldest entry. Over the total:
   // the oldest entry of the source holding the most.
@@ -168,6 +180,7 @@ bool OfferTable::take(const wire::Tuple& tuple, OfferEntry* out) {
 }
 
 size_t OfferTable::purge_expired(Clock::time_point now) {
+  g_evictions.flush();
   return std::erase_if(entries_, [&](const OfferEntry& e) {
     if (e.expires > now) return false;
     real().close(e.fd);  // the client sees EOF and stays on TCP

@@ -60,7 +60,8 @@ class OfferTable {
   // descriptor is the caller's. False when there is none.
   bool take(const wire::Tuple& tuple, OfferEntry* out);
   // Drops every entry past its deadline (offers not taken up in time,
-  // handshakes that stalled); returns how many.
+  // handshakes that stalled); returns how many. Also flushes the eviction
+  // log's held-back count.
   size_t purge_expired(wire::Clock::time_point now);
   // Drops the entries of a listener still in their handshake.
   void drop_handshakes_of(uint64_t owner);
@@ -80,6 +81,9 @@ class RateLimitedLog {
  public:
   explicit RateLimitedLog(const char* kind) : kind_(kind) {}
   void note(const std::string& line);
+  // The count of lines held back, once their second is over (so the end of
+  // a burst is reported too).
+  void flush();
 
  private:
   const char* kind_;

@@ -212,6 +212,7 @@ void serve(const std::shared_ptr<RemoteListener>& l) {
     {
       std::lock_guard lock(g_mu);
       (void)g_table->purge_expired(Clock::now());
+      g_refusals.flush();
       for (const auto& e : g_table->entries()) {
         if (e.owner != l->id) continue;
         pfds.push_back(pollfd{e.fd, POLLIN, 0});
