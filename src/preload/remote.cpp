@@ -27,28 +27,6 @@ namespace rdmakit::preload {
 
 using namespace wire;  // NOLINT(google-build-using-namespace)
 
-namespace {
-
-using std::chrono::milliseconds;
-
-constexpr const char* kNotHere = "peer is not on this host; ";
-
-// Server -> client on a rendezvous connection: first when it is accepted
-// (proof that an rdmakit rendezvous listens there, before the client sends
-// anything), then once the offer is stored (status 0) or refused.
-struct Hello {
-  uint32_t magic = kMagic;
-  uint32_t version = kVersion;
-  uint32_t status = 0;
-  uint32_t pad = 0;
-};
-
-struct RemoteConfig {
-  ProviderKind provider = ProviderKind::kVerbs;  // kAuto: off
-  int port_offset = 10000;
-  std::string problem;  // why this host cannot carry cross-host streams
-};
-
 // Read once. RDMAKIT_PRELOAD_REMOTE_PROVIDER=tcp carries the streams on the
 // tcp provider without any RDMA device (tests of the rendezvous across
 // network namespaces); =off disables cross-host upgrades.
@@ -70,6 +48,15 @@ const RemoteConfig& remote_config() {
     if (const char* o = std::getenv("RDMAKIT_PRELOAD_REMOTE_PORT_OFFSET")) {
       const int v = std::atoi(o);
       if (v > 0 && v < 65536) c.port_offset = v;
+    }
+    // Fails closed: a secret that is configured but unusable turns
+    // cross-host upgrades off rather than running them unauthenticated.
+    try {
+      c.secret = auth::Secret::resolve("");
+    } catch (const std::exception& e) {
+      c.problem = std::string("shared secret unusable (") + e.what() +
+                  "): cross-host upgrades are off";
+      return c;
     }
     if (c.provider == ProviderKind::kVerbs) {
       try {
@@ -98,9 +85,9 @@ uint16_t rendezvous_port(uint16_t port) {
 // host refuses the rendezvous port at once; a firewall that drops it must
 // not cost every connection the whole upgrade budget (a quarter of it, at
 // least a second).
-milliseconds probe_budget() {
-  const milliseconds t = config().timeout;
-  return std::max(t / 4, std::min(t, milliseconds(1000)));
+std::chrono::milliseconds probe_budget() {
+  const std::chrono::milliseconds t = config().timeout;
+  return std::max(t / 4, std::min(t, std::chrono::milliseconds(1000)));
 }
 
 // An address of a tuple as the stream API takes it ("10.0.0.1", "[fd00::1]").
@@ -116,129 +103,11 @@ std::string ip_text(int family, const uint8_t* addr) {
 
 size_t addr_len(int family) { return family == AF_INET6 ? 16 : 4; }
 
-struct RemoteListener {
-  int fd = -1;
-  uint16_t app_port = 0;
-  uint16_t port = 0;
-  pid_t owner = 0;
-  std::atomic<bool> stop{false};
-};
+namespace {
 
-// Offers received and not yet taken up by accept().
-struct Stored {
-  Tuple tuple;
-  Offer offer;
-  int fd = -1;
-  Clock::time_point expires;
-};
+using std::chrono::milliseconds;
 
-std::mutex g_mu;
-std::vector<std::shared_ptr<RemoteListener>>* g_listeners = nullptr;  // under g_mu
-std::vector<Stored>* g_offers = nullptr;                              // under g_mu
-
-// A fork while the rendezvous thread holds g_mu must not leave the child's
-// copy locked (a child that closes its copy of a listener takes it).
-void lock_for_fork() { g_mu.lock(); }
-void unlock_after_fork() { g_mu.unlock(); }
-
-void purge_expired_locked() {
-  const auto now = Clock::now();
-  auto& v = *g_offers;
-  for (auto it = v.begin(); it != v.end();) {
-    if (it->expires <= now) {
-      real().close(it->fd);  // the client sees EOF and stays on TCP
-      it = v.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-// One rendezvous connection: hello, offer, checks, stored.
-void take_offer(int c, uint16_t app_port) {
-  Fd conn(c);
-  const auto deadline = Clock::now() + config().timeout;
-  Hello hello;
-  if (!io_all(c, &hello, sizeof hello, true, deadline)) return;
-  Offer offer;
-  if (!io_all(c, &offer, sizeof offer, false, deadline)) return;
-  Tuple rdv;
-  std::string where;
-  sockaddr_storage peer{};
-  const std::string err = socket_tuple(c, false, &rdv, &where, &peer);
-  auto refuse_offer = [&](uint32_t status, const std::string& why) {
-    Hello no;
-    no.status = status;
-    (void)io_all(c, &no, sizeof no, true, deadline);
-    log_line("rendezvous %s: %s", where.c_str(), why.c_str());
-  };
-  if (!err.empty()) return;
-  if (offer.magic != kMagic || offer.version != kVersion) {
-    return refuse_offer(1, "malformed offer (magic/version): refused");
-  }
-  // The offer must come from the host and address it names, to the address
-  // it names: an off-path host cannot leave an offer for someone else's
-  // connection (it would have to complete a TCP handshake from that address).
-  const Tuple& t = offer.tuple;
-  if ((t.family != AF_INET && t.family != AF_INET6) || t.family != rdv.family ||
-      std::memcmp(t.client_addr, rdv.client_addr, addr_len(t.family)) != 0 ||
-      std::memcmp(t.server_addr, rdv.server_addr, addr_len(t.family)) != 0 ||
-      ntohs(t.server_port) != app_port) {
-    return refuse_offer(1, "offer names another host or port: refused");
-  }
-  const std::string deny =
-      connection_denied(app_port, reinterpret_cast<sockaddr*>(&peer));  // NOLINT
-  if (!deny.empty()) return refuse_offer(kDeniedByRules, deny + " (offer refused)");
-  {
-    std::lock_guard lock(g_mu);
-    purge_expired_locked();
-    auto& v = *g_offers;
-    // A tuple is one connection at a time: a newer offer replaces a stale one.
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (std::memcmp(&it->tuple, &t, sizeof t) == 0) {
-        real().close(it->fd);
-        v.erase(it);
-        break;
-      }
-    }
-    v.push_back(
-        Stored{t, offer, c, Clock::now() + config().timeout + std::chrono::seconds(1)});
-  }
-  (void)conn.release();
-  Hello stored;
-  // Sent after the offer is in the table: the client connects in the
-  // kernel only after this, so accept() always finds it.
-  if (!io_all(c, &stored, sizeof stored, true, deadline)) {
-    std::lock_guard lock(g_mu);
-    auto& v = *g_offers;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (it->fd == c) {
-        real().close(c);
-        v.erase(it);
-        break;
-      }
-    }
-  }
-}
-
-void serve(const std::shared_ptr<RemoteListener>& l) {
-  while (!l->stop.load()) {
-    const int c = real().accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (l->stop.load()) {
-      if (c >= 0) real().close(c);
-      break;
-    }
-    if (c < 0) {
-      if (errno == EINVAL || errno == EBADF) break;
-      if (errno != EINTR && errno != ECONNABORTED) {
-        std::this_thread::sleep_for(milliseconds(10));  // EMFILE and the like
-      }
-      continue;
-    }
-    take_offer(place_high(c), l->app_port);
-  }
-  real().close(l->fd);
-}
+constexpr const char* kNotHere = "peer is not on this host; ";
 
 // Peers found not rdmakit-enabled are not probed again for a while: a
 // program that opens many connections to a plain server (or one behind a
@@ -282,79 +151,45 @@ void remember(const AddrKey& addr, uint16_t port, const std::string& reason) {
   v.push_back(NotEnabled{addr, port, now + kRemember, reason});
 }
 
+// Client side of the shared-secret exchange, right after the hello: ""
+// when both sides agree (no secret on either, or both proved the same one;
+// *proof is then the client's proof, sent before the offer), else why this
+// connection stays on kernel TCP. Nothing the peer sent steers anything
+// before its proof is checked.
+std::string authenticate(int us, const Hello& hello, const std::string& at,
+                         Clock::time_point end, AuthClient* proof) {
+  const RemoteConfig& rc = remote_config();
+  const bool peer_auth = (hello.flags & kHelloAuth) != 0;
+  if (!rc.secret) {
+    if (!peer_auth) return {};
+    return "the rendezvous at " + at +
+           " requires the shared secret and none is configured here (RDMAKIT_SECRET, "
+           "RDMAKIT_SECRET_FILE)";
+  }
+  if (!peer_auth) {
+    return "the rendezvous at " + at +
+           " does not authenticate (no shared secret there) and one is configured "
+           "here: refused";
+  }
+  AuthNonce mine;
+  mine.client_nonce = auth::fresh_nonce();
+  AuthServer theirs;
+  if (!io_all(us, &mine, sizeof mine, true, end) ||
+      !io_all(us, &theirs, sizeof theirs, false, end)) {
+    return "the rendezvous at " + at + " went away during the shared-secret exchange";
+  }
+  if (!rc.secret->verify(auth::Role::kServer, kAuthLabel, mine.client_nonce,
+                         theirs.server_nonce, theirs.proof)) {
+    return "the rendezvous at " + at +
+           " could not prove the shared secret (a different secret, or not the rdmakit "
+           "peer): refused";
+  }
+  proof->proof = rc.secret->prove(auth::Role::kClient, kAuthLabel, mine.client_nonce,
+                                  theirs.server_nonce);
+  return {};
+}
+
 }  // namespace
-
-void open_remote_listener(int app_fd, uint16_t port) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (real().getsockname(app_fd, reinterpret_cast<sockaddr*>(&ss), &len) !=
-      0) {  // NOLINT
-    return;
-  }
-  if (loopback(ss)) return;  // no other host can connect
-  if (!remote_config().problem.empty()) return;
-  const uint16_t rport = rendezvous_port(port);
-  if (ss.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(rport);  // NOLINT
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = htons(rport);  // NOLINT
-  }
-  const int fd = place_high(real().socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (fd < 0) return;
-  const int one = 1;
-  (void)real().setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||  // NOLINT
-      real().listen(fd, 128) != 0) {
-    log_line(
-        "listen port=%u: no cross-host rendezvous on port %u: %s (clients on other "
-        "hosts stay on kernel TCP)",
-        port, rport, std::strerror(errno));
-    real().close(fd);
-    return;
-  }
-  auto l = std::make_shared<RemoteListener>();
-  l->fd = fd;
-  l->app_port = port;
-  l->port = rport;
-  l->owner = process_id();
-  {
-    std::lock_guard lock(g_mu);
-    if (g_listeners == nullptr) {
-      (void)pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
-      g_listeners =
-          new std::vector<std::shared_ptr<RemoteListener>>();  // NOLINT: lives to exit
-      g_offers = new std::vector<Stored>();                    // NOLINT
-    }
-    g_listeners->push_back(l);
-  }
-  try {
-    std::thread(serve, l).detach();
-  } catch (const std::exception& e) {
-    log_line("listen port=%u: no cross-host rendezvous thread: %s", port, e.what());
-    close_remote_listener(port);
-  }
-}
-
-void close_remote_listener(uint16_t port) {
-  std::shared_ptr<RemoteListener> l;
-  {
-    std::lock_guard lock(g_mu);
-    if (g_listeners == nullptr) return;
-    auto& v = *g_listeners;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if ((*it)->app_port == port && (*it)->owner == process_id()) {
-        l = *it;
-        v.erase(it);
-        break;
-      }
-    }
-  }
-  if (!l) return;
-  l->stop = true;
-  // Wakes the thread's accept (EINVAL) and frees the port at once, so the
-  // program can listen on it again; the thread closes the descriptor.
-  (void)shutdown(l->fd, SHUT_RDWR);
-}
 
 PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
                                std::string* reason) {
@@ -427,10 +262,16 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   // rdmakit rendezvous.
   Hello hello;
   if (!io_all(us, &hello, sizeof hello, false, probe_end) || hello.magic != kMagic ||
-      hello.version != kVersion) {
+      hello.version != kVersion || hello.status != 0 ||
+      (hello.flags & ~kHelloAuth) != 0) {
     *reason = std::string(kNotHere) + "no rdmakit rendezvous answered at " + at +
               " (peer not rdmakit-enabled)";
     remember(addr_key, rport, *reason);
+    return nullptr;
+  }
+  AuthClient proof;
+  if (std::string why = authenticate(us, hello, at, probe_end, &proof); !why.empty()) {
+    *reason = kNotHere + why;
     return nullptr;
   }
   // The kernel connection will leave from the address the rendezvous
@@ -484,7 +325,8 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   }
   const auto deadline = Clock::now() + config().timeout;
   Hello stored;
-  if (!io_all(us, &p->offer, sizeof p->offer, true, deadline) ||
+  if ((rc.secret && !io_all(us, &proof, sizeof proof, true, deadline)) ||
+      !io_all(us, &p->offer, sizeof p->offer, true, deadline) ||
       !io_all(us, &stored, sizeof stored, false, deadline) || stored.magic != kMagic) {
     *reason = std::string(kNotHere) + "rendezvous at " + at +
               " went away before storing the offer";
@@ -493,6 +335,12 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
   if (stored.status == kDeniedByRules) {
     *reason = std::string(kNotHere) +
               "the peer's allow/deny rules keep this connection on kernel TCP";
+    return nullptr;
+  }
+  if (stored.status == kAuthRefused) {
+    *reason = std::string(kNotHere) +
+              "the peer's rendezvous refused our proof of the shared secret (a different "
+              "secret there)";
     return nullptr;
   }
   if (stored.status != 0) {
@@ -534,30 +382,16 @@ Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
     up.reason = deny.empty() ? kNotHere + rc.problem : deny;
     return up;
   }
-  Stored s;
-  bool found = false;
-  {
-    std::lock_guard lock(g_mu);
-    if (g_offers != nullptr) {
-      purge_expired_locked();
-      for (auto it = g_offers->begin(); it != g_offers->end(); ++it) {
-        if (std::memcmp(&it->tuple, &t, sizeof t) == 0) {
-          s = *it;
-          g_offers->erase(it);
-          found = true;
-          break;
-        }
-      }
-    }
-  }
-  if (!found) {
+  Offer offer;
+  int fd = -1;
+  if (!take_stored_offer(t, &offer, &fd)) {
     up.reason = deny.empty() ? std::string(kNotHere) +
                                    "no rendezvous offer from the peer (peer not "
                                    "rdmakit-enabled, or the listener has no rendezvous)"
                              : deny;
     return up;
   }
-  Fd c(s.fd);
+  Fd c(fd);
   const auto deadline = Clock::now() + config().timeout;
   if (!deny.empty()) {
     refuse(c.get(), kDeniedByRules, deadline);
@@ -576,8 +410,8 @@ Upgrade accept_remote(int tcp_fd, const Tuple& t, const std::string& deny) {
     // to one the offer could choose.
     up.stream = server_commit(
         c.get(), *eng,
-        ip_text(t.family, t.client_addr) + ":" + std::to_string(s.offer.stream_port),
-        s.offer.client_nonce, deadline, &up.reason, tcp_fd);
+        ip_text(t.family, t.client_addr) + ":" + std::to_string(offer.stream_port),
+        offer.client_nonce, deadline, &up.reason, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

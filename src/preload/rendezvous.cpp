@@ -286,8 +286,8 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     up.reason = "rendezvous: no offer received";
     return up;
   }
-  if (offer.magic != kMagic || offer.version != kVersion) {
-    return refused("rendezvous: malformed offer (magic/version)");
+  if (std::string bad = offer_problem(offer); !bad.empty()) {
+    return refused("rendezvous: " + bad);
   }
   if (std::memcmp(&offer.tuple, &t, sizeof t) != 0) {
     return refused("rendezvous: offer names another connection: refused");

@@ -18,6 +18,30 @@ namespace rdmakit::preload::wire {
 
 using std::chrono::milliseconds;
 
+namespace {
+bool all_zero(const uint8_t* p, size_t n) {
+  return std::all_of(p, p + n, [](uint8_t b) { return b == 0; });
+}
+}  // namespace
+
+std::string offer_problem(const Offer& offer) {
+  if (offer.magic != kMagic || offer.version != kVersion) {
+    return "malformed offer (magic/version)";
+  }
+  const Tuple& t = offer.tuple;
+  if (t.family != AF_INET && t.family != AF_INET6) return "malformed offer (family)";
+  const size_t alen = t.family == AF_INET6 ? 16 : 4;
+  if (!all_zero(t.pad, sizeof t.pad) || !all_zero(offer.pad, sizeof offer.pad) ||
+      !all_zero(t.client_addr + alen, 16 - alen) ||
+      !all_zero(t.server_addr + alen, 16 - alen)) {
+    return "malformed offer (padding)";
+  }
+  if (t.client_port == 0 || t.server_port == 0 || offer.stream_port == 0) {
+    return "malformed offer (port 0)";
+  }
+  return {};
+}
+
 bool loopback(const sockaddr_storage& ss) {
   if (ss.ss_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);  // NOLINT

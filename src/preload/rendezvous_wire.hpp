@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "rdmakit/auth.hpp"
 #include "rdmakit/stream/stream.hpp"
 
 namespace rdmakit::preload::wire {
@@ -51,6 +52,35 @@ struct Final {  // client -> server: both nonces checked, committed
   uint32_t magic = kMagic;
   uint32_t status = 0;
 };
+// Between hosts, server -> client on a rendezvous connection: first when it
+// is accepted (before the client sends anything), then once the offer is
+// stored (status 0) or refused (kRefused, kDeniedByRules, kAuthRefused).
+struct Hello {
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t status = 0;
+  uint32_t flags = 0;  // the first hello: kHelloAuth or 0; no other bit
+};
+constexpr uint32_t kRefused = 1;
+constexpr uint32_t kAuthRefused = 4;  // the client did not prove the shared secret
+constexpr uint32_t kHelloAuth = 1;    // this rendezvous requires the shared secret
+
+// With kHelloAuth, before the offer (rdmakit/auth.hpp's exchange):
+//   client -> server  AuthNonce
+//   server -> client  AuthServer              client verifies, else stays on TCP
+//   client -> server  AuthClient, then Offer  server verifies before reading it
+constexpr const char* kAuthLabel = "rdmakit-preload/1";
+struct AuthNonce {
+  auth::Nonce client_nonce{};
+};
+struct AuthServer {
+  auth::Nonce server_nonce{};
+  auth::Proof proof{};
+};
+struct AuthClient {
+  auth::Proof proof{};
+};
+
 // Between hosts, client -> server after the answer: "write your proof now".
 // The acceptor writes in-band only on this request, so a client that has
 // given up (and closed the rendezvous) never finds a token in its stream.
@@ -73,6 +103,11 @@ struct Token {
   Nonce server_nonce{};
 };
 static_assert(sizeof(Token) == 40);
+
+// Every field of an offer bounded before any is used (the wire is hostile):
+// magic, version, family, zero padding and unused address bytes, non-zero
+// ports. "" or what is wrong.
+std::string offer_problem(const Offer& offer);
 
 bool loopback(const sockaddr_storage& ss);
 // v4-mapped IPv6 (a dual-stack listener's view) is named as IPv4, so both
