@@ -83,5 +83,47 @@ check "the server logged the refusals with the peer" \
   grep -q "127.0.0.1:[0-9]*) refused: authentication failed: wrong secret" \
   "$work/server.log"
 check "the server is still running" kill -0 "$server_pid"
-[ $fail = 0 ] || cat "$work/server.log"
+
+# shm: another user is refused by the provider unless the server admits it;
+# admitted and holding the secret (its own copy of the key), it works: PUT
+# (a SEND of more than a slot: the payload socket), GET by message and by READ.
+cp "$work/kv.key" "$work/kv-second.key"
+chown "$SECOND_USER" "$work/kv-second.key"
+start_shm_server() {  # start_shm_server [ENV...]
+  env "$@" timeout -s KILL 60 "$kv" server --provider shm -p 0 --secret-file "$work/kv.key" \
+    >"$work/shm-server.log" 2>&1 &
+  shm_pid=$!
+  shm_port=
+  for _ in $(seq 100); do
+    shm_port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$work/shm-server.log")
+    [ -n "$shm_port" ] && break
+    sleep 0.1
+  done
+}
+shm_client() {  # shm_client ENV... -- ARGS...: as the second user
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  as_second_user env "${envs[@]}" timeout -s KILL 20 "$kv" client --provider shm \
+    -p "$shm_port" --timeout-ms 3000 --secret-file "$work/kv-second.key" "$@"
+}
+value="a value of more than twenty bytes, so the request takes the payload path"
+start_shm_server
+out=$(shm_client RDMAKIT_SHM_ALLOW_UIDS=0 -- get owner 2>&1)
+check "shm: another user, not admitted by the server, is refused" \
+  grep -q "does not admit processes of our uid $SECOND_UID" <<<"$out"
+kill "$shm_pid" 2>/dev/null; wait "$shm_pid" 2>/dev/null
+start_shm_server RDMAKIT_SHM_ALLOW_UIDS="$SECOND_USER"
+out=$(shm_client -- get owner 2>&1)
+check "shm: a listener of another user is refused by the client unless admitted" \
+  grep -q "the shm listener on this port is pid [0-9]* of uid 0" <<<"$out"
+out=$(shm_client RDMAKIT_SHM_ALLOW_UIDS=0 -- put shared "$value" 2>&1)
+check "shm: admitted, another user's PUT is stored" grep -q "stored" <<<"$out"
+out=$(shm_client RDMAKIT_SHM_ALLOW_UIDS=0 -- get shared 2>&1)
+check "shm: ... and read back by message" grep -qF "value: $value" <<<"$out"
+out=$(shm_client RDMAKIT_SHM_ALLOW_UIDS=0 -- getr shared 2>&1)
+check "shm: ... and by one-sided READ" grep -qF "value: $value" <<<"$out"
+kill "$shm_pid" 2>/dev/null; wait "$shm_pid" 2>/dev/null
+
+[ $fail = 0 ] || cat "$work/server.log" "$work/shm-server.log"
 exit $fail

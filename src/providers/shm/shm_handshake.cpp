@@ -158,7 +158,14 @@ PeerEnd receive_handshake(int sock, const char* operation, const std::string& pe
   Hello hello;
   Fd fds[kHelloMaxFds];
   size_t nfds = 0;
-  const ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
+  ssize_t got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds, timeout);
+  // A peer that closed with our Hello unread resets us, but what it sent
+  // before (a refusal) is still queued: the reset is reported once.
+  if (got == -ECONNRESET) {
+    got = recv_with_fds(sock, &hello, sizeof hello, fds, &nfds,
+                        std::chrono::milliseconds(0));
+    if (got == 0 || got == -ETIMEDOUT) got = -ECONNRESET;
+  }
   if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
   if (got == 0)
     throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
@@ -245,6 +252,13 @@ std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
   LocalEnd local = prepare_local_end(context, options, cred.uid != policy.self());
   if (int rc = send_handshake(sock.get(), context, local, options, private_data, true);
       rc != 0) {
+    // A listener that refused us sent why before it hung up: say that.
+    try {
+      (void)receive_handshake(sock.get(), "connect", address, cred, context,
+                              std::chrono::milliseconds(0));
+    } catch (const Error& refusal) {
+      if (refusal.sys_errno() == EACCES || refusal.sys_errno() == ECONNREFUSED) throw;
+    }
     throw setup_error("connect", address, -rc, "sending handshake");
   }
   PeerEnd peer =
