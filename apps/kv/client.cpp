@@ -60,12 +60,7 @@ void Client::authenticate(const auth::Nonce& client_nonce) {
   }
   const auto msg = encode_proof(proof);
   std::memcpy(mr_->data() + kSendOffset, msg.data(), msg.size());
-  if (!qp_->post_recv({.wr_id = kRecvId,
-                       .addr = mr_->data() + kRecvOffset,
-                       .length = static_cast<uint32_t>(kMaxResponse),
-                       .lkey = mr_->lkey()})
-           .ok())
-    fail("cannot post the reply buffer");
+  post_reply_buffer("cannot post the reply buffer");
   send_done_ = recv_done_ = false;
   if (!qp_->post_send({.wr_id = kSendId,
                        .opcode = Opcode::kSend,
@@ -97,15 +92,19 @@ void Client::authenticate(const auth::Nonce& client_nonce) {
   auto info = TableInfo::deserialize(welcome->table_info);
   if (!info) fail("the server's answer is not an rdmakit-kv table descriptor");
   adopt_table(*info);
+  post_reply_buffer("cannot post the reply buffer");
+}
+
+Client::~Client() = default;
+
+void Client::post_reply_buffer(const char* failure) {
   if (!qp_->post_recv({.wr_id = kRecvId,
                        .addr = mr_->data() + kRecvOffset,
                        .length = static_cast<uint32_t>(kMaxResponse),
                        .lkey = mr_->lkey()})
            .ok())
-    fail("cannot post the reply buffer");
+    fail(failure);
 }
-
-Client::~Client() = default;
 
 void Client::adopt_table(const TableInfo& info) {
   table_ = info;
@@ -201,12 +200,7 @@ KvStatus Client::rpc(Op op, std::string_view key, std::string_view value,
     fail(fmt::format("{}: malformed or unexpected reply ({} bytes)", what, recv_len_));
   payload->assign(resp->payload);
   if (resp->epoch != table_.epoch) table_stale_ = true;
-  if (!qp_->post_recv({.wr_id = kRecvId,
-                       .addr = mr_->data() + kRecvOffset,
-                       .length = static_cast<uint32_t>(kMaxResponse),
-                       .lkey = mr_->lkey()})
-           .ok())
-    fail("cannot repost the reply buffer");
+  post_reply_buffer("cannot repost the reply buffer");
   return resp->status;
 }
 

@@ -91,6 +91,8 @@ class Client {
   void authenticate(const auth::Nonce& client_nonce);
   // Waits for the completion with wr_id; throws ClientError on error/timeout.
   void await(uint64_t wr_id, const char* what);
+  // Posts the one receive buffer replies land in; fail(failure) if refused.
+  void post_reply_buffer(const char* failure);
   [[noreturn]] void fail(const std::string& what);
   KvStatus check_local(std::string_view key, std::string_view value,
                        std::string* why) const;
