@@ -128,9 +128,11 @@ case "$case_name" in
     start_server RDMAKIT_PRELOAD_OFFERS_MAX=24 RDMAKIT_PRELOAD_TIMEOUT_MS=2000
     client  # first, so the stream engine's descriptors are in the base
     base=$(fds)
+    t0=$(date +%s)
     flood 10.251.79.1 $((port + 10000)) $port 300 30000 10.251.79.3,10.251.79.4 >"$work/f1.out" 2>&1 &
     f1=$!; pids+=("$f1")
     wait_line "$work/f1.out" "^flooded:"
+    most=$(( $(date +%s) - t0 + 3 ))  # a line a second, the first and the burst's end
     cat "$work/f1.out"
     held=$(( $(fds) - base ))
     echo "server descriptors: $base before the flood, +$held with 300 offers held by the flooder"
@@ -138,7 +140,8 @@ case "$case_name" in
     [ "$held" -ge 16 ] || fail "the flood reached only $held entries (the case tests nothing)"
     grep -q "stored 300" "$work/f1.out" || fail "the flood's offers were not all stored: $(cat "$work/f1.out")"
     evict=$(count "offer evicted|handshake evicted")
-    [ "$evict" -ge 1 ] && [ "$evict" -le 10 ] || fail "expected 1..10 rate-limited eviction lines, found $evict"
+    [ "$evict" -ge 1 ] && [ "$evict" -le "$most" ] ||
+      fail "expected 1..$most rate-limited eviction lines, found $evict"
     # A genuine client from another address of B, while the flood holds.
     client
     # The flooder still holds its connections: the offers time out (budget
@@ -186,13 +189,18 @@ case "$case_name" in
     # An unauthenticated flood: nothing is stored, refusals are rate-limited,
     # and the right-secret client still upgrades.
     base=$(fds)
+    t0=$(date +%s)
     flood 10.251.79.1 $((port + 10000)) $port 200 0 10.251.79.3 >"$work/f.out" 2>&1 ||
       fail "flood: $(cat "$work/f.out")"
+    # At most a line a second (plus the first and the end of the burst),
+    # however long a loaded machine takes for the flood.
+    most=$(( $(date +%s) - t0 + 3 ))
     cat "$work/f.out"
     grep -q "stored 0, refused 200, closed 0, secret exchanges 200" "$work/f.out" ||
       fail "unauthenticated offers were stored: $(cat "$work/f.out")"
     refusals=$(count "did not prove the shared secret")
-    [ "$refusals" -ge 1 ] && [ "$refusals" -le 10 ] || fail "expected 1..10 rate-limited refusal lines, found $refusals"
+    [ "$refusals" -ge 1 ] && [ "$refusals" -le "$most" ] ||
+      fail "expected 1..$most rate-limited refusal lines, found $refusals"
     client RDMAKIT_SECRET="$s1"
     expect_count 1 "connect fd=.*path=tcp" "right-secret client upgraded after the flood"
     [ $(( $(fds) - base )) -le 3 ] || fail "the refused flood left $(( $(fds) - base )) descriptors"

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,15 +71,19 @@ int target(const std::string& port_file, int seconds) {
   std::memset(ro->data(), 'R', 4096);
   std::memset(secret->data(), 'S', 4096);
   std::memset(g_user_memory, 'U', sizeof g_user_memory);
-  auto user =
-      ctx->register_memory(g_user_memory, sizeof g_user_memory,
-                           kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteWrite);
+  auto user = ctx->register_memory(
+      g_user_memory, sizeof g_user_memory,
+      kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic);
+  // Atomics only: another user may add to its first word, never map it.
+  auto counter = ctx->allocate(4096, kAccessLocalWrite | kAccessRemoteAtomic);
+  std::memset(counter->data(), 'C', 4096);
+  const uint64_t counter_start = *reinterpret_cast<const uint64_t*>(counter->data());
   auto recv_area = ctx->allocate(kMaxConns * kRecvs * kStride, kAccessLocalWrite);
   std::memset(recv_area->data(), 'G', recv_area->length());
   auto send_area = ctx->allocate(kMaxConns * kRecvLen, kAccessLocalWrite);
   auto listener = ctx->listen("127.0.0.1:0");
   std::vector<std::byte> grants;
-  for (auto* mr : {ro.get(), rw.get(), user.get()}) {
+  for (auto* mr : {ro.get(), rw.get(), user.get(), counter.get()}) {
     const auto blob = mr->remote().serialize();
     grants.insert(grants.end(), blob.begin(), blob.end());
   }
@@ -129,6 +134,7 @@ int target(const std::string& port_file, int seconds) {
           ++errors;
           std::printf("target: connection %u: %s (byte_len %u)\n", conn,
                       status_name(c[k].status), c[k].byte_len);
+          if (c[k].status != Status::kWrFlushError) post(conn, i);
           continue;
         }
         // Echo what arrived; the buffer is ours and bounded by kRecvLen.
@@ -154,6 +160,13 @@ int target(const std::string& port_file, int seconds) {
         "target: the never-granted region is unchanged");
   check(all_bytes(g_user_memory, sizeof g_user_memory, 'U'),
         "target: register_memory() memory is unchanged");
+  const auto* words = reinterpret_cast<const uint64_t*>(counter->data());
+  const char* adds = std::getenv("RDMAKIT_TEST_EXPECT_ADDS");
+  const uint64_t expected_adds = adds != nullptr ? std::strtoull(adds, nullptr, 10) : 0;
+  check(words[0] == counter_start + expected_adds &&
+            all_bytes(counter->data() + 8, 4088, 'C'),
+        "target: the atomic-only grant changed only by the expected FETCH_ADDs of its "
+        "first word");
   bool guards = true;
   for (uint32_t b = 0; b < kMaxConns * kRecvs; ++b) {
     const auto* base = static_cast<const std::byte*>(recv_area->data()) + b * kStride;
@@ -242,9 +255,11 @@ int refused(uint16_t port) {
     const std::string what = e.what();
     std::printf("refused: %s\n", what.c_str());
     check(e.sys_errno() == EACCES &&
-              what.find("uid " + std::to_string(::geteuid())) != std::string::npos &&
+              what.find("we run as uid " + std::to_string(::geteuid())) !=
+                  std::string::npos &&
+              what.find("of uid 0,") != std::string::npos &&
               what.find("RDMAKIT_SHM_ALLOW_UIDS") != std::string::npos,
-          "refused: EACCES naming our uid and the opt-in");
+          "refused: EACCES naming both uids and the opt-in");
   }
   return failures == 0 ? 0 : 1;
 }
@@ -291,6 +306,22 @@ int attack(uint16_t port) {
   {
     Client c = connect_client(port);
     auto* buf = static_cast<std::byte*>(c.mem->data());
+    const Completion a = one(c, {.wr_id = 5,
+                                 .opcode = Opcode::kFetchAdd,
+                                 .flags = kSignaled,
+                                 .length = 8,
+                                 .local_addr = buf,
+                                 .lkey = c.mem->lkey(),
+                                 .remote_addr = c.grants[3].addr,
+                                 .rkey = c.grants[3].rkey,
+                                 .compare_add = 1});
+    check(a.ok(), std::string("attack: FETCH_ADD on the atomic-only grant (the owner "
+                              "performs it): ") +
+                      status_name(a.status));
+  }
+  {
+    Client c = connect_client(port);
+    auto* buf = static_cast<std::byte*>(c.mem->data());
     const Completion r = one(c, {.wr_id = 4,
                                  .opcode = Opcode::kRead,
                                  .flags = kSignaled,
@@ -325,63 +356,106 @@ int attack(uint16_t port) {
       if (!writable) try_to_write(fd.get(), "read-only grant " + std::to_string(key));
     }
     std::printf("attack: %d live regions, %d handed out\n", live, handed);
-    check(handed == 2, "attack: exactly the two allocated grants were handed out");
+    check(handed == 2,
+          "attack: exactly the read-only and read-write grants were handed out (not the "
+          "atomic-only one, nor register_memory() memory, nor the never-granted one)");
+    for (uint32_t i = 0; i < shm::kRegionTableSize; ++i) {
+      const auto& e = p.table->entries[i];
+      if (e.key.load() == 0 ||
+          e.kind.load() != static_cast<uint32_t>(shm::RegionKind::kUser))
+        continue;
+      const uint32_t st =
+          p.atomic(shm::RequestOp::kFetchAdd, e.key.load(), e.addr.load(), 1);
+      check(st == static_cast<uint32_t>(Status::kRemoteAccessError),
+            "attack: FETCH_ADD on register_memory() memory by hand is refused by the "
+            "target");
+    }
+    // The wake socket we hold: blocking it and filling it must not stall the
+    // target (an eventfd shares its flags and counter with whoever holds it).
+    ::fcntl(p.cq_event.get(), F_SETFL, 0);
+    int sent = 0;
+    while (sent < 100000 && ::send(p.cq_event.get(), "x", 1, MSG_DONTWAIT) == 1) ++sent;
+    std::printf("attack: %d wake-ups sent, the target's wake socket is full\n", sent);
     try_to_write(p.table_fd.get(), "the target's region table");
     check(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, p.table_fd.get(),
                  0) == MAP_FAILED,
           "attack: the region table cannot be mapped writable");
     // 3. Lying byte_len, opcode and payload location in the target's ring.
-    for (uint64_t n = 0; n < 3; ++n) {
-      for (int i = 0; i < 200 && p.block->slots()[n].post_seq.load() != n + 1; ++i)
+    // One lie per message, each alone: a 4 GiB length, a payload said to be on
+    // the socket that is not, a bogus opcode, a bogus status, and a payload
+    // said to be in the buffer, which a peer with a payload socket never
+    // writes (stale memory passed off as a message).
+    const auto recv = static_cast<uint8_t>(Opcode::kRecv);
+    struct Lie {
+      uint32_t len;
+      uint8_t where, opcode, status;
+    };
+    const Lie lies[] = {{0xfffffff0u, shm::kPayloadInBuffer, recv, 0},
+                        {kMsg, shm::kPayloadOnSocket, recv, 0},
+                        {8, shm::kPayloadInSlot, 0xee, 0},
+                        {8, shm::kPayloadInSlot, recv, 0x77},
+                        {8, shm::kPayloadInBuffer, recv, 0}};
+    // Each lie on a connection of its own: the first error completion puts a
+    // QP in the error state, as on a NIC.
+    for (const Lie& lie : lies) {
+      raw::RawPeer liar;
+      if (!liar.connect(port, true)) {
+        check(false, "attack: raw handshake for a lie " + liar.error);
+        continue;
+      }
+      for (int i = 0; i < 400 && liar.block->slots()[0].post_seq.load() != 1; ++i)
         std::this_thread::sleep_for(5ms);
+      liar.publish(0, lie.len, lie.where, lie.opcode, lie.status);
+      std::this_thread::sleep_for(100ms);
     }
-    p.publish(0, 0xfffffff0u, shm::kPayloadInBuffer, static_cast<uint8_t>(Opcode::kRecv),
-              0);
-    p.publish(1, kMsg, shm::kPayloadOnSocket, static_cast<uint8_t>(Opcode::kRecv), 0);
-    p.publish(2, 8, shm::kPayloadInSlot, 0xee, 0x77);
     std::this_thread::sleep_for(200ms);
   }
-  // 4. Confused deputy: our receive slot names the target's own never-granted
-  // region, and our forged table says it is register_memory() memory of ours,
-  // so an echo would go through process_vm_writev. It must not.
+  // 4. Confused deputy. A peer of another user that offers no payload socket
+  // (so that the target would write its SENDs into buffers the peer names)
+  // is refused at the handshake.
   {
     raw::RawPeer p;
-    check(p.connect(port, false),
-          "attack: raw handshake without a payload socket " + p.error);
+    check(!p.connect(port, false),
+          "attack: a handshake without a payload socket is refused (" + p.error + ")");
+  }
+  // With one, our receive slot names a buffer of our own that our forged
+  // table calls register_memory() memory: the target's echo must come over
+  // the socket, never through process_vm_writev into an address we named.
+  {
+    raw::RawPeer p;
+    check(p.connect(port, true), "attack: raw handshake " + p.error);
     if (p.table == nullptr) return 1;
-    uint64_t secret_addr = 0;
-    for (uint32_t i = 0; i < shm::kRegionTableSize; ++i) {
-      const auto& e = p.table->entries[i];
-      if (e.key.load() != 0 && e.access.load() == kAccessLocalWrite &&
-          e.length.load() == 4096)
-        secret_addr = e.addr.load();
-    }
-    check(secret_addr != 0,
-          "attack: found the target's never-granted region in its table");
+    static char bait[4096];
+    std::memset(bait, 'B', sizeof bait);
     const uint32_t forged_key = (1u << shm::kRegionIndexBits) | 5;
     auto& fe = p.own_table->entries[5];
     fe.access.store(kAccessLocalWrite | kAccessRemoteWrite);
     fe.kind.store(static_cast<uint32_t>(shm::RegionKind::kUser));
-    fe.addr.store(secret_addr);
-    fe.length.store(4096);
+    fe.addr.store(reinterpret_cast<uint64_t>(bait));
+    fe.length.store(sizeof bait);
     fe.key.store(forged_key);
     auto& slot = p.own_block->slots()[0];
-    slot.addr = secret_addr;
+    slot.addr = reinterpret_cast<uint64_t>(bait);
     slot.length = kRecvLen;
     slot.lkey = forged_key;
     slot.post_seq.store(1);
-    for (int i = 0; i < 200 && p.block->slots()[0].post_seq.load() != 1; ++i)
+    for (int i = 0; i < 400 && p.block->slots()[0].post_seq.load() != 1; ++i)
       std::this_thread::sleep_for(5ms);
-    // A genuine message asking for an echo (payload over the target's socket).
     char msg[kMsg];
     std::memset(msg, 'D', sizeof msg);
-    const bool sent = p.payload_socket && ::send(p.payload_socket.get(), msg, sizeof msg,
-                                                 MSG_NOSIGNAL) == kMsg;
-    check(sent, "attack: message sent over the target's payload socket");
+    check(::send(p.payload_socket.get(), msg, sizeof msg, MSG_NOSIGNAL) == kMsg,
+          "attack: message sent over the target's payload socket");
     p.publish(0, kMsg, shm::kPayloadOnSocket, static_cast<uint8_t>(Opcode::kRecv), 0);
-    std::this_thread::sleep_for(300ms);
-    check(slot.done_seq.load() == 0 || slot.status != 0,
-          "attack: the echo into the forged buffer did not complete successfully");
+    char echo[kRecvLen];
+    ssize_t got = -1;
+    for (int i = 0; i < 400 && got < 0; ++i) {
+      got = ::recv(p.own_payload_rx.get(), echo, sizeof echo, MSG_DONTWAIT);
+      if (got < 0) std::this_thread::sleep_for(5ms);
+    }
+    check(got == kMsg && all_bytes(echo, kMsg, 'D'),
+          "attack: the echo arrived over our payload socket");
+    check(all_bytes(bait, sizeof bait, 'B'),
+          "attack: nothing was written into the buffer our slot named");
   }
   return failures == 0 ? 0 : 1;
 }

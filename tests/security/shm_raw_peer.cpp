@@ -33,7 +33,10 @@ bool RawPeer::connect(uint16_t port, bool offer_payload_socket) {
                           own_block_fd.get(), 0)) InboundBlock();
   own_block->ring_size = own_ring;
   for (uint32_t i = 0; i < own_ring; ++i) new (&own_block->slots()[i]) RecvSlot();
-  own_event.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  int wake[2];
+  ::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, wake);
+  own_event.reset(wake[0]);
+  own_event_send.reset(wake[1]);
   int pair[2];
   ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair);
   own_request_end.reset(pair[0]);
@@ -41,7 +44,8 @@ bool RawPeer::connect(uint16_t port, bool offer_payload_socket) {
   int payload_pair[2] = {-1, -1};
   if (offer_payload_socket)
     ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, payload_pair);
-  Fd payload_rx(payload_pair[0]), payload_tx(payload_pair[1]);
+  own_payload_rx.reset(payload_pair[0]);
+  Fd payload_tx(payload_pair[1]);
 
   Hello mine;
   mine.ring_size = own_ring;
@@ -97,6 +101,19 @@ Fd RawPeer::get_region(uint32_t rkey, bool* writable) {
   return nfds == 1 ? std::move(fd[0]) : Fd();
 }
 
+uint32_t RawPeer::atomic(RequestOp op, uint32_t rkey, uint64_t addr, uint64_t add) {
+  Request request{op, rkey, addr, add, 0};
+  Reply reply{};
+  size_t nfds = 0;
+  if (send_with_fds(request_socket.get(), &request, sizeof request, {}) != 0 ||
+      recv_with_fds(request_socket.get(), &reply, sizeof reply, {}, &nfds,
+                    std::chrono::milliseconds(2000)) !=
+          static_cast<ssize_t>(sizeof reply)) {
+    return ~0u;
+  }
+  return reply.status;
+}
+
 void RawPeer::publish(uint64_t n, uint32_t byte_len, uint8_t where, uint8_t opcode,
                       uint8_t status) {
   RecvSlot& slot = block->slots()[n & (hello.ring_size - 1)];
@@ -110,8 +127,9 @@ void RawPeer::publish(uint64_t n, uint32_t byte_len, uint8_t where, uint8_t opco
 }
 
 void RawPeer::wake_target() {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t w = ::write(cq_event.get(), &one, sizeof one);
+  const char one = 1;
+  [[maybe_unused]] ssize_t w =
+      ::send(cq_event.get(), &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 }  // namespace rdmakit::shm::attack

@@ -21,8 +21,10 @@ struct RawPeer {
   Fd own_block_fd;
   InboundBlock* own_block = nullptr;
   uint32_t own_ring = 8;
-  Fd own_event;
+  Fd own_event;        // our wake socket's receiving end
+  Fd own_event_send;   // what the target gets to wake us
   Fd own_request_end;  // the target asks us here; we never answer
+  Fd own_payload_rx;   // the target's SEND payloads to us (when we offer it)
 
   // Theirs.
   Hello hello{};
@@ -35,6 +37,8 @@ struct RawPeer {
   // Asks the target's service thread for a region's memfd; returns it
   // (empty when refused) and whether it came writable.
   Fd get_region(uint32_t rkey, bool* writable);
+  // Asks the target's service thread to perform an atomic; returns its status.
+  uint32_t atomic(RequestOp op, uint32_t rkey, uint64_t addr, uint64_t add);
   // Publishes our message n into the target's receive ring.
   void publish(uint64_t n, uint32_t byte_len, uint8_t where, uint8_t opcode,
                uint8_t status);

@@ -66,6 +66,20 @@ TEST(AuthTest, KeyFileReadableByOthersIsRefusedWithItsMode) {
   ::unlink(path.c_str());
 }
 
+TEST(AuthTest, KeyFileOfAnotherUserIsRefused) {
+  ASSERT_EQ(::geteuid(), 0u) << "needs root to give the file to another uid";
+  const std::string path = write_key("0123456789abcdef-key", 0600);
+  ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+  try {
+    (void)Secret::from_file(path);
+    FAIL() << "a key file of uid 65534 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos)
+        << e.what();
+  }
+  ::unlink(path.c_str());
+}
+
 TEST(AuthTest, ShortSymlinkedOrMissingKeysAreRefused) {
   const std::string shortkey = write_key("short", 0600);
   EXPECT_THROW((void)Secret::from_file(shortkey), Error);

@@ -372,3 +372,27 @@ TEST(ShmHostilePeerTest, ForgedSrqClaimCompletesNothing) {
 
 }  // namespace
 }  // namespace rdmakit::shm
+
+namespace rdmakit::shm {
+namespace {
+
+// Every sender on a shared receive queue writes its shared block: a peer of
+// another user may not be one (it could redirect the others' payloads).
+TEST(ShmHostilePeerTest, AnotherUsersPeerCannotUseASharedReceiveQueue) {
+  auto ctx = open_shm();
+  auto cq = ctx->create_cq();
+  auto srq = ctx->create_srq({.max_wr = 4});
+  QpOptions options{.send_cq = cq.get(), .recv_cq = cq.get()};
+  options.srq = srq.get();
+  auto& shm_ctx = dynamic_cast<ShmContext&>(*ctx);
+  EXPECT_NO_THROW((void)prepare_local_end(shm_ctx, options, false));
+  try {
+    (void)prepare_local_end(shm_ctx, options, true);
+    FAIL() << "a QP to another user's process was set up on a shared receive queue";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.sys_errno(), EPERM) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace rdmakit::shm

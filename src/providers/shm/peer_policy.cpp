@@ -17,9 +17,12 @@ namespace rdmakit::shm {
 namespace {
 
 uid_t parse_uid(const std::string& item) {
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(item.c_str(), &end, 10);
-  if (!item.empty() && end != nullptr && *end == '\0') return static_cast<uid_t>(v);
+  if (!item.empty() && item.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    const unsigned long long v = std::strtoull(item.c_str(), nullptr, 10);
+    // (uid_t)-1 is no user; a larger number must not wrap to root.
+    if (errno == 0 && v < 0xffffffffull) return static_cast<uid_t>(v);
+  }
   passwd pw{};
   passwd* found = nullptr;
   char buf[4096];

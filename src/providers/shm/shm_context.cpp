@@ -279,14 +279,29 @@ void ShmContext::serve_request(Link& link) {
     // grants no remote write goes out sealed read-only (see allocate()).
     constexpr uint32_t kRemoteBits =
         kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic;
+    // A peer of another user maps a region only to write it, or to read it
+    // when it is sealed read-only; atomics on any other stay with the owner,
+    // which performs each one.
+    const uint32_t access = live ? region->access() : 0;
+    const bool mappable =
+        link.other_user
+            ? ((access & kAccessRemoteWrite) != 0 ||
+               ((access & kAccessRemoteRead) != 0 && !region->peers_may_write()))
+            : (access & kRemoteBits) != 0;
     if (live && request.op == RequestOp::kGetRegion &&
-        region->kind() == RegionKind::kMemfd && (region->access() & kRemoteBits) != 0) {
+        region->kind() == RegionKind::kMemfd && mappable) {
       region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
-      reply.writable = region->peers_may_write() ? 1 : 0;
+      reply.writable = (link.other_user ? (region->access() & kAccessRemoteWrite) != 0
+                                        : region->peers_may_write())
+                           ? 1
+                           : 0;
       reply.status = static_cast<uint32_t>(region_fd ? Status::kSuccess
                                                      : Status::kRemoteOperationError);
-    } else if (live && (request.op == RequestOp::kCompareSwap ||
-                        request.op == RequestOp::kFetchAdd)) {
+    } else if (live &&
+               (request.op == RequestOp::kCompareSwap ||
+                request.op == RequestOp::kFetchAdd) &&
+               !(link.other_user && region->kind() == RegionKind::kUser)) {
+      // register_memory() memory is never reached by another user.
       const uint64_t base = reinterpret_cast<uint64_t>(region->addr());
       const bool in_range = request.addr >= base && region->length() >= 8 &&
                             request.addr - base <= region->length() - 8;

@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -27,8 +28,13 @@ ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   event_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  int wake[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, wake) != 0)
+    throw Error("create_cq", "shm", "", errno, "socketpair(wake)");
+  wake_rx_.reset(wake[0]);
+  wake_tx_.reset(wake[1]);
   if (!epoll_ || !event_ || !timer_) throw Error("create_cq", "shm", "", errno, "fds");
-  for (int fd : {event_.get(), timer_.get()}) {
+  for (int fd : {event_.get(), timer_.get(), wake_rx_.get()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -261,6 +267,10 @@ bool ShmCompletionQueue::arm() noexcept {
   while (::read(event_.get(), &drained, sizeof drained) > 0) {
   }
   while (::read(timer_.get(), &drained, sizeof drained) > 0) {
+  }
+  // Bounded: a peer may keep sending; what is left keeps fd() readable.
+  char byte;
+  for (int i = 0; i < 64 && ::recv(wake_rx_.get(), &byte, 1, MSG_DONTWAIT) >= 0; ++i) {
   }
   armed_.store(true, std::memory_order_relaxed);
   for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(true);

@@ -25,6 +25,11 @@ class ShmCompletionQueue final : public CompletionQueue {
   bool arm() noexcept override;
 
   int wake_fd() const noexcept { return event_.get(); }
+  // What a peer of another user gets to wake us: the sending end of a
+  // datagram socket (its readable end is in fd()'s set). Never our eventfd,
+  // whose file status flags and counter a holder controls: a peer could make
+  // our reads or writes of it block. Peers send with MSG_DONTWAIT.
+  int peer_wake_socket() const noexcept { return wake_tx_.get(); }
 
   // A producer on another thread than the owner (a thread-safe or
   // caller-serialized QP) pushed a completion or queued work: an owner asleep
@@ -208,6 +213,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   Fd epoll_;
   Fd event_;
   Fd timer_;
+  Fd wake_rx_, wake_tx_;  // see peer_wake_socket()
 };
 
 }  // namespace rdmakit::shm

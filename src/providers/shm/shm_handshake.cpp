@@ -137,7 +137,10 @@ int send_handshake(int sock, ShmContext& context, const LocalEnd& local,
     std::memcpy(hello.private_data, private_data.data(), private_data.size());
   }
   auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
-  int fds[kHelloMaxFds] = {context.table_fd(), local.block_fd.get(), recv_cq->wake_fd(),
+  // A payload socket is offered exactly to peers that may not hold our
+  // eventfd: another user (or Yama, where it does no harm).
+  const int wake = local.payload_rx ? recv_cq->peer_wake_socket() : recv_cq->wake_fd();
+  int fds[kHelloMaxFds] = {context.table_fd(), local.block_fd.get(), wake,
                            local.peer_request_end.get()};
   size_t nfds = kHelloFds;
   if (local.srq != nullptr) fds[nfds++] = local.srq->block_fd();
@@ -208,6 +211,15 @@ PeerEnd receive_handshake(int sock, const char* operation, const std::string& pe
     end.srq_ring_size = hello.srq_ring_size;
   }
   if (hello.payload_socket != 0) end.payload_socket = std::move(fds[next++]);
+  // From another user, every descriptor we write to or read from must be a
+  // socket, used with MSG_DONTWAIT: an eventfd or a pipe it also holds could
+  // be made to block us.
+  if (end.other_user &&
+      (hello.payload_socket == 0 || !is_socket(end.cq_event.get()) ||
+       !is_socket(end.request_socket.get()) || !is_socket(end.payload_socket.get()))) {
+    throw setup_error(operation, peer, EPROTO,
+                      "a peer of another user must hand over sockets only");
+  }
   end.address = peer;
   end.private_data.assign(
       reinterpret_cast<const std::byte*>(hello.private_data),
@@ -341,6 +353,7 @@ void ShmQueuePair::set_up() {
   mappings_ = std::make_unique<Mapping[]>(kInitialMappings);
   mapping_mask_ = kInitialMappings - 1;
 
+  local_.link->other_user = peer_.other_user;
   local_.link->send_cq_wake.reset(::fcntl(send_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
   local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
   // The progress thread watches the link from here on; a failure below

@@ -15,6 +15,14 @@ inline constexpr uint32_t kLayoutMagic = 0x52444b53;  // "RDKS"
 // 4: identity from SO_PEERCRED (no pid in the Hello), payload sockets.
 inline constexpr uint16_t kProtocolVersion = 4;
 
+// One load of a plain field a peer may be rewriting at any time: the
+// compiler neither repeats it (a check and a use would see two values) nor
+// elides it.
+template <class T>
+inline T read_once(const T& field) noexcept {
+  return *static_cast<const volatile T*>(&field);
+}
+
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "cross-process atomics must not fall back to locks");
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

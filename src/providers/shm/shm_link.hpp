@@ -14,6 +14,9 @@ struct Link {
   Fd recv_cq_wake;  // wakes sleepers even mid-teardown
   std::atomic<bool> peer_gone{false};
   uint64_t id = 0;
+  // The peer runs as another uid (SO_PEERCRED): the progress thread grants
+  // it less (ShmContext::serve_request).
+  bool other_user = false;
 };
 
 }  // namespace rdmakit::shm

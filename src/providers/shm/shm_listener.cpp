@@ -32,7 +32,8 @@ int bind_abstract(int sock, uint16_t port) {
 
 // Who holds a port's name: the kernel's credentials of its listener.
 std::string holder_of(uint16_t port) {
-  Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking: a squatter that never accepts must not hold listen() up.
+  Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   const std::string name = abstract_name(port);
@@ -180,8 +181,11 @@ void ShmListener::accept_queued() {
       // Refused before anything of ours is exchanged; accept() goes on
       // waiting for admitted clients.
       send_refusal(conn.get(), RejectReason::kUserNotAdmitted);
-      core::log().warn("shm: {}: refused a connection: {}", address(),
-                       policy.refusal(cred.uid, cred.pid, "client"));
+      // The first few, then one in 1000: another user must not flood our log.
+      if (++refused_ <= 10 || refused_ % 1000 == 0) {
+        core::log().warn("shm: {}: refused a connection ({} so far): {}", address(),
+                         refused_, policy.refusal(cred.uid, cred.pid, "client"));
+      }
       continue;
     }
     if (pending_.size() >= kMaxPendingHandshakes) {

@@ -50,6 +50,7 @@ class ShmListener final : public Listener {
   Fd socket_;
   std::mutex mu_;  // guards pending_ (accept() may run in several threads)
   std::vector<Pending> pending_;
+  uint64_t refused_ = 0;  // connections of users we do not admit
 };
 
 }  // namespace rdmakit::shm

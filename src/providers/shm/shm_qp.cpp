@@ -366,8 +366,17 @@ Status ShmQueuePair::copy_from_peer(const Target& target, void* dst,
 
 Status ShmQueuePair::remote_atomic(const SendWr& wr, uint64_t* old_value) noexcept {
   if (!core::atomic_aligned(wr.remote_addr)) return Status::kRemoteInvalidRequestError;
-  Target target = resolve(wr.rkey, wr.remote_addr, 8, kAccessRemoteAtomic, true);
-  if (target.status != Status::kSuccess) return target.status;
+  // A peer of another user maps only regions that grant it writes: on any
+  // other the owner performs the atomic (and checks it again).
+  EntryView view;
+  const bool owner_performs = peer_.other_user &&
+                              read_entry(*peer_table_, wr.rkey, &view) &&
+                              (view.access & kAccessRemoteWrite) == 0;
+  Target target;
+  if (!owner_performs) {
+    target = resolve(wr.rkey, wr.remote_addr, 8, kAccessRemoteAtomic, true);
+    if (target.status != Status::kSuccess) return target.status;
+  }
   if (target.mapped != nullptr && target.writable) {
     std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(target.mapped));
     if (wr.opcode == Opcode::kFetchAdd) {
@@ -691,6 +700,14 @@ void ShmQueuePair::enter_error() noexcept {
 }
 
 void ShmQueuePair::signal_peer() noexcept {
+  if (peer_.other_user) {
+    // Its wake socket (checked at the handshake): never blocks, and a full
+    // one already wakes it.
+    const char one = 1;
+    [[maybe_unused]] ssize_t n =
+        ::send(peer_.cq_event.get(), &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return;
+  }
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
 }

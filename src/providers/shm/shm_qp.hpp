@@ -242,11 +242,13 @@ class ShmQueuePair final : public QueuePair {
 inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
                                                const PostedRecv& posted,
                                                Completion* c) const noexcept {
-  // Every field was written by the peer: each is checked against our own
-  // record before it is used or reported. A lie fails this completion.
-  auto status = static_cast<Status>(slot.status);
-  const uint32_t byte_len = slot.byte_len;
-  auto opcode = static_cast<Opcode>(slot.opcode);
+  // Every field was written by the peer: each is read once (the peer may
+  // change it meanwhile) and checked against our own record before it is
+  // used or reported. A lie fails this completion.
+  auto status = static_cast<Status>(read_once(slot.status));
+  const uint32_t byte_len = read_once(slot.byte_len);
+  auto opcode = static_cast<Opcode>(read_once(slot.opcode));
+  const uint8_t where = read_once(slot.data_inline);
   if (opcode != Opcode::kRecv && opcode != Opcode::kRecvWriteWithImm) {
     opcode = Opcode::kRecv;
     status = Status::kLocalQpOperationError;
@@ -256,7 +258,6 @@ inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
     status = Status::kLocalQpOperationError;
   }
   if (status == Status::kSuccess && opcode == Opcode::kRecv) {
-    const uint8_t where = slot.data_inline;
     if (byte_len > posted.length) {
       status = Status::kLocalQpOperationError;
     } else if (where == kPayloadInSlot) {
@@ -267,18 +268,20 @@ inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
       }
     } else if (where == kPayloadOnSocket) {
       status = take_socket_payload(posted, byte_len);
-    } else if (where != kPayloadInBuffer) {
+    } else if (where != kPayloadInBuffer || (local_.payload_rx && byte_len != 0)) {
+      // With a payload socket the peer never writes our buffers: a payload
+      // said to be there is stale memory passed off as a message.
       status = Status::kLocalQpOperationError;
     }
   }
   c->wr_id = posted.wr_id;
   // A RECV never reports more than its buffer holds, even with an error.
   c->byte_len = opcode == Opcode::kRecv ? std::min(byte_len, posted.length) : byte_len;
-  c->imm = slot.imm;
+  c->imm = read_once(slot.imm);
   c->qp_num = qp_num();
   c->opcode = opcode;
   c->status = status;
-  c->flags = slot.flags & kCompletionHasImm;
+  c->flags = read_once(slot.flags) & kCompletionHasImm;
   c->reserved = 0;
   c->vendor_err = 0;
 }

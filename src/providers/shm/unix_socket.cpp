@@ -7,10 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace rdmakit::shm {
+namespace {
+ssize_t recv_once(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds);
+}  // namespace
 
 std::string abstract_name(uint16_t port) {
   return std::string(1, '\0') + "rdmakit-shm:" + std::to_string(port);
@@ -19,14 +23,26 @@ std::string abstract_name(uint16_t port) {
 ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds,
                       std::chrono::milliseconds timeout) {
   *nfds = 0;
-  pollfd pfd{sock, POLLIN, 0};
-  int ready;
-  do {
-    ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-  } while (ready < 0 && errno == EINTR);
-  if (ready < 0) return -errno;
-  if (ready == 0) return -ETIMEDOUT;
+  // The peer may hold this socket's end too and take what poll() saw:
+  // never block in recvmsg, look again until the time is up.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    pollfd pfd{sock, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int ready =
+        ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (ready < 0 && errno != EINTR) return -errno;
+    if (ready == 0) return -ETIMEDOUT;
+    if (ready < 0) continue;
+    const ssize_t got = recv_once(sock, buf, len, fds, nfds);
+    if (got != -EAGAIN) return got;
+  }
+}
 
+namespace {
+
+ssize_t recv_once(int sock, void* buf, size_t len, std::span<Fd> fds, size_t* nfds) {
   constexpr size_t kMaxFds = 8;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
   iovec iov{buf, len};
@@ -37,7 +53,7 @@ ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t
   msg.msg_controllen = sizeof control;
   ssize_t got;
   do {
-    got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (got < 0 && errno == EINTR);
   if (got < 0) return -errno;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -57,6 +73,8 @@ ssize_t recv_with_fds(int sock, void* buf, size_t len, std::span<Fd> fds, size_t
   if ((msg.msg_flags & MSG_CTRUNC) != 0) return -EPROTO;
   return got;
 }
+
+}  // namespace
 
 int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds,
                   bool dont_wait) {
@@ -111,6 +129,11 @@ Fd create_resizable_sealed_memfd(const char* name, size_t bytes) {
 bool finish_seals(int fd, bool read_only_for_peers) {
   return ::fcntl(fd, F_ADD_SEALS,
                  F_SEAL_SEAL | (read_only_for_peers ? F_SEAL_FUTURE_WRITE : 0)) == 0;
+}
+
+bool is_socket(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 bool peer_cred(int sock, PeerCred* cred) {

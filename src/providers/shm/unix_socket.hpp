@@ -42,6 +42,9 @@ Fd create_resizable_sealed_memfd(const char* name, size_t bytes);
 // writable mapping made before stays writable. Returns false (errno set).
 bool finish_seals(int fd, bool read_only_for_peers);
 
+// fd is a socket (fstat).
+bool is_socket(int fd);
+
 // The kernel's word on who is at the other end of a Unix socket: the
 // connecting process (listener side) or the listening one (connector side).
 struct PeerCred {
