@@ -1,7 +1,7 @@
 // rdmakit-pingpong: a client sends a message, the server echoes it, and the
 // client checks every byte and times the round trip. Built on the session
 // layer, on any provider.
-//   rdmakit-pingpong server [--listen 0.0.0.0:7472]
+//   rdmakit-pingpong server [--listen 127.0.0.1:7472]
 //   rdmakit-pingpong client SERVER:7472 [--iters 10000] [--size 64]
 //   rdmakit-pingpong --loopback          # both ends on this host (forks)
 #include <sys/wait.h>

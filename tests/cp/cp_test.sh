@@ -28,6 +28,13 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A server on an address other hosts reach needs a secret (docs/security.md):
+# on such a host address (the rxe IP on verbs) both ends share one.
+case $host in
+  127.* | ::1 | localhost) ;;
+  *) (umask 077; head -c 32 /dev/urandom | base64 >"$work/cp.key")
+     export RDMAKIT_SECRET_FILE=$work/cp.key ;;
+esac
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 pass() { echo "ok: $*"; }

@@ -64,6 +64,8 @@ case $mode in
     ;;
   cp)
     bin=$build/apps/cp/rdmakit-cp
+    # Not loopback: the server needs a secret; both nodes share this one.
+    export RDMAKIT_SECRET=rdmakit-verbs-pair-test-secret
     rm -f "$pair/cp."*.node"$node"
     if [ "$node" = 0 ]; then
       mkdir -p "$work/root"

@@ -247,8 +247,10 @@ int main(int argc, char** argv) {
   app.add_option("--provider", o.provider, "auto, shm, tcp or verbs");
   app.add_option("-d,--device", o.device, "verbs device");
   app.add_option("-p,--port", o.port, "TCP port / shm name (default 18515)");
-  app.add_option("--bind", o.bind,
-                 "Server listen address (default 0.0.0.0; with --loopback 127.0.0.1)");
+  app.add_option(
+      "--bind", o.bind,
+      "Server listen address (default 127.0.0.1; an RDMA interface's address, or "
+      "0.0.0.0, serves other hosts)");
   app.add_option("--cpu", o.cpu, "Pin this process to a CPU (loopback: the client)");
   app.add_flag("--loopback", o.loopback, "Run server and client here, on two cores");
   app.add_flag("--json", o.json, "One JSON object per line per (test, size)");

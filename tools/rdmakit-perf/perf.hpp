@@ -61,10 +61,10 @@ struct Settings {
 struct Options {
   Settings settings;
   std::vector<uint64_t> sizes;
-  uint64_t iterations = 0;  // per QP; 0 = duration mode
-  double duration_s = 0;    // -D
-  std::string server;       // empty: this process is the server
-  std::string bind = "0.0.0.0";
+  uint64_t iterations = 0;         // per QP; 0 = duration mode
+  double duration_s = 0;           // -D
+  std::string server;              // empty: this process is the server
+  std::string bind = "127.0.0.1";  // loopback unless --bind says otherwise
   uint16_t port = 18515;
   std::string provider = "auto";
   std::string device;

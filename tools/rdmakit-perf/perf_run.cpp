@@ -302,8 +302,9 @@ int run_server(const Options& options, int port_fd) {
       fail("cannot report the port");
     ::close(port_fd);
   } else {
-    std::fprintf(stderr, "rdmakit-perf: server on %s, waiting for a client\n",
-                 listener->address().c_str());
+    std::fprintf(stderr,
+                 "rdmakit-perf: server on %s (provider %s), waiting for a client\n",
+                 listener->address().c_str(), run.info().provider.c_str());
   }
   run.server_accept(*listener);
   run.serve();
