@@ -19,17 +19,19 @@ creds=/run/credentials/rdmakit-cp.service
 mkdir -p "$creds" && install -o "$user" -g "$group" -m 0400 "$key" "$creds/${credential%%:*}"
 chown "$user:$group" "$creds" && chmod 0500 "$creds"
 command=${exec_start//\$\{CREDENTIALS_DIRECTORY\}/$creds}
-echo "cp-daemon: as $user: $command"
+mapfile -t environment < <(sed -n 's/^Environment=//p' "$unit")
+echo "cp-daemon: as $user: ${environment[*]} $command"
 log=/tmp/rdmakit-cp-daemon.log
 # shellcheck disable=SC2086  # ExecStart= is split on spaces, as systemd does.
-CREDENTIALS_DIRECTORY=$creds setpriv --reuid="$user" --regid="$group" --init-groups \
+env "${environment[@]}" CREDENTIALS_DIRECTORY="$creds" setpriv --reuid="$user" --regid="$group" --init-groups \
   --no-new-privs $command >"$log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 50); do grep -q "listening on" "$log" && break; sleep 0.1; done
 grep -q "listening on" "$log" || { echo "FAIL: daemon did not start:"; cat "$log"; exit 1; }
 head -c 3000000 /dev/urandom >/tmp/cp-payload
-rdmakit-cp -q --secret-file "$key" /tmp/cp-payload 127.0.0.1:pushed
+# A local client admits the daemon's user on shm (docs/packaging.md).
+RDMAKIT_SHM_ALLOW_UIDS=$user rdmakit-cp -q --secret-file "$key" /tmp/cp-payload 127.0.0.1:pushed
 root=$(sed -n 's/^root *= *//p' /etc/rdmakit/cp.conf)
 cmp /tmp/cp-payload "$root/pushed"
 owner=$(stat -c %U "$root/pushed")

@@ -16,7 +16,7 @@ scripts/package.sh "$debs"
 
 # The base system: the chroot's own tools for the checks; the packages'
 # dependencies come from the mirror when the .debs are installed.
-include=iperf3,man-db,cmake,g++,make,pkg-config,lintian,util-linux
+include=iperf3,man-db,cmake,g++,make,pkg-config,lintian,util-linux,ca-certificates
 cache=/var/cache/rdmakit-package
 base=$cache/bookworm-$(echo "$include" | md5sum | cut -c1-8).tar
 if [ ! -f "$base" ]; then
@@ -34,6 +34,7 @@ cleanup() {
   for m in dev/shm proc; do umount "$chroot_dir/$m" 2>/dev/null || true; done
   mountpoint -q "$chroot_dir/dev/shm" || mountpoint -q "$chroot_dir/proc" ||
     rm -rf --one-file-system "$chroot_dir"
+  echo "package stage: $((SECONDS - start)) s"
 }
 trap cleanup EXIT INT TERM
 tar -C "$chroot_dir" -xf "$base"
@@ -45,13 +46,18 @@ mkdir -p "$chroot_dir/tmp/debs"
 cp "$debs"/*.deb "$chroot_dir/tmp/debs/"
 cp -r tests/packaging "$chroot_dir/tmp/packaging"
 
-echo "=== [package] apt-get install ./rdmakit-tools ./librdmakit0 ./librdmakit-dev (chroot)"
-chroot "$chroot_dir" sh -c 'apt-get update -qq &&
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    /tmp/debs/rdmakit-tools_*.deb /tmp/debs/librdmakit0_*.deb /tmp/debs/librdmakit-dev_*.deb' \
-  >"$chroot_dir.apt.log" 2>&1 || { tail -30 "$chroot_dir.apt.log"; exit 1; }
-rm -f "$chroot_dir.apt.log"
-chroot "$chroot_dir" sh -c 'command -v rdmakit-run rdmakit-cp rdmakit-kv rdmakit-perf' >/dev/null
-chroot "$chroot_dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-  /tmp/packaging/in-chroot.sh /tmp/debs
-echo "package stage: $((SECONDS - start)) s"
+in_chroot() { chroot "$chroot_dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"; }
+apt_install() {
+  echo "=== [package] apt-get install $* (chroot)"
+  in_chroot sh -c 'cd /tmp/debs && apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $@' \
+    sh "$@" >"$chroot_dir.apt.log" 2>&1 || { tail -30 "$chroot_dir.apt.log"; exit 1; }
+  rm -f "$chroot_dir.apt.log"
+}
+# The tools and the library alone give working commands; -dev for the consumer.
+apt_install './rdmakit-tools_*.deb' './librdmakit0_*.deb'
+in_chroot sh -c 'for t in rdmakit-run rdmakit-cp rdmakit-kv rdmakit-perf rdmakit-info \
+    rdmakit-mesh rdmakit-pingpong; do $t --help >/dev/null || exit 1; done;
+  rdmakit-run --stats true && rdmakit-info | head -3'
+apt_install './librdmakit-dev_*.deb'
+in_chroot /tmp/packaging/in-chroot.sh /tmp/debs
