@@ -13,7 +13,8 @@ if [ -n "$prefix" ]; then
   cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix")
   PKG_CONFIG_PATH=$(find "$prefix" -type d -name pkgconfig -path '*/lib*' | paste -sd:)
   export PKG_CONFIG_PATH
-  export LD_LIBRARY_PATH=$(dirname "$(find "$prefix" -name 'librdmakit.so.0' | head -1)")
+  LD_LIBRARY_PATH=$(dirname "$(find "$prefix" -name 'librdmakit.so.0' | head -1)")
+  export LD_LIBRARY_PATH
 fi
 export RDMAKIT_PROVIDER=${RDMAKIT_PROVIDER:-shm} RDMAKIT_LOG=warn
 cmake -S "$src" -B "$work/cmake" ${cmake_args[@]+"${cmake_args[@]}"} >"$work/cmake.log" 2>&1 ||

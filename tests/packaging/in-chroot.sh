@@ -24,8 +24,14 @@ grep "path=" "$log"
 grep -q "connect .*path=shm" "$log" && grep -q "accept .*path=shm" "$log" ||
   { echo "FAIL: no shm connection in $log"; exit 1; }
 
+step "systemd-analyze verify: the units"
+systemd-analyze verify rdmakit-cp.service rdmakit-kv.service
+
 step "rdmakit-cp daemon from its unit file"
 "$here/cp-daemon.sh"
+
+step "rdmakit-kv daemon from its unit file, port from kv.conf"
+"$here/kv-daemon.sh"
 
 step "consumer: find_package(rdmakit) and pkg-config"
 "$here/consumer-build.sh" /tmp/consumer

@@ -16,11 +16,12 @@ scripts/package.sh "$debs"
 
 # The base system: the chroot's own tools for the checks; the packages'
 # dependencies come from the mirror when the .debs are installed.
-include=iperf3,man-db,cmake,g++,make,pkg-config,lintian,util-linux,ca-certificates
+include=iperf3,man-db,cmake,g++,make,pkg-config,lintian,util-linux,ca-certificates,systemd
 cache=/var/cache/rdmakit-package
 base=$cache/bookworm-$(echo "$include" | md5sum | cut -c1-8).tar
 if [ ! -f "$base" ]; then
   mkdir -p "$cache"
+  rm -f "$cache"/bookworm-*.tar     # an older include list's
   sources=/etc/apt/sources.list.d/debian.sources
   [ -f "$sources" ] || sources=/etc/apt/sources.list
   echo "package stage: creating $base (mmdebstrap bookworm, once)"
