@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds and runs every test: unit + conformance (shm, tcp) in a release
 # build, again under ASan+UBSan and under TSan, the frame fuzzer for a
-# bounded time, the verbs provider inside Soft-RoCE VMs, and the lint
-# (clang-format, clang-tidy).
-#   RDMAKIT_TEST_STAGES="release asan tsan fuzz verbs lint"   (default: all)
+# bounded time, the verbs provider inside Soft-RoCE VMs, the lint
+# (clang-format, clang-tidy), and the Debian packages in a fresh chroot.
+#   RDMAKIT_TEST_STAGES="release asan tsan fuzz verbs lint package"   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs lint}
+stages=${RDMAKIT_TEST_STAGES:-release asan tsan fuzz verbs lint package}
 jobs=$(nproc)
 passed=0; failed=0; failed_stages=(); summary=()
 
@@ -63,7 +63,7 @@ for stage in $stages; do
     asan)    run_ctest asan build-asan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=address,undefined ;;
     tsan)    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
                run_ctest tsan build-tsan -DCMAKE_BUILD_TYPE=Debug -DRDMAKIT_SANITIZE=thread ;;
-    fuzz|verbs)
+    fuzz|verbs|package)
       script="tests/stages/$stage.sh"
       if [ -x "$script" ]; then
         echo "=== [$stage] $script"

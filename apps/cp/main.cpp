@@ -2,6 +2,7 @@
 //   rdmakit-cp serve --root DIR [-p PORT] [--provider P] [--max-clients N]
 //                    [--bind ADDR] [--secret-file F] [--no-auth] [--read-only]
 //                    [--write-only] [--preserve-special] [--max-client-bytes SIZE]
+//                    [--config FILE]   (default /etc/rdmakit/cp.conf, if present)
 //   rdmakit-cp [-r] [--resume] [--json] SRC... HOST:DST     (push)
 //   rdmakit-cp [-r] [--resume] [--json] HOST:SRC... DST     (pull)
 #include <sched.h>
@@ -14,12 +15,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <rdmakit/rdmakit.hpp>
+#include <string>
 
 #include "endpoints.hpp"
 #include "limits.hpp"
 #include "report.hpp"
 
 namespace {
+
+constexpr const char* kDefaultConfig = "/etc/rdmakit/cp.conf";
 
 // A copy is bulk work, and each end runs several threads on what may be one
 // CPU (the transport's receive thread, the session worker, the reader or
@@ -84,6 +88,12 @@ int main(int argc, char** argv) {
                      "one more is refused with \"server busy\"")
           ->check(CLI::Range(1u, kMaxMaxClients))
           ->capture_default_str();
+      // Flags override the file; a missing default file is not an error, a
+      // missing --config FILE is (docs/cp.md#config-file).
+      app.set_config("--config", kDefaultConfig,
+                     "INI/TOML file of these options (key = value, e.g. root = /srv/x); "
+                     "flags override it. Default " +
+                         std::string(kDefaultConfig) + ", if it exists");
       try {
         app.parse(argc - 1, argv + 1);
       } catch (const CLI::ParseError& e) {

@@ -1,5 +1,5 @@
 // rdmakit-kv: a key-value store whose GETs can be one-sided RDMA READs.
-//   rdmakit-kv server [-p PORT] [--provider P] [--capacity N]
+//   rdmakit-kv server [-p PORT] [--provider P] [--capacity N] [--config FILE]
 //   rdmakit-kv client [-s SERVER] [-p PORT] [-i] [-q]          # the lab's menu
 //   rdmakit-kv client put K V | get K [--get read] | del K | -  # one-shot, or stdin
 //   rdmakit-kv bench [--provider P] [-n N] [-k K] [--threads T] [--server-busy] [--json
@@ -25,11 +25,93 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
+constexpr const char* kDefaultConfig = "/etc/rdmakit/kv.conf";
+
 ProviderKind provider_of(const std::string& name) { return parse_provider(name); }
+
+// The server's options: the same on `rdmakit-kv server` (parsed by its own
+// App, which also reads the config file) and in the top-level help.
+struct ServerArgs {
+  std::string provider = "auto";
+  std::string secret_file;
+  uint16_t port = 7471;
+  std::string bind = "127.0.0.1";
+  ServerOptions so;
+  bool no_grow = false;
+  int auth_timeout_ms = 5000;
+};
+
+void add_server_options(CLI::App* server_cmd, ServerArgs& a) {
+  server_cmd->add_option("-p,--port", a.port, "Port (default 7471)");
+  server_cmd->add_option("--bind", a.bind,
+                         "Address to listen on (default 127.0.0.1; another one needs a "
+                         "secret or --no-auth)");
+  server_cmd->add_option("--secret-file", a.secret_file,
+                         "Clients must prove this key (0600 file; else "
+                         "RDMAKIT_SECRET_FILE, else RDMAKIT_SECRET)");
+  server_cmd->add_flag("--no-auth", a.so.allow_no_auth,
+                       "Allow a non-loopback address without a secret (anyone who "
+                       "reaches it can read and write the table)");
+  server_cmd->add_option(
+      "--auth-timeout-ms", a.auth_timeout_ms,
+      "Drop a client that has not authenticated by then (default 5000)");
+  server_cmd->add_option("--provider", a.provider, "auto, shm, tcp or verbs");
+  server_cmd->add_option("--capacity", a.so.table.capacity,
+                         "Keys the first table holds (default 32768)");
+  server_cmd->add_option("--blocks", a.so.table.blocks,
+                         "Blocks for entries longer than a slot (default 64)");
+  server_cmd->add_flag("--no-grow", a.no_grow,
+                       "Refuse PUTs when full instead of growing");
+  server_cmd->add_option("--max-clients", a.so.max_clients,
+                         "Clients served at once (default 64)");
+  server_cmd->add_flag("-q,--quiet", a.so.quiet, "No line per request");
+  server_cmd->add_flag("--busy-poll", a.so.busy_poll,
+                       "Poll without sleeping (lowest latency; takes a core)");
+  // Flags override the file; a missing default file is not an error, a
+  // missing --config FILE is (docs/kv.md#config-file).
+  server_cmd->set_config(
+      "--config", kDefaultConfig,
+      "INI/TOML file of these options (key = value, e.g. port = 7471); "
+      "flags override it. Default " +
+          std::string(kDefaultConfig) + ", if it exists");
+}
+
+int run_server(ServerArgs& a) {
+  ServerOptions& so = a.so;
+  so.provider = provider_of(a.provider);
+  so.address = a.bind + ":" + std::to_string(a.port);
+  so.table.grow = !a.no_grow;
+  so.auth_timeout = std::chrono::milliseconds(a.auth_timeout_ms);
+  if (auto secret = auth::Secret::resolve(a.secret_file))
+    so.secret = std::make_shared<const auth::Secret>(std::move(*secret));
+  Server server(so);
+  std::fprintf(stderr, "rdmakit-kv server: listening on %s, table sized for %lu keys\n",
+               server.describe().c_str(), static_cast<unsigned long>(so.table.capacity));
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = true; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  server.run(g_stop);
+  std::fprintf(stderr, "rdmakit-kv server: stopped after %lu requests\n",
+               static_cast<unsigned long>(server.requests()));
+  return 0;
+}
+
+// `rdmakit-kv server ...`: its own App, so that --config applies to it (CLI11
+// reads a config file for the top-level App only).
+int server_main(int argc, char** argv) {
+  ServerArgs a;
+  CLI::App app{"rdmakit-kv server: serve a table"};
+  add_server_options(&app, a);
+  CLI11_PARSE(app, argc, argv);
+  return run_server(a);
+}
 
 }  // namespace
 
 static int run_tool(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "server")
+    return server_main(argc - 1, argv + 1);
   CLI::App app{"rdmakit-kv: key-value store with one-sided READ GETs (docs/kv.md)"};
   app.require_subcommand(1);
 
@@ -38,34 +120,8 @@ static int run_tool(int argc, char** argv) {
   uint16_t port = 7471;
 
   auto* server_cmd = app.add_subcommand("server", "Serve a table");
-  std::string bind = "127.0.0.1";
-  ServerOptions so;
-  bool no_grow = false;
-  int auth_timeout_ms = 5000;
-  server_cmd->add_option("-p,--port", port, "Port (default 7471)");
-  server_cmd->add_option("--bind", bind,
-                         "Address to listen on (default 127.0.0.1; another one needs a "
-                         "secret or --no-auth)");
-  server_cmd->add_option("--secret-file", secret_file,
-                         "Clients must prove this key (0600 file; else "
-                         "RDMAKIT_SECRET_FILE, else RDMAKIT_SECRET)");
-  server_cmd->add_flag("--no-auth", so.allow_no_auth,
-                       "Allow a non-loopback address without a secret (anyone who "
-                       "reaches it can read and write the table)");
-  server_cmd->add_option(
-      "--auth-timeout-ms", auth_timeout_ms,
-      "Drop a client that has not authenticated by then (default 5000)");
-  server_cmd->add_option("--provider", provider, "auto, shm, tcp or verbs");
-  server_cmd->add_option("--capacity", so.table.capacity,
-                         "Keys the first table holds (default 32768)");
-  server_cmd->add_option("--blocks", so.table.blocks,
-                         "Blocks for entries longer than a slot (default 64)");
-  server_cmd->add_flag("--no-grow", no_grow, "Refuse PUTs when full instead of growing");
-  server_cmd->add_option("--max-clients", so.max_clients,
-                         "Clients served at once (default 64)");
-  server_cmd->add_flag("-q,--quiet", so.quiet, "No line per request");
-  server_cmd->add_flag("--busy-poll", so.busy_poll,
-                       "Poll without sleeping (lowest latency; takes a core)");
+  ServerArgs server_args;
+  add_server_options(server_cmd, server_args);
 
   auto* client_cmd =
       app.add_subcommand("client", "Menu, one command, or commands from stdin");
@@ -113,26 +169,7 @@ static int run_tool(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (server_cmd->parsed()) {
-      so.provider = provider_of(provider);
-      so.address = bind + ":" + std::to_string(port);
-      so.table.grow = !no_grow;
-      so.auth_timeout = std::chrono::milliseconds(auth_timeout_ms);
-      if (auto secret = auth::Secret::resolve(secret_file))
-        so.secret = std::make_shared<const auth::Secret>(std::move(*secret));
-      Server server(so);
-      std::fprintf(
-          stderr, "rdmakit-kv server: listening on %s, table sized for %lu keys\n",
-          server.describe().c_str(), static_cast<unsigned long>(so.table.capacity));
-      struct sigaction sa {};
-      sa.sa_handler = [](int) { g_stop = true; };
-      sigaction(SIGINT, &sa, nullptr);
-      sigaction(SIGTERM, &sa, nullptr);
-      server.run(g_stop);
-      std::fprintf(stderr, "rdmakit-kv server: stopped after %lu requests\n",
-                   static_cast<unsigned long>(server.requests()));
-      return 0;
-    }
+    if (server_cmd->parsed()) return run_server(server_args);
     if (client_cmd->parsed()) {
       co.provider = provider_of(provider);
       co.address = server_host + ":" + std::to_string(port);

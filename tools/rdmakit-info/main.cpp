@@ -2,7 +2,7 @@
 // then every RDMA device with its ports, GID table (type, address, netdev),
 // MTUs and limits: ibv_devinfo + show_gids in one table.
 //
-//   rdmakit-info [-v]     -v adds the less common device limits
+//   rdmakit-info [-v|--verbose]   adds the less common device limits
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -94,12 +94,27 @@ void print_devices(const rdmakit::RdmaDeviceList& list, bool verbose) {
              format_bytes(list.huge_page_size));
 }
 
+constexpr const char* kUsage =
+    "rdmakit-info: providers, RDMA devices, ports, GIDs, MTUs and limits\n"
+    "Usage: rdmakit-info [OPTIONS]\n"
+    "\n"
+    "Options:\n"
+    "  -h,--help                   Print this help message and exit\n"
+    "  -v,--verbose                Also the less common device limits\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool verbose = argc > 1 && std::strcmp(argv[1], "-v") == 0;
-  if (argc > 1 && !verbose) {
-    std::fprintf(stderr, "usage: rdmakit-info [-v]\n");
+  const bool help = argc > 1 && (std::strcmp(argv[1], "-h") == 0 ||
+                                 std::strcmp(argv[1], "--help") == 0);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const bool verbose = argc > 1 && (std::strcmp(argv[1], "-v") == 0 ||
+                                    std::strcmp(argv[1], "--verbose") == 0);
+  if (argc > 2 || (argc > 1 && !verbose)) {
+    std::fputs(kUsage, stderr);
     return 2;
   }
   const rdmakit::RdmaDeviceList list = rdmakit::list_devices();
