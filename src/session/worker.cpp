@@ -409,9 +409,14 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
       !EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {}, &goodbye)) {
     goodbye = 0;
   }
-  log().info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
-             ep.provider_name(), disconnect_reason_name(info.reason),
-             info.detail.empty() ? "" : ": ", info.detail);
+  // A close by either side is the normal end of an endpoint (a client
+  // leaving, a mesh rank finishing): debug. A failure or a silent peer: warn.
+  const bool normal = info.reason == DisconnectReason::kLocalClose ||
+                      info.reason == DisconnectReason::kPeerClosed;
+  log().log(normal ? spdlog::level::debug : spdlog::level::warn,
+            "session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
+            ep.provider_name(), disconnect_reason_name(info.reason),
+            info.detail.empty() ? "" : ": ", info.detail);
   {
     std::lock_guard lock(ep.info_mu_);
     ep.info_ = info;
