@@ -1,6 +1,8 @@
 #include "stat.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,6 +60,30 @@ uint64_t start_ticks() {
 
 void remove_at_exit() {
   if (g_owner == getpid() && g_path[0] != '\0') unlink(g_path);
+}
+
+// Files of this uid's processes that are gone (killed by a signal: no
+// atexit ran) are removed, so they do not pile up between runs of
+// rdmakit-stat, which removes them too.
+void remove_stale(const char* dir) {
+  DIR* d = opendir(dir);
+  if (d == nullptr) return;
+  char prefix[64];
+  const int plen = std::snprintf(prefix, sizeof prefix, "%s%u-", kFilePrefix,
+                                 static_cast<unsigned>(geteuid()));
+  while (const dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, prefix, static_cast<size_t>(plen)) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name + plen, &end, 10);
+    if (end == nullptr || *end != '\0' || pid <= 0 || pid == process_id()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    char path[512];
+    std::snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat st {};
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+      unlink(path);
+  }
+  closedir(d);
 }
 
 bool enabled() {
@@ -126,6 +152,7 @@ Header* publish() {
     std::atexit(remove_at_exit);
   }
   g_hdr = h;
+  remove_stale(dir);
   return h;
 }
 
