@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -166,9 +168,7 @@ void print_table(const st::Snapshot& snap, bool closed, bool processes) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "rdmakit-stat: the connections the rdmakit preload library (rdmakit-run) decided "
       "about on this host: path (shm, verbs, tcp, or kernel with the fallback reason), "
@@ -239,4 +239,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rdmakit-stat: %s\n", e.what());
+    return 1;
+  }
 }
