@@ -7,6 +7,8 @@
 #           INFO stats), within what was in flight.
 #   kernel  one end preloaded (each way): the connection listed with path
 #           kernel, its reason and no byte counts; gone once closed.
+#   hostile statistics files with bad magic, size, counts, pid, owner, a
+#           FIFO, a symlink, control characters: skipped or shown printable.
 # The statistics files go to a private directory (RDMAKIT_PRELOAD_STAT_DIR),
 # so other tests running at the same time are not seen.
 set -euo pipefail
@@ -210,6 +212,67 @@ PY
     "$stat" --json >"$work/k3.json"
     ls "$RDMAKIT_PRELOAD_STAT_DIR" | grep -q . && fail "stale files left: $(ls "$RDMAKIT_PRELOAD_STAT_DIR")"
     echo "stale files removed: $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["removed_stale"]))' "$work/k3.json")"
+    ;;
+  hostile)
+    # Files another user could write into their own statistics file (or
+    # plant under a name): the reader must skip each with a reason, never
+    # hang or crash, and show nothing unprintable.
+    d=$RDMAKIT_PRELOAD_STAT_DIR
+    sleeps=()
+    for _ in 1 2 3 4 5 6 7; do sleep 60 & sleeps+=($!); pids+=($!); done
+    python3 - "$d" "$(id -u)" "${sleeps[@]}" <<'PY'
+import os, struct, sys
+d, uid = sys.argv[1], int(sys.argv[2]); p = [int(x) for x in sys.argv[3:]]
+SIZE = 4096 + 320 * 1024
+def header(pid, magic=b"RKSTAT1\0", version=1, slots=1024, program=b"\x1b[31mevil\x07" + b"A" * 40):
+    h = bytearray(4096)
+    struct.pack_into("<8sIIIIiIQ", h, 0, magic, version, 4096, 320, slots, pid, 16, 0)
+    h[40:72] = program[:32]                       # no NUL: cut at the array's end
+    struct.pack_into("<9Q", h, 72, 1, 2, 3, 2**63, 5, 6, 7, 8, 9)
+    struct.pack_into("<Q", h, 144, 10**18); h[152:272] = (b"\x1b]0;title\x07" + b"R" * 120)[:120]
+    return h
+def slot(state=2, gen=1, gen_end=1, path=4):
+    s = bytearray(320)
+    struct.pack_into("<IIiBBBBQQII", s, 0, state, gen, 7, path, 2, 1, 0, 1, 0, 2**32 - 1, gen_end)
+    s[40:88] = b"L" * 48; s[88:136] = b"\x1b[2J" + b"P" * 44; s[136:248] = b"X" * 112
+    struct.pack_into("<5Q", s, 256, 2**64 - 1, 1, 2, 3, 4)
+    return s
+def write(pid, data, name_uid=uid):
+    with open(f"{d}/rdmakit-stat-{name_uid}-{pid}", "wb") as f: f.write(data)
+# 1: valid layout, hostile contents: one good slot, one of an unknown path,
+# one torn (gen != gen_end), one in an unknown state.
+body = header(p[0]) + slot() + slot(path=99) + slot(gen=2, gen_end=3) + slot(state=77)
+write(p[0], body + bytes(SIZE - len(body)))
+write(p[1], header(p[1], magic=b"XXXXXXXX") + bytes(SIZE - 4096))   # bad magic
+write(p[2], header(p[2]) + bytes(100))                               # truncated
+write(p[3], header(p[3], slots=2**32 - 1) + bytes(SIZE - 4096))     # impossible count
+write(p[4], header(p[5]) + bytes(SIZE - 4096))                       # pid not its name's
+os.mkfifo(f"{d}/rdmakit-stat-{uid}-{p[5]}")                          # a FIFO
+os.symlink("/etc/passwd", f"{d}/rdmakit-stat-{uid}-{p[6]}")          # a symlink
+write(p[6] + 1000000, b"junk", name_uid=uid + 1)                     # owner not its name's
+write("x", b"junk")                                                  # not a name of ours
+PY
+    timeout 10 "$stat" --json --no-clean >"$work/h.json" || fail "rdmakit-stat failed or hung on hostile files"
+    timeout 10 "$stat" --no-clean >"$work/h.txt" 2>"$work/h.err" || fail "table mode failed"
+    cat "$work/h.txt" "$work/h.err"
+    LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$work/h.txt" "$work/h.err" && fail "control characters printed"
+    python3 - "$work/h.json" "${sleeps[@]}" <<'PY' || fail "hostile files: $(cat "$work/h.json")"
+import json, sys
+s = json.load(open(sys.argv[1])); p = [int(x) for x in sys.argv[2:]]
+assert len(s["processes"]) == 1, s["processes"]
+pr = s["processes"][0]
+assert pr["pid"] == p[0] and len(pr["connections"]) == 1, pr
+assert all(32 <= ord(ch) < 127 for ch in json.dumps(pr, ensure_ascii=False)), "unprintable text"
+c = pr["connections"][0]
+assert c["path"] == "kernel" and c["tx_bytes"] is None and len(c["reason"]) == 112, c
+assert len(pr["program"]) == 32 and len(c["local"]) == 48, pr
+why = sorted(x["why"] for x in s["skipped"])
+print("skipped:", why)
+assert len(why) == 7, why
+for w in ("bad magic", "size ", "unknown layout", "not the pid in its name", "not a regular file",
+          "symbolic links", "owner uid"):
+    assert any(x.startswith(w) or w in x for x in why), (w, why)
+PY
     ;;
   *) fail "unknown case" ;;
 esac
