@@ -285,10 +285,9 @@ void drop_in_child() noexcept {
   g_hdr = nullptr;
   g_tried = false;
   g_cursor = 0;
-  if (g_fd_slots != nullptr) {
-    for (int fd = 0; fd < kMaxFd; ++fd)
-      g_fd_slots[fd].store(nullptr, std::memory_order_relaxed);
-  }
+  // The parent's kernel-TCP slots are not this process's to release: its
+  // table copy is dropped (not cleared: no page of it is touched here).
+  g_fd_slots = nullptr;
 }
 
 }  // namespace rdmakit::preload::stats
