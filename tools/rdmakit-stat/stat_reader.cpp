@@ -143,8 +143,13 @@ std::optional<Process> read_file(const std::string& path, std::string* why, bool
     return std::nullopt;
   }
   const ps::Header& h = buf[0];
+  static constexpr char kZero[sizeof ps::kMagic] = {};
+  if (std::memcmp(h.magic, kZero, sizeof kZero) == 0) {
+    *why = "initialising";  // created, magic not written yet: skipped quietly
+    return std::nullopt;
+  }
   if (std::memcmp(h.magic, ps::kMagic, sizeof ps::kMagic) != 0) {
-    *why = "bad magic (not yet initialised, or not a statistics file)";
+    *why = "bad magic (not a statistics file)";
     return std::nullopt;
   }
   if (h.version != ps::kVersion || h.header_size != ps::kHeaderSize ||
@@ -269,7 +274,8 @@ Snapshot scan(const ScanOptions& opts) {
       }
       continue;  // a dead process has no connections
     }
-    if (why == std::strerror(EACCES)) continue;  // another user's: not ours to see
+    // Another user's (not ours to see), or one being created.
+    if (why == std::strerror(EACCES) || why == "initialising") continue;
     snap.skipped.push_back({path, why});
   }
   return snap;
