@@ -151,7 +151,11 @@ class Mesh {
     };
     h.on_disconnect = [this](Endpoint& ep, const DisconnectInfo& info) {
       const auto tag = reinterpret_cast<intptr_t>(ep.user_data);
-      if (tag <= 0 || finishing_.load()) return;
+      // A peer that closed cleanly (goodbye) has finished, possibly while
+      // this rank is still in the last allgather: not a loss.
+      if (tag <= 0 || finishing_.load() || info.reason == DisconnectReason::kPeerClosed) {
+        return;
+      }
       Peer& p = *peers_[static_cast<size_t>(tag - 1)];
       std::lock_guard lock(p.mu);
       p.lost = true;

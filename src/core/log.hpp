@@ -1,6 +1,7 @@
 #pragma once
 // The library's logger ("rdmakit", stderr). Level from RDMAKIT_LOG
-// (trace|debug|info|warn|error|off; default info). Never used on the data path.
+// (trace|debug|info|warn|error|off; default warn: warnings and errors only). Never used
+// on the data path.
 #include <spdlog/spdlog.h>
 
 namespace rdmakit::core {

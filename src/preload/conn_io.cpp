@@ -11,6 +11,7 @@
 #include "epoll_set.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "stat.hpp"
 #include "wait_spin.hpp"
 
 namespace rdmakit::preload {
@@ -119,7 +120,9 @@ int take_stream_error(Conn& c) noexcept {
   return err;
 }
 
-ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+namespace {
+
+ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (refuse_foreign(c, fd, "recv")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
@@ -198,7 +201,7 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   }
 }
 
-ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   if (refuse_foreign(c, fd, "send")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
@@ -254,6 +257,23 @@ ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       return -1;
     }
   }
+}
+
+}  // namespace
+
+// The counters of the published statistics (stat.hpp): a load and a store
+// each, no syscall, no locked instruction.
+ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  const ssize_t r = recv_impl(c, fd, iov, iovcnt, flags);
+  if (r > 0 && (flags & MSG_PEEK) == 0)
+    stats::count_rx(c.stat_slot, static_cast<size_t>(r));
+  return r;
+}
+
+ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  const ssize_t r = send_impl(c, fd, iov, iovcnt, flags);
+  if (r > 0) stats::count_tx(c.stat_slot, static_cast<size_t>(r));
+  return r;
 }
 
 }  // namespace rdmakit::preload

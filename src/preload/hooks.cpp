@@ -28,6 +28,7 @@
 #include "remote.hpp"
 #include "rendezvous.hpp"
 #include "rules.hpp"
+#include "stat.hpp"
 #include "state.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
@@ -56,6 +57,7 @@ void forget_stale(int fd) {
   if (is_conn(fd)) (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
   forget_epoll(fd);
+  stats::forget_fd(fd);
 }
 
 uint16_t port_of(const sockaddr* sa) {
@@ -75,15 +77,47 @@ const std::string& process_rules() {
   return process_denied();
 }
 
-std::string describe(int fd) {
+struct Ends {
+  std::string local;
+  std::string peer;
+};
+
+Ends ends_of(int fd) {
   sockaddr_storage l{};
   sockaddr_storage p{};
   socklen_t ll = sizeof l;
   socklen_t pl = sizeof p;
   (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll);  // NOLINT
   (void)real().getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl);  // NOLINT
-  return "local=" + endpoint(reinterpret_cast<sockaddr*>(&l)) +        // NOLINT
-         " peer=" + endpoint(reinterpret_cast<sockaddr*>(&p));         // NOLINT
+  return {endpoint(reinterpret_cast<sockaddr*>(&l)),                   // NOLINT
+          endpoint(reinterpret_cast<sockaddr*>(&p))};                  // NOLINT
+}
+
+std::string describe(int fd) {
+  const Ends e = ends_of(fd);
+  return "local=" + e.local + " peer=" + e.peer;
+}
+
+stats::Side side_of(const char* side) {
+  return std::strcmp(side, "accept") == 0 ? stats::kSideAccept : stats::kSideConnect;
+}
+
+// A connection kept on kernel TCP: counted, and listed by rdmakit-stat
+// (no byte counts) until its fd is closed. peer: when the kernel has none
+// yet (a connect in progress).
+void publish_fallback(int fd, const char* side, const std::string& reason,
+                      const sockaddr* peer = nullptr) {
+  count_path(false);
+  Ends e = ends_of(fd);
+  if (peer != nullptr && e.peer == "?") e.peer = endpoint(peer);
+  stats::Decision d;
+  d.fd = fd;
+  d.side = side_of(side);
+  d.path = stats::kPathKernel;
+  d.local = std::move(e.local);
+  d.peer = std::move(e.peer);
+  d.reason = reason.c_str();
+  stats::note_fallback(d);
 }
 
 // The upgraded fd number keeps its place in the application; the kernel TCP
@@ -106,14 +140,14 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
     if (tcp >= 0) real().close(tcp);
     log_line("%s fd=%d %s path=kernel reason=no descriptor for the readiness mirror",
              side, fd, where.c_str());
-    count_path(false);
+    publish_fallback(fd, side, "no descriptor for the readiness mirror");
     return false;  // the stream is dropped before any byte; the peer sees a reset stream
   }
   if (real().dup3(ready, fd, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
     real().close(tcp);
-    log_line("%s fd=%d %s path=kernel reason=dup3: %s", side, fd, where.c_str(),
-             std::strerror(errno));
-    count_path(false);
+    const std::string why = std::string("dup3: ") + std::strerror(errno);
+    log_line("%s fd=%d %s path=kernel reason=%s", side, fd, where.c_str(), why.c_str());
+    publish_fallback(fd, side, why);
     return false;
   }
   auto conn = std::make_shared<Conn>();
@@ -122,6 +156,19 @@ bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
   conn->owner = process_id();
   conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
   conn->remote = std::strcmp(up.path, "shm") != 0;
+  {
+    stats::Decision d;
+    d.fd = fd;
+    d.side = side_of(side);
+    d.path = !conn->remote                        ? stats::kPathShm
+             : std::strcmp(up.path, "verbs") == 0 ? stats::kPathVerbs
+                                                  : stats::kPathTcp;
+    Ends e = ends_of(tcp);
+    d.local = std::move(e.local);
+    d.peer = std::move(e.peer);
+    d.ring_bytes = conn->remote ? config().remote_ring_bytes : config().shm_ring_bytes;
+    conn->stat_slot = stats::claim_upgraded(d);
+  }
   install_conn(fd, std::move(conn));
   log_line("%s fd=%d %s path=%s", side, fd, where.c_str(), up.path);
   count_path(true, std::strcmp(up.path, "shm") != 0);
@@ -134,7 +181,7 @@ void finish_upgrade(PendingOfferPtr offer, int fd) {
   if (up.stream == nullptr) {
     log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(),
              up.reason.c_str());
-    count_path(false);
+    publish_fallback(fd, "connect", up.reason);
     return;
   }
   (void)adopt(fd, up, "connect", where);
@@ -188,7 +235,7 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
       const int saved = errno;
       log_line("connect fd=%d peer=%s path=kernel reason=%s", fd, endpoint(addr).c_str(),
                reason.c_str());
-      count_path(false);
+      publish_fallback(fd, "connect", reason, addr);
       errno = saved;
     }
     return r;
@@ -209,7 +256,7 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
     log_line(
         "connect fd=%d peer=%s path=kernel reason=non-blocking connect still in progress",
         fd, endpoint(addr).c_str());
-    count_path(false);
+    publish_fallback(fd, "connect", "non-blocking connect still in progress", addr);
     errno = saved;
     return -1;
   }
@@ -276,7 +323,7 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
   if (up.stream == nullptr) {
     log_line("accept fd=%d %s path=kernel reason=%s", s, where.c_str(),
              up.reason.c_str());
-    count_path(false);
+    publish_fallback(s, "accept", up.reason);
   } else {
     (void)adopt(s, up, "accept", where);
   }
@@ -302,6 +349,7 @@ EXPORT int close(int fd) {
   }
   if (is_listener(fd)) remove_listener(fd);
   forget_epoll(fd);
+  stats::forget_fd(fd);
   return real().close(fd);
 }
 
@@ -574,6 +622,7 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
   replaced = remove_conn(newfd);
   if (is_listener(newfd)) remove_listener(newfd);
   forget_epoll(newfd);
+  stats::forget_fd(newfd);
   epoll_seen_by_kernel(oldfd);  // an epoll set now also answers under another number
   if (c && newfd < kMaxFd) install_conn(newfd, std::move(c));
   return r;

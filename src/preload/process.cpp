@@ -10,6 +10,7 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
+#include "stat.hpp"
 #include "state.hpp"
 
 extern char* program_invocation_short_name;  // glibc
@@ -28,8 +29,10 @@ char g_launch_name[64] = "";
 void on_prepare() {
   g_engine_mu.lock();
   lock_table_for_fork();
+  stats::lock_for_fork();
 }
 void on_parent() {
+  stats::unlock_after_fork();
   unlock_table_after_fork();
   g_engine_mu.unlock();
 }
@@ -38,6 +41,8 @@ void on_child() {
   reset_counts_in_child();
   disown_all_in_child();
   forget_epoll_sets_in_child();
+  stats::drop_in_child();
+  stats::unlock_after_fork();
   unlock_table_after_fork();
   // The parent's engine has no progress thread here; the child makes its
   // own if it upgrades a connection of its own.

@@ -17,6 +17,7 @@
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous.hpp"
+#include "stat.hpp"
 
 namespace rdmakit::preload {
 
@@ -130,6 +131,7 @@ Conn::~Conn() {
   }
   stream.reset();  // close(): delivers what is queued, then FIN
   if (tcp_fd >= 0) real().close(tcp_fd);
+  stats::release(stat_slot);
 }
 
 bool is_conn(int fd) noexcept {

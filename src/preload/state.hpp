@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rdmakit/stream/stream.hpp"
+#include "stat_format.hpp"
 
 namespace rdmakit::preload {
 
@@ -61,6 +62,8 @@ struct Conn {
   std::atomic<bool> lazy{false};   // Stream::set_lazy_readiness(true) is in force
   int epoll_set = -1;              // the one epoll set it is registered in; -1 none
   std::atomic<bool> eager{false};  // watched by the kernel elsewhere: never lazy
+  // Its slot in the published statistics (stat.hpp); nullptr: not listed.
+  stats::Slot* stat_slot = nullptr;
   ~Conn();
 };
 

@@ -133,6 +133,17 @@ class Worker {
     std::string detail;
   };
   std::vector<FlushSeen> flushed_;
+  // Endpoints whose flushes named no cause: most often the peer's QP went
+  // away as the peer closed, and its goodbye may still come (a clean close,
+  // logged as such). Killed as a transport error if it has not come within
+  // a short grace (kFlushGrace). Kept alive meanwhile.
+  struct FlushWait {
+    std::shared_ptr<Endpoint> endpoint;
+    std::string detail;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<FlushWait> flush_wait_;
+  void settle_flushes(std::chrono::steady_clock::time_point now);
 
   bool retire_when_idle_ = false;
   bool served_ = false;  // an endpoint was adopted (worker thread only)

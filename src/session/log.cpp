@@ -16,8 +16,14 @@ spdlog::logger& log() {
     // as to its own loggers (it starts at the registry's level).
     spdlog::initialize_logger(made);
     made->set_pattern("[rdmakit %L %P] %v");
-    if (const char* level = std::getenv("RDMAKIT_LOG")) {
+    // Quiet by default (warnings and errors), unless RDMAKIT_LOG says
+    // otherwise or the application chose a level of its own before (the
+    // registry's level is no longer spdlog's default, info).
+    if (const char* level = std::getenv("RDMAKIT_LOG");
+        level != nullptr && *level != '\0') {
       made->set_level(spdlog::level::from_str(level));
+    } else if (spdlog::get_level() == spdlog::level::info) {
+      made->set_level(spdlog::level::warn);
     }
     return made;
   }();

@@ -21,6 +21,8 @@ namespace {
 // A goodbye gets at most this long to leave before the QP that carries it is
 // destroyed; its completion ends the wait sooner.
 constexpr milliseconds kLinger{100};
+// How long a cause-less flush waits for the peer's goodbye (Worker::flush_wait_).
+constexpr milliseconds kFlushGrace{20};
 
 int add_fd(int epfd, int fd) {
   epoll_event ev{};
@@ -172,6 +174,7 @@ int Worker::pass(milliseconds timeout, bool clock_when_idle) {
     n = wait_and_poll(nested, timeout);
     dispatch_all(nested, n);
   }
+  if (!flush_wait_.empty()) settle_flushes(Clock::now());
   // The clock is read when idle and every 64 busy passes, not per message.
   if ((n == 0 && clock_when_idle) || ++polls_since_clock_ >= 64) {
     polls_since_clock_ = 0;
@@ -238,9 +241,35 @@ void Worker::dispatch_all(std::span<Completion> batch, int n) {
   std::vector<FlushSeen> seen;
   seen.swap(flushed_);
   for (FlushSeen& f : seen) {
-    if (!f.endpoint->closed()) {
-      kill(*f.endpoint, {DisconnectReason::kTransportError, std::move(f.detail)});
+    if (f.endpoint->closed()) continue;
+    if (std::any_of(flush_wait_.begin(), flush_wait_.end(),
+                    [&](const FlushWait& w) { return w.endpoint.get() == f.endpoint; })) {
+      continue;
     }
+    std::shared_ptr<Endpoint> owner;
+    {
+      std::lock_guard lock(slots_mu_);
+      owner = owners_[f.endpoint->slot_];
+    }
+    if (!owner) {
+      kill(*f.endpoint, {DisconnectReason::kTransportError, std::move(f.detail)});
+      continue;
+    }
+    flush_wait_.push_back(
+        {std::move(owner), std::move(f.detail), Clock::now() + kFlushGrace});
+  }
+}
+
+void Worker::settle_flushes(Clock::time_point now) {
+  std::vector<FlushWait> waiting;
+  waiting.swap(flush_wait_);
+  for (FlushWait& w : waiting) {
+    if (w.endpoint->closed()) continue;  // the goodbye came (or a better cause)
+    if (now < w.until) {
+      flush_wait_.push_back(std::move(w));
+      continue;
+    }
+    kill(*w.endpoint, {DisconnectReason::kTransportError, std::move(w.detail)});
   }
 }
 
@@ -409,9 +438,14 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
       !EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {}, &goodbye)) {
     goodbye = 0;
   }
-  log().info("session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
-             ep.provider_name(), disconnect_reason_name(info.reason),
-             info.detail.empty() ? "" : ": ", info.detail);
+  // A close by either side is the normal end of an endpoint (a client
+  // leaving, a mesh rank finishing): debug. A failure or a silent peer: warn.
+  const bool normal = info.reason == DisconnectReason::kLocalClose ||
+                      info.reason == DisconnectReason::kPeerClosed;
+  log().log(normal ? spdlog::level::debug : spdlog::level::warn,
+            "session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
+            ep.provider_name(), disconnect_reason_name(info.reason),
+            info.detail.empty() ? "" : ": ", info.detail);
   {
     std::lock_guard lock(ep.info_mu_);
     ep.info_ = info;
@@ -517,6 +551,7 @@ void Worker::shutdown() {
       kill(*ep, {DisconnectReason::kLocalClose, "the session was destroyed"});
     }
   }
+  flush_wait_.clear();  // closed above
   // Let the goodbyes leave: their completions say they did. Nothing to
   // wait for when every endpoint was closed (and its goodbye gone) already.
   while (lingering(Clock::now())) {
