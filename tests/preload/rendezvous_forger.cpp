@@ -30,32 +30,17 @@
 #include <rdmakit/stream/stream.hpp>
 #include <string>
 
+#include "rendezvous_records.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
 
-// The rendezvous records, as a peer sees them (rendezvous_wire.hpp).
-constexpr uint32_t kMagic = 0x31504b52;
-constexpr uint32_t kVersion = 2;
-struct Tuple {
-  uint8_t family = AF_INET;
-  uint8_t pad[3] = {};
-  uint8_t client_addr[16] = {};
-  uint8_t server_addr[16] = {};
-  uint16_t client_port = 0;
-  uint16_t server_port = 0;
-};
-struct Offer {
-  uint32_t magic = kMagic;
-  uint32_t version = kVersion;
-  Tuple tuple;
-  std::array<uint8_t, 16> nonce{};
-  uint16_t stream_port = 0;
-  uint8_t pad[6] = {};
-};
-struct Hello {
-  uint32_t magic, version, status, pad;
-};
+using rdmakit::preload::test::Hello;
+using rdmakit::preload::test::kMagic;
+using rdmakit::preload::test::kVersion;
+using rdmakit::preload::test::Offer;
+using rdmakit::preload::test::Tuple;
 struct Answer {
   uint32_t magic, status;
   std::array<uint8_t, 16> nonce;
