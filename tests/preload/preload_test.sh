@@ -299,18 +299,8 @@ NGINX
     ns_a=rkpa$$ ns_b=rkpb$$
     netns_cleanup() { ip netns del "$ns_a" 2>/dev/null || true; ip netns del "$ns_b" 2>/dev/null || true; }
     trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; netns_cleanup; rm -rf "$work"' EXIT
-    ip netns add "$ns_a" && ip netns add "$ns_b" || fail "ip netns add failed"
-    ip link add "va$$" netns "$ns_a" type veth peer name "vb$$" netns "$ns_b" || fail "veth failed"
-    ip -n "$ns_a" addr add 10.251.77.1/24 dev "va$$"
-    ip -n "$ns_b" addr add 10.251.77.2/24 dev "vb$$"
-    for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
-    ip -n "$ns_a" link set "va$$" up; ip -n "$ns_b" link set "vb$$" up
-    in_a() { ip netns exec "$ns_a" "$@"; }
-    in_b() { ip netns exec "$ns_b" "$@"; }
-    wait_listen_ns() {
-      for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
-      fail "no server listening on port $1 in $ns_a"
-    }
+    . "$(dirname "$0")/../support/two_hosts.sh"
+    two_hosts_up "$ns_a" "$ns_b" 10.251.77
     port=5201
     if [ "$case_name" = netns-iperf3 ]; then
       need iperf3

@@ -43,20 +43,8 @@ expect_count() {  # N PATTERN WHAT
 
 # Two hosts: A (server) 10.251.79.1; B (clients) 10.251.79.2, and .3/.4
 # for the flood.
-ip netns add "$ns_a" && ip netns add "$ns_b" || fail "ip netns add failed"
-ip link add "sa$$" netns "$ns_a" type veth peer name "sb$$" netns "$ns_b" || fail "veth failed"
-ip -n "$ns_a" addr add 10.251.79.1/24 dev "sa$$"
-ip -n "$ns_b" addr add 10.251.79.2/24 dev "sb$$"
-ip -n "$ns_b" addr add 10.251.79.3/24 dev "sb$$"
-ip -n "$ns_b" addr add 10.251.79.4/24 dev "sb$$"
-for n in "$ns_a" "$ns_b"; do ip -n "$n" link set lo up; done
-ip -n "$ns_a" link set "sa$$" up; ip -n "$ns_b" link set "sb$$" up
-in_a() { ip netns exec "$ns_a" "$@"; }
-in_b() { ip netns exec "$ns_b" "$@"; }
-wait_listen_ns() {
-  for _ in $(seq 400); do in_a ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
-  fail "no server listening on port $1 in $ns_a"
-}
+. "$here/../support/two_hosts.sh"
+two_hosts_up "$ns_a" "$ns_b" 10.251.79 3 4
 
 # The flooder runs as another Unix user: its binary must be reachable.
 . "$here/../support/second_user.sh"
