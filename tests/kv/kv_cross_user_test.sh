@@ -39,12 +39,17 @@ export RDMAKIT_LOG=off
 timeout -s KILL 100 "$kv" server --provider tcp -p 0 --secret-file "$work/kv.key" \
   --auth-timeout-ms 1000 >"$work/server.log" 2>&1 &
 server_pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
+# The port a server's log says it listens on (waits up to 10 s; empty if none).
+listening_port() {
+  local p=
+  for _ in $(seq 100); do
+    p=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$1")
+    [ -n "$p" ] && break
+    sleep 0.1
+  done
+  echo "$p"
+}
+port=$(listening_port "$work/server.log")
 [ -n "$port" ] || { echo "FAIL: server did not start"; cat "$work/server.log"; exit 1; }
 check "the server binds loopback with auth on" \
   grep -q "listening on 127.0.0.1:$port (provider tcp, auth on: secret from file" \
@@ -93,12 +98,7 @@ start_shm_server() {  # start_shm_server [ENV...]
   env "$@" timeout -s KILL 60 "$kv" server --provider shm -p 0 --secret-file "$work/kv.key" \
     >"$work/shm-server.log" 2>&1 &
   shm_pid=$!
-  shm_port=
-  for _ in $(seq 100); do
-    shm_port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$work/shm-server.log")
-    [ -n "$shm_port" ] && break
-    sleep 0.1
-  done
+  shm_port=$(listening_port "$work/shm-server.log")
 }
 shm_client() {  # shm_client ENV... -- ARGS...: as the second user
   local envs=()
