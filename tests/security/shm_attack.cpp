@@ -389,12 +389,15 @@ int attack(uint16_t port) {
     struct Lie {
       uint32_t len;
       uint8_t where, opcode, status;
+      uint32_t socket_bytes = 0;  // what really goes on the payload socket
     };
     const Lie lies[] = {{0xfffffff0u, shm::kPayloadInBuffer, recv, 0},
                         {kMsg, shm::kPayloadOnSocket, recv, 0},
                         {8, shm::kPayloadInSlot, 0xee, 0},
                         {8, shm::kPayloadInSlot, recv, 0x77},
-                        {8, shm::kPayloadInBuffer, recv, 0}};
+                        {8, shm::kPayloadInBuffer, recv, 0},
+                        // A socket message longer than it says, and than the buffer.
+                        {kMsg, shm::kPayloadOnSocket, recv, 0, 3 * kRecvLen}};
     // Each lie on a connection of its own: the first error completion puts a
     // QP in the error state, as on a NIC.
     for (const Lie& lie : lies) {
@@ -405,6 +408,10 @@ int attack(uint16_t port) {
       }
       for (int i = 0; i < 400 && liar.block->slots()[0].post_seq.load() != 1; ++i)
         std::this_thread::sleep_for(5ms);
+      if (lie.socket_bytes != 0) {
+        std::vector<char> junk(lie.socket_bytes, 'J');
+        (void)::send(liar.payload_socket.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+      }
       liar.publish(0, lie.len, lie.where, lie.opcode, lie.status);
       std::this_thread::sleep_for(100ms);
     }
