@@ -82,10 +82,12 @@ if [ "$(id -u)" = 0 ] && [ "$provider" = tcp ]; then
     have_user=1
     trap 'second_user_remove; cleanup' EXIT
     mkdir "$work/user" && chown "$SECOND_USER:" "$work/user"
+    second_user_stage "$work/user-bin" "$bin" || { echo "FAIL: staging $bin"; exit 1; }
   fi
 fi
 as_user_cp() {  # the unprivileged attacker's client
-  as_second_user timeout --kill-after=5 60 "$bin" -q --provider "$provider" -p "$port" "$@"
+  as_second_user timeout --kill-after=5 60 "$SECOND_USER_BIN" -q --provider "$provider" \
+    -p "$port" "$@"
 }
 
 # --- Closed by default -------------------------------------------------------
@@ -177,7 +179,7 @@ if [ $have_user = 1 ]; then
   mkdir "$work/svc"; cp "$work/key" "$work/svc.key"
   chown "$SECOND_USER:" "$work/svc" "$work/svc.key"; chmod 600 "$work/svc.key"
   rm -f "$work/user/port"  # (a directory the service user may write)
-  as_second_user "$bin" serve --root "$work/svc" -p 0 --port-file "$work/user/port" \
+  as_second_user "$SECOND_USER_BIN" serve --root "$work/svc" -p 0 --port-file "$work/user/port" \
     --provider "$provider" --secret-file "$work/svc.key" 2>>"$work/server.log" &
   server_pid=$!
   for _ in $(seq 100); do [ -s "$work/user/port" ] && break; sleep 0.05; done

@@ -18,6 +18,7 @@ second_user_create || exit 1
 
 work=$(mktemp -d)
 chmod 755 "$work"
+second_user_stage "$work/bin" "$kv" || { echo "FAIL: staging $kv"; exit 1; }
 server_pid=
 cleanup() {
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
@@ -57,7 +58,7 @@ check "the server binds loopback with auth on" \
 
 client() { timeout -s KILL 20 "$kv" client --provider tcp -p "$port" --timeout-ms 3000 "$@"; }
 attacker() {
-  as_second_user timeout -s KILL 20 "$kv" client --provider tcp -p "$port" \
+  as_second_user timeout -s KILL 20 "$SECOND_USER_BIN" client --provider tcp -p "$port" \
     --timeout-ms 3000 "$@"
 }
 
@@ -75,7 +76,7 @@ check "attacker cannot use the server's key file" test $? -ne 0
 check "... the file is refused" grep -qi "$work/kv.key" <<<"$out"
 
 out=$(as_second_user env RDMAKIT_SECRET="guessed secret 0123456789abcdef" \
-  timeout -s KILL 20 "$kv" client --provider tcp -p "$port" --timeout-ms 3000 \
+  timeout -s KILL 20 "$SECOND_USER_BIN" client --provider tcp -p "$port" --timeout-ms 3000 \
   getr owner 2>&1)
 rc=$?
 check "attacker with a guessed secret fails" test $rc -ne 0
@@ -104,7 +105,7 @@ shm_client() {  # shm_client ENV... -- ARGS...: as the second user
   local envs=()
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  as_second_user env "${envs[@]}" timeout -s KILL 20 "$kv" client --provider shm \
+  as_second_user env "${envs[@]}" timeout -s KILL 20 "$SECOND_USER_BIN" client --provider shm \
     -p "$shm_port" --timeout-ms 3000 --secret-file "$work/kv-second.key" "$@"
 }
 value="a value of more than twenty bytes, so the request takes the payload path"

@@ -4,6 +4,11 @@
 #                                returns 1 and says why otherwise)
 #   as_second_user CMD...        runs CMD as that user (setpriv, no new privileges,
 #                                supplementary groups cleared)
+#   second_user_stage DIR BIN    copies BIN, and the libraries it loads from outside the
+#                                system's directories (the build tree's), into DIR (0755);
+#                                sets SECOND_USER_BIN to the copy (as_second_user finds its
+#                                libraries): a checkout may sit where the second user
+#                                cannot reach (a 0700 temporary directory)
 #   second_user_remove           deletes the user and its processes (also on EXIT
 #                                when second_user_create installed the trap)
 # The user has no home directory and no login shell; its name is unique per
@@ -24,7 +29,19 @@ second_user_create() {
 
 as_second_user() {
   setpriv --reuid "$SECOND_UID" --regid "$SECOND_GID" --clear-groups --no-new-privs \
-    --reset-env -- env PATH="$PATH" "$@"
+    --reset-env -- env PATH="$PATH" ${SECOND_USER_LIBS:+LD_LIBRARY_PATH="$SECOND_USER_LIBS"} "$@"
+}
+
+second_user_stage() {
+  local dir=$1 bin=$2 lib
+  mkdir -p "$dir" && chmod 755 "$dir" || return 1
+  cp "$bin" "$dir/" && chmod 755 "$dir/$(basename "$bin")" || return 1
+  for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'); do
+    case $lib in /lib/* | /usr/*) continue ;; esac
+    cp -L "$lib" "$dir/$(basename "$lib")" && chmod 755 "$dir/$(basename "$lib")" || return 1
+  done
+  SECOND_USER_LIBS=$dir
+  SECOND_USER_BIN=$dir/$(basename "$bin")
 }
 
 second_user_remove() {
