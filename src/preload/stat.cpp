@@ -143,8 +143,13 @@ Header* publish() {
   h->reason_count = kReasonCount;
   h->start_ticks = start_ticks();
   copy_str(h->program, sizeof h->program, launch_name());
-  std::atomic_thread_fence(std::memory_order_release);
-  std::memcpy(h->magic, kMagic, sizeof kMagic);
+  // The magic last, by a release store: a reader that sees it sees the
+  // header filled in (an atomic store, where a fence would not be
+  // understood by the thread sanitizer).
+  uint64_t magic;
+  std::memcpy(&magic, kMagic, sizeof magic);
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(h->magic))
+      .store(magic, std::memory_order_release);
   g_owner = pid;
   static bool registered = false;
   if (!registered) {
@@ -177,8 +182,9 @@ Slot* claim(Header* h, const Decision& d) {
     h->unlisted.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  s->state.store(kBusy, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  // Busy before any field changes: the acquire half keeps the writes
+  // below after it.
+  s->state.exchange(kBusy, std::memory_order_acq_rel);
   s->gen = s->gen + 1;
   s->fd = d.fd;
   s->path = d.path;
