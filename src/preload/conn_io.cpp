@@ -123,7 +123,6 @@ int take_stream_error(Conn& c) noexcept {
 namespace {
 
 ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (refuse_foreign(c, fd, "recv")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const bool peek = (flags & MSG_PEEK) != 0;
@@ -202,7 +201,6 @@ ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 }
 
 ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (refuse_foreign(c, fd, "send")) return -1;
   const bool nonblocking =
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const size_t want = total_len(iov, iovcnt);

@@ -20,9 +20,11 @@
 #include <cstdarg>
 #include <cstring>
 
+#include "adopt.hpp"
 #include "conn_io.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "handoff.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "remote.hpp"
@@ -54,7 +56,7 @@ bool inet(const sockaddr* sa) {
 // A new kernel fd with this number: whatever the table held for it was
 // closed behind our back (fclose, a raw syscall) and is stale.
 void forget_stale(int fd) {
-  if (is_conn(fd)) (void)remove_conn(fd);
+  (void)remove_conn(fd);
   if (is_listener(fd)) remove_listener(fd);
   forget_epoll(fd);
   stats::forget_fd(fd);
@@ -77,104 +79,6 @@ const std::string& process_rules() {
   return process_denied();
 }
 
-struct Ends {
-  std::string local;
-  std::string peer;
-};
-
-Ends ends_of(int fd) {
-  sockaddr_storage l{};
-  sockaddr_storage p{};
-  socklen_t ll = sizeof l;
-  socklen_t pl = sizeof p;
-  (void)real().getsockname(fd, reinterpret_cast<sockaddr*>(&l), &ll);  // NOLINT
-  (void)real().getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl);  // NOLINT
-  return {endpoint(reinterpret_cast<sockaddr*>(&l)),                   // NOLINT
-          endpoint(reinterpret_cast<sockaddr*>(&p))};                  // NOLINT
-}
-
-std::string describe(int fd) {
-  const Ends e = ends_of(fd);
-  return "local=" + e.local + " peer=" + e.peer;
-}
-
-stats::Side side_of(const char* side) {
-  return std::strcmp(side, "accept") == 0 ? stats::kSideAccept : stats::kSideConnect;
-}
-
-// A connection kept on kernel TCP: counted, and listed by rdmakit-stat
-// (no byte counts) until its fd is closed. peer: when the kernel has none
-// yet (a connect in progress).
-void publish_fallback(int fd, const char* side, const std::string& reason,
-                      const sockaddr* peer = nullptr) {
-  count_path(false);
-  Ends e = ends_of(fd);
-  if (peer != nullptr && e.peer == "?") e.peer = endpoint(peer);
-  stats::Decision d;
-  d.fd = fd;
-  d.side = side_of(side);
-  d.path = stats::kPathKernel;
-  d.local = std::move(e.local);
-  d.peer = std::move(e.peer);
-  d.reason = reason.c_str();
-  stats::note_fallback(d);
-}
-
-// The upgraded fd number keeps its place in the application; the kernel TCP
-// socket moves to a high descriptor (close-on-exec), and the stream's
-// readiness socket takes the application's number, so poll/select/epoll on
-// it see the stream's state.
-bool adopt(int fd, Upgrade& up, const char* side, const std::string& where) {
-  int fd_flags = real().fcntl(fd, F_GETFD);
-  int fl_flags = real().fcntl(fd, F_GETFL);
-  rlimit lim{};
-  int low = 0;
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128 &&
-      lim.rlim_cur != RLIM_INFINITY) {
-    low = static_cast<int>(lim.rlim_cur / 2);
-  }
-  int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, low);
-  if (tcp < 0) tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  const int ready = up.stream->fd();
-  if (tcp < 0 || ready < 0 || tcp >= kMaxFd) {
-    if (tcp >= 0) real().close(tcp);
-    log_line("%s fd=%d %s path=kernel reason=no descriptor for the readiness mirror",
-             side, fd, where.c_str());
-    publish_fallback(fd, side, "no descriptor for the readiness mirror");
-    return false;  // the stream is dropped before any byte; the peer sees a reset stream
-  }
-  if (real().dup3(ready, fd, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
-    real().close(tcp);
-    const std::string why = std::string("dup3: ") + std::strerror(errno);
-    log_line("%s fd=%d %s path=kernel reason=%s", side, fd, where.c_str(), why.c_str());
-    publish_fallback(fd, side, why);
-    return false;
-  }
-  auto conn = std::make_shared<Conn>();
-  conn->stream = std::move(up.stream);
-  conn->tcp_fd = tcp;
-  conn->owner = process_id();
-  conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
-  conn->remote = std::strcmp(up.path, "shm") != 0;
-  {
-    stats::Decision d;
-    d.fd = fd;
-    d.side = side_of(side);
-    d.path = !conn->remote                        ? stats::kPathShm
-             : std::strcmp(up.path, "verbs") == 0 ? stats::kPathVerbs
-                                                  : stats::kPathTcp;
-    Ends e = ends_of(tcp);
-    d.local = std::move(e.local);
-    d.peer = std::move(e.peer);
-    d.ring_bytes = conn->remote ? config().remote_ring_bytes : config().shm_ring_bytes;
-    conn->stat_slot = stats::claim_upgraded(d);
-  }
-  install_conn(fd, std::move(conn));
-  log_line("%s fd=%d %s path=%s", side, fd, where.c_str(), up.path);
-  count_path(true, std::strcmp(up.path, "shm") != 0);
-  return true;
-}
-
 void finish_upgrade(PendingOfferPtr offer, int fd) {
   const std::string where = describe(fd);
   Upgrade up = finish_connect(std::move(offer), fd);
@@ -184,7 +88,7 @@ void finish_upgrade(PendingOfferPtr offer, int fd) {
     publish_fallback(fd, "connect", up.reason);
     return;
   }
-  (void)adopt(fd, up, "connect", where);
+  (void)adopt(fd, {fd}, up, "connect", where);
 }
 
 ssize_t recv_one(int fd, void* buf, size_t len, int flags) {
@@ -199,6 +103,22 @@ ssize_t send_one(int fd, const void* buf, size_t len, int flags) {
   if (!c) return real().send(fd, buf, len, flags);
   iovec v{const_cast<void*>(buf), len};  // NOLINT: iovec is not const-correct
   return conn_send(*c, fd, &v, 1, flags);
+}
+
+// A relayed connection (relay.hpp): its I/O and timeouts are the relay
+// socket's, its names and every other option the kernel TCP socket's.
+bool relay_side(int level, int name) {
+  return level == SOL_SOCKET && (name == SO_ERROR || name == SO_RCVTIMEO || name == SO_SNDTIMEO);
+}
+
+int relayed_getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  return real().getsockopt(relay_side(level, name) ? fd : kernel_socket(fd), level, name, val,
+                           len);
+}
+
+int relayed_setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  if (relay_side(level, name)) (void)real().setsockopt(fd, level, name, val, len);
+  return real().setsockopt(kernel_socket(fd), level, name, val, len);
 }
 
 // recvfrom on a connected TCP socket: the kernel reports no source
@@ -306,6 +226,12 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
   // registered, and its clients are waiting.
   if (s >= kMaxFd || !tcp_stream_socket(s)) return s;
   const int saved = errno;
+  // Same host: decided at the connection's first use, in whichever process
+  // makes it (handoff.hpp).
+  if (defer_accepted(s)) {
+    errno = saved;
+    return s;
+  }
   const std::string where = describe(s);
   std::string deny = process_rules();
   if (deny.empty()) {
@@ -325,7 +251,7 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
              up.reason.c_str());
     publish_fallback(s, "accept", up.reason);
   } else {
-    (void)adopt(s, up, "accept", where);
+    (void)adopt(s, {s}, up, "accept", where);
   }
   errno = saved;
   return s;
@@ -341,7 +267,7 @@ EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 }
 
 EXPORT int close(int fd) {
-  if (is_conn(fd)) {
+  if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     auto c = remove_conn(fd);
     const int r = real().close(fd);
     c.reset();  // last alias: the stream closes (queued data still delivered)
@@ -366,7 +292,6 @@ EXPORT int close_range(unsigned first, unsigned last, int flags) {
 EXPORT int shutdown(int fd, int how) {
   auto c = find_conn(fd);
   if (!c) return real().shutdown(fd, how);
-  if (refuse_foreign(*c, fd, "shutdown")) return -1;
   const int r = c->stream->shutdown(how);
   if (r < 0) {
     errno = -r;
@@ -462,8 +387,13 @@ void place_passed_fds(msghdr* msg) {
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   if (!is_conn(fd)) {
     const ssize_t r = real().recvmsg(fd, msg, flags);
-    if (r >= 0 && msg->msg_controllen > 0 && internal_caller(CALLER))
-      place_passed_fds(msg);
+    if (r >= 0 && msg->msg_controllen > 0) {
+      if (internal_caller(CALLER)) {
+        place_passed_fds(msg);
+      } else {
+        note_received(msg);  // a connection handed over by another process
+      }
+    }
     return r;
   }
   auto c = find_conn(fd);
@@ -495,8 +425,12 @@ int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
     }
     return r;
   }
-  auto c = find_conn(fd);
-  if (!c) return libc_fcntl(fd, cmd, arg);
+  auto c = meta_conn(fd);
+  if (!c) {
+    const int r = libc_fcntl(fd, cmd, arg);
+    if (r >= 0 && r < kMaxFd && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) copy_entry(fd, r);
+    return r;
+  }
   const auto iarg = static_cast<int>(reinterpret_cast<intptr_t>(arg));  // NOLINT
   switch (cmd) {
     case F_GETFL: {
@@ -543,7 +477,8 @@ EXPORT int ioctl(int fd, unsigned long req,
   void* arg = va_arg(ap, void*);
   va_end(ap);
   if (!is_conn(fd)) return real().ioctl(fd, req, arg);
-  auto c = find_conn(fd);
+  // FIONREAD and the like are a use; FIONBIO only sets a flag.
+  auto c = req == FIONBIO ? meta_conn(fd) : find_conn(fd);
   if (!c) return real().ioctl(fd, req, arg);
   switch (req) {
     case FIONBIO:
@@ -565,9 +500,10 @@ EXPORT int ioctl(int fd, unsigned long req,
 }
 
 EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  if (entry_of(fd) == Entry::kRelayed) return relayed_getsockopt(fd, level, name, val, len);
   if (!is_conn(fd)) return real().getsockopt(fd, level, name, val, len);
-  auto c = find_conn(fd);
-  if (!c) return real().getsockopt(fd, level, name, val, len);
+  auto c = meta_conn(fd);
+  if (!c) return real().getsockopt(kernel_socket(fd), level, name, val, len);
   if (level == SOL_SOCKET && name == SO_ERROR && val != nullptr && len != nullptr &&
       *len >= sizeof(int)) {
     *static_cast<int*>(val) =
@@ -579,9 +515,10 @@ EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  if (entry_of(fd) == Entry::kRelayed) return relayed_setsockopt(fd, level, name, val, len);
   if (!is_conn(fd)) return real().setsockopt(fd, level, name, val, len);
-  auto c = find_conn(fd);
-  if (!c) return real().setsockopt(fd, level, name, val, len);
+  auto c = meta_conn(fd);
+  if (!c) return real().setsockopt(kernel_socket(fd), level, name, val, len);
   if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
       val != nullptr && len >= sizeof(timeval)) {
     const auto* tv = static_cast<const timeval*>(val);
@@ -593,15 +530,11 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
 }
 
 EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {
-  if (!is_conn(fd)) return real().getsockname(fd, addr, len);
-  auto c = find_conn(fd);
-  return real().getsockname(c ? c->tcp_fd : fd, addr, len);
+  return real().getsockname(kernel_socket(fd), addr, len);
 }
 
 EXPORT int getpeername(int fd, sockaddr* addr, socklen_t* len) {
-  if (!is_conn(fd)) return real().getpeername(fd, addr, len);
-  auto c = find_conn(fd);
-  return real().getpeername(c ? c->tcp_fd : fd, addr, len);
+  return real().getpeername(kernel_socket(fd), addr, len);
 }
 
 EXPORT int dup(int fd) {
@@ -609,22 +542,20 @@ EXPORT int dup(int fd) {
   if (r < 0) return r;
   forget_stale(r);
   epoll_seen_by_kernel(fd);  // an epoll set now also answers under another number
-  if (auto c = find_conn(fd); c && r < kMaxFd) install_conn(r, std::move(c));
+  copy_entry(fd, r);
   return r;
 }
 
 EXPORT int dup3(int oldfd, int newfd, int flags) {
-  auto c = find_conn(oldfd);
-  std::shared_ptr<Conn> replaced;
   const int r = real().dup3(oldfd, newfd, flags);
   if (r < 0) return r;
   // newfd was closed by the kernel: drop what it was, keep the old alias.
-  replaced = remove_conn(newfd);
+  const std::shared_ptr<Conn> replaced = remove_conn(newfd);
   if (is_listener(newfd)) remove_listener(newfd);
   forget_epoll(newfd);
   stats::forget_fd(newfd);
   epoll_seen_by_kernel(oldfd);  // an epoll set now also answers under another number
-  if (c && newfd < kMaxFd) install_conn(newfd, std::move(c));
+  copy_entry(oldfd, newfd);
   return r;
 }
 

@@ -9,6 +9,8 @@
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "handoff.hpp"
+#include "relay.hpp"
 #include "libc.hpp"
 #include "stat.hpp"
 #include "state.hpp"
@@ -38,6 +40,7 @@ void on_parent() {
 }
 void on_child() {
   g_pid = getpid();
+  forget_relay_server_in_child();
   reset_counts_in_child();
   disown_all_in_child();
   forget_epoll_sets_in_child();
@@ -55,6 +58,7 @@ void on_child() {
 void on_exit() {
   if (getpid() != g_pid) return;
   log_summary();
+  stop_relay_server();
   auto conns = take_all_conns();
   conns.clear();
   std::lock_guard lock(g_engine_mu);
@@ -71,6 +75,7 @@ __attribute__((constructor)) void on_load() {
   }
   g_pid = getpid();
   pthread_atfork(on_prepare, on_parent, on_child);
+  scan_inherited();
 }
 
 }  // namespace

@@ -43,12 +43,13 @@ std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
   return {};
 }
 
-std::string offer_path(const Tuple& t) {
+std::string tuple_path(const Tuple& t, char prefix) {
   uint64_t h = 1469598103934665603ULL;                   // FNV-1a over the tuple
   const auto* p = reinterpret_cast<const uint8_t*>(&t);  // NOLINT
   for (size_t i = 0; i < sizeof t; ++i) h = (h ^ p[i]) * 1099511628211ULL;
   char name[32];
-  std::snprintf(name, sizeof name, "/o-%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(name, sizeof name, "/%c-%016llx", prefix,
+                static_cast<unsigned long long>(h));
   return config().dir + name;
 }
 
@@ -118,6 +119,48 @@ void unregister_listener(uint16_t port) {
   if (n > 0 && std::atoi(buf) == process_id()) unlink(path.c_str());
 }
 
+bool loopback_connection(int tcp_fd) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t ll = sizeof local;
+  socklen_t pl = sizeof peer;
+  return real().getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&  // NOLINT
+         real().getpeername(tcp_fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 &&   // NOLINT
+         (local.ss_family == AF_INET || local.ss_family == AF_INET6) && loopback(local) &&
+         loopback(peer);
+}
+
+std::string adoption_marker(int tcp_fd) {
+  if (!config().dir_problem.empty()) return {};
+  Tuple t;
+  std::string where;
+  if (!read_tuple(tcp_fd, false, &t, &where).empty()) return {};
+  return tuple_path(t, 'a');
+}
+
+void write_adoption_marker(const std::string& path) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp" + std::to_string(process_id());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  char buf[24];
+  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
+  (void)real().write(fd, buf, static_cast<size_t>(n));
+  real().close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+pid_t adoption_owner(const std::string& path) {
+  if (path.empty()) return 0;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[32] = {};
+  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
+  real().close(fd);
+  const pid_t pid = n > 0 ? static_cast<pid_t>(std::atoi(buf)) : 0;
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM) ? pid : 0;
+}
+
 void PendingOfferDelete::operator()(PendingOffer* p) const noexcept { delete p; }
 
 PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reason) {
@@ -172,7 +215,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     *reason = "getrandom failed";
     return nullptr;
   }
-  p->path = offer_path(t);
+  p->path = tuple_path(t, 'o');
   bool fits = false;
   const sockaddr_un sa = unix_address(p->path, &fits);
   if (!fits) {
@@ -261,7 +304,7 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     up.reason = "rendezvous directory unusable: " + cfg.dir_problem;
     return up;
   }
-  const std::string path = offer_path(t);
+  const std::string path = tuple_path(t, 'o');
   bool fits = false;
   const sockaddr_un sa = unix_address(path, &fits);
   Fd c(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));

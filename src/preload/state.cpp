@@ -16,6 +16,7 @@
 
 #include "libc.hpp"
 #include "process.hpp"
+#include "handoff.hpp"
 #include "rendezvous.hpp"
 #include "stat.hpp"
 
@@ -95,8 +96,9 @@ Config load_config() {
 
 struct Table {
   std::mutex mu;
-  std::atomic<uint8_t> kind[kMaxFd];  // 0 none, 1 connection, 2 listener
+  std::atomic<uint8_t> kind[kMaxFd];  // Entry
   std::shared_ptr<Conn> conns[kMaxFd];
+  std::shared_ptr<Pending> pendings[kMaxFd];
   uint16_t ports[kMaxFd];
 };
 
@@ -104,6 +106,29 @@ struct Table {
 Table& table() {
   static Table* t = new Table();
   return *t;
+}
+
+Entry kind(int fd) noexcept {
+  return static_cast<Entry>(table().kind[fd].load(std::memory_order_acquire));
+}
+
+void set_kind(int fd, Entry e) noexcept {
+  table().kind[fd].store(static_cast<uint8_t>(e), std::memory_order_release);
+}
+
+std::atomic<uint64_t> g_fork_gen{0};
+std::atomic<int> g_pending{0};  // kPending and kInherited entries
+
+// Table lock held, before fd's kind changes: fd's pending alias (if any)
+// is forgotten.
+void drop_pending_locked(int fd) {
+  Table& t = table();
+  if (kind(fd) == Entry::kForeign) g_pending.fetch_sub(1, std::memory_order_relaxed);
+  if (auto& p = t.pendings[fd]) {
+    std::erase(p->fds, fd);
+    p.reset();
+    g_pending.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 std::atomic<int> g_shm_count{0};
@@ -131,15 +156,55 @@ Conn::~Conn() {
   }
   stream.reset();  // close(): delivers what is queued, then FIN
   if (tcp_fd >= 0) real().close(tcp_fd);
+  if (!marker.empty()) unlink(marker.c_str());
   stats::release(stat_slot);
 }
 
-bool is_conn(int fd) noexcept {
-  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 1;
+Entry entry_of(int fd) noexcept {
+  return fd >= 0 && fd < kMaxFd ? kind(fd) : Entry::kNone;
 }
 
+bool is_conn(int fd) noexcept {
+  const Entry e = entry_of(fd);
+  return e == Entry::kConn || e == Entry::kPending || e == Entry::kInherited ||
+         e == Entry::kForeign;
+}
+
+namespace {
+std::shared_ptr<Conn> conn_locked(int fd) {
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  return kind(fd) == Entry::kConn ? t.conns[fd] : nullptr;
+}
+}  // namespace
+
 std::shared_ptr<Conn> find_conn(int fd) {
-  if (!is_conn(fd)) return nullptr;
+  const Entry e = entry_of(fd);
+  if (e == Entry::kConn) return conn_locked(fd);
+  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign) {
+    return nullptr;
+  }
+  settle(fd);
+  return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
+}
+
+std::shared_ptr<Conn> meta_conn(int fd) {
+  const Entry e = entry_of(fd);
+  if (e == Entry::kInherited || e == Entry::kForeign) settle(fd);
+  return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
+}
+
+int kernel_socket(int fd) {
+  const Entry e = entry_of(fd);
+  if (e != Entry::kConn && e != Entry::kRelayed && e != Entry::kForeign) return fd;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  const auto& c = t.conns[fd];
+  return c && c->tcp_fd >= 0 ? c->tcp_fd : fd;
+}
+
+std::shared_ptr<Conn> entry_conn(int fd) {
+  if (fd < 0 || fd >= kMaxFd) return nullptr;
   Table& t = table();
   std::lock_guard lock(t.mu);
   return t.conns[fd];
@@ -150,30 +215,118 @@ void install_conn(int fd, std::shared_ptr<Conn> conn) {
   std::shared_ptr<Conn> old;
   {
     std::lock_guard lock(t.mu);
+    drop_pending_locked(fd);
     old = std::move(t.conns[fd]);
     t.conns[fd] = std::move(conn);
-    t.kind[fd].store(1, std::memory_order_release);
+    set_kind(fd, Entry::kConn);
   }
 }
 
-std::shared_ptr<Conn> remove_conn(int fd) {
-  if (!is_conn(fd)) return nullptr;
+void install_relayed(int fd, std::shared_ptr<Conn> tcp_only) {
+  Table& t = table();
+  std::shared_ptr<Conn> old;
+  {
+    std::lock_guard lock(t.mu);
+    drop_pending_locked(fd);
+    old = std::move(t.conns[fd]);
+    t.conns[fd] = std::move(tcp_only);
+    set_kind(fd, Entry::kRelayed);
+  }
+}
+
+void install_pending(int fd, std::shared_ptr<Pending> p, Entry e) {
+  if (fd < 0 || fd >= kMaxFd) return;
+  Table& t = table();
+  std::shared_ptr<Conn> old;
+  {
+    std::lock_guard lock(t.mu);
+    drop_pending_locked(fd);
+    old = std::move(t.conns[fd]);
+    p->fds.push_back(fd);
+    t.pendings[fd] = std::move(p);
+    g_pending.fetch_add(1, std::memory_order_relaxed);
+    set_kind(fd, e);
+  }
+}
+
+std::shared_ptr<Pending> pending_of(int fd) {
+  const Entry e = entry_of(fd);
+  if (e != Entry::kPending && e != Entry::kInherited) return nullptr;
   Table& t = table();
   std::lock_guard lock(t.mu);
-  t.kind[fd].store(0, std::memory_order_release);
+  return t.pendings[fd];
+}
+
+void copy_entry(int oldfd, int newfd) {
+  if (oldfd < 0 || oldfd >= kMaxFd || newfd < 0 || newfd >= kMaxFd) return;
+  Table& t = table();
+  std::shared_ptr<Conn> old;
+  std::lock_guard lock(t.mu);
+  const Entry e = kind(oldfd);
+  if (e == Entry::kNone || e == Entry::kListener) return;
+  drop_pending_locked(newfd);
+  old = std::move(t.conns[newfd]);
+  if (e == Entry::kPending || e == Entry::kInherited) {
+    auto p = t.pendings[oldfd];
+    if (!p) {
+      set_kind(newfd, Entry::kNone);
+      return;
+    }
+    p->fds.push_back(newfd);
+    t.pendings[newfd] = std::move(p);
+    g_pending.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    t.conns[newfd] = t.conns[oldfd];
+    if (e == Entry::kForeign) g_pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  set_kind(newfd, e);
+}
+
+std::shared_ptr<Conn> remove_conn(int fd) {
+  const Entry e = entry_of(fd);
+  if (e == Entry::kNone || e == Entry::kListener) return nullptr;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  drop_pending_locked(fd);
+  set_kind(fd, Entry::kNone);
   return std::move(t.conns[fd]);
 }
 
-bool is_listener(int fd) noexcept {
-  return fd >= 0 && fd < kMaxFd && table().kind[fd].load(std::memory_order_acquire) == 2;
+std::shared_ptr<Conn> conn_by_inode(uint64_t dev, uint64_t ino, bool* readiness) {
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    if (kind(fd) != Entry::kConn) continue;
+    const auto& c = t.conns[fd];
+    if (!c || !c->stream || c->owner != process_id()) continue;
+    struct stat st {};
+    if (c->tcp_fd >= 0 && fstat(c->tcp_fd, &st) == 0 && st.st_dev == dev &&
+        st.st_ino == ino) {
+      *readiness = false;
+      return c;
+    }
+    const int ready = c->stream->fd();
+    if (ready >= 0 && fstat(ready, &st) == 0 && st.st_dev == dev && st.st_ino == ino) {
+      *readiness = true;
+      return c;
+    }
+  }
+  return nullptr;
 }
+
+uint64_t fork_generation() noexcept { return g_fork_gen.load(std::memory_order_relaxed); }
+
+bool any_pending() noexcept { return g_pending.load(std::memory_order_relaxed) > 0; }
+
+bool is_listener(int fd) noexcept { return entry_of(fd) == Entry::kListener; }
 
 void add_listener(int fd, uint16_t port) {
   if (fd < 0 || fd >= kMaxFd) return;
   Table& t = table();
   std::lock_guard lock(t.mu);
+  drop_pending_locked(fd);
   t.ports[fd] = port;
-  t.kind[fd].store(2, std::memory_order_release);
+  set_kind(fd, Entry::kListener);
 }
 
 void remove_listener(int fd) {
@@ -182,21 +335,29 @@ void remove_listener(int fd) {
   uint16_t port = 0;
   {
     std::lock_guard lock(t.mu);
-    t.kind[fd].store(0, std::memory_order_release);
+    set_kind(fd, Entry::kNone);
     port = t.ports[fd];
   }
   unregister_listener(port);
 }
 
-void lock_table_for_fork() { table().mu.lock(); }
+void lock_table_for_fork() {
+  g_fork_gen.fetch_add(1, std::memory_order_relaxed);
+  table().mu.lock();
+}
 void unlock_table_after_fork() { table().mu.unlock(); }
 
 void disown_all_in_child() {
   // The child has copies of the parent's connections; their destructors
   // must never run here (they would send FIN on the parent's streams).
   Table& t = table();
-  for (auto& c : t.conns) {
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    auto& c = t.conns[fd];
     if (c) new std::shared_ptr<Conn>(c);  // NOLINT: deliberately leaked
+    if (kind(fd) == Entry::kConn) {
+      set_kind(fd, Entry::kForeign);
+      g_pending.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -205,8 +366,8 @@ std::vector<std::shared_ptr<Conn>> take_all_conns() {
   Table& t = table();
   std::lock_guard lock(t.mu);
   for (int fd = 0; fd < kMaxFd; ++fd) {
-    if (t.kind[fd].load(std::memory_order_relaxed) == 1) {
-      t.kind[fd].store(0, std::memory_order_release);
+    if (kind(fd) == Entry::kConn) {
+      set_kind(fd, Entry::kNone);
       out.push_back(std::move(t.conns[fd]));
     }
   }
@@ -238,18 +399,6 @@ void count_path(bool accelerated, bool remote) noexcept {
 bool any_upgraded() noexcept {
   return g_shm_count.load(std::memory_order_relaxed) > 0 ||
          g_remote_count.load(std::memory_order_relaxed) > 0;
-}
-
-bool refuse_foreign(Conn& c, int fd, const char* call) {
-  if (c.owner == process_id()) return false;
-  if (!c.foreign_logged.exchange(true)) {
-    log_line(
-        "%s fd=%d: EOPNOTSUPP: the connection was upgraded by pid %d; a forked child "
-        "cannot use it (accept-then-fork is not supported)",
-        call, fd, static_cast<int>(c.owner));
-  }
-  errno = EOPNOTSUPP;
-  return true;
 }
 
 void reset_counts_in_child() {

@@ -64,17 +64,78 @@ struct Conn {
   std::atomic<bool> eager{false};  // watched by the kernel elsewhere: never lazy
   // Its slot in the published statistics (stat.hpp); nullptr: not listed.
   stats::Slot* stat_slot = nullptr;
+  // The adoption marker (rendezvous.hpp) other holders of the connection
+  // find it by; removed with the connection.
+  std::string marker;
   ~Conn();
 };
 
 constexpr int kMaxFd = 1 << 16;
 
-// Lock-free test used by every hook before anything else.
+// What the fd table holds for an fd number (docs/preload.md, "Process
+// shapes"). Only kConn carries a stream in this process.
+enum class Entry : uint8_t {
+  kNone = 0,
+  kConn = 1,      // upgraded by this process
+  kListener = 2,  // a TCP listener this process registered
+  // An accepted (or inherited, or received) loopback TCP connection no
+  // process has used yet: its first use, in whichever process makes it,
+  // adopts it (upgrade), relays it to the process that did, or leaves it on
+  // kernel TCP.
+  kPending = 3,
+  // An AF_UNIX socket that came across exec or SCM_RIGHTS: perhaps another
+  // process's upgraded connection (its readiness socket or a relay socket).
+  kInherited = 4,
+  // A relay socket to the process that carries the connection; the entry's
+  // Conn holds only the kernel TCP socket (names and options).
+  kRelayed = 5,
+  // A forked child's copy of its parent's upgraded connection.
+  kForeign = 6,
+};
+
+// A kPending or kInherited connection, shared by its aliases (dup).
+struct Pending {
+  std::mutex mu;           // one settle at a time
+  std::vector<int> fds;    // every fd number naming it here (table lock)
+  pid_t accepted_by = 0;   // the process whose accept() returned it
+  uint64_t fork_gen = 0;   // forks made by that process before the accept
+  bool inherited = false;  // came across exec or SCM_RIGHTS
+  pid_t unix_peer = 0;     // kInherited: the socket's creator, to ask
+};
+
+Entry entry_of(int fd) noexcept;
+// Lock-free test used by every hook before anything else: the entry needs
+// find_conn (an upgraded connection, or one to settle first).
 bool is_conn(int fd) noexcept;
+// The connection this process carries for fd, after settling a pending,
+// inherited or foreign entry (the fd's first use); null: the fd is a plain
+// kernel socket now (kernel TCP, or a relay socket).
 std::shared_ptr<Conn> find_conn(int fd);
+// As find_conn, for calls that only look at or set the socket's metadata
+// (fcntl, ioctl(FIONBIO), options): a pending connection stays pending.
+std::shared_ptr<Conn> meta_conn(int fd);
+// The kernel TCP socket behind fd (names and options): fd itself unless fd
+// is an upgraded, relayed or foreign connection.
+int kernel_socket(int fd);
+// The Conn an entry holds, whatever its kind (a foreign one names its owner).
+std::shared_ptr<Conn> entry_conn(int fd);
 void install_conn(int fd, std::shared_ptr<Conn> conn);
-// Removes fd's entry (the caller closes the kernel fd); returns it.
+void install_relayed(int fd, std::shared_ptr<Conn> tcp_only);
+void install_pending(int fd, std::shared_ptr<Pending> p, Entry kind);
+std::shared_ptr<Pending> pending_of(int fd);
+// dup: newfd names what oldfd names (any entry but a listener).
+void copy_entry(int oldfd, int newfd);
+// Removes fd's entry (the caller closes the kernel fd); returns its
+// connection, if it had one.
 std::shared_ptr<Conn> remove_conn(int fd);
+// The connection whose kernel TCP socket or readiness socket is this inode
+// (relay.cpp); *readiness tells which.
+std::shared_ptr<Conn> conn_by_inode(uint64_t dev, uint64_t ino, bool* readiness);
+// Forks this process made so far (a pending connection accepted before the
+// last fork may have copies in other processes).
+uint64_t fork_generation() noexcept;
+// Pending or inherited entries exist (the wait hooks must look at fds).
+bool any_pending() noexcept;
 
 bool is_listener(int fd) noexcept;
 void add_listener(int fd, uint16_t port);
@@ -84,9 +145,6 @@ void remove_listener(int fd);
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // remote: carried by the cross-host provider (verbs) rather than shm.
 void count_path(bool accelerated, bool remote = false) noexcept;
-// A forked child touched its parent's upgraded connection: EOPNOTSUPP,
-// logged once per connection (never a silent failure).
-bool refuse_foreign(Conn& c, int fd, const char* call);
 // Upgraded connections this process has made (wait hooks spin only then).
 bool any_upgraded() noexcept;
 
@@ -99,6 +157,8 @@ std::string endpoint(const sockaddr* sa);
 // the child leaks its copies of the parent's connections (never closes them).
 void lock_table_for_fork();
 void unlock_table_after_fork();
+// The child keeps its copies of the parent's connections as kForeign
+// entries and never closes their streams (they are the parent's).
 void disown_all_in_child();
 // At exit: every connection, removed from the table.
 std::vector<std::shared_ptr<Conn>> take_all_conns();

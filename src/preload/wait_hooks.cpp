@@ -57,7 +57,7 @@ std::shared_ptr<Conn> kernel_looks_at(int fd) {
 // Not const: glibc declares poll's array write-only, and a const pointer
 // to it would count as reading memory the caller need not have set.
 void kernel_looks_at(pollfd* fds, nfds_t n) {
-  if (!any_upgraded() || engine_thread()) return;
+  if ((!any_upgraded() && !any_pending()) || engine_thread()) return;
   for (nfds_t i = 0; i < n; ++i) {
     if (fds[i].fd >= 0) (void)kernel_looks_at(fds[i].fd);
   }
@@ -66,7 +66,8 @@ void kernel_looks_at(pollfd* fds, nfds_t n) {
 bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
 
 void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex) {
-  if (!any_upgraded() || engine_thread() || n <= 0 || n > FD_SETSIZE) return;
+  if ((!any_upgraded() && !any_pending()) || engine_thread() || n <= 0 || n > FD_SETSIZE)
+    return;
   for (int fd = 0; fd < n; ++fd) {
     if (in(rd, fd) || in(wr, fd) || in(ex, fd)) (void)kernel_looks_at(fd);
   }
@@ -153,6 +154,8 @@ EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
 }
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  // A registration is a use: it must name the file that carries the data.
+  if (op == EPOLL_CTL_ADD && is_conn(fd) && !engine_thread()) (void)find_conn(fd);
   int answer = 0;
   if (!engine_thread() && user_epoll_ctl(epfd, op, fd, event, &answer)) return answer;
   const int r = real().epoll_ctl(epfd, op, fd, event);

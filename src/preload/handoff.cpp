@@ -1,0 +1,305 @@
+#include "handoff.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "adopt.hpp"
+#include "libc.hpp"
+#include "process.hpp"
+#include "relay.hpp"
+#include "rendezvous.hpp"
+#include "rules.hpp"
+#include "state.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+std::mutex g_foreign_mu;  // one foreign or inherited settle at a time
+
+uint16_t local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t l = sizeof ss;
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) != 0) return 0;  // NOLINT
+  return ntohs(ss.ss_family == AF_INET
+                   ? reinterpret_cast<const sockaddr_in*>(&ss)->sin_port      // NOLINT
+                   : reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);  // NOLINT
+}
+
+std::string deny_reason(int fd) {
+  if (!process_denied().empty()) return process_denied();
+  sockaddr_storage peer{};
+  socklen_t pl = sizeof peer;
+  if (real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return {};  // NOLINT
+  return connection_denied(local_port(fd), reinterpret_cast<sockaddr*>(&peer));  // NOLINT
+}
+
+bool is_tcp(int fd, int* domain) {
+  int type = 0;
+  int proto = 0;
+  socklen_t l = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, domain, &l) != 0) return false;
+  l = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) != 0 || type != SOCK_STREAM)
+    return false;
+  l = sizeof proto;
+  if (*domain == AF_UNIX) return true;
+  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 &&
+         proto == IPPROTO_TCP;
+}
+
+// The other holders of the connection never see its bytes on kernel TCP
+// again: every alias becomes the relay socket.
+bool install_grant(const std::vector<int>& aliases, RelayGrant& g) {
+  if (g.relay >= 0) {
+    for (const int a : aliases) {
+      const int fd_flags = real().fcntl(a, F_GETFD);
+      if (real().dup3(g.relay, a, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
+        real().close(g.relay);
+        real().close(g.tcp);
+        g.why = std::string("dup3: ") + std::strerror(errno);
+        return false;
+      }
+    }
+    real().close(g.relay);
+  }
+  auto tcp_only = std::make_shared<Conn>();
+  tcp_only->tcp_fd = g.tcp;
+  tcp_only->owner = process_id();
+  for (const int a : aliases) install_relayed(a, tcp_only);
+  return true;
+}
+
+// A connection this process cannot carry and whose bytes it must not see on
+// kernel TCP (its peer reads a stream): every use fails as on a connection
+// reset, never a silent wrong byte.
+void install_dead(const std::vector<int>& aliases) {
+  int pair[2];
+  if (real().socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return;
+  real().close(pair[1]);
+  for (const int a : aliases) {
+    const int fd_flags = real().fcntl(a, F_GETFD);
+    (void)real().dup3(pair[0], a, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0);
+  }
+  real().close(pair[0]);
+  for (const int a : aliases) (void)remove_conn(a);
+}
+
+std::vector<int> aliases_of(const std::shared_ptr<Pending>& p) {
+  // p->fds changes under the table lock; a snapshot through pending_of.
+  std::vector<int> out;
+  for (const int fd : p->fds) {
+    if (pending_of(fd) == p) out.push_back(fd);
+  }
+  return out;
+}
+
+void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
+  const std::vector<int> aliases = aliases_of(p);
+  const std::string where = describe(fd);
+  // A connection another process may also hold: it may have adopted it
+  // first, and this process must not decide on its own.
+  const bool shared = p->inherited || p->accepted_by != process_id() ||
+                      p->fork_gen != fork_generation();
+  std::string marker = shared ? adoption_marker(fd) : std::string();
+  if (const pid_t owner = adoption_owner(marker); owner != 0 && owner != process_id()) {
+    RelayGrant g = request_relay(owner, fd);
+    if (g.granted && install_grant(aliases, g)) {
+      log_line("accept fd=%d %s path=relay owner=%d", fd, where.c_str(),
+               static_cast<int>(owner));
+      return;
+    }
+    log_line("accept fd=%d %s path=kernel reason=pid %d carries the connection and cannot "
+             "relay it: %s (the connection is unusable here)",
+             fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
+    install_dead(aliases);
+    return;
+  }
+  Upgrade up = upgrade_accepted(fd, deny_reason(fd));
+  if (up.stream != nullptr) {
+    if (!shared) marker.clear();
+    write_adoption_marker(marker);
+    if (adopt(fd, aliases, up, "accept", where, marker)) return;
+    if (!marker.empty()) unlink(marker.c_str());
+  } else {
+    log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(), up.reason.c_str());
+    publish_fallback(fd, "accept", up.reason);
+  }
+  for (const int a : aliases) (void)remove_conn(a);
+}
+
+void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
+  const std::vector<int> aliases = aliases_of(p);
+  RelayGrant g = request_relay(p->unix_peer, fd);
+  if (g.granted && install_grant(aliases, g)) {
+    log_line("inherited fd=%d %s path=relay owner=%d", fd, describe(kernel_socket(fd)).c_str(),
+             static_cast<int>(p->unix_peer));
+    return;
+  }
+  for (const int a : aliases) (void)remove_conn(a);  // a plain unix socket
+}
+
+void settle_foreign(int fd) {
+  std::lock_guard lock(g_foreign_mu);
+  if (entry_of(fd) != Entry::kForeign) return;
+  const int tcp = kernel_socket(fd);
+  struct stat mine {};
+  (void)fstat(fd, &mine);
+  // Every number naming the same readiness socket is an alias.
+  std::vector<int> aliases;
+  for (int a = 0; a < kMaxFd; ++a) {
+    struct stat st {};
+    if (entry_of(a) == Entry::kForeign && fstat(a, &st) == 0 && st.st_ino == mine.st_ino &&
+        st.st_dev == mine.st_dev) {
+      aliases.push_back(a);
+    }
+  }
+  // The parent (or an ancestor) that upgraded it: the copy of its Conn this
+  // child inherited names it.
+  const auto c = entry_conn(fd);
+  const pid_t owner = c ? c->owner : 0;
+  const int owner_fd = c ? c->tcp_fd : -1;
+  const std::string where = describe(tcp);
+  RelayGrant g = owner > 0 ? request_relay(owner, owner_fd >= 0 ? owner_fd : fd) : RelayGrant{};
+  if (g.granted && install_grant(aliases, g)) {
+    log_line("use fd=%d %s path=relay owner=%d", fd, where.c_str(), static_cast<int>(owner));
+    return;
+  }
+  log_line("use fd=%d %s path=none reason=the connection was upgraded by pid %d, which "
+           "cannot relay it: %s (reads end, writes fail with EPIPE)",
+           fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
+  install_dead(aliases);
+}
+
+struct Seen {
+  dev_t dev;
+  ino_t ino;
+  std::shared_ptr<Pending> p;
+  Entry kind;
+};
+
+// A descriptor that came from elsewhere: a loopback TCP connection is left
+// pending (its first use settles it), an AF_UNIX stream socket made by
+// another process may be that process's upgraded connection.
+void classify(int fd, std::vector<Seen>* seen) {
+  if (fd < 0 || fd >= kMaxFd || entry_of(fd) != Entry::kNone) return;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  int domain = 0;
+  if (!is_tcp(fd, &domain)) return;
+  for (auto& s : *seen) {
+    if (s.dev == st.st_dev && s.ino == st.st_ino) {
+      install_pending(fd, s.p, s.kind);
+      return;
+    }
+  }
+  auto p = std::make_shared<Pending>();
+  p->inherited = true;
+  Entry e = Entry::kNone;
+  if (domain == AF_UNIX) {
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    if (real().getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0 ||
+        cred.pid == getpid()) {
+      return;
+    }
+    p->unix_peer = cred.pid;
+    e = Entry::kInherited;
+  } else {
+    int listening = 0;
+    socklen_t l = sizeof listening;
+    if (real().getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) != 0 ||
+        listening != 0 || !loopback_connection(fd)) {
+      return;
+    }
+    e = Entry::kPending;
+  }
+  install_pending(fd, p, e);
+  seen->push_back({st.st_dev, st.st_ino, std::move(p), e});
+}
+
+}  // namespace
+
+bool defer_accepted(int fd) {
+  if (!loopback_connection(fd)) return false;
+  auto p = std::make_shared<Pending>();
+  p->accepted_by = process_id();
+  p->fork_gen = fork_generation();
+  install_pending(fd, std::move(p), Entry::kPending);
+  return true;
+}
+
+void scan_inherited() noexcept {
+  try {
+    DIR* d = opendir("/proc/self/fd");
+    if (d == nullptr) return;
+    const int own = dirfd(d);
+    std::vector<int> fds;
+    while (dirent* e = readdir(d)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (*end == '\0' && end != e->d_name && fd != own) fds.push_back(static_cast<int>(fd));
+    }
+    closedir(d);
+    std::vector<Seen> seen;
+    for (const int fd : fds) classify(fd, &seen);
+  } catch (...) {
+    // Out of memory at load: inherited connections stay as they are.
+  }
+}
+
+void note_received(const msghdr* msg) noexcept {
+  try {
+    std::vector<Seen> seen;
+    for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr;
+         c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {  // NOLINT: glibc's signature
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        classify(fd, &seen);
+      }
+    }
+  } catch (...) {
+    // Out of memory: the descriptors stay plain kernel sockets.
+  }
+}
+
+void settle(int fd) {
+  try {
+    const Entry e = entry_of(fd);
+    if (e == Entry::kForeign) {
+      settle_foreign(fd);
+      return;
+    }
+    auto p = pending_of(fd);
+    if (!p) return;
+    std::lock_guard lock(p->mu);
+    if (pending_of(fd) != p) return;  // another thread settled it meanwhile
+    if (e == Entry::kInherited) {
+      std::lock_guard flock(g_foreign_mu);
+      settle_inherited(fd, p);
+    } else {
+      settle_pending(fd, p);
+    }
+  } catch (...) {
+    // Out of memory while settling: the entry is dropped, the fd is what
+    // the kernel says (a pending connection stays on kernel TCP).
+    (void)remove_conn(fd);
+  }
+}
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,35 @@
+#pragma once
+// Relays: a process that holds a copy of a connection another process has
+// upgraded (a forked child, an exec'd image, a receiver of SCM_RIGHTS)
+// carries it through that process, which owns the stream. The owner serves
+// relay requests on an abstract unix socket named by its pid; a request
+// proves that the asker holds the connection by passing its descriptor
+// (the kernel TCP socket or the readiness socket), so possession, not a uid,
+// is the credential, as for the kernel socket itself. The asker gets one end
+// of a socket pair whose other end the owner pumps to and from the stream,
+// and a copy of the kernel TCP socket for names and options
+// (docs/preload.md, "Process shapes").
+#include <sys/types.h>
+
+#include <string>
+
+namespace rdmakit::preload {
+
+// Owner side: starts serving (once per process; a forked child starts its
+// own when it upgrades something).
+void ensure_relay_server();
+// At exit, before the streams close, and in a forked child (the thread is
+// the parent's).
+void stop_relay_server();
+void forget_relay_server_in_child();
+
+struct RelayGrant {
+  bool granted = false;
+  int relay = -1;   // the new relay socket; -1 when held_fd already is one
+  int tcp = -1;     // a copy of the connection's kernel TCP socket
+  std::string why;  // not granted: why
+};
+// Asker side: asks process `owner` to relay the connection held_fd names.
+RelayGrant request_relay(pid_t owner, int held_fd);
+
+}  // namespace rdmakit::preload
