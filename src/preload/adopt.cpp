@@ -96,6 +96,7 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
   conn->nonblocking = (fl_flags & O_NONBLOCK) != 0;
   conn->remote = std::strcmp(up.path, "shm") != 0;
   conn->marker = marker;
+  conn->adopt_gen = fork_generation();
   {
     stats::Decision d;
     d.fd = fd;

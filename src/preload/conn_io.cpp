@@ -11,6 +11,7 @@
 #include "epoll_set.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "relay.hpp"
 #include "stat.hpp"
 #include "wait_spin.hpp"
 
@@ -269,6 +270,9 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 }
 
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  // Bytes a relayed process wrote before this call go first, as a kernel
+  // socket's buffer keeps the writes of all its holders in order.
+  if (c.relays.load(std::memory_order_acquire) > 0) flush_relays(c);
   const ssize_t r = send_impl(c, fd, iov, iovcnt, flags);
   if (r > 0) stats::count_tx(c.stat_slot, static_cast<size_t>(r));
   return r;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,16 +47,18 @@ std::string deny_reason(int fd) {
   return connection_denied(local_port(fd), reinterpret_cast<sockaddr*>(&peer));  // NOLINT
 }
 
-bool is_tcp(int fd, int* domain) {
+// A TCP socket, or an AF_UNIX socket that may stand for a connection.
+bool is_candidate(int fd, int* domain) {
   int type = 0;
   int proto = 0;
   socklen_t l = sizeof type;
   if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, domain, &l) != 0) return false;
   l = sizeof type;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) != 0 || type != SOCK_STREAM)
-    return false;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) != 0) return false;
+  // A readiness socket is a datagram pair, a relay socket a stream pair.
+  if (*domain == AF_UNIX) return type == SOCK_STREAM || type == SOCK_DGRAM;
+  if (type != SOCK_STREAM) return false;
   l = sizeof proto;
-  if (*domain == AF_UNIX) return true;
   return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 &&
          proto == IPPROTO_TCP;
 }
@@ -106,7 +109,46 @@ std::vector<int> aliases_of(const std::shared_ptr<Pending>& p) {
   return out;
 }
 
+// The client's end: the kernel connect done (or failed), the server's
+// answer taken up within the budget, else kernel TCP.
+void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
+  const std::vector<int> aliases = aliases_of(p);
+  PendingOfferPtr offer = std::move(p->offer);
+  sockaddr_storage peer{};
+  socklen_t pl = sizeof peer;
+  // getpeername, not SO_ERROR: the application reads (and clears) that one.
+  bool connected = real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;  // NOLINT
+  if (!connected) {
+    pollfd w{fd, POLLOUT, 0};
+    const int ms = static_cast<int>(config().timeout.count());
+    int r = 0;
+    do {
+      r = real().poll(&w, 1, ms);
+    } while (r < 0 && errno == EINTR);
+    pl = sizeof peer;
+    connected = r > 0 && real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;  // NOLINT
+  }
+  std::string where = describe(fd);
+  std::string reason;
+  if (connected) {
+    Upgrade up = finish_connect(std::move(offer), fd);
+    if (up.stream != nullptr && adopt(fd, aliases, up, "connect", where)) return;
+    reason = up.reason;
+  } else {
+    reason = "the kernel connect did not complete";
+  }
+  if (!reason.empty()) {
+    log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(), reason.c_str());
+    publish_fallback(fd, "connect", reason);
+  }
+  for (const int a : aliases) (void)remove_conn(a);
+}
+
 void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
+  if (p->offer) {
+    settle_connect(fd, p);
+    return;
+  }
   const std::vector<int> aliases = aliases_of(p);
   const std::string where = describe(fd);
   // A connection another process may also hold: it may have adopted it
@@ -114,7 +156,15 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   const bool shared = p->inherited || p->accepted_by != process_id() ||
                       p->fork_gen != fork_generation();
   std::string marker = shared ? adoption_marker(fd) : std::string();
-  if (const pid_t owner = adoption_owner(marker); owner != 0 && owner != process_id()) {
+  const pid_t owner = adoption_owner(marker);
+  if (owner < 0) {
+    log_line("accept fd=%d %s path=none reason=pid %d carried the connection and has exited "
+             "(reads end, writes fail with EPIPE)",
+             fd, where.c_str(), static_cast<int>(-owner));
+    install_dead(aliases);
+    return;
+  }
+  if (owner != 0 && owner != process_id()) {
     RelayGrant g = request_relay(owner, fd);
     if (g.granted && install_grant(aliases, g)) {
       log_line("accept fd=%d %s path=relay owner=%d", fd, where.c_str(),
@@ -147,6 +197,10 @@ void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
     log_line("inherited fd=%d %s path=relay owner=%d", fd, describe(kernel_socket(fd)).c_str(),
              static_cast<int>(p->unix_peer));
     return;
+  }
+  if (g.why.rfind("not a connection of pid", 0) != 0) {
+    log_line("inherited fd=%d: not relayed by pid %d: %s", fd, static_cast<int>(p->unix_peer),
+             g.why.c_str());
   }
   for (const int a : aliases) (void)remove_conn(a);  // a plain unix socket
 }
@@ -198,7 +252,7 @@ void classify(int fd, std::vector<Seen>* seen) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
   int domain = 0;
-  if (!is_tcp(fd, &domain)) return;
+  if (!is_candidate(fd, &domain)) return;
   for (auto& s : *seen) {
     if (s.dev == st.st_dev && s.ino == st.st_ino) {
       install_pending(fd, s.p, s.kind);
@@ -241,6 +295,19 @@ bool defer_accepted(int fd) {
   return true;
 }
 
+bool defer_connect(int fd, PendingOfferPtr& offer) {
+  try {
+    auto p = std::make_shared<Pending>();
+    p->accepted_by = process_id();
+    p->fork_gen = fork_generation();
+    p->offer = std::move(offer);
+    install_pending(fd, std::move(p), Entry::kPending);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 void scan_inherited() noexcept {
   try {
     DIR* d = opendir("/proc/self/fd");
@@ -275,6 +342,32 @@ void note_received(const msghdr* msg) noexcept {
     }
   } catch (...) {
     // Out of memory: the descriptors stay plain kernel sockets.
+  }
+}
+
+void settle_before_close(int fd) {
+  if (entry_of(fd) != Entry::kPending) return;
+  auto p = pending_of(fd);
+  if (!p || p->offer || p->inherited || p->accepted_by != process_id() ||
+      p->fork_gen != fork_generation() || aliases_of(p).size() != 1) {
+    return;
+  }
+  settle(fd);
+}
+
+void note_sent(const msghdr* msg) noexcept {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {  // NOLINT: glibc's signature
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (auto p = pending_of(fd)) p->inherited = true;
+      if (entry_of(fd) == Entry::kConn) {
+        if (auto conn = entry_conn(fd)) conn->adopt_gen = ~uint64_t{0};
+      }
+    }
   }
 }
 

@@ -9,15 +9,29 @@
 // (relay.hpp).
 #include <sys/socket.h>
 
+#include "rendezvous.hpp"
+
 namespace rdmakit::preload {
 
 // accept(): fd is an accepted TCP connection; true when it was left
 // pending (loopback), false when the caller decides at once.
 bool defer_accepted(int fd);
+// connect(): the kernel connect of fd to a same-host preloaded listener has
+// started with `offer` published; the rendezvous finishes at fd's first use,
+// so a client never waits in connect() for a server that has not yet used
+// its end. false: not deferred (offer untouched).
+bool defer_connect(int fd, PendingOfferPtr& offer);
 // Load time: the descriptors inherited across exec.
 void scan_inherited() noexcept;
 // The application received descriptors (SCM_RIGHTS).
 void note_received(const msghdr* msg) noexcept;
+// close() of fd: an accepted connection this process alone holds and never
+// used is settled first, so a client waiting for it learns of the close at
+// once (an upgraded stream that ends) instead of waiting out its budget.
+void settle_before_close(int fd);
+// The application sends descriptors (SCM_RIGHTS): a pending or upgraded
+// connection among them may now be used by another process.
+void note_sent(const msghdr* msg) noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);

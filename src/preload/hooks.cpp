@@ -27,6 +27,7 @@
 #include "handoff.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "relay.hpp"
 #include "remote.hpp"
 #include "rendezvous.hpp"
 #include "rules.hpp"
@@ -141,6 +142,11 @@ EXPORT int socket(int domain, int type, int protocol) {
 }
 
 EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
+  // A connection already made (a second connect() asks whether a
+  // non-blocking one is done, as hiredis does): the kernel socket answers.
+  if (entry_of(fd) != Entry::kNone && entry_of(fd) != Entry::kListener) {
+    return real().connect(kernel_socket(fd), addr, len);
+  }
   // rdmakit's own connections (the tcp provider) are not candidates.
   if (!inet(addr) || fd >= kMaxFd || internal_caller(CALLER) || !tcp_stream_socket(fd)) {
     return real().connect(fd, addr, len);
@@ -161,11 +167,17 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
     return r;
   }
   const int r = real().connect(fd, addr, len);
+  if (r != 0 && errno != EINPROGRESS) return r;
+  // Same host: the rendezvous finishes at the connection's first use
+  // (handoff.hpp), so this call returns as the kernel's did.
+  if (const int saved = errno; !offer_is_remote(*offer) && defer_connect(fd, offer)) {
+    errno = saved;
+    return r;
+  }
   if (r == 0) {
     finish_upgrade(std::move(offer), fd);
     return 0;
   }
-  if (errno != EINPROGRESS) return r;
   // Non-blocking connect: the upgrade must finish before the application
   // can register the fd with epoll, so wait (bounded) for the kernel
   // connect; if it takes longer the connection stays on kernel TCP.
@@ -267,10 +279,13 @@ EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 }
 
 EXPORT int close(int fd) {
+  settle_before_close(fd);
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     auto c = remove_conn(fd);
     const int r = real().close(fd);
-    c.reset();  // last alias: the stream closes (queued data still delivered)
+    // Last alias: the stream closes (queued data still delivered), unless
+    // another process still holds the connection (relay.hpp).
+    release_conn(std::move(c));
     return r;
   }
   if (is_listener(fd)) remove_listener(fd);
@@ -405,6 +420,9 @@ EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
 }
 
 EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
+  if (msg != nullptr && msg->msg_controllen > 0 && !internal_caller(CALLER)) {
+    note_sent(msg);  // connections handed to another process stay shared
+  }
   if (!is_conn(fd)) return real().sendmsg(fd, msg, flags);
   auto c = find_conn(fd);
   if (!c) return real().sendmsg(fd, msg, flags);

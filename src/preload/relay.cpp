@@ -1,5 +1,6 @@
 #include "relay.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -9,9 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -35,6 +38,8 @@ constexpr size_t kBuf = 64 * 1024;
 constexpr int kRequestWaitMs = 50;
 constexpr int kReplyWaitMs = 2000;
 constexpr size_t kMaxRelays = 1024;
+// How often parked connections are checked for remaining holders.
+constexpr int kReviewMs = 200;
 
 enum Status : uint32_t { kNotMine = 0, kNewRelay = 1, kAlreadyRelayed = 2, kFull = 3 };
 
@@ -108,7 +113,61 @@ bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms) {
          (h.msg_flags & MSG_CTRUNC) == 0;
 }
 
+// Whether a process other than this one has a descriptor for either inode
+// (the readiness socket or the kernel TCP socket of a connection). Reads
+// /proc: only when a shared connection's last local copy closes.
+bool held_elsewhere(ino_t a, ino_t b) {
+  char want_a[40];
+  char want_b[40];
+  std::snprintf(want_a, sizeof want_a, "socket:[%lu]", static_cast<unsigned long>(a));
+  std::snprintf(want_b, sizeof want_b, "socket:[%lu]", static_cast<unsigned long>(b));
+  DIR* procs = opendir("/proc");
+  if (procs == nullptr) return false;
+  bool found = false;
+  const pid_t self = getpid();
+  while (!found) {
+    dirent* e = readdir(procs);
+    if (e == nullptr) break;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == self) continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%ld/fd", pid);
+    DIR* fds = opendir(path);
+    if (fds == nullptr) continue;  // gone, or another user's
+    while (dirent* f = readdir(fds)) {
+      if (f->d_name[0] == '.') continue;
+      char link[320];
+      char target[64];
+      std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, f->d_name);
+      const ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      if (std::strcmp(target, want_a) == 0 || std::strcmp(target, want_b) == 0) {
+        found = true;
+        break;
+      }
+    }
+    closedir(fds);
+  }
+  closedir(procs);
+  return found;
+}
+
+// Copies of the readiness socket are what processes that got the
+// connection after its upgrade hold (forked children, exec'd images,
+// receivers of SCM_RIGHTS): they relay it. A copy of the kernel TCP socket
+// alone is a process that never used it (a listener's copy from before the
+// fork): it does not keep the connection open here.
+bool held_elsewhere(Conn& c) {
+  struct stat ready {};
+  const int rfd = c.stream ? c.stream->fd() : -1;
+  if (rfd < 0 || fstat(rfd, &ready) != 0) return false;
+  return held_elsewhere(ready.st_ino, ready.st_ino);
+}
+
 struct Relay {
+  std::mutex up_mu;  // the asker -> stream direction (flush_relays)
   std::shared_ptr<Conn> conn;
   int so = -1;  // the owner's end of the pair
   dev_t given_dev = 0;
@@ -122,6 +181,7 @@ struct Relay {
   bool dead = false;
   ~Relay() {
     if (so >= 0) real().close(so);
+    if (conn) conn->relays.fetch_sub(1, std::memory_order_acq_rel);
   }
 };
 
@@ -150,6 +210,7 @@ class Server {
     (void)real().write(wake_, &one, sizeof one);
     if (thread_.joinable()) thread_.join();
     relays_.clear();
+    parked_.clear();
     real().close(listener_);
     real().close(wake_);
   }
@@ -172,12 +233,21 @@ class Server {
         p.push_back({r->so, so_ev, 0});
         p.push_back({r->conn->stream->fd(), st_ev, 0});
       }
-      if (real().poll(p.data(), p.size(), 1000) < 0 && errno != EINTR) break;
+      if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
       if ((p[0].revents & POLLIN) != 0) take_request();
       for (size_t i = 0; i < relays_.size() && 2 + 2 * i < p.size(); ++i) {
         pump(*relays_[i], p[2 + 2 * i].revents);
       }
-      std::erase_if(relays_, [](const std::unique_ptr<Relay>& r) { return r->dead; });
+      const size_t before = relays_.size();
+      {
+        std::lock_guard lock(registry_mu_);
+        std::erase_if(relays_, [](const std::unique_ptr<Relay>& r) { return r->dead; });
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (relays_.size() != before || now - last_review_ >= std::chrono::milliseconds(kReviewMs)) {
+        last_review_ = now;
+        review_parked();
+      }
     }
   }
 
@@ -211,6 +281,7 @@ class Server {
     }
     bool readiness = false;
     auto c = conn_by_inode(st.st_dev, st.st_ino, &readiness);
+    if (!c) c = parked_by_inode(st.st_dev, st.st_ino);
     (void)held;
     if (!c) {
       (void)send_message(s, *reply, nullptr, 0);
@@ -239,12 +310,17 @@ class Server {
     const int fds[2] = {pair[1], r->conn->tcp_fd};
     const bool sent = send_message(s, *reply, fds, 2);
     real().close(pair[1]);
-    if (sent) relays_.push_back(std::move(r));
+    if (sent) {
+      r->conn->relays.fetch_add(1, std::memory_order_acq_rel);
+      std::lock_guard lock(registry_mu_);
+      relays_.push_back(std::move(r));
+    }
   }
 
   static void pump(Relay& r, short so_rev) {
     stream::Stream& st = *r.conn->stream;
     // Asker -> stream.
+    std::unique_lock up_lock(r.up_mu);
     if (!r.asker_eof && r.up_len == 0 && (so_rev & (POLLIN | POLLHUP | POLLERR)) != 0) {
       const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
       if (n > 0) {
@@ -266,6 +342,7 @@ class Server {
       if (w < 0 && w != -EAGAIN) r.dead = true;  // the stream failed: nothing to carry
       if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
     }
+    up_lock.unlock();
     // Stream -> asker.
     if (!r.stream_eof && r.down_len == 0) {
       const ssize_t n = st.read(r.down.get(), kBuf, stream::Stream::kDontWait);
@@ -288,6 +365,73 @@ class Server {
     if (r.asker_eof && r.stream_eof && r.up_len == 0 && r.down_len == 0) r.dead = true;
   }
 
+
+ public:
+  // Runs on an application thread: what the relays of c have received from
+  // their askers goes into the stream now (blocking on the stream's credit).
+  void flush(Conn& c) {
+    std::lock_guard lock(registry_mu_);
+    for (auto& r : relays_) {
+      if (r->conn.get() != &c) continue;
+      std::lock_guard up(r->up_mu);
+      for (;;) {
+        if (r->up_len > r->up_off) {
+          const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+          if (w <= 0) break;
+          r->up_off += static_cast<size_t>(w);
+          if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
+          continue;
+        }
+        if (r->asker_eof) break;
+        const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
+        if (n <= 0) break;  // nothing more written yet; EOF is the server thread's
+        r->up_len = static_cast<size_t>(n);
+        r->up_off = 0;
+      }
+    }
+  }
+
+  // Connections this process no longer names that other processes hold.
+  void park(std::shared_ptr<Conn> c) {
+    std::lock_guard lock(parked_mu_);
+    parked_.push_back(std::move(c));
+  }
+
+ private:
+  std::shared_ptr<Conn> parked_by_inode(dev_t dev, ino_t ino) {
+    std::lock_guard lock(parked_mu_);
+    for (auto& c : parked_) {
+      struct stat a {};
+      struct stat b {};
+      if ((fstat(c->tcp_fd, &a) == 0 && a.st_dev == dev && a.st_ino == ino) ||
+          (fstat(c->stream->fd(), &b) == 0 && b.st_dev == dev && b.st_ino == ino)) {
+        return c;
+      }
+    }
+    return nullptr;
+  }
+
+  // A parked connection nobody relays or holds any more closes.
+  void review_parked() {
+    std::vector<std::shared_ptr<Conn>> done;
+    {
+      std::lock_guard lock(parked_mu_);
+      std::erase_if(parked_, [&](std::shared_ptr<Conn>& c) {
+        for (auto& r : relays_) {
+          if (r->conn == c) return false;
+        }
+        if (held_elsewhere(*c)) return false;
+        done.push_back(std::move(c));
+        return true;
+      });
+    }
+    done.clear();  // closes them: queued data delivered, then end of stream
+  }
+
+  std::chrono::steady_clock::time_point last_review_{};
+  std::mutex registry_mu_;  // relays_ changes (the server thread) vs flush
+  std::mutex parked_mu_;
+  std::vector<std::shared_ptr<Conn>> parked_;
   int listener_ = -1;
   int wake_ = -1;
   std::atomic<bool> stop_{false};
@@ -323,6 +467,28 @@ void forget_relay_server_in_child() {
   g_server = nullptr;  // its thread is the parent's; the object is leaked
   g_tried = false;
   new (&g_mu) std::mutex();
+}
+
+void flush_relays(Conn& c) {
+  Server* s = nullptr;
+  {
+    std::lock_guard lock(g_mu);
+    s = g_server;
+  }
+  if (s != nullptr) s->flush(c);
+}
+
+void release_conn(std::shared_ptr<Conn> c) {
+  if (!c || c.use_count() != 1 || !c->stream || c->owner != process_id()) return;
+  if (c->adopt_gen == fork_generation() && c->marker.empty()) return;  // never shared
+  if (!held_elsewhere(*c)) return;
+  std::lock_guard lock(g_mu);
+  if (g_server == nullptr) {
+    log_line("close: the connection is still held by another process, but this one serves "
+             "no relays: it closes now");
+    return;
+  }
+  g_server->park(std::move(c));
 }
 
 RelayGrant request_relay(pid_t owner, int held_fd) {

@@ -11,6 +11,7 @@
 // (docs/preload.md, "Process shapes").
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 
 namespace rdmakit::preload {
@@ -22,6 +23,18 @@ void ensure_relay_server();
 // the parent's).
 void stop_relay_server();
 void forget_relay_server_in_child();
+
+// The application closed its last alias of c. A connection another process
+// may still hold (one that came here by fork, exec or SCM_RIGHTS, or that
+// this process copied by fork) stays open, served by the relay server, while
+// another process holds it, as a kernel socket stays open until its last
+// copy closes; otherwise it closes now.
+struct Conn;
+void release_conn(std::shared_ptr<Conn> c);
+
+// Pushes into c's stream every byte its relayed processes have written so
+// far (the owner is about to write itself).
+void flush_relays(Conn& c);
 
 struct RelayGrant {
   bool granted = false;

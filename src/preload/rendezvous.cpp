@@ -158,8 +158,11 @@ pid_t adoption_owner(const std::string& path) {
   const ssize_t n = real().read(fd, buf, sizeof buf - 1);
   real().close(fd);
   const pid_t pid = n > 0 ? static_cast<pid_t>(std::atoi(buf)) : 0;
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM) ? pid : 0;
+  if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)) return pid;
+  return pid > 0 ? -pid : 0;
 }
+
+bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }
 
 void PendingOfferDelete::operator()(PendingOffer* p) const noexcept { delete p; }
 
@@ -311,9 +314,12 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   if (!fits || c.get() < 0 ||
       real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
           0) {  // NOLINT
-    up.reason = deny.empty()
-                    ? "no rendezvous offer from the peer (peer not rdmakit-enabled)"
-                    : deny;
+    // A client that closed its end before using it withdrew its offer.
+    pollfd hup{tcp_fd, POLLRDHUP, 0};
+    const bool closed = poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
+    up.reason = !deny.empty() ? deny
+                : closed      ? "the client closed the connection before using it"
+                              : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;

@@ -34,6 +34,7 @@ struct PendingOfferDelete {
   void operator()(PendingOffer* p) const noexcept;
 };
 using PendingOfferPtr = std::unique_ptr<PendingOffer, PendingOfferDelete>;
+bool offer_is_remote(const PendingOffer& offer);
 PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);
 Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
 // Passive side, on a socket the kernel accept returned. A non-empty `deny`
@@ -49,7 +50,8 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny);
 // loopback connection or the directory is unusable.
 std::string adoption_marker(int tcp_fd);
 void write_adoption_marker(const std::string& path);
-// The live process named by the marker (0: none).
+// The live process named by the marker; 0: no marker; -pid: the process
+// that carried the connection has exited.
 pid_t adoption_owner(const std::string& path);
 // Whether fd's connection has both ends on loopback (the lazy, same-host
 // rendezvous applies).

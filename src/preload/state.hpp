@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rdmakit/stream/stream.hpp"
+#include "rendezvous.hpp"
 #include "stat_format.hpp"
 
 namespace rdmakit::preload {
@@ -67,6 +68,11 @@ struct Conn {
   // The adoption marker (rendezvous.hpp) other holders of the connection
   // find it by; removed with the connection.
   std::string marker;
+  // Relays of this connection to other processes (relay.hpp): the owner's
+  // own writes first push what they have already written.
+  std::atomic<int> relays{0};
+  // fork_generation() when it was upgraded: a later fork may have copied it.
+  uint64_t adopt_gen = 0;
   ~Conn();
 };
 
@@ -99,8 +105,11 @@ struct Pending {
   std::vector<int> fds;    // every fd number naming it here (table lock)
   pid_t accepted_by = 0;   // the process whose accept() returned it
   uint64_t fork_gen = 0;   // forks made by that process before the accept
-  bool inherited = false;  // came across exec or SCM_RIGHTS
+  bool inherited = false;  // came across exec or SCM_RIGHTS, or was sent away
   pid_t unix_peer = 0;     // kInherited: the socket's creator, to ask
+  // A connect()ed one: the offer made before the kernel connect, taken up
+  // (or not) by the server when it first uses its end.
+  PendingOfferPtr offer;
 };
 
 Entry entry_of(int fd) noexcept;

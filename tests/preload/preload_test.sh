@@ -282,7 +282,10 @@ NGINX
         [ "$n" -ge 8 ] || fail "expected >= 8 wrk connections on shm, found $n"
         expect_count $((n + 1)) "nginx[^]]*\]: accept fd=.* path=shm" "nginx connections on shm"
         expect_count 0 "^rdmakit-preload\[$master [^]]*\]: accept" "connections accepted by the master"
-        expect_count 0 "path=kernel" "kernel fallbacks" ;;
+        # wrk closes its connections when its time is up, some of them
+        # before their first request: nginx finds no offer for those.
+        closed=$(count "path=kernel reason=the client closed the connection before using it")
+        [ "$(count "path=kernel")" = "$closed" ] || fail "kernel fallbacks: $(grep path=kernel "$log")" ;;
       nginx-client-only)
         expect_count 1 "curl\]: connect fd=.*path=kernel reason=no rdmakit listener on port $port" "curl fallbacks" ;;
       nginx-server-only)
@@ -645,37 +648,6 @@ PY
     # Rules that match nothing leave the upgrade alone.
     rule_pair allowed RDMAKIT_PRELOAD_ALLOW_ADDRS=127.0.0.1/32 RDMAKIT_PRELOAD_ALLOW_PROGRAMS=rdmakit_preload_pair
     expect_count 4 "(connect|accept) fd=.* path=shm" "upgraded ends (bad-rule and allowed, both ends)"
-    ;;
-  accept-then-fork)
-    # A server that accepts, then forks a child to answer (classic inetd
-    # style). The child cannot use the parent's upgraded connection: it must
-    # get EOPNOTSUPP, logged, never a silent loss; the parent still answers.
-    port=$(free_port)
-    cat >"$work/srv.py" <<'PY'
-import errno, os, socket, sys
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1)
-c, _ = ls.accept()
-pid = os.fork()
-if pid == 0:
-    try:
-        c.sendall(b"from the child\n"); os._exit(3)
-    except OSError as e:
-        os._exit(0 if e.errno == errno.EOPNOTSUPP else 4)
-_, st = os.waitpid(pid, 0)
-if os.waitstatus_to_exitcode(st) != 0: sys.exit("child: exit %d" % os.waitstatus_to_exitcode(st))
-c.sendall(b"from the parent\n"); c.close()
-PY
-    "${pre[@]}" timeout 20 python3 "$work/srv.py" "$port" >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    "${pre[@]}" timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1", int(sys.argv[1]))); print(s.makefile().read(), end="")' \
-      "$port" >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
-    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
-    [ "$(cat "$work/c.out")" = "from the parent" ] || fail "client got: $(cat "$work/c.out")"
-    expect_count 1 "python3\]: accept fd=.* path=shm" "server connections on shm"
-    expect_count 1 "send fd=[0-9]+: EOPNOTSUPP: the connection was upgraded by pid [0-9]+; a forked child cannot use it" \
-      "logged refusals in the child"
     ;;
   conn-memory)
     # Memory per preloaded shm connection (2 MiB rings by default): 50

@@ -1,0 +1,124 @@
+"""A TCP server in one process shape (tests/preload/shapes_test.sh).
+
+Each connection: the client sends a 4-byte length and that many bytes; the
+server answers with the SHA-256 of what it read, a line naming which
+process served it (SHAPE:PID), then the same bytes back. Which process reads
+and writes the connection depends on the shape; every one must get every
+byte, in order.
+"""
+import hashlib, os, signal, socket, struct, sys
+
+shape, port_file, conns = sys.argv[1], sys.argv[2], int(sys.argv[3])
+signal.alarm(60)
+
+
+def exact(fd_or_sock, n):
+    b = bytearray()
+    while len(b) < n:
+        d = fd_or_sock.recv(n - len(b)) if hasattr(fd_or_sock, "recv") else os.read(fd_or_sock, n - len(b))
+        if not d:
+            raise SystemExit("short read: %d of %d" % (len(b), n))
+        b += d
+    return bytes(b)
+
+
+def serve(s, who, head=b""):
+    n = struct.unpack("!I", head + exact(s, 4 - len(head)))[0]
+    data = exact(s, n)
+    s.sendall(hashlib.sha256(data).hexdigest().encode() + b" %s:%d\n" % (who.encode(), os.getpid()))
+    s.sendall(data)
+
+
+def serve_half(s, who, data, n):
+    """The rest of a request whose first part another process read."""
+    data += exact(s, n - len(data))
+    s.sendall(hashlib.sha256(data).hexdigest().encode() + b" %s:%d\n" % (who.encode(), os.getpid()))
+    s.sendall(data)
+
+
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(64)
+if shape == "scm-rights":
+    # Workers started before the first accept, as socket-activated and
+    # worker-handoff servers are: the listener hands each connection over.
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    worker = os.fork()
+    if worker == 0:
+        ls.close(); a.close()
+        for _ in range(conns):
+            _, fds, _, _ = socket.recv_fds(b, 16, 1)
+            c = socket.socket(fileno=fds[0])
+            serve(c, "worker")
+            c.close()
+        os._exit(0)
+    b.close()
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(ls.getsockname()[1]))
+os.rename(port_file + ".tmp", port_file)
+
+children = []
+for i in range(conns):
+    c, _ = ls.accept()
+    if shape == "fork":  # the postmaster: the child serves, the parent closes
+        pid = os.fork()
+        if pid == 0:
+            ls.close(); serve(c, "child"); c.close(); os._exit(0)
+        c.close(); children.append(pid)
+    elif shape == "double-fork":  # a daemonising child serves from a grandchild
+        pid = os.fork()
+        if pid == 0:
+            ls.close()
+            if os.fork() == 0:
+                os.setsid(); serve(c, "grandchild"); c.close(); os._exit(0)
+            os._exit(0)
+        c.close(); os.waitpid(pid, 0)
+    elif shape == "keep-copy":  # the parent keeps its copy open while the child serves
+        pid = os.fork()
+        if pid == 0:
+            ls.close(); serve(c, "child"); c.close(); os._exit(0)
+        os.waitpid(pid, 0)
+        c.close()
+    elif shape == "fork-after-use":  # the parent reads the head, a child the rest
+        n = struct.unpack("!I", exact(c, 4))[0]
+        first = exact(c, min(n, 1000))
+        pid = os.fork()
+        if pid == 0:
+            ls.close(); serve_half(c, "child", first, n); os._exit(0)
+        os.waitpid(pid, 0)
+        c.sendall(b"parent:%d\n" % os.getpid()); c.close()
+    elif shape in ("exec", "exec-after-use"):  # inetd: the connection becomes fds 0 and 1
+        head = exact(c, 4) if shape == "exec-after-use" else b""
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(c.fileno(), 0); os.dup2(c.fileno(), 1)
+            os.execvp(sys.executable, [sys.executable, os.path.join(os.path.dirname(__file__), "stdio_serve.py"), head.hex()])
+        c.close(); os.waitpid(pid, 0)
+    elif shape == "scm-rights":
+        socket.send_fds(a, [b"x"], [c.fileno()]); c.close()
+    elif shape == "signals":  # a child whose first use is interrupted by signals
+        pid = os.fork()
+        if pid == 0:
+            ls.close()
+            signal.signal(signal.SIGALRM, lambda *_: None)
+            signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+            serve(c, "child"); c.close()
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            os._exit(0)
+        # and the parent signals the child while it takes the connection over
+        for _ in range(20):
+            try: os.kill(pid, signal.SIGWINCH)
+            except ProcessLookupError: break
+        c.close(); children.append(pid)
+    else:
+        raise SystemExit("unknown shape " + shape)
+for pid in children:
+    _, st = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(st) != 0:
+        raise SystemExit("child %d: exit %d" % (pid, os.waitstatus_to_exitcode(st)))
+if shape == "scm-rights":
+    _, st = os.waitpid(worker, 0)
+    if os.waitstatus_to_exitcode(st) != 0:
+        raise SystemExit("worker: exit %d" % os.waitstatus_to_exitcode(st))
+print("OK")
