@@ -36,7 +36,7 @@ second_user_stage() {
   local dir=$1 bin=$2 lib
   mkdir -p "$dir" && chmod 755 "$dir" || return 1
   cp "$bin" "$dir/" && chmod 755 "$dir/$(basename "$bin")" || return 1
-  for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'); do
+  for lib in $(ldd "$bin" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'); do
     case $lib in /lib/* | /usr/*) continue ;; esac
     cp -L "$lib" "$dir/$(basename "$lib")" && chmod 755 "$dir/$(basename "$lib")" || return 1
   done
