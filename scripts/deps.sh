@@ -18,7 +18,8 @@ pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibver
 # --help, dpkg-shlibdeps, lintian, the Debian 12 chroot.
 pkgs+=(help2man dpkg-dev file lintian man-db mmdebstrap)
 # The preload tests run these programs under the library.
-pkgs+=(iperf3 sockperf curl redis-server redis-tools nginx-light wrk)
+pkgs+=(iperf3 sockperf curl redis-server redis-tools nginx-light wrk postgresql openssh-server
+  openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

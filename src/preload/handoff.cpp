@@ -29,6 +29,9 @@ namespace rdmakit::preload {
 namespace {
 
 std::mutex g_foreign_mu;  // one foreign or inherited settle at a time
+// A forked child gets dormant relays at fork for at most this many
+// connections of its parent; beyond that, relays are made at first use.
+constexpr size_t kDormantAtFork = 16;
 
 uint16_t local_port(int fd) {
   sockaddr_storage ss{};
@@ -65,7 +68,8 @@ bool is_candidate(int fd, int* domain) {
 
 // The other holders of the connection never see its bytes on kernel TCP
 // again: every alias becomes the relay socket.
-bool install_grant(const std::vector<int>& aliases, RelayGrant& g) {
+bool install_grant(const std::vector<int>& aliases, RelayGrant& g,
+                   Entry kind = Entry::kRelayed) {
   if (g.relay >= 0) {
     for (const int a : aliases) {
       const int fd_flags = real().fcntl(a, F_GETFD);
@@ -81,7 +85,9 @@ bool install_grant(const std::vector<int>& aliases, RelayGrant& g) {
   auto tcp_only = std::make_shared<Conn>();
   tcp_only->tcp_fd = g.tcp;
   tcp_only->owner = process_id();
-  for (const int a : aliases) install_relayed(a, tcp_only);
+  tcp_only->wake_fd = g.wake;
+  tcp_only->relay_aliases = aliases;
+  for (const int a : aliases) install_relayed(a, tcp_only, kind);
   return true;
 }
 
@@ -371,9 +377,46 @@ void note_sent(const msghdr* msg) noexcept {
   }
 }
 
+void relay_foreign_in_child() noexcept {
+  try {
+    // Few connections (a session's monitor, not a server's thousands): each
+    // gets a dormant relay now, while the child may still make the calls a
+    // relay needs (sshd's privilege-separated child runs in a seccomp
+    // sandbox that allows read and write, not socket or dup3).
+    std::vector<int> foreign;
+    for (int fd = 0; fd < kMaxFd && foreign.size() <= kDormantAtFork; ++fd) {
+      if (entry_of(fd) == Entry::kForeign) foreign.push_back(fd);
+    }
+    if (foreign.empty() || foreign.size() > kDormantAtFork) return;
+    std::vector<std::shared_ptr<Conn>> done;
+    for (const int fd : foreign) {
+      auto c = entry_conn(fd);
+      if (!c || entry_of(fd) != Entry::kForeign) continue;
+      std::vector<int> aliases;
+      for (const int a : foreign) {
+        if (entry_of(a) == Entry::kForeign && entry_conn(a) == c) aliases.push_back(a);
+      }
+      RelayGrant g = request_relay(c->owner, c->tcp_fd, true);
+      if (g.granted && install_grant(aliases, g, Entry::kDormant)) {
+        log_line("fork fd=%d %s path=relay owner=%d (until first use, dormant)", fd,
+                 describe(kernel_socket(fd)).c_str(), static_cast<int>(c->owner));
+      } else {
+        if (g.wake >= 0) real().close(g.wake);
+        log_line("fork fd=%d: no relay at fork (%s): relayed at first use", fd, g.why.c_str());
+      }
+    }
+  } catch (...) {
+    // Out of memory: the connections are relayed at their first use.
+  }
+}
+
 void settle(int fd) {
   try {
     const Entry e = entry_of(fd);
+    if (e == Entry::kDormant) {
+      wake_relayed(fd);
+      return;
+    }
     if (e == Entry::kForeign) {
       settle_foreign(fd);
       return;

@@ -32,6 +32,9 @@ void settle_before_close(int fd);
 // The application sends descriptors (SCM_RIGHTS): a pending or upgraded
 // connection among them may now be used by another process.
 void note_sent(const msghdr* msg) noexcept;
+// In a forked child (after the table is disowned): dormant relays for the
+// parent's connections, when they are few.
+void relay_foreign_in_child() noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);

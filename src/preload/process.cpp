@@ -51,6 +51,7 @@ void on_child() {
   // own if it upgrades a connection of its own.
   g_engine[0] = g_engine[1] = nullptr;
   g_engine_mu.unlock();
+  relay_foreign_in_child();
 }
 
 // Queued data still reaches the peer when the program exits: close every

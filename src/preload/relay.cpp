@@ -42,6 +42,7 @@ constexpr size_t kMaxRelays = 1024;
 constexpr int kReviewMs = 200;
 
 enum Status : uint32_t { kNotMine = 0, kNewRelay = 1, kAlreadyRelayed = 2, kFull = 3 };
+constexpr uint32_t kDormant = 1;  // a request's status field: a dormant relay
 
 struct Message {
   uint32_t magic = kMagic;
@@ -170,6 +171,8 @@ struct Relay {
   std::mutex up_mu;  // the asker -> stream direction (flush_relays)
   std::shared_ptr<Conn> conn;
   int so = -1;  // the owner's end of the pair
+  int wake = -1;       // dormant: the asker writes a byte here when it first uses it
+  bool awake = true;
   dev_t given_dev = 0;
   ino_t given_ino = 0;  // the end given away (an exec'd image asks with it)
   std::unique_ptr<char[]> up{new char[kBuf]};    // asker -> stream
@@ -181,6 +184,7 @@ struct Relay {
   bool dead = false;
   ~Relay() {
     if (so >= 0) real().close(so);
+    if (wake >= 0) real().close(wake);
     if (conn) conn->relays.fetch_sub(1, std::memory_order_acq_rel);
   }
 };
@@ -230,13 +234,19 @@ class Server {
         if (r->down_len > r->down_off) so_ev |= POLLOUT;
         if (!r->stream_eof && r->down_len == 0) st_ev |= POLLIN;
         if (r->up_len > r->up_off) st_ev |= POLLOUT;
+        if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
         p.push_back({r->so, so_ev, 0});
         p.push_back({r->conn->stream->fd(), st_ev, 0});
+        p.push_back({r->awake ? -1 : r->wake, POLLIN, 0});
       }
       if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
       if ((p[0].revents & POLLIN) != 0) take_request();
-      for (size_t i = 0; i < relays_.size() && 2 + 2 * i < p.size(); ++i) {
-        pump(*relays_[i], p[2 + 2 * i].revents);
+      for (size_t i = 0; i < relays_.size() && 4 + 3 * i < p.size(); ++i) {
+        Relay& r = *relays_[i];
+        if (!r.awake && (p[4 + 3 * i].revents != 0 || (p[2 + 3 * i].revents & POLLIN) != 0)) {
+          r.awake = true;  // the asker uses it: a wake byte, or bytes of its own
+        }
+        pump(r, p[2 + 3 * i].revents);
       }
       const size_t before = relays_.size();
       {
@@ -260,16 +270,19 @@ class Server {
     Message reply;
     reply.status = kNotMine;
     struct stat st {};
+    int keep = -1;
     if (ok && held >= 0 && fstat(held, &st) == 0) {
-      answer(s, st, held, &reply);
+      answer(s, st, held, &reply, m.status == kDormant ? &keep : nullptr);
     } else {
       (void)send_message(s, reply, nullptr, 0);
     }
     if (held >= 0) real().close(held);
-    real().close(s);
+    if (keep < 0) real().close(s);
   }
 
-  void answer(int s, const struct stat& st, int held, Message* reply) {
+  // dormant_wake: the request asked for a dormant relay; its connection
+  // becomes the wake channel (*dormant_wake = s, kept open).
+  void answer(int s, const struct stat& st, int held, Message* reply, int* dormant_wake) {
     // An exec'd image asking with the relay socket it inherited.
     for (auto& r : relays_) {
       if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
@@ -311,6 +324,10 @@ class Server {
     const bool sent = send_message(s, *reply, fds, 2);
     real().close(pair[1]);
     if (sent) {
+      if (dormant_wake != nullptr) {
+        r->wake = *dormant_wake = s;
+        r->awake = false;
+      }
       r->conn->relays.fetch_add(1, std::memory_order_acq_rel);
       std::lock_guard lock(registry_mu_);
       relays_.push_back(std::move(r));
@@ -344,7 +361,7 @@ class Server {
     }
     up_lock.unlock();
     // Stream -> asker.
-    if (!r.stream_eof && r.down_len == 0) {
+    if (r.awake && !r.stream_eof && r.down_len == 0) {
       const ssize_t n = st.read(r.down.get(), kBuf, stream::Stream::kDontWait);
       if (n > 0) {
         r.down_len = static_cast<size_t>(n);
@@ -491,7 +508,7 @@ void release_conn(std::shared_ptr<Conn> c) {
   g_server->park(std::move(c));
 }
 
-RelayGrant request_relay(pid_t owner, int held_fd) {
+RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
   RelayGrant g;
   const InternalScope internal;
   const int s = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -517,6 +534,7 @@ RelayGrant request_relay(pid_t owner, int held_fd) {
     return g;
   }
   Message m;
+  m.status = dormant ? kDormant : 0;
   Message reply;
   int fds[2] = {-1, -1};
   if (!send_message(s, m, &held_fd, 1) || !recv_message(s, &reply, fds, 2, kReplyWaitMs)) {
@@ -526,6 +544,10 @@ RelayGrant request_relay(pid_t owner, int held_fd) {
     g.relay = fds[0];
     g.tcp = fds[1];
     fds[0] = fds[1] = -1;
+    if (dormant) {
+      g.wake = s;  // kept: the wake channel
+      return g;
+    }
   } else if (reply.status == kAlreadyRelayed && fds[0] >= 0) {
     g.granted = true;
     g.tcp = fds[0];

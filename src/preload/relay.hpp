@@ -40,9 +40,13 @@ struct RelayGrant {
   bool granted = false;
   int relay = -1;   // the new relay socket; -1 when held_fd already is one
   int tcp = -1;     // a copy of the connection's kernel TCP socket
+  int wake = -1;    // dormant relays: one byte written here starts it
   std::string why;  // not granted: why
 };
 // Asker side: asks process `owner` to relay the connection held_fd names.
-RelayGrant request_relay(pid_t owner, int held_fd);
+// dormant: the owner carries the asker's writes at once but sends it
+// nothing until a byte arrives on `wake` (a forked child that may never use
+// the connection must not take the owner's incoming bytes).
+RelayGrant request_relay(pid_t owner, int held_fd, bool dormant = false);
 
 }  // namespace rdmakit::preload

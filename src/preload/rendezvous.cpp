@@ -316,7 +316,7 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
           0) {  // NOLINT
     // A client that closed its end before using it withdrew its offer.
     pollfd hup{tcp_fd, POLLRDHUP, 0};
-    const bool closed = poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
+    const bool closed = real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
     up.reason = !deny.empty() ? deny
                 : closed      ? "the client closed the connection before using it"
                               : "no rendezvous offer from the peer (peer not rdmakit-enabled)";

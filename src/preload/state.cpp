@@ -167,7 +167,7 @@ Entry entry_of(int fd) noexcept {
 bool is_conn(int fd) noexcept {
   const Entry e = entry_of(fd);
   return e == Entry::kConn || e == Entry::kPending || e == Entry::kInherited ||
-         e == Entry::kForeign;
+         e == Entry::kForeign || e == Entry::kDormant;
 }
 
 namespace {
@@ -181,7 +181,8 @@ std::shared_ptr<Conn> conn_locked(int fd) {
 std::shared_ptr<Conn> find_conn(int fd) {
   const Entry e = entry_of(fd);
   if (e == Entry::kConn) return conn_locked(fd);
-  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign) {
+  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign &&
+      e != Entry::kDormant) {
     return nullptr;
   }
   settle(fd);
@@ -190,13 +191,16 @@ std::shared_ptr<Conn> find_conn(int fd) {
 
 std::shared_ptr<Conn> meta_conn(int fd) {
   const Entry e = entry_of(fd);
-  if (e == Entry::kInherited || e == Entry::kForeign) settle(fd);
+  if (e == Entry::kInherited || e == Entry::kForeign || e == Entry::kDormant) settle(fd);
   return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
 }
 
 int kernel_socket(int fd) {
   const Entry e = entry_of(fd);
-  if (e != Entry::kConn && e != Entry::kRelayed && e != Entry::kForeign) return fd;
+  if (e != Entry::kConn && e != Entry::kRelayed && e != Entry::kForeign &&
+      e != Entry::kDormant) {
+    return fd;
+  }
   Table& t = table();
   std::lock_guard lock(t.mu);
   const auto& c = t.conns[fd];
@@ -222,7 +226,22 @@ void install_conn(int fd, std::shared_ptr<Conn> conn) {
   }
 }
 
-void install_relayed(int fd, std::shared_ptr<Conn> tcp_only) {
+void wake_relayed(int fd) {
+  const auto c = entry_conn(fd);
+  if (!c) return;
+  const int w = c->wake_fd.exchange(-1);
+  if (w >= 0) {
+    (void)real().write(w, "w", 1);
+    real().close(w);
+  }
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  for (const int a : c->relay_aliases) {
+    if (kind(a) == Entry::kDormant && t.conns[a] == c) set_kind(a, Entry::kRelayed);
+  }
+}
+
+void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry e) {
   Table& t = table();
   std::shared_ptr<Conn> old;
   {
@@ -230,7 +249,7 @@ void install_relayed(int fd, std::shared_ptr<Conn> tcp_only) {
     drop_pending_locked(fd);
     old = std::move(t.conns[fd]);
     t.conns[fd] = std::move(tcp_only);
-    set_kind(fd, Entry::kRelayed);
+    set_kind(fd, e);
   }
 }
 

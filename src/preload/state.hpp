@@ -71,6 +71,9 @@ struct Conn {
   // Relays of this connection to other processes (relay.hpp): the owner's
   // own writes first push what they have already written.
   std::atomic<int> relays{0};
+  // kDormant: the wake channel, and the fds that name the connection.
+  std::atomic<int> wake_fd{-1};
+  std::vector<int> relay_aliases;
   // fork_generation() when it was upgraded: a later fork may have copied it.
   uint64_t adopt_gen = 0;
   ~Conn();
@@ -97,6 +100,10 @@ enum class Entry : uint8_t {
   kRelayed = 5,
   // A forked child's copy of its parent's upgraded connection.
   kForeign = 6,
+  // kRelayed, set up at fork for a child that may never use it: the owner
+  // sends nothing until its first use writes a byte to Conn::wake_fd (a
+  // write, which sandboxed children such as sshd's may still make).
+  kDormant = 7,
 };
 
 // A kPending or kInherited connection, shared by its aliases (dup).
@@ -105,7 +112,7 @@ struct Pending {
   std::vector<int> fds;    // every fd number naming it here (table lock)
   pid_t accepted_by = 0;   // the process whose accept() returned it
   uint64_t fork_gen = 0;   // forks made by that process before the accept
-  bool inherited = false;  // came across exec or SCM_RIGHTS, or was sent away
+  std::atomic<bool> inherited{false};  // came across exec or SCM_RIGHTS, or was sent away
   pid_t unix_peer = 0;     // kInherited: the socket's creator, to ask
   // A connect()ed one: the offer made before the kernel connect, taken up
   // (or not) by the server when it first uses its end.
@@ -129,7 +136,9 @@ int kernel_socket(int fd);
 // The Conn an entry holds, whatever its kind (a foreign one names its owner).
 std::shared_ptr<Conn> entry_conn(int fd);
 void install_conn(int fd, std::shared_ptr<Conn> conn);
-void install_relayed(int fd, std::shared_ptr<Conn> tcp_only);
+void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry kind = Entry::kRelayed);
+// A dormant relay is used: it and its aliases become kRelayed.
+void wake_relayed(int fd);
 void install_pending(int fd, std::shared_ptr<Pending> p, Entry kind);
 std::shared_ptr<Pending> pending_of(int fd);
 // dup: newfd names what oldfd names (any entry but a listener).

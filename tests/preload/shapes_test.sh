@@ -47,7 +47,7 @@ for who in $servers; do
   pid=${who#*:} role=${who%%:*}
   case $shape in
     fork-after-use|exec-after-use)  # the parent read first: it carries, the child relays
-      grep -qE "^rdmakit-preload\[$pid [^]]*\]: (use|inherited) fd=[0-9]+ .*path=relay owner=[0-9]+" "$log" ||
+      grep -qE "^rdmakit-preload\[$pid [^]]*\]: (use|inherited|fork) fd=[0-9]+ .*path=relay owner=[0-9]+" "$log" ||
         fail "$role $pid did not relay"
       ;;
     *)  # the process that serves adopts the connection itself
