@@ -243,9 +243,7 @@ class Server {
       if ((p[0].revents & POLLIN) != 0) take_request();
       for (size_t i = 0; i < relays_.size() && 4 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
-        if (!r.awake && (p[4 + 3 * i].revents != 0 || (p[2 + 3 * i].revents & POLLIN) != 0)) {
-          r.awake = true;  // the asker uses it: a wake byte, or bytes of its own
-        }
+        if (!r.awake) r.awake = woken(r, p[4 + 3 * i].revents, p[2 + 3 * i].revents);
         pump(r, p[2 + 3 * i].revents);
       }
       const size_t before = relays_.size();
@@ -286,6 +284,7 @@ class Server {
     // An exec'd image asking with the relay socket it inherited.
     for (auto& r : relays_) {
       if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
+        r->awake = true;  // asked for at its first use (an exec'd image)
         reply->status = kAlreadyRelayed;
         const int tcp = r->conn->tcp_fd;
         (void)send_message(s, *reply, &tcp, 1);
@@ -332,6 +331,15 @@ class Server {
       std::lock_guard lock(registry_mu_);
       relays_.push_back(std::move(r));
     }
+  }
+
+  // A dormant relay starts when its asker uses it: a wake byte, or bytes
+  // of its own. Its end closing (the asker exited without using it) is not
+  // a use: the owner's incoming bytes stay the owner's.
+  static bool woken(Relay& r, short wake_rev, short so_rev) {
+    char b = 0;
+    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT) == 1) return true;
+    return (so_rev & POLLIN) != 0 && real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
   }
 
   static void pump(Relay& r, short so_rev) {
