@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <vector>
 
@@ -262,7 +264,30 @@ ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 
 // The counters of the published statistics (stat.hpp): a load and a store
 // each, no syscall, no locked instruction.
+namespace {
+// Bytes a relayed process gave back unread (relay.hpp) come first.
+ssize_t recv_pushback(Conn& c, const iovec* iov, int iovcnt, int flags) {
+  std::lock_guard lock(c.pushback_mu);
+  size_t done = 0;
+  for (int i = 0; i < iovcnt && done < c.pushback.size(); ++i) {
+    const size_t n = std::min(iov[i].iov_len, c.pushback.size() - done);
+    std::memcpy(iov[i].iov_base, c.pushback.data() + done, n);
+    done += n;
+  }
+  if ((flags & MSG_PEEK) == 0) {
+    c.pushback.erase(0, done);
+    if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+  }
+  return static_cast<ssize_t>(done);
+}
+}  // namespace
+
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
+  if (c.relays.load(std::memory_order_acquire) > 0) reclaim_relays(c);
+  if (c.has_pushback.load(std::memory_order_acquire)) {
+    const ssize_t n = recv_pushback(c, iov, iovcnt, flags);
+    if (n > 0) return n;
+  }
   const ssize_t r = recv_impl(c, fd, iov, iovcnt, flags);
   if (r > 0 && (flags & MSG_PEEK) == 0)
     stats::count_rx(c.stat_slot, static_cast<size_t>(r));

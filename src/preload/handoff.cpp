@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adopt.hpp"
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
@@ -70,19 +71,25 @@ bool is_candidate(int fd, int* domain) {
 // again: every alias becomes the relay socket.
 bool install_grant(const std::vector<int>& aliases, RelayGrant& g,
                    Entry kind = Entry::kRelayed) {
+  int private_copy = -1;
   if (g.relay >= 0) {
+    private_copy = place_high(real().fcntl(g.relay, F_DUPFD_CLOEXEC, 0));
     for (const int a : aliases) {
       const int fd_flags = real().fcntl(a, F_GETFD);
       if (real().dup3(g.relay, a, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
         real().close(g.relay);
         real().close(g.tcp);
+        if (private_copy >= 0) real().close(private_copy);
         g.why = std::string("dup3: ") + std::strerror(errno);
         return false;
       }
     }
     real().close(g.relay);
+  } else if (!aliases.empty()) {
+    private_copy = place_high(real().fcntl(aliases.front(), F_DUPFD_CLOEXEC, 0));
   }
   auto tcp_only = std::make_shared<Conn>();
+  tcp_only->relay_fd = private_copy;
   tcp_only->tcp_fd = g.tcp;
   tcp_only->owner = process_id();
   tcp_only->wake_fd = g.wake;
@@ -204,7 +211,9 @@ void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
              static_cast<int>(p->unix_peer));
     return;
   }
-  if (g.why.rfind("not a connection of pid", 0) != 0) {
+  // A unix socket that is nobody's connection is the common case: quiet.
+  if (g.why.find("not a connection of pid") == std::string::npos &&
+      g.why.find("serves no relays") == std::string::npos) {
     log_line("inherited fd=%d: not relayed by pid %d: %s", fd, static_cast<int>(p->unix_peer),
              g.why.c_str());
   }

@@ -282,6 +282,7 @@ EXPORT int close(int fd) {
   settle_before_close(fd);
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     auto c = remove_conn(fd);
+    if (c && !c->stream && c.use_count() == 1) give_back(*c);  // its last relayed copy
     const int r = real().close(fd);
     // Last alias: the stream closes (queued data still delivered), unless
     // another process still holds the connection (relay.hpp).

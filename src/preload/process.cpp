@@ -59,6 +59,9 @@ void on_child() {
 void on_exit() {
   if (getpid() != g_pid) return;
   log_summary();
+  for (auto& c : take_relayed_conns()) {
+    if (c) give_back(*c);  // once per connection: later aliases find it done
+  }
   stop_relay_server();
   auto conns = take_all_conns();
   conns.clear();

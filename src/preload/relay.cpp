@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -38,8 +39,14 @@ constexpr size_t kBuf = 64 * 1024;
 constexpr int kRequestWaitMs = 50;
 constexpr int kReplyWaitMs = 2000;
 constexpr size_t kMaxRelays = 1024;
+// At most this much is given back by a relayed process that lets go.
+constexpr size_t kMaxGiveBack = 8 * 1024 * 1024;
+// How long a relayed process that lets go waits for its owner to stop.
+constexpr int kStopWaitMs = 500;
 // How often parked connections are checked for remaining holders.
 constexpr int kReviewMs = 200;
+
+std::atomic<int> g_relay_count{0};  // relays this process serves
 
 enum Status : uint32_t { kNotMine = 0, kNewRelay = 1, kAlreadyRelayed = 2, kFull = 3 };
 constexpr uint32_t kDormant = 1;  // a request's status field: a dormant relay
@@ -168,7 +175,9 @@ bool held_elsewhere(Conn& c) {
 }
 
 struct Relay {
-  std::mutex up_mu;  // the asker -> stream direction (flush_relays)
+  std::mutex mu;  // the pumping (server thread) vs flush and reclaim (owner's threads)
+  bool taken_back = false;
+  bool down_stopped = false;  // the asker is letting go: send it nothing more
   std::shared_ptr<Conn> conn;
   int so = -1;  // the owner's end of the pair
   int wake = -1;       // dormant: the asker writes a byte here when it first uses it
@@ -185,9 +194,27 @@ struct Relay {
   ~Relay() {
     if (so >= 0) real().close(so);
     if (wake >= 0) real().close(wake);
-    if (conn) conn->relays.fetch_sub(1, std::memory_order_acq_rel);
+    if (conn) {
+      conn->relays.fetch_sub(1, std::memory_order_acq_rel);
+      g_relay_count.fetch_sub(1, std::memory_order_acq_rel);
+    }
   }
 };
+
+// The connection's next bytes: given-back ones first, then the stream's.
+ssize_t read_conn(Conn& c, char* buf, size_t len) {
+  if (c.has_pushback.load(std::memory_order_acquire)) {
+    std::lock_guard lock(c.pushback_mu);
+    const size_t n = std::min(len, c.pushback.size());
+    if (n > 0) {
+      std::memcpy(buf, c.pushback.data(), n);
+      c.pushback.erase(0, n);
+      if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+      return static_cast<ssize_t>(n);
+    }
+  }
+  return c.stream->read(buf, len, stream::Stream::kDontWait);
+}
 
 class Server {
  public:
@@ -231,18 +258,19 @@ class Server {
         short so_ev = 0;
         short st_ev = 0;
         if (!r->asker_eof && r->up_len == 0) so_ev |= POLLIN;
-        if (r->down_len > r->down_off) so_ev |= POLLOUT;
-        if (!r->stream_eof && r->down_len == 0) st_ev |= POLLIN;
+        if (r->down_len > r->down_off && !r->down_stopped) so_ev |= POLLOUT;
+        if (!r->stream_eof && r->down_len == 0 && !r->down_stopped) st_ev |= POLLIN;
         if (r->up_len > r->up_off) st_ev |= POLLOUT;
         if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
         p.push_back({r->so, so_ev, 0});
         p.push_back({r->conn->stream->fd(), st_ev, 0});
-        p.push_back({r->awake ? -1 : r->wake, POLLIN, 0});
+        p.push_back({r->wake, POLLIN, 0});
       }
       if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
       if ((p[0].revents & POLLIN) != 0) take_request();
       for (size_t i = 0; i < relays_.size() && 4 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
+        if (p[4 + 3 * i].revents != 0) stop_requested(r);
         if (!r.awake) r.awake = woken(r, p[4 + 3 * i].revents, p[2 + 3 * i].revents);
         pump(r, p[2 + 3 * i].revents);
       }
@@ -270,7 +298,7 @@ class Server {
     struct stat st {};
     int keep = -1;
     if (ok && held >= 0 && fstat(held, &st) == 0) {
-      answer(s, st, held, &reply, m.status == kDormant ? &keep : nullptr);
+      answer(s, st, held, &reply, m.status == kDormant, &keep);
     } else {
       (void)send_message(s, reply, nullptr, 0);
     }
@@ -278,16 +306,20 @@ class Server {
     if (keep < 0) real().close(s);
   }
 
-  // dormant_wake: the request asked for a dormant relay; its connection
-  // becomes the wake channel (*dormant_wake = s, kept open).
-  void answer(int s, const struct stat& st, int held, Message* reply, int* dormant_wake) {
+  // A granted request's connection stays open as the relay's wake and
+  // give-back channel (*keep = s).
+  void answer(int s, const struct stat& st, int held, Message* reply, bool dormant,
+              int* keep) {
     // An exec'd image asking with the relay socket it inherited.
     for (auto& r : relays_) {
       if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
         r->awake = true;  // asked for at its first use (an exec'd image)
         reply->status = kAlreadyRelayed;
         const int tcp = r->conn->tcp_fd;
-        (void)send_message(s, *reply, &tcp, 1);
+        if (send_message(s, *reply, &tcp, 1)) {
+          if (r->wake >= 0) real().close(r->wake);
+          r->wake = *keep = s;
+        }
         return;
       }
     }
@@ -323,11 +355,10 @@ class Server {
     const bool sent = send_message(s, *reply, fds, 2);
     real().close(pair[1]);
     if (sent) {
-      if (dormant_wake != nullptr) {
-        r->wake = *dormant_wake = s;
-        r->awake = false;
-      }
+      r->wake = *keep = s;
+      r->awake = !dormant;
       r->conn->relays.fetch_add(1, std::memory_order_acq_rel);
+      g_relay_count.fetch_add(1, std::memory_order_acq_rel);
       std::lock_guard lock(registry_mu_);
       relays_.push_back(std::move(r));
     }
@@ -336,16 +367,78 @@ class Server {
   // A dormant relay starts when its asker uses it: a wake byte, or bytes
   // of its own. Its end closing (the asker exited without using it) is not
   // a use: the owner's incoming bytes stay the owner's.
+  // 'S' on the wake channel: the asker lets go and will give back what it
+  // has not read; nothing more goes to it ('A' says so).
+  static void stop_requested(Relay& r) {
+    std::lock_guard lock(r.mu);
+    char b = 0;
+    if (real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) != 1 || b != 'S') return;
+    (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
+    r.down_stopped = true;
+    (void)real().send(r.wake, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
   static bool woken(Relay& r, short wake_rev, short so_rev) {
     char b = 0;
-    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT) == 1) return true;
+    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1 && b == 'w') {
+      (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
+      return true;
+    }
     return (so_rev & POLLIN) != 0 && real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
+  }
+
+  // The asker let go of the connection: what it received and never read,
+  // given back on the wake channel, and what this relay had not yet sent it,
+  // go before the stream's next bytes (as they would stay in a kernel
+  // socket for its next reader).
+  static void take_back(Relay& r) {
+    if (r.taken_back) return;
+    r.taken_back = true;
+    std::string back;
+    if (r.wake >= 0) {
+      // The asker wrote it all before it closed: read to the end (bounded).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      std::string raw;
+      char buf[16384];
+      for (;;) {
+        pollfd w{r.wake, POLLIN, 0};
+        if (real().poll(&w, 1, 20) <= 0) {
+          if (std::chrono::steady_clock::now() > until) break;
+          continue;
+        }
+        const ssize_t n = real().recv(r.wake, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0) break;
+        raw.append(buf, static_cast<size_t>(n));
+        if (raw.size() > kMaxGiveBack + 64) break;
+      }
+      size_t i = 0;
+      while (i < raw.size()) {
+        if (raw[i] == 'w' || raw[i] == 'S') {
+          ++i;
+          continue;
+        }
+        uint32_t len = 0;
+        if (raw[i] != 'G' || i + 1 + sizeof len > raw.size()) break;
+        std::memcpy(&len, raw.data() + i + 1, sizeof len);
+        i += 1 + sizeof len;
+        if (len > raw.size() - i) break;  // bounded: never more than was sent
+        back.append(raw, i, len);
+        i += len;
+      }
+    }
+    if (r.down_len > r.down_off) back.append(r.down.get() + r.down_off, r.down_len - r.down_off);
+    r.down_len = r.down_off = 0;
+    if (back.empty()) return;
+    Conn& c = *r.conn;
+    std::lock_guard lock(c.pushback_mu);
+    c.pushback.insert(0, back);
+    if (!c.has_pushback.exchange(true, std::memory_order_acq_rel)) count_pushback(1);
   }
 
   static void pump(Relay& r, short so_rev) {
     stream::Stream& st = *r.conn->stream;
     // Asker -> stream.
-    std::unique_lock up_lock(r.up_mu);
+    std::lock_guard lock(r.mu);
     if (!r.asker_eof && r.up_len == 0 && (so_rev & (POLLIN | POLLHUP | POLLERR)) != 0) {
       const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
       if (n > 0) {
@@ -367,10 +460,9 @@ class Server {
       if (w < 0 && w != -EAGAIN) r.dead = true;  // the stream failed: nothing to carry
       if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
     }
-    up_lock.unlock();
     // Stream -> asker.
-    if (r.awake && !r.stream_eof && r.down_len == 0) {
-      const ssize_t n = st.read(r.down.get(), kBuf, stream::Stream::kDontWait);
+    if (r.awake && !r.down_stopped && !r.stream_eof && r.down_len == 0) {
+      const ssize_t n = read_conn(*r.conn, r.down.get(), kBuf);
       if (n > 0) {
         r.down_len = static_cast<size_t>(n);
         r.down_off = 0;
@@ -379,14 +471,17 @@ class Server {
         (void)real().shutdown(r.so, SHUT_WR);
       }
     }
-    if (r.down_len > r.down_off) {
+    if (r.down_len > r.down_off && !r.down_stopped) {
       const ssize_t w = real().send(r.so, r.down.get() + r.down_off, r.down_len - r.down_off,
                                     MSG_DONTWAIT | MSG_NOSIGNAL);
       if (w > 0) r.down_off += static_cast<size_t>(w);
       if (w < 0 && errno != EAGAIN && errno != EINTR) r.asker_gone = true;
       if (r.down_off == r.down_len) r.down_len = r.down_off = 0;
     }
-    if (r.asker_gone && r.up_len == 0) r.dead = true;
+    if (r.asker_gone && r.up_len == 0) {
+      take_back(r);
+      r.dead = true;
+    }
     if (r.asker_eof && r.stream_eof && r.up_len == 0 && r.down_len == 0) r.dead = true;
   }
 
@@ -398,7 +493,7 @@ class Server {
     std::lock_guard lock(registry_mu_);
     for (auto& r : relays_) {
       if (r->conn.get() != &c) continue;
-      std::lock_guard up(r->up_mu);
+      std::lock_guard up(r->mu);
       for (;;) {
         if (r->up_len > r->up_off) {
           const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
@@ -412,6 +507,37 @@ class Server {
         if (n <= 0) break;  // nothing more written yet; EOF is the server thread's
         r->up_len = static_cast<size_t>(n);
         r->up_off = 0;
+      }
+    }
+  }
+
+  // The owner is about to read c itself: the relays whose askers are gone
+  // give back what they took first, so the owner reads in order.
+  void reclaim(Conn& c) {
+    std::lock_guard lock(registry_mu_);
+    for (auto& r : relays_) {
+      if (r->conn.get() != &c) continue;
+      std::lock_guard rl(r->mu);
+      if (r->dead) continue;
+      pollfd p{r->so, POLLIN, 0};
+      if (real().poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0) {
+        // Its last bytes first (they were written before it went).
+        for (;;) {
+          if (r->up_len > r->up_off) {
+            const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+            if (w <= 0) break;
+            r->up_off += static_cast<size_t>(w);
+            if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
+            continue;
+          }
+          const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
+          if (n <= 0) break;
+          r->up_len = static_cast<size_t>(n);
+          r->up_off = 0;
+        }
+        r->asker_eof = r->asker_gone = true;
+        take_back(*r);
+        r->dead = true;
       }
     }
   }
@@ -494,6 +620,56 @@ void forget_relay_server_in_child() {
   new (&g_mu) std::mutex();
 }
 
+void give_back(Conn& c) {
+  const int w = c.wake_fd.exchange(-1);
+  if (c.relay_fd >= 0 && w >= 0) {
+    // Only read, write and poll: a sandboxed process may allow no more.
+    // The owner stops sending first (and says so), so what is unread here
+    // is all it sent.
+    if (real().write(w, "S", 1) == 1) {
+      pollfd p{w, POLLIN, 0};
+      char ack = 0;
+      if (real().poll(&p, 1, kStopWaitMs) == 1) (void)real().read(w, &ack, 1);
+    }
+    std::string unread;
+    char buf[16384];
+    for (;;) {
+      pollfd p{c.relay_fd, POLLIN, 0};
+      if (real().poll(&p, 1, 0) != 1 || (p.revents & POLLIN) == 0) break;
+      const ssize_t n = real().read(c.relay_fd, buf, sizeof buf);
+      if (n <= 0) break;
+      unread.append(buf, static_cast<size_t>(n));
+      if (unread.size() >= kMaxGiveBack) break;
+    }
+    if (!unread.empty()) {
+      std::string msg(1, 'G');
+      const auto len = static_cast<uint32_t>(unread.size());
+      msg.append(reinterpret_cast<const char*>(&len), sizeof len);  // NOLINT
+      msg += unread;
+      size_t off = 0;
+      while (off < msg.size()) {
+        const ssize_t n = real().write(w, msg.data() + off, msg.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+    }
+  }
+  if (w >= 0) real().close(w);
+  if (c.relay_fd >= 0) real().close(c.relay_fd);
+  c.relay_fd = -1;
+}
+
+bool any_relayed() noexcept { return g_relay_count.load(std::memory_order_acquire) > 0; }
+
+void reclaim_relays(Conn& c) {
+  Server* s = nullptr;
+  {
+    std::lock_guard lock(g_mu);
+    s = g_server;
+  }
+  if (s != nullptr) s->reclaim(c);
+}
+
 void flush_relays(Conn& c) {
   Server* s = nullptr;
   {
@@ -551,15 +727,13 @@ RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
     g.granted = true;
     g.relay = fds[0];
     g.tcp = fds[1];
-    fds[0] = fds[1] = -1;
-    if (dormant) {
-      g.wake = s;  // kept: the wake channel
-      return g;
-    }
+    g.wake = s;  // kept: the wake and give-back channel
+    return g;
   } else if (reply.status == kAlreadyRelayed && fds[0] >= 0) {
     g.granted = true;
     g.tcp = fds[0];
-    fds[0] = -1;
+    g.wake = s;
+    return g;
   } else {
     g.why = reply.status == kFull ? "pid " + std::to_string(owner) + " relays too many connections"
                                   : "not a connection of pid " + std::to_string(owner);

@@ -32,6 +32,13 @@ void forget_relay_server_in_child();
 struct Conn;
 void release_conn(std::shared_ptr<Conn> c);
 
+// A relayed process lets go of c (its last copy closes, or it exits): what
+// arrived and was never read goes back to the owner.
+void give_back(Conn& c);
+// This process relays connections to others.
+bool any_relayed() noexcept;
+// The owner reads c itself: relayed processes that are gone give back first.
+void reclaim_relays(Conn& c);
 // Pushes into c's stream every byte its relayed processes have written so
 // far (the owner is about to write itself).
 void flush_relays(Conn& c);

@@ -229,11 +229,8 @@ void install_conn(int fd, std::shared_ptr<Conn> conn) {
 void wake_relayed(int fd) {
   const auto c = entry_conn(fd);
   if (!c) return;
-  const int w = c->wake_fd.exchange(-1);
-  if (w >= 0) {
-    (void)real().write(w, "w", 1);
-    real().close(w);
-  }
+  const int w = c->wake_fd.load();
+  if (w >= 0) (void)real().write(w, "w", 1);
   Table& t = table();
   std::lock_guard lock(t.mu);
   for (const int a : c->relay_aliases) {
@@ -337,6 +334,13 @@ uint64_t fork_generation() noexcept { return g_fork_gen.load(std::memory_order_r
 
 bool any_pending() noexcept { return g_pending.load(std::memory_order_relaxed) > 0; }
 
+namespace {
+std::atomic<int> g_pushback{0};
+}  // namespace
+
+bool any_pushback() noexcept { return g_pushback.load(std::memory_order_acquire) > 0; }
+void count_pushback(int delta) noexcept { g_pushback.fetch_add(delta, std::memory_order_acq_rel); }
+
 bool is_listener(int fd) noexcept { return entry_of(fd) == Entry::kListener; }
 
 void add_listener(int fd, uint16_t port) {
@@ -378,6 +382,19 @@ void disown_all_in_child() {
       g_pending.fetch_add(1, std::memory_order_relaxed);
     }
   }
+}
+
+std::vector<std::shared_ptr<Conn>> take_relayed_conns() {
+  std::vector<std::shared_ptr<Conn>> out;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    if (kind(fd) == Entry::kRelayed) {
+      set_kind(fd, Entry::kNone);
+      out.push_back(std::move(t.conns[fd]));
+    }
+  }
+  return out;
 }
 
 std::vector<std::shared_ptr<Conn>> take_all_conns() {

@@ -74,6 +74,14 @@ struct Conn {
   // kDormant: the wake channel, and the fds that name the connection.
   std::atomic<int> wake_fd{-1};
   std::vector<int> relay_aliases;
+  // kRelayed: a private copy of the relay socket, to give the owner back
+  // what arrived but was never read when this process lets go.
+  int relay_fd = -1;
+  // Owner: bytes a relayed process gave back unread; they come before the
+  // stream's for the next reader.
+  std::mutex pushback_mu;
+  std::string pushback;
+  std::atomic<bool> has_pushback{false};
   // fork_generation() when it was upgraded: a later fork may have copied it.
   uint64_t adopt_gen = 0;
   ~Conn();
@@ -139,6 +147,8 @@ void install_conn(int fd, std::shared_ptr<Conn> conn);
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry kind = Entry::kRelayed);
 // A dormant relay is used: it and its aliases become kRelayed.
 void wake_relayed(int fd);
+// Every relayed connection, removed from the table (at exit).
+std::vector<std::shared_ptr<Conn>> take_relayed_conns();
 void install_pending(int fd, std::shared_ptr<Pending> p, Entry kind);
 std::shared_ptr<Pending> pending_of(int fd);
 // dup: newfd names what oldfd names (any entry but a listener).
@@ -154,6 +164,9 @@ std::shared_ptr<Conn> conn_by_inode(uint64_t dev, uint64_t ino, bool* readiness)
 uint64_t fork_generation() noexcept;
 // Pending or inherited entries exist (the wait hooks must look at fds).
 bool any_pending() noexcept;
+// Some connection holds given-back bytes (relay.hpp).
+bool any_pushback() noexcept;
+void count_pushback(int delta) noexcept;
 
 bool is_listener(int fd) noexcept;
 void add_listener(int fd, uint16_t port);

@@ -27,6 +27,7 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
+#include "relay.hpp"
 #include "state.hpp"
 #include "wait_spin.hpp"
 
@@ -81,9 +82,42 @@ short mirrored(short ev, short asked) {
   return static_cast<short>(ev & (asked | POLLERR | POLLHUP));
 }
 
+// Bytes a relayed process gave back (relay.hpp) wait outside the stream,
+// where its readiness socket does not show them: a wait that asks for
+// POLLIN on such a connection answers at once. -1: none in the set.
+int answer_pushback(pollfd* fds, nfds_t n) {
+  if (any_relayed()) {
+    for (nfds_t i = 0; i < n; ++i) {
+      if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 || entry_of(fds[i].fd) != Entry::kConn)
+        continue;
+      if (auto c = find_conn(fds[i].fd); c && c->relays.load() > 0) reclaim_relays(*c);
+    }
+  }
+  if (!any_pushback()) return -1;
+  bool any = false;
+  for (nfds_t i = 0; i < n && !any; ++i) {
+    if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 || !is_conn(fds[i].fd)) continue;
+    auto c = find_conn(fds[i].fd);
+    any = c && c->has_pushback.load(std::memory_order_acquire);
+  }
+  if (!any) return -1;
+  int r = real().poll(fds, n, 0);
+  if (r < 0) return r;
+  r = 0;
+  for (nfds_t i = 0; i < n; ++i) {
+    if (fds[i].fd >= 0 && (fds[i].events & POLLIN) != 0 && is_conn(fds[i].fd)) {
+      auto c = find_conn(fds[i].fd);
+      if (c && c->has_pushback.load(std::memory_order_acquire)) fds[i].revents |= POLLIN;
+    }
+    if (fds[i].revents != 0) ++r;
+  }
+  return r;
+}
+
 }  // namespace
 
 EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
+  if (const int r = answer_pushback(fds, n); r >= 0) return r;
   if (timeout == 0 || n == 0 || !wait_may_spin()) {
     kernel_looks_at(fds, n);
     return real().poll(fds, n, timeout);
@@ -277,6 +311,7 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
 // it (conn_io.cpp), and without the announcement the progress thread could
 // still be in a 2 ms unarmed nap when the next message arrives.
 EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask) {
+  if (const int r = answer_pushback(fds, n); r >= 0) return r;
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
   if (zero || n == 0 || !wait_may_spin()) {
     kernel_looks_at(fds, n);
