@@ -1,0 +1,576 @@
+#include "relay.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "epoll_set.hpp"
+#include "fd_place.hpp"
+#include "libc.hpp"
+#include "relay_wire.hpp"
+#include "process.hpp"
+#include "state.hpp"
+
+// The owner side of relays (relay.hpp): the relay server thread, its
+// pumps, and the connections it keeps open for other processes.
+namespace rdmakit::preload {
+
+namespace {
+
+using namespace relay_wire;  // NOLINT(google-build-using-namespace)
+
+std::atomic<int> g_relay_count{0};  // relays this process serves
+
+// Whether a process other than this one has a descriptor for either inode
+// (the readiness socket or the kernel TCP socket of a connection). Reads
+// /proc: only when a shared connection's last local copy closes.
+bool held_elsewhere(ino_t a, ino_t b) {
+  char want_a[40];
+  char want_b[40];
+  std::snprintf(want_a, sizeof want_a, "socket:[%lu]", static_cast<unsigned long>(a));
+  std::snprintf(want_b, sizeof want_b, "socket:[%lu]", static_cast<unsigned long>(b));
+  DIR* procs = opendir("/proc");
+  if (procs == nullptr) return false;
+  bool found = false;
+  const pid_t self = getpid();
+  while (!found) {
+    dirent* e = readdir(procs);
+    if (e == nullptr) break;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == self) continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%ld/fd", pid);
+    DIR* fds = opendir(path);
+    if (fds == nullptr) continue;  // gone, or another user's
+    while (dirent* f = readdir(fds)) {
+      if (f->d_name[0] == '.') continue;
+      char link[320];
+      char target[64];
+      std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, f->d_name);
+      const ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      if (std::strcmp(target, want_a) == 0 || std::strcmp(target, want_b) == 0) {
+        found = true;
+        break;
+      }
+    }
+    closedir(fds);
+  }
+  closedir(procs);
+  return found;
+}
+
+// Copies of the readiness socket are what processes that got the
+// connection after its upgrade hold (forked children, exec'd images,
+// receivers of SCM_RIGHTS): they relay it. A copy of the kernel TCP socket
+// alone is a process that never used it (a listener's copy from before the
+// fork): it does not keep the connection open here.
+bool held_elsewhere(Conn& c) {
+  struct stat ready {};
+  const int rfd = c.stream ? c.stream->fd() : -1;
+  if (rfd < 0 || fstat(rfd, &ready) != 0) return false;
+  return held_elsewhere(ready.st_ino, ready.st_ino);
+}
+
+struct Relay {
+  std::mutex mu;  // the pumping (server thread) vs flush and reclaim (owner's threads)
+  bool taken_back = false;
+  bool down_stopped = false;  // the asker is letting go: send it nothing more
+  std::shared_ptr<Conn> conn;
+  int so = -1;  // the owner's end of the pair
+  int wake = -1;       // dormant: the asker writes a byte here when it first uses it
+  bool awake = true;
+  dev_t given_dev = 0;
+  ino_t given_ino = 0;  // the end given away (an exec'd image asks with it)
+  std::unique_ptr<char[]> up{new char[kBuf]};    // asker -> stream
+  std::unique_ptr<char[]> down{new char[kBuf]};  // stream -> asker
+  size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
+  bool asker_eof = false;   // the asker shut down writing
+  bool asker_gone = false;  // every copy of the asker's end is closed
+  bool stream_eof = false;
+  bool dead = false;
+  ~Relay() {
+    if (so >= 0) real().close(so);
+    if (wake >= 0) real().close(wake);
+    if (conn) {
+      conn->relays.fetch_sub(1, std::memory_order_acq_rel);
+      g_relay_count.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+};
+
+// The connection's next bytes: given-back ones first, then the stream's.
+ssize_t read_conn(Conn& c, char* buf, size_t len) {
+  if (c.has_pushback.load(std::memory_order_acquire)) {
+    std::lock_guard lock(c.pushback_mu);
+    const size_t n = std::min(len, c.pushback.size());
+    if (n > 0) {
+      std::memcpy(buf, c.pushback.data(), n);
+      c.pushback.erase(0, n);
+      if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+      return static_cast<ssize_t>(n);
+    }
+  }
+  return c.stream->read(buf, len, stream::Stream::kDontWait);
+}
+
+class Server {
+ public:
+  bool start() {
+    socklen_t len = 0;
+    const sockaddr_un sa = relay_address(process_id(), &len);
+    listener_ = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    wake_ = place_high(real().eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (listener_ < 0 || wake_ < 0 ||
+        bind(listener_, reinterpret_cast<const sockaddr*>(&sa), len) != 0 ||  // NOLINT
+        real().listen(listener_, 64) != 0) {
+      log_line("relay: cannot serve relays (%s): other processes holding this "
+               "process's connections cannot use them",
+               std::strerror(errno));
+      return false;
+    }
+    thread_ = std::thread([this] { run(); });
+    return true;
+  }
+
+  void stop() {
+    stop_.store(true);
+    const uint64_t one = 1;
+    (void)real().write(wake_, &one, sizeof one);
+    if (thread_.joinable()) thread_.join();
+    relays_.clear();
+    parked_.clear();
+    real().close(listener_);
+    real().close(wake_);
+  }
+
+ private:
+  void run() {
+    const InternalScope internal;
+    std::vector<pollfd> p;
+    while (!stop_.load()) {
+      p.clear();
+      p.push_back({listener_, POLLIN, 0});
+      p.push_back({wake_, POLLIN, 0});
+      for (auto& r : relays_) {
+        short so_ev = 0;
+        short st_ev = 0;
+        if (!r->asker_eof && r->up_len == 0) so_ev |= POLLIN;
+        if (r->down_len > r->down_off && !r->down_stopped) so_ev |= POLLOUT;
+        if (!r->stream_eof && r->down_len == 0 && !r->down_stopped) st_ev |= POLLIN;
+        if (r->up_len > r->up_off) st_ev |= POLLOUT;
+        if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
+        p.push_back({r->so, so_ev, 0});
+        p.push_back({r->conn->stream->fd(), st_ev, 0});
+        p.push_back({r->wake, POLLIN, 0});
+      }
+      if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
+      if ((p[0].revents & POLLIN) != 0) take_request();
+      for (size_t i = 0; i < relays_.size() && 4 + 3 * i < p.size(); ++i) {
+        Relay& r = *relays_[i];
+        if (p[4 + 3 * i].revents != 0) stop_requested(r);
+        if (!r.awake) r.awake = woken(r, p[4 + 3 * i].revents, p[2 + 3 * i].revents);
+        pump(r, p[2 + 3 * i].revents);
+      }
+      const size_t before = relays_.size();
+      {
+        std::lock_guard lock(registry_mu_);
+        std::erase_if(relays_, [](const std::unique_ptr<Relay>& r) { return r->dead; });
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (relays_.size() != before || now - last_review_ >= std::chrono::milliseconds(kReviewMs)) {
+        last_review_ = now;
+        review_parked();
+      }
+    }
+  }
+
+  void take_request() {
+    const int s = place_high(real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC));
+    if (s < 0) return;
+    Message m;
+    int held = -1;
+    const bool ok = recv_message(s, &m, &held, 1, kRequestWaitMs);
+    Message reply;
+    reply.status = kNotMine;
+    struct stat st {};
+    int keep = -1;
+    if (ok && held >= 0 && fstat(held, &st) == 0) {
+      answer(s, st, held, &reply, m.status == kDormant, &keep);
+    } else {
+      (void)send_message(s, reply, nullptr, 0);
+    }
+    if (held >= 0) real().close(held);
+    if (keep < 0) real().close(s);
+  }
+
+  // A granted request's connection stays open as the relay's wake and
+  // give-back channel (*keep = s).
+  void answer(int s, const struct stat& st, int held, Message* reply, bool dormant,
+              int* keep) {
+    // An exec'd image asking with the relay socket it inherited.
+    for (auto& r : relays_) {
+      if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
+        r->awake = true;  // asked for at its first use (an exec'd image)
+        reply->status = kAlreadyRelayed;
+        const int tcp = r->conn->tcp_fd;
+        if (send_message(s, *reply, &tcp, 1)) {
+          if (r->wake >= 0) real().close(r->wake);
+          r->wake = *keep = s;
+        }
+        return;
+      }
+    }
+    bool readiness = false;
+    auto c = conn_by_inode(st.st_dev, st.st_ino, &readiness);
+    if (!c) c = parked_by_inode(st.st_dev, st.st_ino);
+    (void)held;
+    if (!c) {
+      (void)send_message(s, *reply, nullptr, 0);
+      return;
+    }
+    int pair[2] = {-1, -1};
+    if (relays_.size() >= kMaxRelays ||
+        real().socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+      reply->status = kFull;
+      (void)send_message(s, *reply, nullptr, 0);
+      return;
+    }
+    auto r = std::make_unique<Relay>();
+    r->so = place_high(pair[0]);
+    pair[1] = place_high(pair[1]);
+    (void)real().fcntl(r->so, F_SETFL, O_NONBLOCK);
+    struct stat given {};
+    if (fstat(pair[1], &given) == 0) {
+      r->given_dev = given.st_dev;
+      r->given_ino = given.st_ino;
+    }
+    // Someone else now reads the readiness socket's state: it must be current.
+    keep_readiness_current(*c);
+    r->conn = std::move(c);
+    reply->status = kNewRelay;
+    const int fds[2] = {pair[1], r->conn->tcp_fd};
+    const bool sent = send_message(s, *reply, fds, 2);
+    real().close(pair[1]);
+    if (sent) {
+      r->wake = *keep = s;
+      r->awake = !dormant;
+      r->conn->relays.fetch_add(1, std::memory_order_acq_rel);
+      g_relay_count.fetch_add(1, std::memory_order_acq_rel);
+      std::lock_guard lock(registry_mu_);
+      relays_.push_back(std::move(r));
+    }
+  }
+
+  // A dormant relay starts when its asker uses it: a wake byte, or bytes
+  // of its own. Its end closing (the asker exited without using it) is not
+  // a use: the owner's incoming bytes stay the owner's.
+  // 'S' on the wake channel: the asker lets go and will give back what it
+  // has not read; nothing more goes to it ('A' says so).
+  static void stop_requested(Relay& r) {
+    std::lock_guard lock(r.mu);
+    char b = 0;
+    if (real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) != 1 || b != 'S') return;
+    (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
+    r.down_stopped = true;
+    (void)real().send(r.wake, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
+  static bool woken(Relay& r, short wake_rev, short so_rev) {
+    char b = 0;
+    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1 && b == 'w') {
+      (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
+      return true;
+    }
+    return (so_rev & POLLIN) != 0 && real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
+  }
+
+  // The asker let go of the connection: what it received and never read,
+  // given back on the wake channel, and what this relay had not yet sent it,
+  // go before the stream's next bytes (as they would stay in a kernel
+  // socket for its next reader).
+  static void take_back(Relay& r) {
+    if (r.taken_back) return;
+    r.taken_back = true;
+    std::string back;
+    if (r.wake >= 0) {
+      // The asker wrote it all before it closed: read to the end (bounded).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      std::string raw;
+      char buf[16384];
+      for (;;) {
+        pollfd w{r.wake, POLLIN, 0};
+        if (real().poll(&w, 1, 20) <= 0) {
+          if (std::chrono::steady_clock::now() > until) break;
+          continue;
+        }
+        const ssize_t n = real().recv(r.wake, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0) break;
+        raw.append(buf, static_cast<size_t>(n));
+        if (raw.size() > kMaxGiveBack + 64) break;
+      }
+      size_t i = 0;
+      while (i < raw.size()) {
+        if (raw[i] == 'w' || raw[i] == 'S') {
+          ++i;
+          continue;
+        }
+        uint32_t len = 0;
+        if (raw[i] != 'G' || i + 1 + sizeof len > raw.size()) break;
+        std::memcpy(&len, raw.data() + i + 1, sizeof len);
+        i += 1 + sizeof len;
+        if (len > raw.size() - i) break;  // bounded: never more than was sent
+        back.append(raw, i, len);
+        i += len;
+      }
+    }
+    if (r.down_len > r.down_off) back.append(r.down.get() + r.down_off, r.down_len - r.down_off);
+    r.down_len = r.down_off = 0;
+    if (back.empty()) return;
+    Conn& c = *r.conn;
+    std::lock_guard lock(c.pushback_mu);
+    c.pushback.insert(0, back);
+    if (!c.has_pushback.exchange(true, std::memory_order_acq_rel)) count_pushback(1);
+  }
+
+  static void pump(Relay& r, short so_rev) {
+    stream::Stream& st = *r.conn->stream;
+    // Asker -> stream.
+    std::lock_guard lock(r.mu);
+    if (!r.asker_eof && r.up_len == 0 && (so_rev & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
+      if (n > 0) {
+        r.up_len = static_cast<size_t>(n);
+        r.up_off = 0;
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        r.asker_eof = true;
+        // A shutdown(SHUT_WR) of the asker's copy leaves its read side open
+        // (no POLLHUP): that is a half close of the connection. A close is
+        // not: other copies of the connection may still write.
+        r.asker_gone = (so_rev & POLLHUP) != 0 || n < 0;
+        if (!r.asker_gone) (void)st.shutdown(SHUT_WR);
+      }
+    }
+    if (r.up_len > r.up_off) {
+      const ssize_t w = st.write(r.up.get() + r.up_off, r.up_len - r.up_off,
+                                 stream::Stream::kDontWait);
+      if (w > 0) r.up_off += static_cast<size_t>(w);
+      if (w < 0 && w != -EAGAIN) r.dead = true;  // the stream failed: nothing to carry
+      if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
+    }
+    // Stream -> asker.
+    if (r.awake && !r.down_stopped && !r.stream_eof && r.down_len == 0) {
+      const ssize_t n = read_conn(*r.conn, r.down.get(), kBuf);
+      if (n > 0) {
+        r.down_len = static_cast<size_t>(n);
+        r.down_off = 0;
+      } else if (n == 0 || n != -EAGAIN) {
+        r.stream_eof = true;
+        (void)real().shutdown(r.so, SHUT_WR);
+      }
+    }
+    if (r.down_len > r.down_off && !r.down_stopped) {
+      const ssize_t w = real().send(r.so, r.down.get() + r.down_off, r.down_len - r.down_off,
+                                    MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w > 0) r.down_off += static_cast<size_t>(w);
+      if (w < 0 && errno != EAGAIN && errno != EINTR) r.asker_gone = true;
+      if (r.down_off == r.down_len) r.down_len = r.down_off = 0;
+    }
+    if (r.asker_gone && r.up_len == 0) {
+      take_back(r);
+      r.dead = true;
+    }
+    if (r.asker_eof && r.stream_eof && r.up_len == 0 && r.down_len == 0) r.dead = true;
+  }
+
+
+ public:
+  // Runs on an application thread: what the relays of c have received from
+  // their askers goes into the stream now (blocking on the stream's credit).
+  void flush(Conn& c) {
+    std::lock_guard lock(registry_mu_);
+    for (auto& r : relays_) {
+      if (r->conn.get() != &c) continue;
+      std::lock_guard up(r->mu);
+      for (;;) {
+        if (r->up_len > r->up_off) {
+          const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+          if (w <= 0) break;
+          r->up_off += static_cast<size_t>(w);
+          if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
+          continue;
+        }
+        if (r->asker_eof) break;
+        const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
+        if (n <= 0) break;  // nothing more written yet; EOF is the server thread's
+        r->up_len = static_cast<size_t>(n);
+        r->up_off = 0;
+      }
+    }
+  }
+
+  // The owner is about to read c itself: the relays whose askers are gone
+  // give back what they took first, so the owner reads in order.
+  void reclaim(Conn& c) {
+    std::lock_guard lock(registry_mu_);
+    for (auto& r : relays_) {
+      if (r->conn.get() != &c) continue;
+      std::lock_guard rl(r->mu);
+      if (r->dead) continue;
+      pollfd p{r->so, POLLIN, 0};
+      if (real().poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0) {
+        // Its last bytes first (they were written before it went).
+        for (;;) {
+          if (r->up_len > r->up_off) {
+            const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+            if (w <= 0) break;
+            r->up_off += static_cast<size_t>(w);
+            if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
+            continue;
+          }
+          const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
+          if (n <= 0) break;
+          r->up_len = static_cast<size_t>(n);
+          r->up_off = 0;
+        }
+        r->asker_eof = r->asker_gone = true;
+        take_back(*r);
+        r->dead = true;
+      }
+    }
+  }
+
+  // Connections this process no longer names that other processes hold.
+  void park(std::shared_ptr<Conn> c) {
+    std::lock_guard lock(parked_mu_);
+    parked_.push_back(std::move(c));
+  }
+
+ private:
+  std::shared_ptr<Conn> parked_by_inode(dev_t dev, ino_t ino) {
+    std::lock_guard lock(parked_mu_);
+    for (auto& c : parked_) {
+      struct stat a {};
+      struct stat b {};
+      if ((fstat(c->tcp_fd, &a) == 0 && a.st_dev == dev && a.st_ino == ino) ||
+          (fstat(c->stream->fd(), &b) == 0 && b.st_dev == dev && b.st_ino == ino)) {
+        return c;
+      }
+    }
+    return nullptr;
+  }
+
+  // A parked connection nobody relays or holds any more closes.
+  void review_parked() {
+    std::vector<std::shared_ptr<Conn>> done;
+    {
+      std::lock_guard lock(parked_mu_);
+      std::erase_if(parked_, [&](std::shared_ptr<Conn>& c) {
+        for (auto& r : relays_) {
+          if (r->conn == c) return false;
+        }
+        if (held_elsewhere(*c)) return false;
+        done.push_back(std::move(c));
+        return true;
+      });
+    }
+    done.clear();  // closes them: queued data delivered, then end of stream
+  }
+
+  std::chrono::steady_clock::time_point last_review_{};
+  std::mutex registry_mu_;  // relays_ changes (the server thread) vs flush
+  std::mutex parked_mu_;
+  std::vector<std::shared_ptr<Conn>> parked_;
+  int listener_ = -1;
+  int wake_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<std::unique_ptr<Relay>> relays_;  // the server thread's own
+};
+
+std::mutex g_mu;
+Server* g_server = nullptr;  // leaked in a forked child
+bool g_tried = false;
+
+}  // namespace
+
+void ensure_relay_server() {
+  std::lock_guard lock(g_mu);
+  if (g_tried) return;
+  g_tried = true;
+  auto* s = new Server();  // NOLINT: lives until exit
+  if (s->start()) {
+    g_server = s;
+  } else {
+    delete s;  // NOLINT
+  }
+}
+
+void stop_relay_server() {
+  std::lock_guard lock(g_mu);
+  if (g_server != nullptr) g_server->stop();
+  g_server = nullptr;
+}
+
+void forget_relay_server_in_child() {
+  g_server = nullptr;  // its thread is the parent's; the object is leaked
+  g_tried = false;
+  new (&g_mu) std::mutex();
+}
+
+
+bool any_relayed() noexcept { return g_relay_count.load(std::memory_order_acquire) > 0; }
+
+void reclaim_relays(Conn& c) {
+  Server* s = nullptr;
+  {
+    std::lock_guard lock(g_mu);
+    s = g_server;
+  }
+  if (s != nullptr) s->reclaim(c);
+}
+
+void flush_relays(Conn& c) {
+  Server* s = nullptr;
+  {
+    std::lock_guard lock(g_mu);
+    s = g_server;
+  }
+  if (s != nullptr) s->flush(c);
+}
+
+void release_conn(std::shared_ptr<Conn> c) {
+  if (!c || c.use_count() != 1 || !c->stream || c->owner != process_id()) return;
+  if (c->adopt_gen == fork_generation() && c->marker.empty()) return;  // never shared
+  if (!held_elsewhere(*c)) return;
+  std::lock_guard lock(g_mu);
+  if (g_server == nullptr) {
+    log_line("close: the connection is still held by another process, but this one serves "
+             "no relays: it closes now");
+    return;
+  }
+  g_server->park(std::move(c));
+}
+
+
+}  // namespace rdmakit::preload

@@ -1,0 +1,50 @@
+#pragma once
+// The relay protocol between a process that carries a connection and one
+// that holds a copy of it (relay.hpp): one fixed-size message each way on an
+// abstract unix socket per owner, descriptors passed with SCM_RIGHTS; a
+// request names the connection by the descriptor itself. After a grant the
+// request's socket stays open as the relay's wake and give-back channel:
+// 'w' (first use), 'S' (stop sending; answered 'A'), 'G' + 4-byte length +
+// the bytes received and never read.
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmakit::preload::relay_wire {
+
+constexpr uint32_t kMagic = 0x31524b52;  // "RKR1"
+constexpr size_t kBuf = 64 * 1024;
+// How long a request may take to arrive once its asker connected: the
+// server thread also pumps the relays, so a silent asker must not hold it.
+constexpr int kRequestWaitMs = 50;
+constexpr int kReplyWaitMs = 2000;
+constexpr size_t kMaxRelays = 1024;
+// At most this much is given back by a relayed process that lets go.
+constexpr size_t kMaxGiveBack = 8 * 1024 * 1024;
+// How long a relayed process that lets go waits for its owner to stop.
+constexpr int kStopWaitMs = 500;
+// How often parked connections are checked for remaining holders.
+constexpr int kReviewMs = 200;
+
+enum Status : uint32_t { kNotMine = 0, kNewRelay = 1, kAlreadyRelayed = 2, kFull = 3 };
+constexpr uint32_t kDormant = 1;  // a request's status field: a dormant relay
+
+struct Message {
+  uint32_t magic = kMagic;
+  uint32_t status = 0;
+};
+
+
+// The owner's relay socket (abstract).
+sockaddr_un relay_address(pid_t pid, socklen_t* len);
+// One message with up to two descriptors.
+bool send_message(int s, const Message& m, const int* fds, int nfds);
+// Receives one message within wait_ms; every descriptor that came with it
+// is placed high (close-on-exec) and returned in fds (the rest closed), -1
+// where none came.
+bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms);
+
+}  // namespace rdmakit::preload::relay_wire
