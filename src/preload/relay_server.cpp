@@ -160,6 +160,8 @@ class Server {
     if (thread_.joinable()) thread_.join();
     relays_.clear();
     parked_.clear();
+    for (const auto& w : waiting_) real().close(w.fd);
+    waiting_.clear();
     real().close(listener_);
     real().close(wake_);
   }
@@ -172,6 +174,9 @@ class Server {
       p.clear();
       p.push_back({listener_, POLLIN, 0});
       p.push_back({wake_, POLLIN, 0});
+      const size_t waiting_at = p.size();
+      for (const auto& w : waiting_) p.push_back({w.fd, POLLIN, 0});
+      const size_t relays_at = p.size();
       for (auto& r : relays_) {
         short so_ev = 0;
         short st_ev = 0;
@@ -185,13 +190,17 @@ class Server {
         p.push_back({r->wake, POLLIN, 0});
       }
       if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
-      if ((p[0].revents & POLLIN) != 0) take_request();
-      for (size_t i = 0; i < relays_.size() && 4 + 3 * i < p.size(); ++i) {
+      // Relays first (their indexes shift when requests are taken).
+      for (size_t i = 0; i < relays_.size() && relays_at + 2 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
-        if (p[4 + 3 * i].revents != 0) stop_requested(r);
-        if (!r.awake) r.awake = woken(r, p[4 + 3 * i].revents, p[2 + 3 * i].revents);
-        pump(r, p[2 + 3 * i].revents);
+        const size_t at = relays_at + 3 * i;
+        if (p[at + 2].revents != 0) stop_requested(r);
+        if (!r.awake) r.awake = woken(r, p[at + 2].revents, p[at].revents);
+        pump(r, p[at].revents);
       }
+      take_requests(p.data() + waiting_at);
+      if ((p[0].revents & POLLIN) != 0) take_connection();
+
       const size_t before = relays_.size();
       {
         std::lock_guard lock(registry_mu_);
@@ -205,12 +214,38 @@ class Server {
     }
   }
 
-  void take_request() {
+  // An asker's connection waits (in the poll set, never blocking the pumps)
+  // until its request arrives or kRequestWaitMs passes.
+  void take_connection() {
     const int s = place_high(real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC));
     if (s < 0) return;
+    if (waiting_.size() >= kMaxRelays) {
+      real().close(s);
+      return;
+    }
+    waiting_.push_back({s, std::chrono::steady_clock::now() +
+                               std::chrono::milliseconds(kRequestWaitMs)});
+  }
+
+  void take_requests(const pollfd* p) {
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<Waiting> still;
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (p[i].revents != 0) {
+        take_request(waiting_[i].fd);
+      } else if (now > waiting_[i].until) {
+        real().close(waiting_[i].fd);  // a silent asker gets nothing
+      } else {
+        still.push_back(waiting_[i]);
+      }
+    }
+    waiting_ = std::move(still);
+  }
+
+  void take_request(int s) {
     Message m;
     int held = -1;
-    const bool ok = recv_message(s, &m, &held, 1, kRequestWaitMs);
+    const bool ok = recv_message(s, &m, &held, 1, 0);
     Message reply;
     reply.status = kNotMine;
     struct stat st {};
@@ -499,6 +534,11 @@ class Server {
 
   std::chrono::steady_clock::time_point last_review_{};
   std::mutex registry_mu_;  // relays_ changes (the server thread) vs flush
+  struct Waiting {
+    int fd;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Waiting> waiting_;  // connected askers whose request has not come
   std::mutex parked_mu_;
   std::vector<std::shared_ptr<Conn>> parked_;
   int listener_ = -1;
