@@ -37,7 +37,8 @@ constexpr size_t kDormantAtFork = 16;
 uint16_t local_port(int fd) {
   sockaddr_storage ss{};
   socklen_t l = sizeof ss;
-  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) != 0) return 0;  // NOLINT
+  if (real().getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) != 0)
+    return 0;  // NOLINT
   return ntohs(ss.ss_family == AF_INET
                    ? reinterpret_cast<const sockaddr_in*>(&ss)->sin_port      // NOLINT
                    : reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);  // NOLINT
@@ -47,7 +48,8 @@ std::string deny_reason(int fd) {
   if (!process_denied().empty()) return process_denied();
   sockaddr_storage peer{};
   socklen_t pl = sizeof peer;
-  if (real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return {};  // NOLINT
+  if (real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return {};                                                                   // NOLINT
   return connection_denied(local_port(fd), reinterpret_cast<sockaddr*>(&peer));  // NOLINT
 }
 
@@ -130,7 +132,8 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
   sockaddr_storage peer{};
   socklen_t pl = sizeof peer;
   // getpeername, not SO_ERROR: the application reads (and clears) that one.
-  bool connected = real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;  // NOLINT
+  bool connected =
+      real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;  // NOLINT
   if (!connected) {
     pollfd w{fd, POLLOUT, 0};
     const int ms = static_cast<int>(config().timeout.count());
@@ -139,7 +142,8 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
       r = real().poll(&w, 1, ms);
     } while (r < 0 && errno == EINTR);
     pl = sizeof peer;
-    connected = r > 0 && real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;  // NOLINT
+    connected = r > 0 && real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer),
+                                            &pl) == 0;  // NOLINT
   }
   std::string where = describe(fd);
   std::string reason;
@@ -166,14 +170,15 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   const std::string where = describe(fd);
   // A connection another process may also hold: it may have adopted it
   // first, and this process must not decide on its own.
-  const bool shared = p->inherited || p->accepted_by != process_id() ||
-                      p->fork_gen != fork_generation();
+  const bool shared =
+      p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
   std::string marker = shared ? adoption_marker(fd) : std::string();
   const pid_t owner = adoption_owner(marker);
   if (owner < 0) {
-    log_line("accept fd=%d %s path=none reason=pid %d carried the connection and has exited "
-             "(reads end, writes fail with EPIPE)",
-             fd, where.c_str(), static_cast<int>(-owner));
+    log_line(
+        "accept fd=%d %s path=none reason=pid %d carried the connection and has exited "
+        "(reads end, writes fail with EPIPE)",
+        fd, where.c_str(), static_cast<int>(-owner));
     install_dead(aliases);
     return;
   }
@@ -184,9 +189,10 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
                static_cast<int>(owner));
       return;
     }
-    log_line("accept fd=%d %s path=kernel reason=pid %d carries the connection and cannot "
-             "relay it: %s (the connection is unusable here)",
-             fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
+    log_line(
+        "accept fd=%d %s path=kernel reason=pid %d carries the connection and cannot "
+        "relay it: %s (the connection is unusable here)",
+        fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
     install_dead(aliases);
     return;
   }
@@ -197,7 +203,8 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
     if (adopt(fd, aliases, up, "accept", where, marker)) return;
     if (!marker.empty()) unlink(marker.c_str());
   } else {
-    log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(), up.reason.c_str());
+    log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(),
+             up.reason.c_str());
     publish_fallback(fd, "accept", up.reason);
   }
   for (const int a : aliases) (void)remove_conn(a);
@@ -207,15 +214,15 @@ void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
   const std::vector<int> aliases = aliases_of(p);
   RelayGrant g = request_relay(p->unix_peer, fd);
   if (g.granted && install_grant(aliases, g)) {
-    log_line("inherited fd=%d %s path=relay owner=%d", fd, describe(kernel_socket(fd)).c_str(),
-             static_cast<int>(p->unix_peer));
+    log_line("inherited fd=%d %s path=relay owner=%d", fd,
+             describe(kernel_socket(fd)).c_str(), static_cast<int>(p->unix_peer));
     return;
   }
   // A unix socket that is nobody's connection is the common case: quiet.
   if (g.why.find("not a connection of pid") == std::string::npos &&
       g.why.find("serves no relays") == std::string::npos) {
-    log_line("inherited fd=%d: not relayed by pid %d: %s", fd, static_cast<int>(p->unix_peer),
-             g.why.c_str());
+    log_line("inherited fd=%d: not relayed by pid %d: %s", fd,
+             static_cast<int>(p->unix_peer), g.why.c_str());
   }
   for (const int a : aliases) (void)remove_conn(a);  // a plain unix socket
 }
@@ -230,8 +237,8 @@ void settle_foreign(int fd) {
   std::vector<int> aliases;
   for (int a = 0; a < kMaxFd; ++a) {
     struct stat st {};
-    if (entry_of(a) == Entry::kForeign && fstat(a, &st) == 0 && st.st_ino == mine.st_ino &&
-        st.st_dev == mine.st_dev) {
+    if (entry_of(a) == Entry::kForeign && fstat(a, &st) == 0 &&
+        st.st_ino == mine.st_ino && st.st_dev == mine.st_dev) {
       aliases.push_back(a);
     }
   }
@@ -241,14 +248,17 @@ void settle_foreign(int fd) {
   const pid_t owner = c ? c->owner : 0;
   const int owner_fd = c ? c->tcp_fd : -1;
   const std::string where = describe(tcp);
-  RelayGrant g = owner > 0 ? request_relay(owner, owner_fd >= 0 ? owner_fd : fd) : RelayGrant{};
+  RelayGrant g =
+      owner > 0 ? request_relay(owner, owner_fd >= 0 ? owner_fd : fd) : RelayGrant{};
   if (g.granted && install_grant(aliases, g)) {
-    log_line("use fd=%d %s path=relay owner=%d", fd, where.c_str(), static_cast<int>(owner));
+    log_line("use fd=%d %s path=relay owner=%d", fd, where.c_str(),
+             static_cast<int>(owner));
     return;
   }
-  log_line("use fd=%d %s path=none reason=the connection was upgraded by pid %d, which "
-           "cannot relay it: %s (reads end, writes fail with EPIPE)",
-           fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
+  log_line(
+      "use fd=%d %s path=none reason=the connection was upgraded by pid %d, which "
+      "cannot relay it: %s (reads end, writes fail with EPIPE)",
+      fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
   install_dead(aliases);
 }
 
@@ -280,8 +290,8 @@ void classify(int fd, std::vector<Seen>* seen) {
   if (domain == AF_UNIX) {
     ucred cred{};
     socklen_t cl = sizeof cred;
-    if (real().getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid <= 0 ||
-        cred.pid == getpid()) {
+    if (real().getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        cred.pid <= 0 || cred.pid == getpid()) {
       return;
     }
     p->unix_peer = cred.pid;
@@ -332,7 +342,8 @@ void scan_inherited() noexcept {
     while (dirent* e = readdir(d)) {
       char* end = nullptr;
       const long fd = std::strtol(e->d_name, &end, 10);
-      if (*end == '\0' && end != e->d_name && fd != own) fds.push_back(static_cast<int>(fd));
+      if (*end == '\0' && end != e->d_name && fd != own)
+        fds.push_back(static_cast<int>(fd));
     }
     closedir(d);
     std::vector<Seen> seen;
@@ -411,7 +422,8 @@ void relay_foreign_in_child() noexcept {
                  describe(kernel_socket(fd)).c_str(), static_cast<int>(c->owner));
       } else {
         if (g.wake >= 0) real().close(g.wake);
-        log_line("fork fd=%d: no relay at fork (%s): relayed at first use", fd, g.why.c_str());
+        log_line("fork fd=%d: no relay at fork (%s): relayed at first use", fd,
+                 g.why.c_str());
       }
     }
   } catch (...) {

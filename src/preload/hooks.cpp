@@ -109,12 +109,13 @@ ssize_t send_one(int fd, const void* buf, size_t len, int flags) {
 // A relayed connection (relay.hpp): its I/O and timeouts are the relay
 // socket's, its names and every other option the kernel TCP socket's.
 bool relay_side(int level, int name) {
-  return level == SOL_SOCKET && (name == SO_ERROR || name == SO_RCVTIMEO || name == SO_SNDTIMEO);
+  return level == SOL_SOCKET &&
+         (name == SO_ERROR || name == SO_RCVTIMEO || name == SO_SNDTIMEO);
 }
 
 int relayed_getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
-  return real().getsockopt(relay_side(level, name) ? fd : kernel_socket(fd), level, name, val,
-                           len);
+  return real().getsockopt(relay_side(level, name) ? fd : kernel_socket(fd), level, name,
+                           val, len);
 }
 
 int relayed_setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
@@ -458,7 +459,8 @@ int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
   auto c = meta_conn(fd);
   if (!c) {
     const int r = libc_fcntl(fd, cmd, arg);
-    if (r >= 0 && r < kMaxFd && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) copy_entry(fd, r);
+    if (r >= 0 && r < kMaxFd && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
+      copy_entry(fd, r);
     return r;
   }
   const auto iarg = static_cast<int>(reinterpret_cast<intptr_t>(arg));  // NOLINT
@@ -530,7 +532,8 @@ EXPORT int ioctl(int fd, unsigned long req,
 }
 
 EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
-  if (entry_of(fd) == Entry::kRelayed) return relayed_getsockopt(fd, level, name, val, len);
+  if (entry_of(fd) == Entry::kRelayed)
+    return relayed_getsockopt(fd, level, name, val, len);
   if (!is_conn(fd)) return real().getsockopt(fd, level, name, val, len);
   auto c = meta_conn(fd);
   if (!c) return real().getsockopt(kernel_socket(fd), level, name, val, len);
@@ -545,7 +548,8 @@ EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
-  if (entry_of(fd) == Entry::kRelayed) return relayed_setsockopt(fd, level, name, val, len);
+  if (entry_of(fd) == Entry::kRelayed)
+    return relayed_setsockopt(fd, level, name, val, len);
   if (!is_conn(fd)) return real().setsockopt(fd, level, name, val, len);
   auto c = meta_conn(fd);
   if (!c) return real().setsockopt(kernel_socket(fd), level, name, val, len);

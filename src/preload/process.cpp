@@ -10,8 +10,8 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
-#include "relay.hpp"
 #include "libc.hpp"
+#include "relay.hpp"
 #include "stat.hpp"
 #include "state.hpp"
 

@@ -88,7 +88,8 @@ RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
   m.status = dormant ? kDormant : 0;
   Message reply;
   int fds[2] = {-1, -1};
-  if (!send_message(s, m, &held_fd, 1) || !recv_message(s, &reply, fds, 2, kReplyWaitMs)) {
+  if (!send_message(s, m, &held_fd, 1) ||
+      !recv_message(s, &reply, fds, 2, kReplyWaitMs)) {
     g.why = "pid " + std::to_string(owner) + " did not answer the relay request";
   } else if (reply.status == kNewRelay && fds[0] >= 0 && fds[1] >= 0) {
     g.granted = true;
@@ -102,8 +103,9 @@ RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
     g.wake = s;
     return g;
   } else {
-    g.why = reply.status == kFull ? "pid " + std::to_string(owner) + " relays too many connections"
-                                  : "not a connection of pid " + std::to_string(owner);
+    g.why = reply.status == kFull
+                ? "pid " + std::to_string(owner) + " relays too many connections"
+                : "not a connection of pid " + std::to_string(owner);
   }
   for (const int fd : fds) {
     if (fd >= 0) real().close(fd);

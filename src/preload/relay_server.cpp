@@ -1,5 +1,3 @@
-#include "relay.hpp"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,8 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -25,8 +23,9 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
-#include "relay_wire.hpp"
 #include "process.hpp"
+#include "relay.hpp"
+#include "relay_wire.hpp"
 #include "state.hpp"
 
 // The owner side of relays (relay.hpp): the relay server thread, its
@@ -97,8 +96,8 @@ struct Relay {
   bool taken_back = false;
   bool down_stopped = false;  // the asker is letting go: send it nothing more
   std::shared_ptr<Conn> conn;
-  int so = -1;  // the owner's end of the pair
-  int wake = -1;       // dormant: the asker writes a byte here when it first uses it
+  int so = -1;    // the owner's end of the pair
+  int wake = -1;  // dormant: the asker writes a byte here when it first uses it
   bool awake = true;
   dev_t given_dev = 0;
   ino_t given_ino = 0;  // the end given away (an exec'd image asks with it)
@@ -125,7 +124,7 @@ ssize_t read_conn(Conn& c, char* buf, size_t len) {
     std::lock_guard lock(c.pushback_mu);
     const size_t n = std::min(len, c.pushback.size());
     if (n > 0) {
-      std::memcpy(buf, c.pushback.data(), n);
+      c.pushback.copy(buf, n);
       c.pushback.erase(0, n);
       if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
       return static_cast<ssize_t>(n);
@@ -139,14 +138,16 @@ class Server {
   bool start() {
     socklen_t len = 0;
     const sockaddr_un sa = relay_address(process_id(), &len);
-    listener_ = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    listener_ =
+        place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     wake_ = place_high(real().eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (listener_ < 0 || wake_ < 0 ||
         bind(listener_, reinterpret_cast<const sockaddr*>(&sa), len) != 0 ||  // NOLINT
         real().listen(listener_, 64) != 0) {
-      log_line("relay: cannot serve relays (%s): other processes holding this "
-               "process's connections cannot use them",
-               std::strerror(errno));
+      log_line(
+          "relay: cannot serve relays (%s): other processes holding this "
+          "process's connections cannot use them",
+          std::strerror(errno));
       return false;
     }
     thread_ = std::thread([this] { run(); });
@@ -207,7 +208,8 @@ class Server {
         std::erase_if(relays_, [](const std::unique_ptr<Relay>& r) { return r->dead; });
       }
       const auto now = std::chrono::steady_clock::now();
-      if (relays_.size() != before || now - last_review_ >= std::chrono::milliseconds(kReviewMs)) {
+      if (relays_.size() != before ||
+          now - last_review_ >= std::chrono::milliseconds(kReviewMs)) {
         last_review_ = now;
         review_parked();
       }
@@ -333,11 +335,13 @@ class Server {
 
   static bool woken(Relay& r, short wake_rev, short so_rev) {
     char b = 0;
-    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1 && b == 'w') {
+    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1 &&
+        b == 'w') {
       (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
       return true;
     }
-    return (so_rev & POLLIN) != 0 && real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
+    return (so_rev & POLLIN) != 0 &&
+           real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
   }
 
   // The asker let go of the connection: what it received and never read,
@@ -350,7 +354,8 @@ class Server {
     std::string back;
     if (r.wake >= 0) {
       // The asker wrote it all before it closed: read to the end (bounded).
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
       std::string raw;
       char buf[16384];
       for (;;) {
@@ -379,7 +384,8 @@ class Server {
         i += len;
       }
     }
-    if (r.down_len > r.down_off) back.append(r.down.get() + r.down_off, r.down_len - r.down_off);
+    if (r.down_len > r.down_off)
+      back.append(r.down.get() + r.down_off, r.down_len - r.down_off);
     r.down_len = r.down_off = 0;
     if (back.empty()) return;
     Conn& c = *r.conn;
@@ -407,8 +413,8 @@ class Server {
       }
     }
     if (r.up_len > r.up_off) {
-      const ssize_t w = st.write(r.up.get() + r.up_off, r.up_len - r.up_off,
-                                 stream::Stream::kDontWait);
+      const ssize_t w =
+          st.write(r.up.get() + r.up_off, r.up_len - r.up_off, stream::Stream::kDontWait);
       if (w > 0) r.up_off += static_cast<size_t>(w);
       if (w < 0 && w != -EAGAIN) r.dead = true;  // the stream failed: nothing to carry
       if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
@@ -425,8 +431,8 @@ class Server {
       }
     }
     if (r.down_len > r.down_off && !r.down_stopped) {
-      const ssize_t w = real().send(r.so, r.down.get() + r.down_off, r.down_len - r.down_off,
-                                    MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t w = real().send(r.so, r.down.get() + r.down_off,
+                                    r.down_len - r.down_off, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (w > 0) r.down_off += static_cast<size_t>(w);
       if (w < 0 && errno != EAGAIN && errno != EINTR) r.asker_gone = true;
       if (r.down_off == r.down_len) r.down_len = r.down_off = 0;
@@ -438,7 +444,6 @@ class Server {
     if (r.asker_eof && r.stream_eof && r.up_len == 0 && r.down_len == 0) r.dead = true;
   }
 
-
  public:
   // Runs on an application thread: what the relays of c have received from
   // their askers goes into the stream now (blocking on the stream's credit).
@@ -449,7 +454,8 @@ class Server {
       std::lock_guard up(r->mu);
       for (;;) {
         if (r->up_len > r->up_off) {
-          const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+          const ssize_t w =
+              c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
           if (w <= 0) break;
           r->up_off += static_cast<size_t>(w);
           if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
@@ -477,7 +483,8 @@ class Server {
         // Its last bytes first (they were written before it went).
         for (;;) {
           if (r->up_len > r->up_off) {
-            const ssize_t w = c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
+            const ssize_t w =
+                c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
             if (w <= 0) break;
             r->up_off += static_cast<size_t>(w);
             if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
@@ -578,7 +585,6 @@ void forget_relay_server_in_child() {
   new (&g_mu) std::mutex();
 }
 
-
 bool any_relayed() noexcept { return g_relay_count.load(std::memory_order_acquire) > 0; }
 
 void reclaim_relays(Conn& c) {
@@ -605,12 +611,12 @@ void release_conn(std::shared_ptr<Conn> c) {
   if (!held_elsewhere(*c)) return;
   std::lock_guard lock(g_mu);
   if (g_server == nullptr) {
-    log_line("close: the connection is still held by another process, but this one serves "
-             "no relays: it closes now");
+    log_line(
+        "close: the connection is still held by another process, but this one serves "
+        "no relays: it closes now");
     return;
   }
   g_server->park(std::move(c));
 }
-
 
 }  // namespace rdmakit::preload

@@ -15,7 +15,8 @@ sockaddr_un relay_address(pid_t pid, socklen_t* len) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   char name[48];
-  const int n = std::snprintf(name, sizeof name, "rdmakit-relay-%d", static_cast<int>(pid));
+  const int n =
+      std::snprintf(name, sizeof name, "rdmakit-relay-%d", static_cast<int>(pid));
   std::memcpy(sa.sun_path + 1, name, static_cast<size_t>(n));  // abstract: leading NUL
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return sa;

@@ -16,14 +16,14 @@
 namespace rdmakit::preload::relay_wire {
 
 constexpr uint32_t kMagic = 0x31524b52;  // "RKR1"
-constexpr size_t kBuf = 64 * 1024;
+constexpr size_t kBuf = size_t{64} * 1024;
 // How long a request may take to arrive once its asker connected (it
 // waits in the server's poll set, so a slow asker holds nothing up).
 constexpr int kRequestWaitMs = 5000;
 constexpr int kReplyWaitMs = 2000;
 constexpr size_t kMaxRelays = 1024;
 // At most this much is given back by a relayed process that lets go.
-constexpr size_t kMaxGiveBack = 8 * 1024 * 1024;
+constexpr size_t kMaxGiveBack = size_t{8} * 1024 * 1024;
 // How long a relayed process that lets go waits for its owner to stop.
 constexpr int kStopWaitMs = 500;
 // How often parked connections are checked for remaining holders.
@@ -36,7 +36,6 @@ struct Message {
   uint32_t magic = kMagic;
   uint32_t status = 0;
 };
-
 
 // The owner's relay socket (abstract).
 sockaddr_un relay_address(pid_t pid, socklen_t* len);

@@ -124,10 +124,12 @@ bool loopback_connection(int tcp_fd) {
   sockaddr_storage peer{};
   socklen_t ll = sizeof local;
   socklen_t pl = sizeof peer;
-  return real().getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&  // NOLINT
-         real().getpeername(tcp_fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 &&   // NOLINT
-         (local.ss_family == AF_INET || local.ss_family == AF_INET6) && loopback(local) &&
-         loopback(peer);
+  return real().getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&local), &ll) ==
+             0 &&  // NOLINT
+         real().getpeername(tcp_fd, reinterpret_cast<sockaddr*>(&peer), &pl) ==
+             0 &&  // NOLINT
+         (local.ss_family == AF_INET || local.ss_family == AF_INET6) &&
+         loopback(local) && loopback(peer);
 }
 
 std::string adoption_marker(int tcp_fd) {
@@ -316,10 +318,11 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
           0) {  // NOLINT
     // A client that closed its end before using it withdrew its offer.
     pollfd hup{tcp_fd, POLLRDHUP, 0};
-    const bool closed = real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
+    const bool closed =
+        real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
     up.reason = !deny.empty() ? deny
                 : closed      ? "the client closed the connection before using it"
-                              : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
+                         : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;

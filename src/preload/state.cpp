@@ -14,9 +14,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "handoff.hpp"
 #include "libc.hpp"
 #include "process.hpp"
-#include "handoff.hpp"
 #include "rendezvous.hpp"
 #include "stat.hpp"
 
@@ -339,7 +339,9 @@ std::atomic<int> g_pushback{0};
 }  // namespace
 
 bool any_pushback() noexcept { return g_pushback.load(std::memory_order_acquire) > 0; }
-void count_pushback(int delta) noexcept { g_pushback.fetch_add(delta, std::memory_order_acq_rel); }
+void count_pushback(int delta) noexcept {
+  g_pushback.fetch_add(delta, std::memory_order_acq_rel);
+}
 
 bool is_listener(int fd) noexcept { return entry_of(fd) == Entry::kListener; }
 

@@ -116,12 +116,12 @@ enum class Entry : uint8_t {
 
 // A kPending or kInherited connection, shared by its aliases (dup).
 struct Pending {
-  std::mutex mu;           // one settle at a time
-  std::vector<int> fds;    // every fd number naming it here (table lock)
-  pid_t accepted_by = 0;   // the process whose accept() returned it
-  uint64_t fork_gen = 0;   // forks made by that process before the accept
+  std::mutex mu;                       // one settle at a time
+  std::vector<int> fds;                // every fd number naming it here (table lock)
+  pid_t accepted_by = 0;               // the process whose accept() returned it
+  uint64_t fork_gen = 0;               // forks made by that process before the accept
   std::atomic<bool> inherited{false};  // came across exec or SCM_RIGHTS, or was sent away
-  pid_t unix_peer = 0;     // kInherited: the socket's creator, to ask
+  pid_t unix_peer = 0;                 // kInherited: the socket's creator, to ask
   // A connect()ed one: the offer made before the kernel connect, taken up
   // (or not) by the server when it first uses its end.
   PendingOfferPtr offer;
@@ -144,7 +144,8 @@ int kernel_socket(int fd);
 // The Conn an entry holds, whatever its kind (a foreign one names its owner).
 std::shared_ptr<Conn> entry_conn(int fd);
 void install_conn(int fd, std::shared_ptr<Conn> conn);
-void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry kind = Entry::kRelayed);
+void install_relayed(int fd, std::shared_ptr<Conn> tcp_only,
+                     Entry kind = Entry::kRelayed);
 // A dormant relay is used: it and its aliases become kRelayed.
 void wake_relayed(int fd);
 // Every relayed connection, removed from the table (at exit).

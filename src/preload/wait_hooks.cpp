@@ -88,7 +88,8 @@ short mirrored(short ev, short asked) {
 int answer_pushback(pollfd* fds, nfds_t n) {
   if (any_relayed()) {
     for (nfds_t i = 0; i < n; ++i) {
-      if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 || entry_of(fds[i].fd) != Entry::kConn)
+      if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 ||
+          entry_of(fds[i].fd) != Entry::kConn)
         continue;
       if (auto c = find_conn(fds[i].fd); c && c->relays.load() > 0) reclaim_relays(*c);
     }
