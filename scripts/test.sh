@@ -31,7 +31,9 @@ run_ctest() {  # name build_dir [cmake args...]
       tail -40 "$dir.build.log"; failed=$((failed + 1)); failed_stages+=("$name:build"); return; }
   echo "=== [$name] ctest"
   local log="$dir.ctest.log"
-  ctest --test-dir "$dir" --output-on-failure --timeout 300 -j1 2>&1 | tee "$log"
+  # Two at a time (heavy and timing-bound tests are RUN_SERIAL): keeps the
+  # whole run inside CI's 40-minute budget on 2 cores.
+  ctest --test-dir "$dir" --output-on-failure --timeout 300 -j"${RDMAKIT_TEST_JOBS:-2}" 2>&1 | tee "$log"
   local p f
   p=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' "$log" | awk '{print $1-$2}')
   f=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of.*/\1/p' "$log")
