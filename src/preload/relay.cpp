@@ -31,27 +31,22 @@ void give_back(Conn& c) {
       char ack = 0;
       if (real().poll(&p, 1, kStopWaitMs) == 1) (void)real().read(w, &ack, 1);
     }
-    std::string unread;
+    // The owner keeps what it sent last; it only needs how much of it
+    // stayed unread (so the count is all an asker can say, never the bytes).
+    uint64_t unread = 0;
     char buf[16384];
     for (;;) {
       pollfd p{c.relay_fd, POLLIN, 0};
       if (real().poll(&p, 1, 0) != 1 || (p.revents & POLLIN) == 0) break;
       const ssize_t n = real().read(c.relay_fd, buf, sizeof buf);
       if (n <= 0) break;
-      unread.append(buf, static_cast<size_t>(n));
-      if (unread.size() >= kMaxGiveBack) break;
+      unread += static_cast<uint64_t>(n);
     }
-    if (!unread.empty()) {
-      std::string msg(1, 'G');
-      const auto len = static_cast<uint32_t>(unread.size());
-      msg.append(reinterpret_cast<const char*>(&len), sizeof len);  // NOLINT
-      msg += unread;
-      size_t off = 0;
-      while (off < msg.size()) {
-        const ssize_t n = real().write(w, msg.data() + off, msg.size() - off);
-        if (n <= 0) break;
-        off += static_cast<size_t>(n);
-      }
+    if (unread > 0) {
+      char msg[1 + sizeof unread];
+      msg[0] = 'G';
+      std::memcpy(msg + 1, &unread, sizeof unread);
+      (void)real().write(w, msg, sizeof msg);
     }
   }
   if (w >= 0) real().close(w);

@@ -94,6 +94,31 @@ bool held_elsewhere(Conn& c) {
 struct Relay {
   std::mutex mu;  // the pumping (server thread) vs flush and reclaim (owner's threads)
   bool taken_back = false;
+  // The last kHistory bytes sent to the asker (a ring; made on first send).
+  std::unique_ptr<char[]> history;
+  uint64_t sent = 0;
+  void remember(const char* p, size_t n) {
+    if (!history) history.reset(new char[kHistory]);
+    for (size_t done = 0; done < n;) {
+      const size_t at = (sent + done) % kHistory;
+      const size_t k = std::min(n - done, kHistory - at);
+      std::memcpy(history.get() + at, p + done, k);
+      done += k;
+    }
+    sent += n;
+  }
+  // The last n bytes sent; false when more than were kept.
+  bool last_sent(uint64_t n, std::string* out) const {
+    if (n > sent || n > kHistory || !history) return n == 0;
+    out->resize(n);
+    for (uint64_t done = 0; done < n;) {
+      const size_t at = (sent - n + done) % kHistory;
+      const size_t k = std::min<size_t>(n - done, kHistory - at);
+      std::memcpy(out->data() + done, history.get() + at, k);
+      done += k;
+    }
+    return true;
+  }
   bool down_stopped = false;  // the asker is letting go: send it nothing more
   std::shared_ptr<Conn> conn;
   int so = -1;    // the owner's end of the pair
@@ -297,6 +322,9 @@ class Server {
     r->so = place_high(pair[0]);
     pair[1] = place_high(pair[1]);
     (void)real().fcntl(r->so, F_SETFL, O_NONBLOCK);
+    // What the asker can hold unread stays within what this side keeps.
+    (void)real().setsockopt(r->so, SOL_SOCKET, SO_SNDBUF, &kRelaySocketBuffer,
+                            sizeof kRelaySocketBuffer);
     struct stat given {};
     if (fstat(pair[1], &given) == 0) {
       r->given_dev = given.st_dev;
@@ -367,7 +395,7 @@ class Server {
         const ssize_t n = real().recv(r.wake, buf, sizeof buf, MSG_DONTWAIT);
         if (n <= 0) break;
         raw.append(buf, static_cast<size_t>(n));
-        if (raw.size() > kMaxGiveBack + 64) break;
+        if (raw.size() > 4096) break;  // a few control bytes and one count
       }
       size_t i = 0;
       while (i < raw.size()) {
@@ -375,13 +403,13 @@ class Server {
           ++i;
           continue;
         }
-        uint32_t len = 0;
-        if (raw[i] != 'G' || i + 1 + sizeof len > raw.size()) break;
-        std::memcpy(&len, raw.data() + i + 1, sizeof len);
-        i += 1 + sizeof len;
-        if (len > raw.size() - i) break;  // bounded: never more than was sent
-        back.append(raw, i, len);
-        i += len;
+        uint64_t unread = 0;
+        if (raw[i] != 'G' || i + 1 + sizeof unread > raw.size()) break;
+        std::memcpy(&unread, raw.data() + i + 1, sizeof unread);
+        i += 1 + sizeof unread;
+        // The last `unread` bytes sent, from this side's own copy; a count
+        // larger than what was kept is a lie: nothing is taken back.
+        if (!r.last_sent(unread, &back)) back.clear();
       }
     }
     if (r.down_len > r.down_off)
@@ -433,7 +461,10 @@ class Server {
     if (r.down_len > r.down_off && !r.down_stopped) {
       const ssize_t w = real().send(r.so, r.down.get() + r.down_off,
                                     r.down_len - r.down_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w > 0) r.down_off += static_cast<size_t>(w);
+      if (w > 0) {
+        r.remember(r.down.get() + r.down_off, static_cast<size_t>(w));
+        r.down_off += static_cast<size_t>(w);
+      }
       if (w < 0 && errno != EAGAIN && errno != EINTR) r.asker_gone = true;
       if (r.down_off == r.down_len) r.down_len = r.down_off = 0;
     }

@@ -4,8 +4,9 @@
 // abstract unix socket per owner, descriptors passed with SCM_RIGHTS; a
 // request names the connection by the descriptor itself. After a grant the
 // request's socket stays open as the relay's wake and give-back channel:
-// 'w' (first use), 'S' (stop sending; answered 'A'), 'G' + 4-byte length +
-// the bytes received and never read.
+// 'w' (first use), 'S' (stop sending; answered 'A'), 'G' + the 8-byte count
+// of bytes received and never read (the owner re-reads them from what it
+// sent: an asker cannot make it read bytes it did not send).
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/un.h>
@@ -22,8 +23,10 @@ constexpr size_t kBuf = size_t{64} * 1024;
 constexpr int kRequestWaitMs = 5000;
 constexpr int kReplyWaitMs = 2000;
 constexpr size_t kMaxRelays = 1024;
-// At most this much is given back by a relayed process that lets go.
-constexpr size_t kMaxGiveBack = size_t{8} * 1024 * 1024;
+// What an owner keeps of the bytes it last sent to each awake relay: more
+// than its relay socket can hold unread (kRelaySocketBuffer).
+constexpr size_t kHistory = size_t{1024} * 1024;
+constexpr int kRelaySocketBuffer = 256 * 1024;
 // How long a relayed process that lets go waits for its owner to stop.
 constexpr int kStopWaitMs = 500;
 // How often parked connections are checked for remaining holders.
