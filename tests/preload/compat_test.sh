@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# More real Debian programs, servers and clients, preloaded at both ends on
+# loopback (docs/preload-compat-table.md): compat_test.sh CASE RUN LIB
+#   socat        a file piped listener <- client, the reverse, and through a
+#                listener whose sha256sum child answers (socat carries both)
+#   socat-proxy  socat (fork per connection) in front of python3's
+#                http.server; curl downloads through it
+#   nc           netcat-openbsd: nc -l <- nc, then nc -l -> nc
+#   memcached    memcached (threads) filled by a Python text-protocol client
+#                and read back, a file through memccp/memccat, memcslap
+#   haproxy      haproxy (threads) in front of nginx (master + workers);
+#                curl downloads through it
+#   node         node's http server and a node client (keep-alive agent)
+#   python-http  python3 -m http.server (a thread per connection) + urllib
+#   mosquitto    mosquitto, mosquitto_sub and mosquitto_pub (QoS 1)
+#   lighttpd     lighttpd (one event loop) with curl and ab -k
+# Every connection must take the shm path on both ends; the bytes that moved
+# are checked against what was sent.
+set -euo pipefail
+case_name=$1 run=$(realpath "$2") lib=$(realpath "$3")
+work=$(mktemp -d /tmp/rdmakit-compat.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+log=$work/log
+: >"$log"
+fail() { echo "FAIL [$case_name]: $*" >&2; sed 's/^/  log: /' "$log" >&2 2>/dev/null || true; exit 1; }
+need() { command -v "$1" >/dev/null || fail "$1 is not installed (scripts/deps.sh installs it)"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_listen() {  # up to 20 s for a server to listen on port $1
+  for _ in $(seq 400); do ss -ltn "sport = :$1" | grep -q LISTEN && return 0; sleep 0.05; done
+  fail "no server listening on port $1 after 20 s: $(tail -n 5 "$work"/*.out 2>/dev/null)"
+}
+mkdir -m 700 "$work/rdv"
+# An array, not a function: "${pre[@]}" CMD & is one process whose pid is $!.
+pre=("$run" --lib "$lib" --log "$log" --dir "$work/rdv")
+bg() { "${pre[@]}" timeout 60 "$@" & pids+=($!); }
+count() { grep -cE "$1" "$log" || true; }
+# expect_shm CONNECTS ACCEPTS: exactly that many connections on shm at each
+# end, none off the fast path.
+expect_shm() {
+  local c a
+  c=$(count "\]: connect fd=[0-9]+ .*path=shm") a=$(count "\]: accept fd=[0-9]+ .*path=shm")
+  [ "$c" = "$1" ] && [ "$a" = "$2" ] ||
+    fail "expected $1 connects and $2 accepts on shm, found $c and $a"
+  [ "$(count 'path=kernel|path=none')" = 0 ] ||
+    fail "connections off the fast path: $(grep -E 'path=kernel|path=none' "$log")"
+}
+sha() { sha256sum <"$1" | cut -d' ' -f1; }
+
+case "$case_name" in
+  socat)
+    need socat
+    head -c 20000000 /dev/urandom >"$work/up"
+    # 1. client -> listener
+    port=$(free_port)
+    bg socat -u "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr" "CREATE:$work/got1"; s=$!
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 socat -u "OPEN:$work/up" "TCP:127.0.0.1:$port" || fail "socat client 1"
+    wait "$s" || fail "socat listener 1"
+    cmp -s "$work/up" "$work/got1" || fail "listener received other bytes"
+    # 2. listener -> client
+    port=$(free_port)
+    bg socat -u "OPEN:$work/up" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr"; s=$!
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 socat -u "TCP:127.0.0.1:$port" "CREATE:$work/got2" || fail "socat client 2"
+    wait "$s" || fail "socat listener 2"
+    cmp -s "$work/up" "$work/got2" || fail "client received other bytes"
+    # 3. both ways: the listener runs sha256sum on what it reads, the digest
+    # comes back on the same connection after the client's half-close.
+    port=$(free_port)
+    bg socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr" "EXEC:sha256sum"; s=$!
+    wait_listen "$port"
+    got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") || fail "socat client 3"
+    wait "$s" || fail "socat listener 3"
+    [ "${got%% *}" = "$(sha "$work/up")" ] || fail "digest $got, sent $(sha "$work/up")"
+    expect_shm 3 3
+    echo "OK socat: 20 MB each way and a round trip over 3 shm connections"
+    ;;
+  socat-proxy)
+    need socat; need curl
+    mkdir "$work/www"
+    head -c 20000000 /dev/urandom >"$work/www/file.bin"
+    back=$(free_port) front=$(free_port)
+    bg python3 -m http.server --bind 127.0.0.1 --directory "$work/www" "$back" >"$work/http.out" 2>&1
+    bg socat "TCP-LISTEN:$front,bind=127.0.0.1,reuseaddr,fork" "TCP:127.0.0.1:$back"
+    wait_listen "$back"; wait_listen "$front"
+    for i in 1 2 3; do
+      "${pre[@]}" timeout 30 curl -sS -o "$work/got" "http://127.0.0.1:$front/file.bin" || fail "curl $i"
+      cmp -s "$work/www/file.bin" "$work/got" || fail "download $i differs"
+    done
+    # curl -> socat (accepted, served by a forked child) -> http.server
+    [ "$(count "curl\]: connect fd=.*path=shm")" = 3 ] || fail "curl connections not on shm"
+    [ "$(count "socat\]: connect fd=.*path=shm")" = 3 ] || fail "socat connections not on shm"
+    # each accepted connection carried by its own forked child
+    [ "$(grep -E "socat\]: accept fd=.*path=shm" "$log" | cut -d' ' -f1 | sort -u | wc -l)" = 3 ] ||
+      fail "socat's connections not carried by 3 forked children"
+    expect_shm 6 6
+    echo "OK socat-proxy: 3 x 20 MB through socat, 6 shm connections"
+    ;;
+  nc)
+    need nc
+    head -c 20000000 /dev/urandom >"$work/up"
+    port=$(free_port)
+    "${pre[@]}" timeout 30 nc -l 127.0.0.1 "$port" </dev/null >"$work/got1" & s=$!; pids+=($s)
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 nc -N 127.0.0.1 "$port" <"$work/up" >/dev/null || fail "nc client 1"
+    wait "$s" || fail "nc -l 1"
+    cmp -s "$work/up" "$work/got1" || fail "nc -l received other bytes"
+    port=$(free_port)
+    "${pre[@]}" timeout 30 nc -N -l 127.0.0.1 "$port" <"$work/up" >/dev/null & s=$!; pids+=($s)
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 nc 127.0.0.1 "$port" </dev/null >"$work/got2" || fail "nc client 2"
+    wait "$s" || fail "nc -l 2"
+    cmp -s "$work/up" "$work/got2" || fail "nc received other bytes"
+    expect_shm 2 2
+    echo "OK nc: 20 MB each way over 2 shm connections"
+    ;;
+  memcached)
+    need memcached; need memccp; need memccat; need memcslap
+    port=$(free_port)
+    bg memcached -u root -l 127.0.0.1 -p "$port" -U 0 -t 2 -m 256 -c 128 >"$work/mc.out" 2>&1
+    wait_listen "$port"
+    # 2000 keys with values of 1 B to 200 kB set over one connection, read
+    # back over another (gets in batches of 50 keys).
+    cat >"$work/mc.py" <<'PY'
+import hashlib, random, socket, sys
+port = int(sys.argv[1]); rng = random.Random(7)
+vals = {f"k{i}": rng.randbytes(rng.choice([1, 100, 5000, 200000]) - rng.randrange(1)) for i in range(2000)}
+def conn():
+    s = socket.create_connection(("127.0.0.1", port), timeout=20); return s, s.makefile("rb")
+s, f = conn()
+for k, v in vals.items():
+    s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k.encode(), len(v), v))
+for k in vals:
+    line = f.readline()
+    if line != b"STORED\r\n": sys.exit(f"set {k}: {line!r}")
+s.close()
+s, f = conn(); keys = list(vals); got = 0
+for i in range(0, len(keys), 50):
+    s.sendall(b"get " + " ".join(keys[i:i + 50]).encode() + b"\r\n")
+    while True:
+        line = f.readline()
+        if line == b"END\r\n": break
+        _, k, _, n = line.split(); data = f.read(int(n) + 2)[:-2]
+        if data != vals[k.decode()]: sys.exit(f"value of {k} differs")
+        got += 1
+s.sendall(b"stats\r\n"); stats = {}
+while (line := f.readline()) != b"END\r\n": p = line.split(); stats[p[1]] = p[2]
+if got != len(vals): sys.exit(f"{got} of {len(vals)} keys read back")
+print(got, sum(map(len, vals.values())), stats[b"curr_items"].decode())
+PY
+    out=$("${pre[@]}" timeout 30 python3 "$work/mc.py" "$port") || fail "python client: $out"
+    set -- $out
+    [ "$1" = 2000 ] && [ "$3" = 2000 ] || fail "python client: $out"
+    head -c 500000 /dev/urandom >"$work/blob"
+    (cd "$work" && "${pre[@]}" timeout 30 memccp --servers="127.0.0.1:$port" blob) || fail "memccp"
+    "${pre[@]}" timeout 30 memccat --servers="127.0.0.1:$port" blob >"$work/blob.got" || fail "memccat"
+    # memccat ends what it prints with a newline
+    [ "$(stat -c %s "$work/blob.got")" = 500001 ] && head -c 500000 "$work/blob.got" | cmp -s - "$work/blob" ||
+      fail "memccat returned other bytes"
+    "${pre[@]}" timeout 30 memcslap --servers="127.0.0.1:$port" --concurrency=4 \
+      --execute-number=2000 >"$work/slap.out" 2>&1 || fail "memcslap: $(cat "$work/slap.out")"
+    grep -qE "^Time to set +8000 keys by +4 threads" "$work/slap.out" || fail "memcslap: $(cat "$work/slap.out")"
+    # 2 python + memccp + memccat + 4 memcslap
+    expect_shm 8 8
+    echo "OK memcached: 2000 keys ($2 bytes) read back, 500 kB through memccp/memccat, memcslap set 8000 keys"
+    ;;
+  haproxy)
+    need haproxy; need nginx; need curl
+    mkdir -p "$work/www" "$work/ngx"
+    head -c 20000000 /dev/urandom >"$work/www/file.bin"
+    back=$(free_port) front=$(free_port)
+    cat >"$work/nginx.conf" <<NGINX
+daemon off;
+master_process on;
+worker_processes 2;
+user $(id -un) $(id -gn);
+pid $work/ngx/nginx.pid;
+error_log $work/ngx/error.log info;
+events { use epoll; worker_connections 512; }
+http {
+  access_log off;
+  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
+  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+  server { listen 127.0.0.1:$back; root $work/www; }
+}
+NGINX
+    cat >"$work/haproxy.cfg" <<CFG
+global
+  nbthread 2
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+frontend f
+  bind 127.0.0.1:$front
+  default_backend b
+backend b
+  http-reuse never
+  server s1 127.0.0.1:$back
+CFG
+    bg nginx -c "$work/nginx.conf" -p "$work/ngx" -e "$work/ngx/error.log" >"$work/nginx.out" 2>&1; ngx=$!
+    bg haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.out" 2>&1
+    wait_listen "$back"; wait_listen "$front"
+    for i in 1 2 3; do
+      "${pre[@]}" timeout 30 curl -sS -o "$work/got" "http://127.0.0.1:$front/file.bin" ||
+        fail "curl $i: $(tail -n 3 "$work/haproxy.out")"
+      cmp -s "$work/www/file.bin" "$work/got" || fail "download $i differs"
+    done
+    for _ in $(seq 100); do [ -s "$work/ngx/nginx.pid" ] && break; sleep 0.05; done
+    kill -QUIT "$(cat "$work/ngx/nginx.pid")"; wait "$ngx" 2>/dev/null || true
+    [ "$(count "curl\]: connect fd=.*path=shm")" = 3 ] || fail "curl connections not on shm"
+    [ "$(count "haproxy\]: connect fd=.*path=shm")" -ge 1 ] || fail "haproxy's backend connections not on shm"
+    c=$(count "haproxy\]: connect fd=.*path=shm")
+    expect_shm $((3 + c)) $((3 + c))
+    echo "OK haproxy: 3 x 20 MB through haproxy from nginx, $((3 + c)) shm connections each end"
+    ;;
+  node)
+    need node
+    port=$(free_port)
+    cat >"$work/server.js" <<'JS'
+const http = require('http'), crypto = require('crypto');
+const big = crypto.randomBytes(20e6);
+http.createServer((req, res) => {
+  if (req.method === 'POST') {
+    const h = crypto.createHash('sha256'); let n = 0;
+    req.on('data', d => { h.update(d); n += d.length; });
+    req.on('end', () => res.end(JSON.stringify({ n, sha: h.digest('hex') })));
+  } else if (req.url === '/big') {
+    res.setHeader('x-sha', crypto.createHash('sha256').update(big).digest('hex'));
+    res.end(big);
+  } else res.end('hello ' + req.url);
+}).listen(+process.argv[2], '127.0.0.1');
+JS
+    cat >"$work/client.js" <<'JS'
+const http = require('http'), crypto = require('crypto');
+const agent = new http.Agent({ keepAlive: true, maxSockets: 4 });
+const port = +process.argv[2];
+function req(method, path, body) {
+  return new Promise((ok, ko) => {
+    const r = http.request({ host: '127.0.0.1', port, method, path, agent }, res => {
+      const parts = []; res.on('data', d => parts.push(d));
+      res.on('end', () => ok({ headers: res.headers, body: Buffer.concat(parts) }));
+    });
+    r.on('error', ko); r.end(body);
+  });
+}
+(async () => {
+  const small = await Promise.all([...Array(400).keys()].map(i => req('GET', '/' + i)));
+  small.forEach((r, i) => { if (r.body.toString() !== 'hello /' + i) throw new Error('reply ' + i); });
+  const big = await req('GET', '/big');
+  const got = crypto.createHash('sha256').update(big.body).digest('hex');
+  if (got !== big.headers['x-sha']) throw new Error('big download differs');
+  const up = crypto.randomBytes(20e6);
+  const r = JSON.parse((await req('POST', '/up', up)).body);
+  if (r.n !== up.length || r.sha !== crypto.createHash('sha256').update(up).digest('hex'))
+    throw new Error('upload differs');
+  agent.destroy();
+  console.log('400 requests, 20 MB each way');
+})().catch(e => { console.error(e); process.exit(1); });
+JS
+    bg node "$work/server.js" "$port" >"$work/node.out" 2>&1
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 node "$work/client.js" "$port" >"$work/client.out" 2>&1 ||
+      fail "node client: $(cat "$work/client.out")"
+    expect_shm 4 4
+    echo "OK node: $(cat "$work/client.out") over 4 shm connections"
+    ;;
+  python-http)
+    mkdir "$work/www"
+    head -c 20000000 /dev/urandom >"$work/www/file.bin"
+    port=$(free_port)
+    bg python3 -m http.server --bind 127.0.0.1 --directory "$work/www" "$port" >"$work/http.out" 2>&1
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 python3 - "$port" "$(sha "$work/www/file.bin")" <<'PY' || fail "urllib client"
+import hashlib, sys, urllib.request
+for i in range(3):
+    data = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/file.bin", timeout=20).read()
+    if hashlib.sha256(data).hexdigest() != sys.argv[2]: sys.exit(f"download {i} differs")
+PY
+    expect_shm 3 3
+    echo "OK python-http: 3 x 20 MB from http.server to urllib over 3 shm connections"
+    ;;
+  mosquitto)
+    need mosquitto; need mosquitto_pub; need mosquitto_sub
+    port=$(free_port)
+    printf 'user root\nlistener %s 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest file %s\nlog_type all\n' \
+      "$port" "$work/mosq.log" >"$work/mosq.conf"
+    bg mosquitto -c "$work/mosq.conf" >"$work/mosq.out" 2>&1
+    wait_listen "$port"
+    python3 -c 'import base64,os
+for i in range(2000): print(i, base64.b64encode(os.urandom(1 + i % 700)).decode())' >"$work/msgs"
+    "${pre[@]}" timeout 30 mosquitto_sub -h 127.0.0.1 -p "$port" -q 1 -t compat/t -C 2000 >"$work/got" 2>"$work/sub.err" &
+    sub=$!; pids+=($sub)
+    for _ in $(seq 200); do grep -q "Sending SUBACK" "$work/mosq.log" 2>/dev/null && break; sleep 0.05; done
+    grep -q "Sending SUBACK" "$work/mosq.log" || fail "mosquitto_sub did not subscribe: $(cat "$work/sub.err")"
+    "${pre[@]}" timeout 30 mosquitto_pub -h 127.0.0.1 -p "$port" -q 1 -t compat/t -l <"$work/msgs" ||
+      fail "mosquitto_pub"
+    wait "$sub" || fail "mosquitto_sub: $(cat "$work/sub.err")"
+    cmp -s "$work/msgs" "$work/got" || fail "received messages differ ($(wc -l <"$work/got") lines)"
+    expect_shm 2 2
+    echo "OK mosquitto: 2000 QoS 1 messages in order over 2 shm connections"
+    ;;
+  lighttpd)
+    need lighttpd; need ab; need curl
+    mkdir -p "$work/www"
+    head -c 20000000 /dev/urandom >"$work/www/file.bin"
+    head -c 600 /dev/urandom >"$work/www/small.bin"
+    port=$(free_port)
+    cat >"$work/lighttpd.conf" <<CFG
+server.document-root = "$work/www"
+server.bind = "127.0.0.1"
+server.port = $port
+server.errorlog = "$work/lighttpd.err"
+server.max-keep-alive-requests = 10000
+CFG
+    bg lighttpd -D -f "$work/lighttpd.conf" >"$work/lighttpd.out" 2>&1
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 curl -sS -o "$work/got" "http://127.0.0.1:$port/file.bin" || fail "curl"
+    cmp -s "$work/www/file.bin" "$work/got" || fail "download differs"
+    "${pre[@]}" timeout 30 ab -q -k -n 4000 -c 8 "http://127.0.0.1:$port/small.bin" >"$work/ab.out" 2>&1 ||
+      fail "ab: $(cat "$work/ab.out")"
+    grep -qE "^Complete requests: +4000$" "$work/ab.out" && grep -qE "^Failed requests: +0$" "$work/ab.out" &&
+      ! grep -q "Non-2xx" "$work/ab.out" && grep -qE "^Total transferred: .*" "$work/ab.out" ||
+      fail "ab: $(cat "$work/ab.out")"
+    # 600 bytes of body per response
+    grep -qE "^HTML transferred: +2400000 bytes$" "$work/ab.out" || fail "ab: $(grep transferred "$work/ab.out")"
+    expect_shm 9 9
+    echo "OK lighttpd: 20 MB to curl, 4000 keep-alive requests from ab (2.4 MB of bodies), 9 shm connections"
+    ;;
+  *) fail "unknown case" ;;
+esac
