@@ -14,6 +14,8 @@
 #   python-http  python3 -m http.server (a thread per connection) + urllib
 #   mosquitto    mosquitto, mosquitto_sub and mosquitto_pub (QoS 1)
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
+#   mariadb      mariadbd (a thread per connection), a blob through the
+#                mariadb client both ways, sysbench oltp_read_write
 # Every connection must take the shm path on both ends; the bytes that moved
 # are checked against what was sent.
 set -euo pipefail
@@ -333,6 +335,46 @@ CFG
     grep -qE "^HTML transferred: +2400000 bytes$" "$work/ab.out" || fail "ab: $(grep transferred "$work/ab.out")"
     expect_shm 9 9
     echo "OK lighttpd: 20 MB to curl, 4000 keep-alive requests from ab (2.4 MB of bodies), 9 shm connections"
+    ;;
+  mariadb)
+    [ -x /usr/sbin/mariadbd ] || fail "mariadb-server is not installed (scripts/deps.sh installs it)"
+    need mariadb-install-db; need mariadb; need sysbench
+    mariadb-install-db --user="$(id -un)" --datadir="$work/data" --auth-root-authentication-method=normal \
+      --skip-test-db >"$work/install.out" 2>&1 || fail "mariadb-install-db: $(tail -n 5 "$work/install.out")"
+    port=$(free_port)
+    bg /usr/sbin/mariadbd --no-defaults --user="$(id -un)" --datadir="$work/data" --socket="$work/sock" \
+      --pid-file="$work/pid" --bind-address=127.0.0.1 --port="$port" --skip-log-bin \
+      --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=0 >"$work/server.out" 2>&1
+    wait_listen "$port"
+    sql() { "${pre[@]}" timeout 30 mariadb -h 127.0.0.1 -P "$port" -u root -N -B "$@"; }
+    # 300 kB of random bytes into a blob and back: the server's digest of
+    # what it received, then the bytes it sends back, compared.
+    head -c 300000 /dev/urandom >"$work/blob"
+    { echo "create database compat; create table compat.t (b longblob);"
+      printf "insert into compat.t values (unhex('%s'));\n" "$(od -An -v -tx1 "$work/blob" | tr -d ' \n')"; } |
+      sql || fail "insert"
+    got=$(sql -e "select sha2(b, 256), length(b) from compat.t") || fail "select"
+    [ "$got" = "$(sha "$work/blob")	300000" ] || fail "the server stored $got"
+    sql -e "select hex(b) from compat.t" >"$work/hex" || fail "select hex"
+    [ "$(tr -d '\n' <"$work/hex" | tr 'A-F' 'a-f')" = "$(od -An -v -tx1 "$work/blob" | tr -d ' \n')" ] ||
+      fail "the blob read back differs"
+    sb=(sysbench --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" --mysql-user=root
+        --mysql-db=compat --tables=2 --table-size=2000)
+    "${pre[@]}" timeout 60 "${sb[@]}" oltp_read_write prepare >"$work/prep.out" 2>&1 ||
+      fail "sysbench prepare: $(tail -n 5 "$work/prep.out")"
+    "${pre[@]}" timeout 60 "${sb[@]}" --threads=4 --events=1000 --time=0 oltp_read_write run \
+      >"$work/run.out" 2>&1 || fail "sysbench run: $(tail -n 5 "$work/run.out")"
+    # (ignored errors are deadlocks between the threads, which sysbench retries)
+    grep -qE "^ +transactions: +1000 " "$work/run.out" && grep -qE "^ +reconnects: +0 " "$work/run.out" ||
+      fail "sysbench: $(cat "$work/run.out")"
+    # each transaction deletes a row and inserts it again: 2000 rows per table
+    rows=$(sql -e "select (select count(*) from compat.sbtest1), (select count(*) from compat.sbtest2)") ||
+      fail "count"
+    [ "$rows" = "2000	2000" ] || fail "sysbench tables hold $rows rows"
+    # 4 mariadb clients, sysbench prepare + 4 threads; each accepted by mariadbd
+    [ "$(count "mariadbd\]: accept fd=.*path=shm")" = 9 ] || fail "mariadbd did not accept 9 on shm"
+    expect_shm 9 9
+    echo "OK mariadb: a 300 kB blob both ways, sysbench oltp_read_write 1000 transactions, 9 shm connections"
     ;;
   *) fail "unknown case" ;;
 esac
