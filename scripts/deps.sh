@@ -19,6 +19,8 @@ pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibver
 pkgs+=(help2man dpkg-dev file lintian man-db mmdebstrap)
 # The preload tests run these programs under the library.
 pkgs+=(iperf3 sockperf curl redis-server redis-tools nginx-light wrk postgresql openssh-server
+  socat netcat-openbsd memcached libmemcached-tools haproxy mosquitto mosquitto-clients lighttpd
+  apache2-utils mariadb-server sysbench nodejs
   openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,6 +8,10 @@ if(RDMAKIT_SANITIZE MATCHES "address")
   # library (see CMakeLists.txt), so the cases that download with curl run in
   # the release stage only.
   list(REMOVE_ITEM compat_cases socat-proxy haproxy lighttpd)
+  # Under the ASan build, sysbench's prepare step (2 x 2000 rows and their
+  # indexes) did not finish within the case's 60 s (measured once); mariadb
+  # and sysbench run in the release stage.
+  list(REMOVE_ITEM compat_cases mariadb)
 endif()
 foreach(c ${compat_cases})
   add_test(NAME preload_compat_${c}
