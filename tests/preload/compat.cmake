@@ -1,5 +1,5 @@
 # More real Debian programs under the preload, both ends on loopback
-# (compat_test.sh; docs/preload-compat-table.md). Each case checks the bytes
+# (compat_test.sh; docs/preload.md, "Compatibility"). Each case checks the bytes
 # that moved and that every connection took the shm path at both ends.
 set(compat_cases socat socat-proxy nc memcached haproxy node python-http mosquitto lighttpd
                  mariadb)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # More real Debian programs, servers and clients, preloaded at both ends on
-# loopback (docs/preload-compat-table.md): compat_test.sh CASE RUN LIB
+# loopback (docs/preload.md, "Compatibility"): compat_test.sh CASE RUN LIB
 #   socat        a file piped listener <- client, the reverse, and through a
 #                listener whose sha256sum child answers (socat carries both)
 #   socat-proxy  socat (fork per connection) in front of python3's
