@@ -39,6 +39,11 @@ chmod 755 "$tmp"
 # The postgres user runs the server: it gets its own copies of the tools.
 mkdir -m 755 "$tmp/bin"
 cp "$run" "$lib" "$tmp/bin/"
+for dep in $(ldd "$lib" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'); do
+  case $dep in /lib/* | /usr/*) ;; *) cp -L "$dep" "$tmp/bin/" ;; esac
+done
+chmod 755 "$tmp"/bin/*
+export LD_LIBRARY_PATH=$tmp/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 srun=$tmp/bin/rdmakit-run slib=$tmp/bin/$(basename "$lib")
 pids=()
 cleanup() {

@@ -42,9 +42,10 @@ case "$case_name" in
     . "$here/../support/second_user.sh"
     second_user_create || fail "no service user"
     # The service user's own copies: a checkout may sit in a 0700 directory.
+    # (the library with the build's librdmakit it links, found through
+    # LD_LIBRARY_PATH, which as_second_user sets to the staging directory)
     second_user_stage "$work/bin" "$run"; srun=$SECOND_USER_BIN
-    mkdir -p "$work/lib"; cp "$lib" "$work/lib/"; slib=$work/lib/$(basename "$lib"); chmod -R 755 "$work/lib"
-    SECOND_USER_LIBS=
+    second_user_stage "$work/lib" "$lib"; slib=$SECOND_USER_BIN
     pgdata=$work/pg; mkdir -m 700 "$pgdata" "$work/rdv" "$work/sock"
     chown "$SECOND_UID:$SECOND_GID" "$pgdata" "$work/rdv" "$work/sock"
     as_second_user "$pgbin/initdb" -D "$pgdata" -A trust -U bench >"$work/initdb.out" 2>&1 ||
