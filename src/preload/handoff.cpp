@@ -115,6 +115,23 @@ void install_dead(const std::vector<int>& aliases) {
   for (const int a : aliases) (void)remove_conn(a);
 }
 
+// The connection another process carries: relayed through it, or, when it
+// cannot relay, unusable here (never its bytes on kernel TCP).
+void relay_or_dead(const char* side, int fd, int held_fd, pid_t owner,
+                   const std::vector<int>& aliases, const std::string& where) {
+  RelayGrant g = owner > 0 ? request_relay(owner, held_fd) : RelayGrant{};
+  if (g.granted && install_grant(aliases, g)) {
+    log_line("%s fd=%d %s path=relay owner=%d", side, fd, where.c_str(),
+             static_cast<int>(owner));
+    return;
+  }
+  log_line(
+      "%s fd=%d %s path=none reason=pid %d carries the connection and cannot relay "
+      "it: %s (reads end, writes fail with EPIPE)",
+      side, fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
+  install_dead(aliases);
+}
+
 std::vector<int> aliases_of(const std::shared_ptr<Pending>& p) {
   // p->fds changes under the table lock; a snapshot through pending_of.
   std::vector<int> out;
@@ -183,17 +200,7 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
     return;
   }
   if (owner != 0 && owner != process_id()) {
-    RelayGrant g = request_relay(owner, fd);
-    if (g.granted && install_grant(aliases, g)) {
-      log_line("accept fd=%d %s path=relay owner=%d", fd, where.c_str(),
-               static_cast<int>(owner));
-      return;
-    }
-    log_line(
-        "accept fd=%d %s path=kernel reason=pid %d carries the connection and cannot "
-        "relay it: %s (the connection is unusable here)",
-        fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
-    install_dead(aliases);
+    relay_or_dead("accept", fd, fd, owner, aliases, where);
     return;
   }
   Upgrade up = upgrade_accepted(fd, deny_reason(fd));
@@ -247,19 +254,7 @@ void settle_foreign(int fd) {
   const auto c = entry_conn(fd);
   const pid_t owner = c ? c->owner : 0;
   const int owner_fd = c ? c->tcp_fd : -1;
-  const std::string where = describe(tcp);
-  RelayGrant g =
-      owner > 0 ? request_relay(owner, owner_fd >= 0 ? owner_fd : fd) : RelayGrant{};
-  if (g.granted && install_grant(aliases, g)) {
-    log_line("use fd=%d %s path=relay owner=%d", fd, where.c_str(),
-             static_cast<int>(owner));
-    return;
-  }
-  log_line(
-      "use fd=%d %s path=none reason=the connection was upgraded by pid %d, which "
-      "cannot relay it: %s (reads end, writes fail with EPIPE)",
-      fd, where.c_str(), static_cast<int>(owner), g.why.c_str());
-  install_dead(aliases);
+  relay_or_dead("use", fd, owner_fd >= 0 ? owner_fd : fd, owner, aliases, describe(tcp));
 }
 
 struct Seen {

@@ -483,21 +483,27 @@ class Server {
     for (auto& r : relays_) {
       if (r->conn.get() != &c) continue;
       std::lock_guard up(r->mu);
-      for (;;) {
-        if (r->up_len > r->up_off) {
-          const ssize_t w =
-              c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
-          if (w <= 0) break;
-          r->up_off += static_cast<size_t>(w);
-          if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
-          continue;
-        }
-        if (r->asker_eof) break;
-        const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
-        if (n <= 0) break;  // nothing more written yet; EOF is the server thread's
-        r->up_len = static_cast<size_t>(n);
-        r->up_off = 0;
+      push_written(*r);
+    }
+  }
+
+  // r->mu held: every byte the asker has written so far goes into the
+  // stream (blocking on its credit); EOF is left to the server thread.
+  static void push_written(Relay& r) {
+    for (;;) {
+      if (r.up_len > r.up_off) {
+        const ssize_t w =
+            r.conn->stream->write(r.up.get() + r.up_off, r.up_len - r.up_off);
+        if (w <= 0) return;
+        r.up_off += static_cast<size_t>(w);
+        if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
+        continue;
       }
+      if (r.asker_eof) return;
+      const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
+      if (n <= 0) return;
+      r.up_len = static_cast<size_t>(n);
+      r.up_off = 0;
     }
   }
 
@@ -511,21 +517,7 @@ class Server {
       if (r->dead) continue;
       pollfd p{r->so, POLLIN, 0};
       if (real().poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0) {
-        // Its last bytes first (they were written before it went).
-        for (;;) {
-          if (r->up_len > r->up_off) {
-            const ssize_t w =
-                c.stream->write(r->up.get() + r->up_off, r->up_len - r->up_off);
-            if (w <= 0) break;
-            r->up_off += static_cast<size_t>(w);
-            if (r->up_off == r->up_len) r->up_len = r->up_off = 0;
-            continue;
-          }
-          const ssize_t n = real().recv(r->so, r->up.get(), kBuf, MSG_DONTWAIT);
-          if (n <= 0) break;
-          r->up_len = static_cast<size_t>(n);
-          r->up_off = 0;
-        }
+        push_written(*r);  // its last bytes first (written before it went)
         r->asker_eof = r->asker_gone = true;
         take_back(*r);
         r->dead = true;

@@ -57,15 +57,35 @@ std::string listener_path(uint16_t port) {
   return config().dir + "/l-" + std::to_string(port);
 }
 
-bool listener_registered(uint16_t port) {
-  const int fd = open(listener_path(port).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+// A file naming this process (the listener registry, adoption markers):
+// written whole under another name, then renamed into place.
+void write_pid_file(const std::string& path) {
+  const std::string tmp = path + ".tmp" + std::to_string(process_id());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  char buf[24];
+  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
+  (void)real().write(fd, buf, static_cast<size_t>(n));
+  real().close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+// The pid such a file names (0: none or unreadable).
+pid_t read_pid_file(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
   char buf[32] = {};
   const ssize_t n = real().read(fd, buf, sizeof buf - 1);
   real().close(fd);
-  if (n <= 0) return false;
-  const pid_t pid = static_cast<pid_t>(std::atoi(buf));
-  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+  const pid_t pid = n > 0 ? static_cast<pid_t>(std::atoi(buf)) : 0;
+  return pid > 0 ? pid : 0;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+
+bool listener_registered(uint16_t port) {
+  const pid_t pid = read_pid_file(listener_path(port));
+  return pid > 0 && alive(pid);
 }
 
 // Only a process of our own uid may take part (root is trusted by all).
@@ -94,15 +114,7 @@ sockaddr_un unix_address(const std::string& path, bool* fits) {
 
 void register_listener(uint16_t port) {
   if (!config().dir_problem.empty()) return;
-  const std::string path = listener_path(port);
-  const std::string tmp = path + ".tmp" + std::to_string(process_id());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return;
-  char buf[24];
-  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
-  (void)real().write(fd, buf, static_cast<size_t>(n));
-  real().close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  write_pid_file(listener_path(port));
 }
 
 void unregister_listener(uint16_t port) {
@@ -141,27 +153,12 @@ std::string adoption_marker(int tcp_fd) {
 }
 
 void write_adoption_marker(const std::string& path) {
-  if (path.empty()) return;
-  const std::string tmp = path + ".tmp" + std::to_string(process_id());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return;
-  char buf[24];
-  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
-  (void)real().write(fd, buf, static_cast<size_t>(n));
-  real().close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  if (!path.empty()) write_pid_file(path);
 }
 
 pid_t adoption_owner(const std::string& path) {
-  if (path.empty()) return 0;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[32] = {};
-  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
-  real().close(fd);
-  const pid_t pid = n > 0 ? static_cast<pid_t>(std::atoi(buf)) : 0;
-  if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)) return pid;
-  return pid > 0 ? -pid : 0;
+  const pid_t pid = path.empty() ? 0 : read_pid_file(path);
+  return pid == 0 || alive(pid) ? pid : -pid;
 }
 
 bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }

@@ -386,31 +386,26 @@ void disown_all_in_child() {
   }
 }
 
-std::vector<std::shared_ptr<Conn>> take_relayed_conns() {
+namespace {
+std::vector<std::shared_ptr<Conn>> take_conns(Entry e) {
   std::vector<std::shared_ptr<Conn>> out;
   Table& t = table();
   std::lock_guard lock(t.mu);
   for (int fd = 0; fd < kMaxFd; ++fd) {
-    if (kind(fd) == Entry::kRelayed) {
+    if (kind(fd) == e) {
       set_kind(fd, Entry::kNone);
       out.push_back(std::move(t.conns[fd]));
     }
   }
   return out;
+}
+}  // namespace
+
+std::vector<std::shared_ptr<Conn>> take_relayed_conns() {
+  return take_conns(Entry::kRelayed);
 }
 
-std::vector<std::shared_ptr<Conn>> take_all_conns() {
-  std::vector<std::shared_ptr<Conn>> out;
-  Table& t = table();
-  std::lock_guard lock(t.mu);
-  for (int fd = 0; fd < kMaxFd; ++fd) {
-    if (kind(fd) == Entry::kConn) {
-      set_kind(fd, Entry::kNone);
-      out.push_back(std::move(t.conns[fd]));
-    }
-  }
-  return out;
-}
+std::vector<std::shared_ptr<Conn>> take_all_conns() { return take_conns(Entry::kConn); }
 
 void log_line(const char* fmt, ...) {
   const Config& c = config();
