@@ -14,6 +14,8 @@
 #             "--busy-poll 50"): before/after in the same run
 #   fallback  both ends under rdmakit-run with --deny-ports 1-65535: every
 #             connection stays on kernel TCP, every call goes through the hooks
+#   nostat    shm with RDMAKIT_PRELOAD_STAT=0: no statistics file, no
+#             counters (what the counters cost, same build)
 # Rows:
 #   sockperf TCP ping-pong, 16 B, client --nonblocked (both ends busy-poll:
 #     the kernel client by its non-blocking reads, the preloaded ones by the
@@ -32,6 +34,7 @@
 #   RDMAKIT_BENCH_BASE_LIB=/path/librdmakit-preload.so (adds the base mode)
 #   RDMAKIT_BENCH_BASE_ARGS="--busy-poll 50" (rdmakit-run options of the base mode)
 #   RDMAKIT_BENCH_MODES="kernel fallback" (a subset of the modes, e.g. for more rounds)
+#   RDMAKIT_BENCH_REF=nostat (the mode the ratios are against; default kernel, else base)
 # Writes bench/results/preload-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -69,6 +72,7 @@ pre() {
     nospin) P=("$run" --busy-poll 0) ;;
     base) P=("$run" --lib "$base_lib" "${base_args[@]}") ;;
     fallback) P=("$run" --deny-ports 1-65535) ;;
+    nostat) P=(env RDMAKIT_PRELOAD_STAT=0 "$run") ;;
   esac
 }
 # cpu_of FILE...: user+sys seconds summed over /usr/bin/time -f "%U %S" files
@@ -189,7 +193,7 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
 { for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
 python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" "$base_lib" \
   "${RDMAKIT_BENCH_BASE_ARGS:-}" <<'PY'
-import math, statistics as st, sys
+import math, os, statistics as st, sys
 md, stamp, cpus, secs, rounds, load, note, resf, base_lib, base_args = sys.argv[1:]
 res = dict(l.rstrip("\n").split("=", 1) for l in open(resf) if "=" in l)
 def med(key):
@@ -200,7 +204,7 @@ def med(key):
         vals = [float(r[i]) for r in rows if i < len(r) and r[i] != "nan"]
         out.append(st.median(vals) if vals else math.nan)
     return out
-ref = "kernel" if "pp_kernel" in res or "bw_kernel" in res or "rd_kernel" in res or "ng_kernel" in res else "base"
+ref = os.environ.get("RDMAKIT_BENCH_REF") or ("kernel" if any(k.endswith("_kernel") for k in res) else "base")
 def ratio(a, b): return f"{a / b:.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
 lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Pinned to CPUs {cpus} (server, client), {secs} s per run, median of {rounds} alternating rounds.",
@@ -210,36 +214,37 @@ lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          "Modes: kernel = plain programs; shm = both ends preloaded (upgraded to shm streams, "
          "default options: 50 us busy-poll); nospin = shm with --busy-poll 0; "
          + (f"base = shm with {base_lib} {base_args or 'at its defaults'} (before); " if base_lib else "")
-         + "fallback = both ends preloaded with --deny-ports 1-65535 (kernel TCP through the hooks).", ""]
+         + "fallback = both ends preloaded with --deny-ports 1-65535 (kernel TCP through the hooks); "
+         + "nostat = shm with RDMAKIT_PRELOAD_STAT=0 (no counters).", ""]
 names = {"kernel": "kernel TCP", "shm": "preload shm (default busy-poll 50 us)",
          "nospin": "preload shm, --busy-poll 0", "base": "preload shm, base library",
-         "fallback": "preload fallback (kernel TCP)"}
-modes = ("kernel", "shm", "nospin", "base", "fallback")
-k = med("pp_kernel") or med("pp_base")
+         "fallback": "preload fallback (kernel TCP)", "nostat": "preload shm, no counters"}
+modes = ("kernel", "shm", "nostat", "nospin", "base", "fallback")
+k = med("pp_" + ref)
 if k:
-    lines += ["| sockperf TCP ping-pong 16 B, --nonblocked (half RTT, usec) | p50 | p99 | avg | p50 / kernel | avg / kernel |", "|---|---|---|---|---|---|"]
+    lines += ["| sockperf TCP ping-pong 16 B, --nonblocked (half RTT, usec) | p50 | p99 | avg | p50 / ref | avg / ref |", "|---|---|---|---|---|---|"]
     for m in modes:
         v = med("pp_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {ratio(v[0], k[0])} | {ratio(v[2], k[2])} |")
     lines.append("")
-k = med("bw_kernel") or med("bw_base")
+k = med("bw_" + ref)
 if k:
-    lines += ["| iperf3, 1 stream | Gbit/s | / kernel |", "|---|---|---|"]
+    lines += ["| iperf3, 1 stream | Gbit/s | / ref |", "|---|---|---|"]
     for m in modes:
         v = med("bw_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.2f} | {ratio(v[0], k[0])} |")
     lines.append("")
-k = med("rd_kernel") or med("rd_base")
+k = med("rd_" + ref)
 if k:
-    lines += ["| redis-benchmark, 50 clients | SET req/s | p50 ms | p99 ms | GET req/s | p50 ms | p99 ms | CPU us/req | SET / kernel | GET / kernel |",
+    lines += ["| redis-benchmark, 50 clients | SET req/s | p50 ms | p99 ms | GET req/s | p50 ms | p99 ms | CPU us/req | SET / ref | GET / ref |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for m in modes:
         v = med("rd_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} | {v[4]:.3f} | {v[5]:.3f} | {v[6]:.1f} | {ratio(v[0], k[0])} | {ratio(v[3], k[3])} |")
     lines.append("")
-k = med("ng_kernel") or med("ng_base")
+k = med("ng_" + ref)
 if k:
-    lines += ["| nginx (2 workers) + wrk, 600 B file, 50 connections | req/s | p50 ms | p99 ms | CPU us/req | / kernel |", "|---|---|---|---|---|---|"]
+    lines += ["| nginx (2 workers) + wrk, 600 B file, 50 connections | req/s | p50 ms | p99 ms | CPU us/req | / ref |", "|---|---|---|---|---|---|"]
     for m in modes:
         v = med("ng_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.1f} | {ratio(v[0], k[0])} |")

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
@@ -25,6 +26,15 @@ pid_t g_pid = 0;
 std::mutex g_engine_mu;
 // [0] shm (same host), [1] the cross-host provider (verbs); leaked on fork in the child.
 std::shared_ptr<stream::Engine>* g_engine[2] = {nullptr, nullptr};
+// shm engines for connections with processes of other users, one per peer
+// uid (each admits only that uid, so a peer reaches only the rings of
+// connections with its own user); leaked on fork in the child.
+constexpr size_t kMaxPeerUsers = 8;
+struct UserEngine {
+  uid_t uid = 0;
+  std::shared_ptr<stream::Engine>* engine = nullptr;
+};
+UserEngine g_user_engine[kMaxPeerUsers];
 bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
@@ -50,6 +60,7 @@ void on_child() {
   // The parent's engine has no progress thread here; the child makes its
   // own if it upgrades a connection of its own.
   g_engine[0] = g_engine[1] = nullptr;
+  for (auto& u : g_user_engine) u = UserEngine{};
   g_engine_mu.unlock();
   relay_foreign_in_child();
 }
@@ -68,6 +79,9 @@ void on_exit() {
   std::lock_guard lock(g_engine_mu);
   for (auto* e : g_engine) {
     if (e != nullptr) e->reset();
+  }
+  for (auto& u : g_user_engine) {
+    if (u.engine != nullptr) u.engine->reset();
   }
 }
 
@@ -90,15 +104,17 @@ const char* program_name() noexcept { return program_invocation_short_name; }
 
 const char* launch_name() noexcept { return g_launch_name; }
 
-stream::Engine* engine(std::string* why, ProviderKind kind) {
-  std::lock_guard lock(g_engine_mu);
-  auto*& slot = g_engine[kind == ProviderKind::kShm ? 0 : 1];
-  if (slot != nullptr && *slot) return slot->get();
+namespace {
+
+// Caller holds g_engine_mu. `peer` set: an shm engine that admits that uid.
+std::shared_ptr<stream::Engine>* make_engine(ProviderKind kind, std::optional<uid_t> peer,
+                                             std::string* why) {
   try {
     stream::EngineOptions opts;
     opts.provider = kind;
     opts.on_thread_start = mark_engine_thread;
     opts.max_streams = 1024;
+    if (peer) opts.shm.allowed_uids = {*peer};
     // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
     // keep a write from waiting for every credit return.
     const uint32_t ring =
@@ -106,16 +122,43 @@ stream::Engine* engine(std::string* why, ProviderKind kind) {
     opts.stream.rx_ring = ring;
     opts.stream.tx_buffer = ring;
     auto e = stream::Engine::create(opts);
-    slot = new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
     if (!g_exit_registered) {
       std::atexit(on_exit);
       g_exit_registered = true;
     }
-    return slot->get();
+    return new std::shared_ptr<stream::Engine>(std::move(e));  // NOLINT: lives to exit
   } catch (const std::exception& e) {
     *why = std::string("stream engine on ") + provider_name(kind) + ": " + e.what();
     return nullptr;
   }
+}
+
+}  // namespace
+
+stream::Engine* engine(std::string* why, ProviderKind kind) {
+  std::lock_guard lock(g_engine_mu);
+  auto*& slot = g_engine[kind == ProviderKind::kShm ? 0 : 1];
+  if (slot == nullptr || !*slot) slot = make_engine(kind, std::nullopt, why);
+  return slot != nullptr ? slot->get() : nullptr;
+}
+
+stream::Engine* engine_for_user(uid_t peer, std::string* why) {
+  if (peer == geteuid()) return engine(why);
+  std::lock_guard lock(g_engine_mu);
+  UserEngine* free_slot = nullptr;
+  for (auto& u : g_user_engine) {
+    if (u.engine != nullptr && *u.engine && u.uid == peer) return u.engine->get();
+    if (u.engine == nullptr && free_slot == nullptr) free_slot = &u;
+  }
+  if (free_slot == nullptr) {
+    *why = "connections with " + std::to_string(kMaxPeerUsers) +
+           " other users already: a process keeps one shm engine per peer user";
+    return nullptr;
+  }
+  free_slot->engine = make_engine(ProviderKind::kShm, peer, why);
+  if (free_slot->engine == nullptr) return nullptr;
+  free_slot->uid = peer;
+  return free_slot->engine->get();
 }
 
 }  // namespace rdmakit::preload

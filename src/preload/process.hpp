@@ -19,5 +19,9 @@ const char* launch_name() noexcept;
 // on first use; nullptr with *why set if it cannot be created (logged by the
 // caller as the fallback reason).
 stream::Engine* engine(std::string* why, ProviderKind kind = ProviderKind::kShm);
+// The shm engine for connections with processes of uid `peer`: engine()
+// for our own uid, else one that admits exactly that uid (at most 8 peer
+// users per process; nullptr and *why past that).
+stream::Engine* engine_for_user(uid_t peer, std::string* why);
 
 }  // namespace rdmakit::preload

@@ -22,8 +22,8 @@ sockaddr_un relay_address(pid_t pid, socklen_t* len) {
   return sa;
 }
 
-bool send_message(int s, const Message& m, const int* fds, int nfds) {
-  iovec v{const_cast<Message*>(&m), sizeof m};  // NOLINT: iovec is not const-correct
+bool send_with_fds(int s, const void* buf, size_t len, const int* fds, int nfds) {
+  iovec v{const_cast<void*>(buf), len};  // NOLINT: iovec is not const-correct
   alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr h{};
   h.msg_iov = &v;
@@ -37,17 +37,21 @@ bool send_message(int s, const Message& m, const int* fds, int nfds) {
     c->cmsg_len = CMSG_LEN(static_cast<size_t>(nfds) * sizeof(int));
     std::memcpy(CMSG_DATA(c), fds, static_cast<size_t>(nfds) * sizeof(int));
   }
-  return real().sendmsg(s, &h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof m);
+  return real().sendmsg(s, &h, MSG_NOSIGNAL) == static_cast<ssize_t>(len);
 }
 
-bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms) {
+bool send_message(int s, const Message& m, const int* fds, int nfds) {
+  return send_with_fds(s, &m, sizeof m, fds, nfds);
+}
+
+bool recv_with_fds(int s, void* buf, size_t len, int* fds, int max_fds, int wait_ms) {
   pollfd p{s, POLLIN, 0};
   int r = 0;
   do {
     r = real().poll(&p, 1, wait_ms);
   } while (r < 0 && errno == EINTR);
   if (r <= 0) return false;
-  iovec v{m, sizeof *m};
+  iovec v{buf, len};
   alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))] = {};
   msghdr h{};
   h.msg_iov = &v;
@@ -56,6 +60,7 @@ bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms) {
   h.msg_controllen = sizeof ctl;
   const ssize_t n = real().recvmsg(s, &h, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   for (int i = 0; i < max_fds; ++i) fds[i] = -1;
+  if (n < 0) return false;
   int got = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -70,8 +75,11 @@ bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms) {
       }
     }
   }
-  return n == static_cast<ssize_t>(sizeof *m) && m->magic == kMagic &&
-         (h.msg_flags & MSG_CTRUNC) == 0;
+  return n == static_cast<ssize_t>(len) && (h.msg_flags & MSG_CTRUNC) == 0;
+}
+
+bool recv_message(int s, Message* m, int* fds, int max_fds, int wait_ms) {
+  return recv_with_fds(s, m, sizeof *m, fds, max_fds, wait_ms) && m->magic == kMagic;
 }
 
 }  // namespace rdmakit::preload::relay_wire

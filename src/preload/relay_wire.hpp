@@ -42,7 +42,13 @@ struct Message {
 
 // The owner's relay socket (abstract).
 sockaddr_un relay_address(pid_t pid, socklen_t* len);
-// One message with up to two descriptors.
+// One datagram-like write of `len` bytes with up to two descriptors, and
+// its reading within wait_ms: every descriptor that came with it is placed
+// high (close-on-exec) and returned in fds (the rest closed), -1 where none
+// came. False unless exactly `len` bytes came, all descriptors included.
+bool send_with_fds(int s, const void* buf, size_t len, const int* fds, int nfds);
+bool recv_with_fds(int s, void* buf, size_t len, int* fds, int max_fds, int wait_ms);
+// One relay message with up to two descriptors.
 bool send_message(int s, const Message& m, const int* fds, int nfds);
 // Receives one message within wait_ms; every descriptor that came with it
 // is placed high (close-on-exec) and returned in fds (the rest closed), -1

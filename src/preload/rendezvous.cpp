@@ -19,6 +19,7 @@
 #include "libc.hpp"
 #include "process.hpp"
 #include "remote.hpp"
+#include "rendezvous_users.hpp"
 #include "rendezvous_wire.hpp"
 #include "state.hpp"
 
@@ -44,12 +45,9 @@ std::string read_tuple(int fd, bool client, Tuple* t, std::string* where) {
 }
 
 std::string tuple_path(const Tuple& t, char prefix) {
-  uint64_t h = 1469598103934665603ULL;                   // FNV-1a over the tuple
-  const auto* p = reinterpret_cast<const uint8_t*>(&t);  // NOLINT
-  for (size_t i = 0; i < sizeof t; ++i) h = (h ^ p[i]) * 1099511628211ULL;
   char name[32];
   std::snprintf(name, sizeof name, "/%c-%016llx", prefix,
-                static_cast<unsigned long long>(h));
+                static_cast<unsigned long long>(tuple_hash(t)));
   return config().dir + name;
 }
 
@@ -113,12 +111,14 @@ sockaddr_un unix_address(const std::string& path, bool* fits) {
 }  // namespace
 
 void register_listener(uint16_t port) {
+  register_host_listener(port);
   if (!config().dir_problem.empty()) return;
   write_pid_file(listener_path(port));
 }
 
 void unregister_listener(uint16_t port) {
   close_remote_listener(port);
+  unregister_host_listener(port);
   if (!config().dir_problem.empty()) return;
   const std::string path = listener_path(port);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -171,16 +171,20 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   std::memcpy(&peer, dest,
               dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
   if (!loopback(peer)) return prepare_remote(fd, peer, reason);
-  if (!cfg.dir_problem.empty()) {
-    *reason = "rendezvous directory unusable: " + cfg.dir_problem;
-    return nullptr;
-  }
   auto p = PendingOfferPtr(new PendingOffer());
   Tuple& t = p->tuple;
   put(peer, t.server_addr, &t.server_port);
-  if (!listener_registered(ntohs(t.server_port))) {
-    *reason = "no rdmakit listener on port " + std::to_string(ntohs(t.server_port)) +
-              " (peer not rdmakit-enabled)";
+  const uint16_t port = ntohs(t.server_port);
+  // Our own user's listener (the private registry), else a preloaded
+  // listener of another user (the host-wide one).
+  const bool same_user = cfg.dir_problem.empty() && listener_registered(port);
+  std::string other_why;
+  if (!same_user && !other_user_listener(port, &other_why)) {
+    *reason = !cfg.dir_problem.empty()
+                  ? "rendezvous directory unusable: " + cfg.dir_problem
+                  : "no rdmakit listener on port " + std::to_string(port) +
+                        " (peer not rdmakit-enabled)" +
+                        (other_why.empty() ? "" : "; " + other_why);
     return nullptr;
   }
   // The offer must exist before the peer can accept, so the client end is
@@ -198,6 +202,10 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     return nullptr;
   }
   t.family = static_cast<uint8_t>(put(local, t.client_addr, &t.client_port));
+  if (!same_user) {
+    *reason = listen_other_user_offer(p.get());
+    return reason->empty() ? std::move(p) : nullptr;
+  }
   std::string why;
   stream::Engine* eng = engine(&why);
   if (eng == nullptr) {
@@ -241,6 +249,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
 
 Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
   if (p->remote) return finish_remote(*p, tcp_fd);
+  if (p->other_user) return finish_other_user(*p, tcp_fd);
   Upgrade up;
   const Config& cfg = config();
   Tuple t;
@@ -298,28 +307,32 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   socklen_t ll = sizeof local;
   (void)real().getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&local), &ll);  // NOLINT
   if (!loopback(peer) || !loopback(local)) return accept_remote(tcp_fd, t, deny);
-  if (!cfg.dir_problem.empty() && !deny.empty()) {
-    up.reason = deny;
-    return up;
+  // A client of our own user offers in the private directory, one of
+  // another user on an abstract socket.
+  int offer_fd = -1;
+  if (cfg.dir_problem.empty()) {
+    const std::string path = tuple_path(t, 'o');
+    bool fits = false;
+    const sockaddr_un sa = unix_address(path, &fits);
+    offer_fd = fits ? real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    if (offer_fd >= 0 && real().connect(offer_fd, reinterpret_cast<const sockaddr*>(&sa),
+                                        sizeof sa) != 0) {  // NOLINT
+      real().close(offer_fd);
+      offer_fd = -1;
+    }
   }
-  if (!cfg.dir_problem.empty()) {
-    up.reason = "rendezvous directory unusable: " + cfg.dir_problem;
-    return up;
-  }
-  const std::string path = tuple_path(t, 'o');
-  bool fits = false;
-  const sockaddr_un sa = unix_address(path, &fits);
-  Fd c(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fits || c.get() < 0 ||
-      real().connect(c.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) !=
-          0) {  // NOLINT
+  Fd c(offer_fd);
+  if (c.get() < 0) {
+    if (answer_other_user(tcp_fd, t, deny, &up)) return up;
     // A client that closed its end before using it withdrew its offer.
     pollfd hup{tcp_fd, POLLRDHUP, 0};
     const bool closed =
         real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
     up.reason = !deny.empty() ? deny
                 : closed      ? "the client closed the connection before using it"
-                         : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
+                : !cfg.dir_problem.empty()
+                    ? "rendezvous directory unusable: " + cfg.dir_problem
+                    : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;

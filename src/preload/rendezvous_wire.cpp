@@ -24,6 +24,13 @@ bool all_zero(const uint8_t* p, size_t n) {
 }
 }  // namespace
 
+uint64_t tuple_hash(const Tuple& t) {
+  uint64_t h = 1469598103934665603ULL;
+  const auto* p = reinterpret_cast<const uint8_t*>(&t);  // NOLINT
+  for (size_t i = 0; i < sizeof t; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
 std::string offer_problem(const Offer& offer) {
   if (offer.magic != kMagic || offer.version != kVersion) {
     return "malformed offer (magic/version)";

@@ -33,6 +33,23 @@ struct Tuple {
   uint16_t server_port = 0;
 };
 
+// A stable name for the connection (FNV-1a over the tuple).
+uint64_t tuple_hash(const Tuple& t);
+
+// Same host, between users: the server's first message on a client's
+// offer, sent with its own end of the kernel connection (SCM_RIGHTS) as the
+// proof that it holds that end. The client checks that the descriptor's
+// addresses mirror its own and closes it.
+// status kDeniedByRules instead: the server's rules keep the connection on
+// kernel TCP, and no descriptor comes.
+struct OwnerProof {
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t status = 0;
+  uint32_t pad = 0;
+  Tuple tuple;
+};
+
 struct Offer {  // client -> server, on the rendezvous socket
   uint32_t magic = kMagic;
   uint32_t version = kVersion;
@@ -184,9 +201,10 @@ struct PendingOffer {
   wire::Tuple tuple;
   wire::Offer offer;
   std::unique_ptr<stream::StreamListener> listener;
-  bool remote = false;  // rdv is a TCP connection to the peer host's rendezvous
-  std::string path;     // same host: the offer socket's path (removed with it)
-  int usock = -1;       // same host: listening unix socket; remote: the connection
+  bool remote = false;      // rdv is a TCP connection to the peer host's rendezvous
+  bool other_user = false;  // same host, a listener of another user: abstract offer
+  std::string path;         // same host: the offer socket's path (removed with it)
+  int usock = -1;           // same host: listening unix socket; remote: the connection
   ~PendingOffer();
 };
 

@@ -48,7 +48,8 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
   if (options.max_streams == 0 || options.max_streams > (1u << 20))
     throw Error("stream engine", "stream", "", EINVAL, "max_streams must be 1 .. 2^20");
   ContextOptions copts;
-  copts.provider = options.provider;  // only this field: provider specifics stay default
+  copts.provider = options.provider;
+  copts.shm = options.shm;
   ctx = Context::open(copts);
   const uint64_t per_stream = 3ull * options.stream.recv_credits + 8;
   CqOptions cqo;

@@ -78,7 +78,24 @@ case "$case_name" in
     postmaster=$(head -n 1 "$pgdata/postmaster.pid")
     [ "$(count "^rdmakit-preload\[$postmaster .*accept")" = 0 ] || fail "the postmaster kept a connection"
     expect_no_fallback
-    echo "OK postgres: $clients connections on shm, sum of balances $balances = sum of deltas"
+    # Clients of another user (root, its own rendezvous directory): pgbench
+    # read-only and psql, on shm to backends of the service user.
+    mkdir -m 700 "$work/rdv-root"
+    before=$(wc -l <"$log")
+    root_pg() { timeout 120 "$run" --log "$log" --dir "$work/rdv-root" "$@"; }
+    root_pg pgbench -h 127.0.0.1 -p "$port" -U bench -n -S -c 2 -j 1 -t 100 postgres >"$work/root.out" 2>&1 ||
+      fail "pgbench as root: $(tail -5 "$work/root.out")"
+    rows=$(root_pg psql -h 127.0.0.1 -p "$port" -U bench -At -c "select count(*) from pgbench_history" postgres) ||
+      fail "psql as root"
+    [ "$rows" = 1200 ] || fail "psql as root read $rows rows"
+    tail -n +"$((before + 1))" "$log" >"$work/root.log"
+    xclients=$(grep -cE "(pgbench|psql)\]: connect fd=[0-9]+ .*path=shm" "$work/root.log" || true)
+    xbackends=$(grep -cE "postgres\]: accept fd=[0-9]+ .*path=shm" "$work/root.log" || true)
+    [ "$xclients" -ge 3 ] && [ "$xclients" = "$xbackends" ] ||
+      fail "clients of another user: $xclients client and $xbackends backend connections on shm"
+    expect_no_fallback
+    echo "OK postgres: $clients connections on shm, sum of balances $balances = sum of deltas;" \
+      "$xclients more from root to the service user's backends on shm"
     ;;
   sshd)
     [ -x /usr/sbin/sshd ] || fail "openssh-server is not installed (scripts/deps.sh installs it)"

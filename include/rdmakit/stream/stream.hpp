@@ -67,6 +67,10 @@ struct EngineOptions {
   ProviderKind provider = ProviderKind::kAuto;
   uint32_t max_streams = 1024;  // sizes the shared completion queue
   StreamOptions stream;         // defaults for connect/accept
+  // Processes of other users the shm provider admits (none by default): an
+  // admitted peer reaches the receive rings of this engine's streams, so an
+  // engine that admits another user should carry only streams with it.
+  ShmContextOptions shm;
   // Called first on the engine's progress thread, before it makes any call:
   // lets a caller that intercepts libc (the LD_PRELOAD library) tell the
   // engine's own waits from the application's. nullptr: nothing is called.
