@@ -1,5 +1,6 @@
 // Provider selection: explicit option, then RDMAKIT_PROVIDER, then auto
 // (verbs when a usable device exists, otherwise shm). Always logged.
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 
@@ -7,8 +8,17 @@
 #include "core/provider_factories.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
+#include "rdmakit/testing.hpp"
 
 namespace rdmakit {
+
+namespace {
+std::atomic<testing::ContextFactory> g_test_factory{nullptr};
+}  // namespace
+
+testing::ContextFactory testing::set_context_factory(ContextFactory factory) noexcept {
+  return g_test_factory.exchange(factory, std::memory_order_acq_rel);
+}
 
 ProviderKind parse_provider(const std::string& name) {
   if (name == "auto") return ProviderKind::kAuto;
@@ -20,6 +30,8 @@ ProviderKind parse_provider(const std::string& name) {
 }
 
 std::unique_ptr<Context> Context::open(const ContextOptions& requested) {
+  if (auto factory = g_test_factory.load(std::memory_order_acquire))
+    return factory(requested);
   ContextOptions options = requested;
   std::string why = "requested by the caller";
   if (options.provider == ProviderKind::kAuto) {
