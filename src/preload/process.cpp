@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -24,17 +25,32 @@ namespace {
 
 pid_t g_pid = 0;
 std::mutex g_engine_mu;
-// [0] shm (same host), [1] the cross-host provider (verbs); leaked on fork in the child.
-std::shared_ptr<stream::Engine>* g_engine[2] = {nullptr, nullptr};
-// shm engines for connections with processes of other users, one per peer
-// uid (each admits only that uid, so a peer reaches only the rings of
-// connections with its own user); leaked on fork in the child.
-constexpr size_t kMaxPeerUsers = 8;
-struct UserEngine {
-  uid_t uid = 0;
+// The process's stream engines, created on demand; leaked on fork in the
+// child. Each holds at most kStreamsPerEngine streams (its completion queue
+// is sized for them), so a process with more connections opens another:
+// no fixed per-process cap. Kinds: shm for our own user; shm admitting one
+// other user (so such a peer reaches only the rings of connections with its
+// own user); the cross-host provider (verbs).
+constexpr uint32_t kStreamsPerEngine = 1024;
+// Rendezvous under way are not streams yet: a new engine is opened this far
+// before the others are full.
+constexpr uint32_t kEngineHeadroom = 64;
+constexpr size_t kMaxEngines = 128;
+struct EngineSlot {
+  ProviderKind kind = ProviderKind::kAuto;
+  std::optional<uid_t> peer;
   std::shared_ptr<stream::Engine>* engine = nullptr;
+  // Rendezvous that will start a stream here (a client's offer holds its
+  // listener from connect() to its first use).
+  std::atomic<uint32_t> reserved{0};
+  void clear() noexcept {
+    kind = ProviderKind::kAuto;
+    peer.reset();
+    engine = nullptr;
+    reserved.store(0, std::memory_order_relaxed);
+  }
 };
-UserEngine g_user_engine[kMaxPeerUsers];
+EngineSlot g_engines[kMaxEngines];
 bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
@@ -59,8 +75,7 @@ void on_child() {
   unlock_table_after_fork();
   // The parent's engine has no progress thread here; the child makes its
   // own if it upgrades a connection of its own.
-  g_engine[0] = g_engine[1] = nullptr;
-  for (auto& u : g_user_engine) u = UserEngine{};
+  for (auto& e : g_engines) e.clear();
   g_engine_mu.unlock();
   relay_foreign_in_child();
 }
@@ -77,11 +92,8 @@ void on_exit() {
   auto conns = take_all_conns();
   conns.clear();
   std::lock_guard lock(g_engine_mu);
-  for (auto* e : g_engine) {
-    if (e != nullptr) e->reset();
-  }
-  for (auto& u : g_user_engine) {
-    if (u.engine != nullptr) u.engine->reset();
+  for (auto& e : g_engines) {
+    if (e.engine != nullptr) e.engine->reset();
   }
 }
 
@@ -113,7 +125,7 @@ std::shared_ptr<stream::Engine>* make_engine(ProviderKind kind, std::optional<ui
     stream::EngineOptions opts;
     opts.provider = kind;
     opts.on_thread_start = mark_engine_thread;
-    opts.max_streams = 1024;
+    opts.max_streams = kStreamsPerEngine;
     if (peer) opts.shm.allowed_uids = {*peer};
     // Bulk senders (iperf3) write 128 KiB at a time: rings of that order
     // keep a write from waiting for every credit return.
@@ -133,32 +145,58 @@ std::shared_ptr<stream::Engine>* make_engine(ProviderKind kind, std::optional<ui
   }
 }
 
+// A live engine of this kind with room, else a new one.
+stream::Engine* find_engine(ProviderKind kind, std::optional<uid_t> peer,
+                            std::string* why) {
+  std::lock_guard lock(g_engine_mu);
+  EngineSlot* free_slot = nullptr;
+  size_t same = 0;
+  for (auto& e : g_engines) {
+    if (e.engine == nullptr || !*e.engine) {
+      if (free_slot == nullptr) free_slot = &e;
+      continue;
+    }
+    if (e.kind != kind || e.peer != peer) continue;
+    ++same;
+    if ((*e.engine)->stream_count() + e.reserved.load(std::memory_order_relaxed) +
+            kEngineHeadroom <
+        kStreamsPerEngine)
+      return e.engine->get();
+  }
+  if (free_slot == nullptr) {
+    *why = "the process holds " + std::to_string(kMaxEngines) + " stream engines already";
+    return nullptr;
+  }
+  free_slot->engine = make_engine(kind, peer, why);
+  if (free_slot->engine == nullptr) return nullptr;
+  free_slot->kind = kind;
+  free_slot->peer = peer;
+  if (same > 0) {
+    log_line("engine %zu on %s opened: the others hold %u streams each", same + 1,
+             provider_name(kind), kStreamsPerEngine - kEngineHeadroom);
+  }
+  return free_slot->engine->get();
+}
+
 }  // namespace
 
 stream::Engine* engine(std::string* why, ProviderKind kind) {
-  std::lock_guard lock(g_engine_mu);
-  auto*& slot = g_engine[kind == ProviderKind::kShm ? 0 : 1];
-  if (slot == nullptr || !*slot) slot = make_engine(kind, std::nullopt, why);
-  return slot != nullptr ? slot->get() : nullptr;
+  return find_engine(kind, std::nullopt, why);
 }
 
 stream::Engine* engine_for_user(uid_t peer, std::string* why) {
   if (peer == geteuid()) return engine(why);
+  return find_engine(ProviderKind::kShm, peer, why);
+}
+
+void reserve_stream(stream::Engine* e, int delta) noexcept {
   std::lock_guard lock(g_engine_mu);
-  UserEngine* free_slot = nullptr;
-  for (auto& u : g_user_engine) {
-    if (u.engine != nullptr && *u.engine && u.uid == peer) return u.engine->get();
-    if (u.engine == nullptr && free_slot == nullptr) free_slot = &u;
+  for (auto& slot : g_engines) {
+    if (slot.engine != nullptr && slot.engine->get() == e) {
+      slot.reserved.fetch_add(static_cast<uint32_t>(delta), std::memory_order_relaxed);
+      return;
+    }
   }
-  if (free_slot == nullptr) {
-    *why = "connections with " + std::to_string(kMaxPeerUsers) +
-           " other users already: a process keeps one shm engine per peer user";
-    return nullptr;
-  }
-  free_slot->engine = make_engine(ProviderKind::kShm, peer, why);
-  if (free_slot->engine == nullptr) return nullptr;
-  free_slot->uid = peer;
-  return free_slot->engine->get();
 }
 
 }  // namespace rdmakit::preload

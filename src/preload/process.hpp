@@ -15,13 +15,17 @@ const char* program_name() noexcept;
 // The program's name when the library loaded (nginx later rewrites its
 // argv, and so program_name(), to "nginx: worker process").
 const char* launch_name() noexcept;
-// The process's engine on `kind` (shm, or the cross-host provider), created
-// on first use; nullptr with *why set if it cannot be created (logged by the
-// caller as the fallback reason).
+// An engine on `kind` (shm, or the cross-host provider) with room for a
+// stream, created on first use; nullptr with *why set if it cannot be created (logged by
+// the caller as the fallback reason).
 stream::Engine* engine(std::string* why, ProviderKind kind = ProviderKind::kShm);
 // The shm engine for connections with processes of uid `peer`: engine()
-// for our own uid, else one that admits exactly that uid (at most 8 peer
-// users per process; nullptr and *why past that).
+// for our own uid, else one that admits exactly that uid.
 stream::Engine* engine_for_user(uid_t peer, std::string* why);
+// An engine holds 1,024 streams; past that the functions above open
+// another (no per-process cap). A rendezvous that will start a stream on
+// `e` later (a client's offer, from connect() to its first use) counts
+// itself with +1 and -1, so that the next engine opens in time.
+void reserve_stream(stream::Engine* e, int delta) noexcept;
 
 }  // namespace rdmakit::preload

@@ -218,6 +218,8 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     *reason = std::string("stream listener: ") + e.what();
     return nullptr;
   }
+  reserve_stream(eng, +1);
+  p->reserved_on = eng;
   p->offer.tuple = t;
   p->offer.stream_port = p->listener->port();
   if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "libc.hpp"
+#include "process.hpp"
 #include "state.hpp"
 
 namespace rdmakit::preload::wire {
@@ -359,6 +360,7 @@ std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
 namespace rdmakit::preload {
 
 PendingOffer::~PendingOffer() {
+  if (reserved_on != nullptr) reserve_stream(reserved_on, -1);
   if (usock >= 0) {
     if (!remote) unlink(path.c_str());
     real().close(usock);

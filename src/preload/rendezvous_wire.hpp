@@ -201,6 +201,7 @@ struct PendingOffer {
   wire::Tuple tuple;
   wire::Offer offer;
   std::unique_ptr<stream::StreamListener> listener;
+  stream::Engine* reserved_on = nullptr;  // counted there until it ends
   bool remote = false;      // rdv is a TCP connection to the peer host's rendezvous
   bool other_user = false;  // same host, a listener of another user: abstract offer
   std::string path;         // same host: the offer socket's path (removed with it)
