@@ -42,6 +42,15 @@ constexpr uint32_t kMaxRing = 2u << 20;  // byte credits fit in value
 constexpr uint32_t kMinCredits = 8;
 constexpr uint32_t kMaxCredits = kMsgMask;  // fits in msgs
 static_assert(kMaxRing <= kValueMask, "a whole ring's credit fits one CREDIT");
+// Message credits a sender keeps back so that credit returns and the end of
+// the stream can always be sent (no credit deadlock): DATA leaves
+// kDataReserve for CREDIT/KEEPALIVE, FIN and RST; CREDIT and KEEPALIVE leave
+// kCreditReserve for FIN and RST; FIN and RST need one credit.
+constexpr uint32_t kDataReserve = 3;
+constexpr uint32_t kCreditReserve = 2;
+constexpr uint32_t kCloseReserve = 1;
+static_assert(kDataReserve > kCreditReserve && kCreditReserve > kCloseReserve);
+static_assert(kCloseReserve >= 1);
 // Bytes a record carries: the shm provider's inline payload in a receive
 // slot (its kSlotInline), so a record is one cache line there; a larger SEND
 // would be written into the receive buffer, a second line again.
