@@ -1,7 +1,12 @@
 #pragma once
 // The engine: one context, one shared completion queue, one progress thread,
 // and the protocol of every stream on it (see wire.hpp, docs/streams.md).
-// Everything here is guarded by EngineImpl::mu.
+// Everything here is guarded by EngineImpl::mu. Its functions, by concern:
+//   engine.cpp           the engine's and its streams' lifetimes
+//   engine_tx.cpp        pump: queued data, credits and FIN out
+//   engine_rx.cpp        completions: dispatch, receives, re-posting
+//   engine_timers.cpp    keepalive, dead peers, linger
+//   engine_progress.cpp  the progress thread, readiness polls, wait()
 #include <sched.h>
 
 #include <array>
@@ -28,7 +33,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   explicit EngineImpl(const EngineOptions& options);
   ~EngineImpl();
 
-  // --- Control path
+  // --- Control path (engine.cpp)
   std::shared_ptr<StreamCore> make_core(const StreamOptions& options);  // buffers
   void start(const std::shared_ptr<StreamCore>& core, std::unique_ptr<QueuePair> qp,
              const wire::Hello& peer);  // a slot; the receives posted
@@ -41,7 +46,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   void abort(StreamCore& s) noexcept;
 
   // --- Data path (lock held)
-  // Posts what the stream may send now: queued data, a CREDIT, the FIN.
+  // Posts what the stream may send now: queued data, a CREDIT, the FIN
+  // (engine_tx.cpp).
   void pump(StreamCore& s) noexcept;
   // Waits until pred() or the deadline; spins first when busy_poll is set.
   // Returns false on timeout.

@@ -5,7 +5,8 @@
 // (engine*.cpp) change it only through the member functions below, always
 // with the engine lock (EngineImpl::mu) held. The functions of the data path
 // are inline here; the rest are in stream_core.cpp, except the control
-// messages out and the checks of messages in (engine.cpp).
+// messages out (engine_tx.cpp) and the checks of messages in and the
+// re-posting of receives (engine_rx.cpp).
 #include <poll.h>
 
 #include <atomic>
@@ -154,7 +155,7 @@ class StreamCore {
     tx_staged_ += n;
   }
 
-  // --- Control messages out (engine.cpp). Each returns whether it was
+  // --- Control messages out (engine_tx.cpp). Each returns whether it was
   // posted; not posted, it is tried again at the next pump.
   bool credit_due() const noexcept;
   bool send_credit() noexcept;
@@ -172,7 +173,7 @@ class StreamCore {
   bool rst_pending() const noexcept { return rst_pending_; }
   void send_rst() noexcept;
 
-  // --- Completions (engine.cpp)
+  // --- Completions (engine_rx.cpp)
   // A send completion: retires its sends, frees its bytes if it succeeded.
   void retire_sends(uint64_t wr_id, bool ok) noexcept {
     sends_outstanding_ -= std::min(sends_outstanding_, wr_count(wr_id));
@@ -216,7 +217,7 @@ class StreamCore {
     return closed_ && now >= linger_deadline_;
   }
 
-  // --- Liveness (the engine's timers turn message counts into times, so no
+  // --- Liveness (engine_timers.cpp turns message counts into times, so no
   // message pays a clock read)
   void note_traffic(Clock::time_point now) noexcept;
   Clock::duration silent_for(Clock::time_point now) const noexcept {
@@ -273,7 +274,7 @@ class StreamCore {
   }
 
  private:
-  bool post_control(uint32_t imm) noexcept;  // CREDIT/CTRL (engine.cpp)
+  bool post_control(uint32_t imm) noexcept;  // CREDIT/CTRL (engine_tx.cpp)
   void show_ended() noexcept;
   // The receive that uses record buffer idx.
   RecvWr record_recv(uint32_t idx) const noexcept {
