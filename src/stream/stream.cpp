@@ -285,7 +285,7 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
   const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
   const auto deadline = deadline_after(s.write_timeout);
   const uint32_t max_inline = s.max_inline();
-  const uint32_t record_max = std::min(max_inline, wire::kRecordData);
+  const uint32_t record_max = s.record_max();
   size_t done = 0;
   bool room_wait = true;
   while (done < total) {
@@ -299,7 +299,7 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       // record: the peer places them in its ring, wrapping as needed).
       const bool record = total - done <= record_max;
       auto [src, len] =
-          cur.piece(record ? std::min<uint64_t>(at.room, wire::kRecordData)
+          cur.piece(record ? std::min<uint64_t>(at.room, record_max)
                            : std::min<uint64_t>({at.room, at.to_end, max_inline}));
       if (len == 0) break;
       const auto kind = record ? StreamCore::DataKind::kInlineRecord

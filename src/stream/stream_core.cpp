@@ -23,6 +23,7 @@ StreamCore::StreamCore(EngineImpl& e, Context& ctx, const StreamOptions& options
 wire::Hello StreamCore::hello() const noexcept {
   wire::Hello h;
   h.recv_credits = static_cast<uint16_t>(opt.recv_credits);
+  h.record_max = static_cast<uint8_t>(flow_.rx_record_max);  // our buffers' size
   h.ring = rx_->remote();
   return h;
 }
@@ -38,6 +39,8 @@ bool StreamCore::attach(uint32_t slot, uint8_t gen, std::unique_ptr<QueuePair> q
   flow_.peer_credits = peer.recv_credits;
   flow_.msg_credits = peer.recv_credits;
   flow_.peer_rewinds = (peer.features & wire::Hello::kFeatureRewind) != 0;
+  record_max_ =
+      static_cast<uint8_t>(std::min<uint32_t>(peer.record_max, qp_->max_inline()));
   last_rx_ = last_tx_ = Clock::now();
   send_depth_ = qp_->options().max_send_wr;
   repost_batch_ = std::clamp<uint32_t>(opt.recv_credits / 8, 1, kMaxRepostBatch);

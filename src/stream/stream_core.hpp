@@ -79,6 +79,9 @@ class StreamCore {
   const std::string& peer() const noexcept { return peer_; }
   bool has_qp() const noexcept { return qp_ != nullptr; }
   uint32_t max_inline() const noexcept { return qp_->max_inline(); }
+  // The largest DATA record we send: the peer's hello and our QP's
+  // max_inline() decide it at attach(); 0 when the peer takes none.
+  uint32_t record_max() const noexcept { return record_max_; }
   size_t memory_bytes() const noexcept;
 
   // --- Reading (Stream::readv)
@@ -285,6 +288,7 @@ class StreamCore {
 
   uint32_t slot_ = 0;
   uint8_t gen_ = 0;
+  uint8_t record_max_ = 0;
   std::string peer_;
 
   std::unique_ptr<MemoryRegion> rx_;  // our ring, remote-writable
