@@ -1,29 +1,25 @@
 // Public API: Engine, StreamListener, Stream (socket-style data path).
 #include "rdmakit/stream/stream.hpp"
 
-#include <limits.h>
-
 #include <algorithm>
-#include <array>
 #include <cerrno>
-#include <cstring>
 #include <new>
 
 #include "stream/acceptor.hpp"
 #include "stream/engine.hpp"
+#include "stream/iov.hpp"
 
 namespace rdmakit::stream {
 
 using detail::Clock;
 using detail::EngineImpl;
+using detail::IovCursor;
 using detail::StreamCore;
 
 namespace {
 
 std::vector<std::byte> hello_bytes(const StreamCore& core) {
-  wire::Hello h;
-  h.recv_credits = static_cast<uint16_t>(core.opt.recv_credits);
-  h.ring = core.rx->remote();
+  const wire::Hello h = core.hello();
   std::vector<std::byte> out(wire::Hello::kSize);
   h.serialize(std::span<std::byte, wire::Hello::kSize>(out.data(), wire::Hello::kSize));
   return out;
@@ -37,66 +33,6 @@ wire::Hello peer_hello(EngineImpl& e, const QueuePair& qp, const char* op) {
         "peer's private data is not a stream hello (version 2, ring 4 KiB .. 2 MiB, "
         "8 .. 255 credits)");
   return *h;
-}
-
-// Total length of an iovec array, or -EINVAL.
-ssize_t iov_total(const iovec* iov, int iovcnt) {
-  if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt > 0 && iov == nullptr)) return -EINVAL;
-  size_t total = 0;
-  for (int i = 0; i < iovcnt; ++i) {
-    if (iov[i].iov_len > static_cast<size_t>(SSIZE_MAX) - total) return -EINVAL;
-    total += iov[i].iov_len;
-  }
-  return static_cast<ssize_t>(total);
-}
-
-// Walks an iovec array from a byte offset.
-struct IovCursor {
-  const iovec* iov;
-  int cnt;
-  int i = 0;
-  size_t off = 0;
-  IovCursor(const iovec* v, int n, size_t skip) : iov(v), cnt(n) {
-    while (i < cnt && skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      ++i;
-    }
-    off = skip;
-  }
-  // Contiguous piece at the cursor (at most max bytes).
-  std::pair<std::byte*, size_t> piece(size_t max) {
-    while (i < cnt && off == iov[i].iov_len) {
-      ++i;
-      off = 0;
-    }
-    if (i == cnt) return {nullptr, 0};
-    return {static_cast<std::byte*>(iov[i].iov_base) + off,
-            std::min(max, iov[i].iov_len - off)};
-  }
-  void advance(size_t n) { off += n; }
-};
-
-// Ring <-> iovec copies, split at the ring's end.
-void ring_to_iov(const std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur,
-                 size_t n) {
-  while (n > 0) {
-    const uint64_t at = pos % size;
-    auto [dst, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    wire::copy_short(static_cast<std::byte*>(dst), ring + at, len);
-    cur.advance(len);
-    pos += len;
-    n -= len;
-  }
-}
-void iov_to_ring(std::byte* ring, uint64_t size, uint64_t pos, IovCursor& cur, size_t n) {
-  while (n > 0) {
-    const uint64_t at = pos % size;
-    auto [src, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    wire::copy_short(ring + at, static_cast<const std::byte*>(src), len);
-    cur.advance(len);
-    pos += len;
-    n -= len;
-  }
 }
 
 Clock::time_point deadline_after(std::chrono::milliseconds t) {
@@ -119,7 +55,7 @@ Context& Engine::context() noexcept { return *impl_->ctx; }
 ProviderKind Engine::provider() const noexcept { return impl_->ctx->provider(); }
 size_t Engine::stream_count() const noexcept {
   std::lock_guard lock(impl_->mu);
-  return impl_->live;
+  return impl_->stream_count();
 }
 
 std::unique_ptr<Stream> Engine::connect(const std::string& address) {
@@ -296,7 +232,7 @@ ssize_t Stream::write(const void* buf, size_t len, int flags) noexcept {
 
 ssize_t Stream::readv(const iovec* iov, int iovcnt, int flags) noexcept {
   if (!core_) return -EBADF;
-  const ssize_t total_or_err = iov_total(iov, iovcnt);
+  const ssize_t total_or_err = detail::iov_total(iov, iovcnt);
   if (total_or_err < 0) return total_or_err;
   const auto total = static_cast<size_t>(total_or_err);
   EngineImpl& e = *engine_;
@@ -309,23 +245,23 @@ ssize_t Stream::readv(const iovec* iov, int iovcnt, int flags) noexcept {
   const auto deadline = deadline_after(s.read_timeout);
   size_t got = 0;
   for (;;) {
-    if (s.rd_shut) return static_cast<ssize_t>(got);
-    const uint64_t avail = s.flow.available();
+    if (s.read_shut()) return static_cast<ssize_t>(got);
+    const uint64_t avail = s.available();
     if (avail > 0) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, total - got));
       IovCursor cur(iov, iovcnt, got);
-      ring_to_iov(s.rx->data(), s.flow.rx_size, s.flow.rx_read, cur, n);
+      s.copy_unread(cur, n);
       got += n;
       if (!peek) {
-        s.flow.rx_read += n;
+        s.consume(n);
         e.pump(s);
-        e.update(s);
+        s.update();
       }
       if (!waitall || got == total) return static_cast<ssize_t>(got);
       continue;
     }
-    if (s.flow.fin_received) return static_cast<ssize_t>(got);
-    if (s.err != 0) return got > 0 ? static_cast<ssize_t>(got) : -s.err;
+    if (s.fin_received()) return static_cast<ssize_t>(got);
+    if (s.error() != 0) return got > 0 ? static_cast<ssize_t>(got) : -s.error();
     if (dontwait) {
       e.before_would_block();
       return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
@@ -337,60 +273,39 @@ ssize_t Stream::readv(const iovec* iov, int iovcnt, int flags) noexcept {
 
 ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
   if (!core_) return -EBADF;
-  const ssize_t total_or_err = iov_total(iov, iovcnt);
+  const ssize_t total_or_err = detail::iov_total(iov, iovcnt);
   if (total_or_err < 0) return total_or_err;
   const auto total = static_cast<size_t>(total_or_err);
   EngineImpl& e = *engine_;
   StreamCore& s = *core_;
   std::unique_lock lock(e.mu);
-  if (s.err != 0) return -s.err;
-  if (s.wr_shut) return -EPIPE;
+  if (s.error() != 0) return -s.error();
+  if (s.write_shut()) return -EPIPE;
   if (total == 0) return 0;
   const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
   const auto deadline = deadline_after(s.write_timeout);
-  const uint32_t max_inline = s.qp->max_inline();
+  const uint32_t max_inline = s.max_inline();
+  const uint32_t record_max = s.record_max();
   size_t done = 0;
   bool room_wait = true;
   while (done < total) {
-    if (s.err != 0) break;
+    if (s.error() != 0) break;
     // Nothing queued: small pieces go out straight from the caller's memory.
     IovCursor cur(iov, iovcnt, done);
-    while (s.tx_posted == s.tx_staged && done < total && total - done <= max_inline &&
-           s.flow.msg_credits >= 3 && s.sends_outstanding < s.send_depth) {
-      const uint64_t room = s.flow.peer_room();
-      const uint32_t rewind = s.flow.rewind_due();
-      const uint64_t poff = rewind != 0 ? 0 : s.flow.tx_sent % s.flow.peer_ring;
+    while (!s.send_queued() && done < total && total - done <= max_inline &&
+           s.can_post_data()) {
+      const StreamCore::DataTarget at = s.data_target();
       // The last few bytes of a write ride in the message itself (a DATA
       // record: the peer places them in its ring, wrapping as needed).
-      const bool record = total - done <= std::min(max_inline, wire::kRecordData);
-      auto [src, len] = cur.piece(
-          record ? std::min<uint64_t>(room, wire::kRecordData)
-                 : std::min<uint64_t>({room, s.flow.peer_ring - poff, max_inline}));
+      const bool record = total - done <= record_max;
+      auto [src, len] =
+          cur.piece(record ? std::min<uint64_t>(at.room, record_max)
+                           : std::min<uint64_t>({at.room, at.to_end, max_inline}));
       if (len == 0) break;
-      // Selective signaling: one completion per kSignalEvery inline sends.
-      const bool signal = s.unsignaled + 1 >= detail::kSignalEvery ||
-                          s.sends_outstanding + 2 >= s.send_depth;
-      SendWr wr;
-      wr.wr_id = detail::make_wr_id(s.slot, s.gen, detail::kWrSend, 0,
-                                    signal ? s.unsignaled + 1 : 0);
-      wr.opcode = record ? Opcode::kSendWithImm : Opcode::kWriteWithImm;
-      wr.flags = signal ? (kSignaled | kInline) : kInline;
-      wr.length = static_cast<uint32_t>(len);
-      wr.local_addr = src;
-      wr.imm = wire::encode(wire::Op::kData, s.flow.rx_unreported,
-                            static_cast<uint32_t>(len) | rewind);
-      if (!record) {
-        wr.remote_addr = s.peer_ring.addr + poff;
-        wr.rkey = s.peer_ring.rkey;
-      }
-      if (!s.qp->post_send(wr).ok()) break;  // the buffered path reports errors
-      s.unsignaled = signal ? 0 : s.unsignaled + 1;
-      s.flow.take_unreported();
-      if (rewind != 0) s.flow.rewind();
-      s.flow.tx_sent += len;
-      --s.flow.msg_credits;
-      ++s.sends_outstanding;
-      ++s.tx_msgs;
+      const auto kind = record ? StreamCore::DataKind::kInlineRecord
+                               : StreamCore::DataKind::kInlineWrite;
+      // Not posted: the buffered path below reports errors.
+      if (!s.post_data(at, kind, src, static_cast<uint32_t>(len)).ok()) break;
       cur.advance(len);
       done += len;
     }
@@ -402,33 +317,22 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
     // nothing arrives in time, the data is buffered as before.
     // (If there was room and the post itself failed, the buffered path
     // below reports it.)
-    const auto can_send = [&s] {
-      return s.err != 0 || (s.flow.peer_room() > 0 && s.flow.msg_credits >= 3 &&
-                            s.sends_outstanding < s.send_depth);
-    };
-    if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 &&
-        s.tx_posted == s.tx_staged && total - done <= max_inline && !can_send()) {
+    const auto can_send = [&s] { return s.error() != 0 || s.can_post_data_now(); };
+    if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 && !s.send_queued() &&
+        total - done <= max_inline && !can_send()) {
       const auto until = std::min(deadline, Clock::now() + detail::kRoomWait);
       if (e.wait(lock, s, until, can_send)) {
-        if (s.err != 0) break;
+        if (s.error() != 0) break;
         continue;
       }
       room_wait = false;
     }
-    // An empty send buffer starts again at its beginning (its offsets are
-    // ours alone), so small writes keep to its first pages.
-    if (s.tx_freed == s.tx_staged && s.tx_staged % s.opt.tx_buffer != 0) {
-      const uint64_t skip = s.opt.tx_buffer - s.tx_staged % s.opt.tx_buffer;
-      s.tx_freed += skip;
-      s.tx_posted += skip;
-      s.tx_staged += skip;
-    }
+    s.restart_empty_send_buffer();
     const uint64_t free = s.tx_free();
     if (free > 0) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(free, total - done));
       IovCursor at(iov, iovcnt, done);
-      iov_to_ring(s.tx->data(), s.opt.tx_buffer, s.tx_staged, at, n);
-      s.tx_staged += n;
+      s.stage(at, n);
       done += n;
       e.pump(s);
       continue;
@@ -437,18 +341,19 @@ ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
       e.before_would_block();
       break;
     }
-    if (!e.wait(lock, s, deadline, [&s] { return s.err != 0 || s.tx_free() > 0; })) break;
+    if (!e.wait(lock, s, deadline, [&s] { return s.error() != 0 || s.tx_free() > 0; }))
+      break;
   }
-  e.update(s);
+  s.update();
   if (done > 0) return static_cast<ssize_t>(done);
-  if (s.err != 0) return -s.err;
+  if (s.error() != 0) return -s.error();
   return -EAGAIN;
 }
 
 size_t Stream::available() const noexcept {
   if (!core_) return 0;
   std::lock_guard lock(engine_->mu);
-  return core_->rd_shut ? 0 : static_cast<size_t>(core_->flow.available());
+  return core_->read_shut() ? 0 : static_cast<size_t>(core_->available());
 }
 
 int Stream::shutdown(int how) noexcept {
@@ -456,13 +361,10 @@ int Stream::shutdown(int how) noexcept {
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
   std::lock_guard lock(engine_->mu);
   StreamCore& s = *core_;
-  if (how != SHUT_WR) {
-    s.rd_shut = true;
-    s.flow.rx_read = s.flow.rx_written;  // discarded, credited back
-  }
-  if (how != SHUT_RD) s.wr_shut = true;
+  if (how != SHUT_WR) s.shut_read();  // unread bytes discarded, credited back
+  if (how != SHUT_RD) s.shut_write();
   engine_->pump(s);
-  engine_->update(s);
+  s.update();
   return 0;
 }
 
@@ -509,14 +411,7 @@ void Stream::set_timeouts(std::chrono::milliseconds read,
 int Stream::fd() noexcept {
   if (!core_) return -EBADF;
   std::lock_guard lock(engine_->mu);
-  StreamCore& s = *core_;
-  if (!s.readiness.is_open()) {
-    const int rc = s.readiness.open();
-    if (rc < 0) return rc;
-    s.show_ended();
-    s.readiness.set(s.readable(), s.writable());
-  }
-  return s.readiness.fd();
+  return core_->readiness_fd();
 }
 
 short Stream::poll_events() const noexcept {
@@ -532,7 +427,7 @@ short Stream::poll_readiness(bool about_to_sleep, bool reads_next) noexcept {
     // Someone is inside the engine: it publishes what it changes before it
     // leaves. A caller about to sleep must still get the progress thread
     // watching, so it waits for the lock.
-    if (!about_to_sleep) return core_->published.load(std::memory_order_acquire);
+    if (!about_to_sleep) return core_->last_events();
     lock.lock();
   }
   return engine_->poll_readiness(*core_, about_to_sleep, reads_next);
@@ -540,42 +435,36 @@ short Stream::poll_readiness(bool about_to_sleep, bool reads_next) noexcept {
 
 short Stream::last_events() const noexcept {
   if (!core_) return POLLNVAL;
-  return core_->published.load(std::memory_order_acquire);
+  return core_->last_events();
 }
 
 void Stream::set_lazy_readiness(bool on) noexcept {
   if (!core_) return;
   std::lock_guard lock(engine_->mu);
-  core_->lazy_readiness = on;
-  core_->defer_readable = on;
-  if (!on && core_->readiness_stale) engine_->update(*core_);
+  core_->set_lazy_readiness(on);
 }
 
 int Stream::error() const noexcept {
   if (!core_) return EBADF;
   std::lock_guard lock(engine_->mu);
-  return core_->err;
+  return core_->error();
 }
 
 void Stream::hide_error() noexcept {
   if (!core_) return;
   std::lock_guard lock(engine_->mu);
-  StreamCore& s = *core_;
-  if (s.err == 0) return;
-  s.err_hidden = true;
-  s.readiness.clear_error();
-  s.published.store(s.events(), std::memory_order_release);
+  core_->hide_error();
 }
 
 Status Stream::error_status() const noexcept {
   if (!core_) return Status::kSuccess;
   std::lock_guard lock(engine_->mu);
-  return core_->err_status;
+  return core_->error_status();
 }
 
 const std::string& Stream::peer() const noexcept {
   static const std::string none;
-  return core_ ? core_->peer : none;
+  return core_ ? core_->peer() : none;
 }
 
 size_t Stream::memory_bytes() const noexcept {

@@ -12,12 +12,12 @@
 //                        DATA with kRewind set: the bytes start at the ring's
 //                        beginning (below)
 //
-// A DATA of at most kRecordData bytes may come as a SEND_WITH_IMM instead
-// (a "record"): the bytes ride in the message itself and land in one of the
-// receiver's small posted receive buffers, from which the receiver copies
-// them into its ring at its own write position (place_record). On shm the
-// payload is then inside the one cache line of the receive slot, as for a
-// core SEND, instead of a second line in the ring.
+// A DATA of at most the receiver's Hello::record_max bytes may come as a
+// SEND_WITH_IMM instead (a "record"): the bytes ride in the message itself
+// and land in one of the receiver's small posted receive buffers, from which
+// the receiver copies them into its ring at its own write position
+// (place_record). On shm the payload is then inside the one cache line of
+// the receive slot, as for a core SEND, instead of a second line in the ring.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -42,13 +42,25 @@ constexpr uint32_t kMaxRing = 2u << 20;  // byte credits fit in value
 constexpr uint32_t kMinCredits = 8;
 constexpr uint32_t kMaxCredits = kMsgMask;  // fits in msgs
 static_assert(kMaxRing <= kValueMask, "a whole ring's credit fits one CREDIT");
-// Bytes a record carries: the shm provider's inline payload in a receive
-// slot (its kSlotInline), so a record is one cache line there; a larger SEND
-// would be written into the receive buffer, a second line again.
+// Message credits a sender keeps back so that credit returns and the end of
+// the stream can always be sent (no credit deadlock): DATA leaves
+// kDataReserve for CREDIT/KEEPALIVE, FIN and RST; CREDIT and KEEPALIVE leave
+// kCreditReserve for FIN and RST; FIN and RST need one credit.
+constexpr uint32_t kDataReserve = 3;
+constexpr uint32_t kCreditReserve = 2;
+constexpr uint32_t kCloseReserve = 1;
+static_assert(kDataReserve > kCreditReserve && kCreditReserve > kCloseReserve);
+static_assert(kCloseReserve >= 1);
+// Bytes one record receive buffer takes: the largest record this side
+// accepts, announced in its hello (Hello::record_max). A writer never
+// assumes it: it sends records of at most the peer's announcement and its
+// own QP's max_inline(). 20 is what the shm provider carries inside a
+// receive slot, so a record is one cache line there; a larger SEND would be
+// written into the receive buffer, a second line again.
 constexpr uint32_t kRecordData = 20;
 // Stride of the receive buffers (one per posted receive).
 constexpr uint32_t kRecordStride = 32;
-static_assert(kRecordData <= kRecordStride);
+static_assert(kRecordData <= kRecordStride && kRecordData <= 0xFF);
 // Ring rewind: a writer that knows the peer's ring is empty (every byte it
 // sent was credited back) and not at its start flags its next DATA; writer
 // and reader then both advance their counts to the next multiple of the ring
@@ -74,7 +86,7 @@ constexpr uint32_t value_of(uint32_t imm) noexcept { return imm & kValueMask; }
 // Connection private data, both directions (little-endian, 48 bytes).
 struct Hello {
   static constexpr uint32_t kMagic = 0x314b5352;  // "RSK1"
-  // 2: DATA records (SEND_WITH_IMM of <= kRecordData bytes into posted
+  // 2: DATA records (SEND_WITH_IMM of <= record_max bytes into posted
   // receive buffers); a version-1 peer posts zero-length receives.
   static constexpr uint8_t kVersion = 2;
   // Byte 5: features; a peer without them sends 0 there.
@@ -82,6 +94,9 @@ struct Hello {
   static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
   uint16_t recv_credits = 0;
   uint8_t features = kFeatureRewind;
+  // Byte 8: the largest DATA record the sender of the hello accepts (its
+  // record receive buffers); 0: send it no records.
+  uint8_t record_max = kRecordData;
   RemoteRegion ring;
 
   void serialize(std::span<std::byte, kSize> out) const noexcept {
@@ -91,6 +106,7 @@ struct Hello {
     out[4] = std::byte{kVersion};
     out[5] = std::byte{features};
     std::memcpy(out.data() + 6, &recv_credits, 2);
+    out[8] = std::byte{record_max};
     ring.serialize(out.subspan<16, RemoteRegion::kSerializedSize>());
   }
   // nullopt for anything that is not a well-formed hello within limits.
@@ -102,6 +118,7 @@ struct Hello {
     Hello h;
     std::memcpy(&h.recv_credits, in.data() + 6, 2);
     h.features = static_cast<uint8_t>(in[5]);
+    h.record_max = static_cast<uint8_t>(in[8]);
     auto ring = RemoteRegion::deserialize(in.subspan(16, RemoteRegion::kSerializedSize));
     if (!ring) return std::nullopt;
     h.ring = *ring;
@@ -120,10 +137,11 @@ static_assert(Hello::kSize <= 192, "fits the core's private data");
 //   peer_consumed <= tx_sent,  msg_credits <= peer_credits.
 struct Flow {
   uint32_t rx_size = 0;
-  uint64_t rx_written = 0;     // bytes the peer put in our ring
-  uint64_t rx_read = 0;        // bytes the application consumed
-  uint64_t rx_acked = 0;       // consumed bytes reported to the peer
-  uint32_t rx_unreported = 0;  // receives reposted, not yet reported
+  uint64_t rx_written = 0;               // bytes the peer put in our ring
+  uint64_t rx_read = 0;                  // bytes the application consumed
+  uint64_t rx_acked = 0;                 // consumed bytes reported to the peer
+  uint32_t rx_unreported = 0;            // receives reposted, not yet reported
+  uint32_t rx_record_max = kRecordData;  // our hello's record_max, <= kRecordData
 
   uint32_t peer_ring = 0;
   uint32_t peer_credits = 0;   // receives the peer posts
@@ -155,7 +173,7 @@ struct Flow {
         const uint32_t len = value & ~kRewind;
         if (byte_len != len || len == 0) return Result::kViolation;
         if (fin_received) return Result::kViolation;
-        if (record && len > kRecordData) return Result::kViolation;
+        if (record && len > rx_record_max) return Result::kViolation;
         // A rewind is honest only when everything received was read and
         // credited back: the writer saw its credits for all of it.
         uint64_t skip = 0;
@@ -240,12 +258,13 @@ inline void copy_short(std::byte* dst, const std::byte* src, size_t n) noexcept 
 
 // Copies a record's bytes (already accepted by Flow::on_message, which
 // advanced rx_written by len from `at`) into the ring at the receiver's own
-// position, split at the ring's end. len <= kRecordData <= kMinRing.
+// position, split at the ring's end. len <= rx_record_max <= kRecordData <=
+// kMinRing.
 inline void place_record(std::byte* ring, uint32_t ring_size, uint64_t at,
                          const std::byte* src, uint32_t len) noexcept {
   const auto off = static_cast<uint32_t>(at % ring_size);
   const uint32_t first = len < ring_size - off ? len : ring_size - off;
-  // Flow::on_message bounded len by kRecordData.
+  // Flow::on_message bounded len by rx_record_max <= kRecordData.
   copy_short<kRecordData>(ring + off, src, first);
   if (first < len) copy_short<kRecordData>(ring, src + first, len - first);
 }

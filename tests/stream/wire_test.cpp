@@ -1,6 +1,7 @@
-// The ring copies of src/stream/wire.hpp on their own: wire::copy_short
+// src/stream/wire.hpp on its own: the ring copies (wire::copy_short
 // against memcpy for every short length and alignment, and a record placed
-// across the ring's end. Bytes outside the target must stay untouched.
+// across the ring's end; bytes outside the target must stay untouched) and
+// the record size each side announces in its hello.
 #include "stream/wire.hpp"
 
 #include <gtest/gtest.h>
@@ -56,6 +57,42 @@ TEST(WireCopy, RecordsSplitAtTheRingEnd) {
       for (size_t i = kRing; i < r.size(); ++i) ASSERT_EQ(r[i], std::byte{0xEE});
     }
   }
+}
+
+TEST(WireHello, RecordMaxTravelsInByte8) {
+  Hello h;
+  h.recv_credits = 16;
+  h.ring.length = kMinRing;
+  h.ring.access = kAccessRemoteWrite;
+  EXPECT_EQ(h.record_max, kRecordData);  // what a stream announces
+  std::array<std::byte, Hello::kSize> bytes;
+  h.serialize(bytes);
+  EXPECT_EQ(bytes[8], std::byte{kRecordData});
+  auto back = Hello::parse(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->record_max, kRecordData);
+  // A hello with 0 there (a peer that takes no records) parses: it is sent
+  // ring writes only.
+  bytes[8] = std::byte{0};
+  back = Hello::parse(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->record_max, 0);
+}
+
+TEST(WireFlow, RecordsLargerThanOurRecordMaxAreViolations) {
+  Flow f;
+  f.rx_size = kMinRing;
+  f.peer_credits = 16;
+  EXPECT_EQ(f.on_message(encode(Op::kData, 0, kRecordData), kRecordData, true),
+            Flow::Result::kOk);
+  EXPECT_EQ(f.on_message(encode(Op::kData, 0, kRecordData + 1), kRecordData + 1, true),
+            Flow::Result::kViolation);
+  f.rx_record_max = 8;
+  EXPECT_EQ(f.on_message(encode(Op::kData, 0, 8), 8, true), Flow::Result::kOk);
+  EXPECT_EQ(f.on_message(encode(Op::kData, 0, 9), 9, true), Flow::Result::kViolation);
+  // Ring writes are not records: the limit does not apply.
+  EXPECT_EQ(f.on_message(encode(Op::kData, 0, 100), 100, false), Flow::Result::kOk);
+  EXPECT_EQ(f.rx_written, uint64_t{kRecordData} + 8 + 100);
 }
 
 }  // namespace
