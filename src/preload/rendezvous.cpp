@@ -347,7 +347,13 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   if (!up.reason.empty()) return up;
   Offer offer;
   if (!io_all(c.get(), &offer, sizeof offer, false, deadline)) {
-    up.reason = "rendezvous: no offer received";
+    // An offer withdrawn unread: its client closed the connection before
+    // using it (the FIN follows the offer socket's close at once).
+    pollfd hup{tcp_fd, POLLRDHUP, 0};
+    const bool closed =
+        real().poll(&hup, 1, 200) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
+    up.reason = closed ? "the client closed the connection before using it"
+                       : "rendezvous: no offer received";
     return up;
   }
   if (std::string bad = offer_problem(offer); !bad.empty()) {
