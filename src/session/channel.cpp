@@ -1,24 +1,48 @@
-// What every operation of a channel shares: construction and teardown, the
-// error results, posting (with the pending-operation table and retries while
-// the send queue is full) and the completion side of pending operations.
+// The channel itself: construction and connection setup, the public
+// accessors, the error results, posting (with the pending-operation table and
+// retries while the send queue is full), the completion side of pending
+// operations, and teardown.
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/endpoint.hpp>
 #include <thread>
 #include <utility>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 #include "wire.hpp"
 
 namespace rdmakit::session {
 
-using detail::make_wr_id;
-using detail::WrKind;
+using detail::ChannelCore;
+using detail::core;
+using detail::MsgHeader;
 using Clock = std::chrono::steady_clock;
 
-Channel::Channel(Endpoint* endpoint, uint32_t index, std::string name)
-    : endpoint_(endpoint), index_(index), name_(std::move(name)) {}
+namespace {
+uint32_t slot_size(uint32_t max_message) {
+  const uint32_t raw = max_message + static_cast<uint32_t>(sizeof(MsgHeader));
+  return (raw + 63u) & ~63u;
+}
+}  // namespace
 
-Channel::~Channel() {
+// ---- construction and connection setup ----
+
+ChannelCore::ChannelCore(Endpoint* endpoint, uint32_t index, std::string name)
+    : endpoint_(endpoint), index_(index), name_(std::move(name)) {
+  detail::Engine& engine = *endpoint->engine_;
+  const SessionOptions& o = engine.options();
+  slot_size_ = slot_size(o.max_message);
+  depth_ = o.recv_depth;
+  recv_mr_ = engine.ctx().allocate(size_t{depth_} * slot_size_, kAccessLocalWrite);
+  handler_mode_ = static_cast<bool>(engine.handlers().on_message);
+  app_progress_ = o.thread_mode == ThreadMode::kApplication;
+  mu_.set_shared(!app_progress_);
+  inbox_.resize(depth_);
+  peer_reposted_ = reinterpret_cast<const uint64_t*>(
+      endpoint->ctrl_mr_->data() + detail::kCtrlCredits + size_t{8} * index);
+}
+
+ChannelCore::~ChannelCore() {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
@@ -27,20 +51,44 @@ Channel::~Channel() {
   inbox_.clear();
 }
 
-void Channel::release_memory() {
-  {
-    std::lock_guard lock(inbox_mu_);
-    inbox_.clear();
-    inbox_count_ = 0;
-  }
-  std::lock_guard lock(mu_);
-  closed_ = true;
-  peer_reposted_ = nullptr;
-  recv_mr_.reset();
-  send_mr_.reset();
+void ChannelCore::attach(std::unique_ptr<QueuePair> qp, uint32_t peer_depth,
+                         uint32_t peer_max_message) {
+  Context& ctx = endpoint_->engine_->ctx();
+  qp_ = std::move(qp);
+  peer_depth_ = peer_depth;
+  peer_max_message_ = peer_max_message;
+  send_mr_ = ctx.allocate(size_t{peer_depth} * (peer_max_message + sizeof(MsgHeader)),
+                          kAccessLocalWrite);
+  pending_.resize(qp_->options().max_send_wr);
 }
 
-OpResult Channel::fail(Errc code, const char* what, const std::string& why) const {
+bool ChannelCore::post_initial_recvs(std::string* why) {
+  std::lock_guard lock(mu_);
+  for (uint32_t i = 0; i < depth_; ++i) {
+    const RecvWr wr{.wr_id = wr_id_for(WrKind::kRecv, i),
+                    .addr = recv_mr_->data() + size_t{i} * slot_size_,
+                    .length = slot_size_,
+                    .lkey = recv_mr_->lkey()};
+    const PostResult r = qp_->post_recv(wr);
+    if (!r.ok()) {
+      *why = "posting receive " + std::to_string(i) + " of " + std::to_string(depth_) +
+             " on channel '" + name_ + "': " + post_status_name(r.status);
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---- the public accessors ----
+
+const std::string& Channel::name() const noexcept { return core(*this).name_; }
+uint32_t Channel::index() const noexcept { return core(*this).index_; }
+Endpoint& Channel::endpoint() const noexcept { return *core(*this).endpoint_; }
+uint32_t Channel::max_message() const noexcept { return core(*this).peer_max_message_; }
+
+// ---- errors and posting, shared by every operation ----
+
+OpResult ChannelCore::fail(Errc code, const char* what, const std::string& why) const {
   OpResult r;
   r.code = code;
   r.status = Status::kGeneralError;
@@ -49,7 +97,7 @@ OpResult Channel::fail(Errc code, const char* what, const std::string& why) cons
   return r;
 }
 
-OpResult Channel::closed_result(const char* what) const {
+OpResult ChannelCore::closed_result(const char* what) const {
   const DisconnectInfo info = endpoint_->disconnect_info();
   OpResult r =
       fail(Errc::kClosed, what,
@@ -63,7 +111,7 @@ OpResult Channel::closed_result(const char* what) const {
 // (or in application mode) the wait runs the progress loop, since what we
 // wait for may need our own completions polled or messages consumed (handlers
 // may run nested); on other threads it yields, then sleeps briefly.
-void Channel::progress_or_pause(uint32_t spins) {
+void ChannelCore::progress_or_pause(uint32_t spins) {
   detail::Worker* worker = endpoint_->worker_;
   if (worker != nullptr && (app_progress_ || worker->on_worker_thread())) {
     worker->run_once(std::chrono::milliseconds(0));
@@ -74,14 +122,15 @@ void Channel::progress_or_pause(uint32_t spins) {
   }
 }
 
-OpResult Channel::post_retrying(std::unique_lock<detail::DatapathMutex>& lock, SendWr& wr,
-                                uint8_t kind, OpCallback& done, Buffer* buffer) {
+OpResult ChannelCore::post_retrying(std::unique_lock<detail::DatapathMutex>& lock,
+                                    SendWr& wr, uint8_t kind, OpCallback& done,
+                                    Buffer* buffer) {
   Clock::time_point deadline{};
   for (uint32_t spins = 0;; ++spins) {
     OpResult r = post_locked(wr, kind, done, buffer);
     if (r.code != Errc::kQueueFull) return r;
     if (spins == 0) {
-      deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+      deadline = Clock::now() + op_timeout();
     } else if (Clock::now() >= deadline) {
       return r;
     }
@@ -92,8 +141,8 @@ OpResult Channel::post_retrying(std::unique_lock<detail::DatapathMutex>& lock, S
   }
 }
 
-OpResult Channel::post_locked(SendWr& wr, uint8_t kind, OpCallback& done,
-                              Buffer* buffer) {
+OpResult ChannelCore::post_locked(SendWr& wr, uint8_t kind, OpCallback& done,
+                                  Buffer* buffer) {
   const auto k = static_cast<WrKind>(kind);
   uint32_t index = 0;
   Pending* entry = nullptr;
@@ -107,7 +156,7 @@ OpResult Channel::post_locked(SendWr& wr, uint8_t kind, OpCallback& done,
   } else if (k == WrKind::kSendCopy) {
     index = send_slot_;
   }
-  wr.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_, k, index);
+  wr.wr_id = wr_id_for(k, index);
   const PostResult pr = qp_->post_send(wr);
   if (pr.ok()) {
     if ((wr.flags & kSignaled) != 0) {
@@ -132,9 +181,27 @@ OpResult Channel::post_locked(SendWr& wr, uint8_t kind, OpCallback& done,
   return {};
 }
 
-bool Channel::signal_due() noexcept { return unsignaled_ + 1 >= detail::kSignalEvery; }
+// The endpoint's heartbeat (sent on channel 0): its counter, one inline
+// WRITE into the peer's control block. A failure completes with an error
+// status.
+void ChannelCore::post_heartbeat() {
+  std::lock_guard lock(mu_);
+  if (closed_) return;
+  const uint64_t value = ++endpoint_->heartbeat_sent_;
+  const RemoteRegion& peer_ctrl = endpoint_->peer_ctrl_;
+  SendWr wr{.wr_id = wr_id_for(WrKind::kInternal, 1),
+            .opcode = Opcode::kWrite,
+            .flags = kSignaled | kInline,
+            .length = sizeof value,
+            .local_addr = const_cast<uint64_t*>(&value),
+            .remote_addr = peer_ctrl.addr_at(detail::kCtrlHeartbeat),
+            .rkey = peer_ctrl.rkey};
+  (void)qp_->post_send(wr);
+}
 
-bool Channel::take_pending(uint32_t index, Pending* out) {
+// ---- completions of pending operations, and teardown ----
+
+bool ChannelCore::take_pending(uint32_t index, Pending* out) {
   std::lock_guard lock(mu_);
   if (index >= pending_.size() || !pending_[index].busy) return false;
   *out = std::move(pending_[index]);
@@ -144,7 +211,7 @@ bool Channel::take_pending(uint32_t index, Pending* out) {
 
 // Closes the channel to new work and completes every pending operation with
 // the endpoint's disconnect reason (callbacks run outside the lock).
-void Channel::fail_all_pending(const DisconnectInfo& info) {
+void ChannelCore::fail_all_pending(const DisconnectInfo& info) {
   std::vector<Pending> failed;
   {
     std::lock_guard lock(mu_);
@@ -176,10 +243,23 @@ void Channel::fail_all_pending(const DisconnectInfo& info) {
 
 // Destroys the QP (no more completions from it). Held messages stay valid
 // until released; their release no longer re-posts.
-void Channel::mark_closed() {
+void ChannelCore::mark_closed() {
   std::lock_guard lock(mu_);
   closed_ = true;
   qp_.reset();
+}
+
+void ChannelCore::release_memory() {
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox_.clear();
+    inbox_count_ = 0;
+  }
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  peer_reposted_ = nullptr;
+  recv_mr_.reset();
+  send_mr_.reset();
 }
 
 }  // namespace rdmakit::session

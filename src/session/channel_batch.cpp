@@ -4,34 +4,37 @@
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/endpoint.hpp>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 #include "fmt/format.h"
 #include "wire.hpp"
 
 namespace rdmakit::session {
 
-using detail::make_wr_id;
+using detail::ChannelCore;
+using detail::core;
 using detail::WrKind;
 using Clock = std::chrono::steady_clock;
 
 OpResult Channel::write_batch(const RemoteBuffer& remote,
                               std::span<const WriteSegment> segments, OpCallback done) {
+  ChannelCore& c = core(*this);
   const char* what = "WRITE";
   if (!remote) {
-    return fail(Errc::kNoSuchBuffer, what,
-                "the remote buffer handle is empty (unresolved)");
+    return c.fail(Errc::kNoSuchBuffer, what,
+                  "the remote buffer handle is empty (unresolved)");
   }
-  const RemoteRegion& region = remote.region_;
+  const RemoteRegion& region = remote.region();
   for (const WriteSegment& s : segments) {
     if (s.offset > region.length || s.length > region.length - s.offset) {
-      return fail(Errc::kOutOfRange, what,
-                  fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
-                              s.offset, s.length, remote.name(), region.length));
+      return c.fail(Errc::kOutOfRange, what,
+                    fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
+                                s.offset, s.length, remote.name(), region.length));
     }
     if (s.src.addr == nullptr || s.length > s.src.length || s.length > UINT32_MAX) {
-      return fail(Errc::kOutOfRange, what,
-                  std::to_string(s.length) + " bytes do not fit the local buffer of " +
-                      std::to_string(s.src.length) + " bytes");
+      return c.fail(Errc::kOutOfRange, what,
+                    std::to_string(s.length) + " bytes do not fit the local buffer of " +
+                        std::to_string(s.src.length) + " bytes");
     }
   }
   if (segments.empty()) {
@@ -42,51 +45,49 @@ OpResult Channel::write_batch(const RemoteBuffer& remote,
   constexpr size_t kList = 32;
   const bool with_callback = static_cast<bool>(done);
   std::array<SendWr, kList> wrs;
-  std::unique_lock lock(mu_);
+  std::unique_lock lock(c.mu_);
   Clock::time_point deadline{};
   size_t next = 0;
   for (uint32_t spins = 0; next < segments.size();) {
-    if (closed_) return closed_result(what);
+    if (c.closed_) return c.closed_result(what);
     const size_t n = std::min(kList, segments.size() - next);
     const bool has_last = next + n == segments.size();
-    Pending* entry = nullptr;
+    ChannelCore::Pending* entry = nullptr;
     uint32_t entry_index = 0;
     if (has_last && with_callback) {
-      entry_index = next_pending_ % static_cast<uint32_t>(pending_.size());
-      entry = &pending_[entry_index];
+      entry_index = c.next_pending_ % static_cast<uint32_t>(c.pending_.size());
+      entry = &c.pending_[entry_index];
     }
     OpResult blocked;
     size_t posted = 0;
     if (entry != nullptr && entry->busy) {
-      blocked = fail(Errc::kQueueFull, what,
-                     std::to_string(pending_.size()) + " operations outstanding");
+      blocked = c.fail(Errc::kQueueFull, what,
+                       std::to_string(c.pending_.size()) + " operations outstanding");
     } else {
-      uint32_t unsignaled = unsignaled_;
+      uint32_t unsignaled = c.unsignaled_;
       for (size_t i = 0; i < n; ++i) {
         const WriteSegment& s = segments[next + i];
         const bool with_done = entry != nullptr && i + 1 == n;
         const bool signaled = with_done || unsignaled + 1 >= detail::kSignalEvery;
         unsignaled = signaled ? 0 : unsignaled + 1;
-        wrs[i] =
-            SendWr{.wr_id = make_wr_id(endpoint_->slot_, endpoint_->generation_, index_,
-                                       with_done ? WrKind::kOp : WrKind::kOpQuiet,
-                                       with_done ? entry_index : 0),
-                   .opcode = Opcode::kWrite,
-                   .flags = static_cast<uint8_t>(signaled ? kSignaled : 0),
-                   .length = static_cast<uint32_t>(s.length),
-                   .local_addr = s.src.addr,
-                   .lkey = s.src.lkey,
-                   .remote_addr = region.addr_at(s.offset),
-                   .rkey = region.rkey};
+        wrs[i] = SendWr{.wr_id = c.wr_id_for(with_done ? WrKind::kOp : WrKind::kOpQuiet,
+                                             with_done ? entry_index : 0),
+                        .opcode = Opcode::kWrite,
+                        .flags = static_cast<uint8_t>(signaled ? kSignaled : 0),
+                        .length = static_cast<uint32_t>(s.length),
+                        .local_addr = s.src.addr,
+                        .lkey = s.src.lkey,
+                        .remote_addr = region.addr_at(s.offset),
+                        .rkey = region.rkey};
       }
-      const PostResult pr = qp_->post_send(std::span<const SendWr>(wrs.data(), n));
+      const PostResult pr = c.qp_->post_send(std::span<const SendWr>(wrs.data(), n));
       posted = pr.posted;
       for (size_t i = 0; i < posted; ++i) {
-        unsignaled_ = (wrs[i].flags & kSignaled) != 0 ? 0 : unsignaled_ + 1;
+        c.unsignaled_ = (wrs[i].flags & kSignaled) != 0 ? 0 : c.unsignaled_ + 1;
       }
       next += posted;
       if (posted == n && entry != nullptr) {
-        ++next_pending_;
+        ++c.next_pending_;
         entry->busy = true;
         entry->kind = static_cast<uint8_t>(WrKind::kOp);
         entry->opcode = Opcode::kWrite;
@@ -94,24 +95,24 @@ OpResult Channel::write_batch(const RemoteBuffer& remote,
         break;  // that was the last list
       }
       if (!pr.ok() && pr.status != PostStatus::kQueueFull) {
-        return fail(Errc::kInvalid, what,
-                    fmt::format("post failed after {} of {} WRITEs: {}", next,
-                                segments.size(), post_status_name(pr.status)));
+        return c.fail(Errc::kInvalid, what,
+                      fmt::format("post failed after {} of {} WRITEs: {}", next,
+                                  segments.size(), post_status_name(pr.status)));
       }
       if (posted == n) continue;
-      blocked = fail(Errc::kQueueFull, what, "send queue full");
+      blocked = c.fail(Errc::kQueueFull, what, "send queue full");
     }
     // Queue full: make progress, then post the rest.
     if (posted > 0) spins = 0;
     if (spins == 0) {
-      deadline = Clock::now() + endpoint_->engine_->options().op_timeout;
+      deadline = Clock::now() + c.op_timeout();
     } else if (Clock::now() >= deadline) {
       blocked.detail += fmt::format(" ({} of {} WRITEs posted)", next, segments.size());
       return blocked;
     }
     ++spins;
     lock.unlock();
-    progress_or_pause(spins);
+    c.progress_or_pause(spins);
     lock.lock();
   }
   return {};

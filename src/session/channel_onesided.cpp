@@ -3,41 +3,73 @@
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/endpoint.hpp>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 #include "fmt/format.h"
 #include "wire.hpp"
 
 namespace rdmakit::session {
 
-using detail::WrKind;
+using detail::ChannelCore;
+using detail::core;
 
 RemoteBuffer Channel::remote(std::string_view name) const noexcept {
-  RemoteBuffer handle;
-  for (const auto& [n, region] : endpoint_->remote_buffers()) {
-    if (n == name) {
-      handle.region_ = region;
-      handle.name_ = &n;
-      break;
-    }
+  for (const auto& entry : core(*this).endpoint_->remote_buffers()) {
+    if (entry.first == name) return RemoteBuffer(entry);
   }
-  return handle;
+  return {};
 }
 
 OpResult Channel::resolve(std::string_view name, RemoteBuffer* out) const {
   *out = remote(name);
   if (*out) return {};
   std::string names;
-  for (const auto& [n, r] : endpoint_->remote_buffers()) {
+  for (const auto& [n, r] : core(*this).endpoint_->remote_buffers()) {
     names += names.empty() ? "" : ", ";
     names += fmt::format("'{}'", n);
   }
-  return fail(Errc::kNoSuchBuffer, "resolve",
-              fmt::format("the peer exposes no buffer named '{}' (it exposes: {})", name,
-                          names.empty() ? "none" : names));
+  return core(*this).fail(
+      Errc::kNoSuchBuffer, "resolve",
+      fmt::format("the peer exposes no buffer named '{}' (it exposes: {})", name,
+                  names.empty() ? "none" : names));
 }
 
-OpResult Channel::one_sided(Opcode opcode, std::string_view remote, uint64_t offset,
-                            Local local, size_t length, uint32_t imm, OpCallback done) {
+OpResult Channel::write(std::string_view remote, uint64_t offset, Local src,
+                        size_t length, OpCallback done) {
+  return core(*this).one_sided(Opcode::kWrite, remote, offset, src, length, 0,
+                               std::move(done));
+}
+OpResult Channel::read(std::string_view remote, uint64_t offset, Local dst, size_t length,
+                       OpCallback done) {
+  return core(*this).one_sided(Opcode::kRead, remote, offset, dst, length, 0,
+                               std::move(done));
+}
+OpResult Channel::write_with_imm(std::string_view remote, uint64_t offset, Local src,
+                                 size_t length, uint32_t imm, OpCallback done) {
+  return core(*this).one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
+                               std::move(done));
+}
+OpResult Channel::write(const RemoteBuffer& remote, uint64_t offset, Local src,
+                        size_t length, OpCallback done) {
+  return core(*this).one_sided(Opcode::kWrite, remote, offset, src, length, 0,
+                               std::move(done));
+}
+OpResult Channel::read(const RemoteBuffer& remote, uint64_t offset, Local dst,
+                       size_t length, OpCallback done) {
+  return core(*this).one_sided(Opcode::kRead, remote, offset, dst, length, 0,
+                               std::move(done));
+}
+OpResult Channel::write_with_imm(const RemoteBuffer& remote, uint64_t offset, Local src,
+                                 size_t length, uint32_t imm, OpCallback done) {
+  return core(*this).one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
+                               std::move(done));
+}
+
+// Both forms of each operation end here: the range checks, a credit for
+// WRITE_WITH_IMM, selective signaling when nobody waits for the completion.
+OpResult ChannelCore::one_sided(Opcode opcode, std::string_view remote, uint64_t offset,
+                                Local local, size_t length, uint32_t imm,
+                                OpCallback done) {
   RemoteBuffer handle;
   if (OpResult r = resolve(remote, &handle); !r.ok()) {
     r.detail.replace(0, std::string_view("resolve").size(), opcode_name(opcode));
@@ -46,14 +78,15 @@ OpResult Channel::one_sided(Opcode opcode, std::string_view remote, uint64_t off
   return one_sided(opcode, handle, offset, local, length, imm, std::move(done));
 }
 
-OpResult Channel::one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t offset,
-                            Local local, size_t length, uint32_t imm, OpCallback done) {
+OpResult ChannelCore::one_sided(Opcode opcode, const RemoteBuffer& remote,
+                                uint64_t offset, Local local, size_t length, uint32_t imm,
+                                OpCallback done) {
   const char* what = opcode_name(opcode);
   if (!remote) {
     return fail(Errc::kNoSuchBuffer, what,
                 "the remote buffer handle is empty (unresolved)");
   }
-  const RemoteRegion* region = &remote.region_;
+  const RemoteRegion* region = &remote.region();
   if (offset > region->length || length > region->length - offset) {
     return fail(Errc::kOutOfRange, what,
                 fmt::format("[{}, +{}) is outside the peer's buffer '{}' of {} bytes",
@@ -84,33 +117,6 @@ OpResult Channel::one_sided(Opcode opcode, const RemoteBuffer& remote, uint64_t 
                              done, nullptr);
   if (r.ok() && opcode == Opcode::kWriteWithImm) count_sent();
   return r;
-}
-
-OpResult Channel::write(std::string_view remote, uint64_t offset, Local src,
-                        size_t length, OpCallback done) {
-  return one_sided(Opcode::kWrite, remote, offset, src, length, 0, std::move(done));
-}
-OpResult Channel::read(std::string_view remote, uint64_t offset, Local dst, size_t length,
-                       OpCallback done) {
-  return one_sided(Opcode::kRead, remote, offset, dst, length, 0, std::move(done));
-}
-OpResult Channel::write_with_imm(std::string_view remote, uint64_t offset, Local src,
-                                 size_t length, uint32_t imm, OpCallback done) {
-  return one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
-                   std::move(done));
-}
-OpResult Channel::write(const RemoteBuffer& remote, uint64_t offset, Local src,
-                        size_t length, OpCallback done) {
-  return one_sided(Opcode::kWrite, remote, offset, src, length, 0, std::move(done));
-}
-OpResult Channel::read(const RemoteBuffer& remote, uint64_t offset, Local dst,
-                       size_t length, OpCallback done) {
-  return one_sided(Opcode::kRead, remote, offset, dst, length, 0, std::move(done));
-}
-OpResult Channel::write_with_imm(const RemoteBuffer& remote, uint64_t offset, Local src,
-                                 size_t length, uint32_t imm, OpCallback done) {
-  return one_sided(Opcode::kWriteWithImm, remote, offset, src, length, imm,
-                   std::move(done));
 }
 
 }  // namespace rdmakit::session

@@ -5,15 +5,35 @@
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/endpoint.hpp>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 
 namespace rdmakit::session {
 
+using detail::ChannelCore;
+using detail::core;
 using Clock = std::chrono::steady_clock;
+
+OpResult Channel::write_sync(std::string_view remote, uint64_t offset, Local src,
+                             size_t length) {
+  return core(*this).sync(
+      [&](OpCallback cb) { return write(remote, offset, src, length, std::move(cb)); });
+}
+OpResult Channel::read_sync(std::string_view remote, uint64_t offset, Local dst,
+                            size_t length) {
+  return core(*this).sync(
+      [&](OpCallback cb) { return read(remote, offset, dst, length, std::move(cb)); });
+}
+OpResult Channel::write_with_imm_sync(std::string_view remote, uint64_t offset, Local src,
+                                      size_t length, uint32_t imm) {
+  return core(*this).sync([&](OpCallback cb) {
+    return write_with_imm(remote, offset, src, length, imm, std::move(cb));
+  });
+}
 
 // Waits for one operation: on the progress thread (or without library
 // threads) by running the progress loop, elsewhere on a condition variable.
-OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
+OpResult ChannelCore::sync(const std::function<OpResult(OpCallback)>& start) {
   if (app_progress_) return sync_progressing(start);
   struct Waiter {
     std::mutex mu;
@@ -29,7 +49,7 @@ OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
     waiter->cv.notify_all();
   });
   if (!posted.ok()) return posted;
-  const auto timeout = endpoint_->engine_->options().op_timeout;
+  const auto timeout = op_timeout();
   const auto deadline = Clock::now() + timeout;
   detail::Worker* worker = endpoint_->worker_;
   const bool self_progress =
@@ -53,7 +73,7 @@ OpResult Channel::sync(const std::function<OpResult(OpCallback)>& start) {
   return waiter->result;
 }
 
-struct Channel::SyncFrame {
+struct ChannelCore::SyncFrame {
   uint64_t ticket = 0;
   bool done = false;
   OpResult result;
@@ -65,13 +85,13 @@ struct Channel::SyncFrame {
 // the channel and the operation's number (two words, inside std::function's
 // small buffer) and finds the frame while it waits; the callback of an
 // operation whose caller timed out finds none and does nothing.
-OpResult Channel::sync_progressing(const std::function<OpResult(OpCallback)>& start) {
+OpResult ChannelCore::sync_progressing(const std::function<OpResult(OpCallback)>& start) {
   SyncFrame frame;
   frame.ticket = ++sync_issued_;
   frame.below = sync_top_;
   sync_top_ = &frame;
   struct Pop {
-    Channel* ch;
+    ChannelCore* ch;
     SyncFrame* frame;
     ~Pop() { ch->sync_top_ = frame->below; }
   } pop{this, &frame};
@@ -86,7 +106,7 @@ OpResult Channel::sync_progressing(const std::function<OpResult(OpCallback)>& st
   });
   if (!posted.ok()) return posted;
   detail::Worker* worker = endpoint_->worker_;
-  const auto timeout = endpoint_->engine_->options().op_timeout;
+  const auto timeout = op_timeout();
   const Clock::time_point deadline = Clock::now() + timeout;
   while (!frame.done) {
     if (Clock::now() >= deadline) {
@@ -98,23 +118,6 @@ OpResult Channel::sync_progressing(const std::function<OpResult(OpCallback)>& st
     worker->run_once(std::chrono::milliseconds(1));
   }
   return std::move(frame.result);
-}
-
-OpResult Channel::write_sync(std::string_view remote, uint64_t offset, Local src,
-                             size_t length) {
-  return sync(
-      [&](OpCallback cb) { return write(remote, offset, src, length, std::move(cb)); });
-}
-OpResult Channel::read_sync(std::string_view remote, uint64_t offset, Local dst,
-                            size_t length) {
-  return sync(
-      [&](OpCallback cb) { return read(remote, offset, dst, length, std::move(cb)); });
-}
-OpResult Channel::write_with_imm_sync(std::string_view remote, uint64_t offset, Local src,
-                                      size_t length, uint32_t imm) {
-  return sync([&](OpCallback cb) {
-    return write_with_imm(remote, offset, src, length, imm, std::move(cb));
-  });
 }
 
 }  // namespace rdmakit::session

@@ -86,21 +86,6 @@ class Engine {
   std::atomic<bool> stopping_{false};
 };
 
-// Connection-time setup of an endpoint's channels (both sides).
-struct EndpointSetup {
-  static void attach(Channel& ch, std::unique_ptr<QueuePair> qp, uint32_t peer_depth,
-                     uint32_t peer_max_message);
-  static void set_peer_ctrl(Endpoint& ep, const RemoteRegion& ctrl) {
-    ep.peer_ctrl_ = ctrl;
-  }
-  static void set_peer(Endpoint& ep, std::string peer) { ep.peer_ = std::move(peer); }
-  static bool post_initial_recvs(Channel& ch, std::string* why);
-  // wr_id (if given) receives the id of the posted SEND.
-  static bool send_control(Channel& ch, MsgKind kind, std::span<const std::byte> payload,
-                           uint64_t* wr_id = nullptr);
-  static void set_worker(Endpoint& ep, Worker* w) { ep.worker_ = w; }
-};
-
 uint64_t random_id();
 
 }  // namespace rdmakit::session::detail

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 
 namespace rdmakit::session::detail {
@@ -135,12 +136,12 @@ void Worker::adopt_pending() {
     ep->heartbeat_changed_ = now;
     std::string why;
     for (auto& ch : ep->channels_) {
-      if (!EndpointSetup::post_initial_recvs(*ch, &why)) break;
+      if (!ch->post_initial_recvs(&why)) break;
     }
     if (why.empty()) {
       const Table table = engine_.table_for(*ep);
       const std::vector<std::byte> blob = encode(table);
-      if (!EndpointSetup::send_control(*ep->channels_[0], MsgKind::kTable, blob)) {
+      if (!ep->channels_[0]->send_control(MsgKind::kTable, blob)) {
         why = "sending the buffer table failed (" + std::to_string(blob.size()) +
               " bytes; the peer's max_message is " +
               std::to_string(ep->channels_[0]->max_message()) + ")";

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 
 namespace rdmakit::session::detail {
@@ -70,7 +71,7 @@ void Worker::dispatch(const Completion& c) {
   }
   const uint32_t index = wr_channel(c.wr_id);
   if (index >= ep->channels_.size()) return;
-  Channel& ch = *ep->channels_[index];
+  ChannelCore& ch = *ep->channels_[index];
   const WrKind kind = wr_kind(c.wr_id);
   const bool closed = ep->closed();
   auto error_text = [&](const char* op) {
@@ -106,7 +107,7 @@ void Worker::dispatch(const Completion& c) {
       return;
     case WrKind::kSendZeroCopy:
     case WrKind::kOp: {
-      Channel::Pending p;
+      ChannelCore::Pending p;
       if (!ch.take_pending(wr_index(c.wr_id), &p)) return;
       OpResult r;
       if (!c.ok()) {
@@ -161,7 +162,7 @@ void Worker::on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> p
   // The client names the channels; the server learns the names here.
   if (engine_.is_server() && table->channel_names.size() == ep.channels_.size()) {
     for (size_t i = 0; i < ep.channels_.size(); ++i) {
-      ep.channels_[i]->name_ = table->channel_names[i];
+      ep.channels_[i]->rename(table->channel_names[i]);
     }
   }
   ep.remote_buffers_ = std::move(table->buffers);

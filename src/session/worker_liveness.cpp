@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 
@@ -46,18 +47,7 @@ void Worker::tick(Clock::time_point now) {
                      std::to_string(o.liveness.count()) + " ms)"});
       continue;
     }
-    Channel& ch = *ep->channels_[0];
-    std::lock_guard lock(ch.mu_);
-    if (ch.closed_) continue;
-    const uint64_t value = ++ep->heartbeat_sent_;
-    SendWr wr{.wr_id = make_wr_id(ep->slot_, ep->generation_, 0, WrKind::kInternal, 1),
-              .opcode = Opcode::kWrite,
-              .flags = kSignaled | kInline,
-              .length = sizeof value,
-              .local_addr = const_cast<uint64_t*>(&value),
-              .remote_addr = ep->peer_ctrl_.addr_at(kCtrlHeartbeat),
-              .rkey = ep->peer_ctrl_.rkey};
-    (void)ch.qp_->post_send(wr);  // a failure completes with an error status
+    ep->channels_[0]->post_heartbeat();
   }
 }
 
@@ -68,7 +58,7 @@ void Worker::kill(Endpoint& ep, DisconnectInfo info) {
   if (before == Endpoint::State::kClosed) return;
   uint64_t goodbye = 0;
   if (info.reason == DisconnectReason::kLocalClose &&
-      !EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {}, &goodbye)) {
+      !ep.channels_[0]->send_control(MsgKind::kGoodbye, {}, &goodbye)) {
     goodbye = 0;
   }
   // A close by either side is the normal end of an endpoint (a client
