@@ -4,6 +4,7 @@
 #include <string_view>
 #include <thread>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 #include "log.hpp"
 
@@ -123,8 +124,7 @@ Endpoint& Client::connect_once(const std::string& address,
     throw Error("session connect", engine_->ctx().provider_name(), address, EPROTO,
                 "the peer is not a session server: " + why);
   }
-  EndpointSetup::attach(*ep->channels_[0], std::move(qp0), reply->depth,
-                        reply->max_message);
+  ep->channels_[0]->attach(std::move(qp0), reply->depth, reply->max_message);
   if (o.channels.size() > 1) {
     if (reply->channel_port == 0) {
       throw Error("session connect", engine_->ctx().provider_name(), address, EPROTO,
@@ -137,8 +137,7 @@ Endpoint& Client::connect_once(const std::string& address,
       hello.channel = c;
       auto qp = connect_retrying(engine_->ctx(), channel_address,
                                  engine_->qp_options(&w.cq()), encode(hello), deadline);
-      EndpointSetup::attach(*ep->channels_[c], std::move(qp), reply->depth,
-                            reply->max_message);
+      ep->channels_[c]->attach(std::move(qp), reply->depth, reply->max_message);
     }
   }
   if (!w.reserve(ep)) {

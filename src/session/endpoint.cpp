@@ -1,5 +1,6 @@
 #include <rdmakit/session/endpoint.hpp>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
 
 namespace rdmakit::session {
@@ -11,6 +12,8 @@ Endpoint::~Endpoint() {
   channels_.clear();
   own_buffers_.clear();
 }
+
+Channel& Endpoint::channel(size_t index) const { return *channels_.at(index); }
 
 Channel* Endpoint::channel(std::string_view name) const noexcept {
   for (const auto& ch : channels_) {

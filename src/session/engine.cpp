@@ -1,3 +1,6 @@
+// The Engine: the session's context, options, exposed buffers and their
+// table, the workers (by thread mode) and the endpoints it makes. The server
+// side's acceptor is in engine_accept.cpp.
 #include "engine.hpp"
 
 #include <sys/random.h>
@@ -5,8 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
+#include "channel_core.hpp"
 #include "log.hpp"
 
 namespace rdmakit::session::detail {
@@ -28,11 +31,6 @@ uint64_t random_id() {
 }
 
 namespace {
-uint32_t slot_size(uint32_t max_message) {
-  const uint32_t raw = max_message + static_cast<uint32_t>(sizeof(MsgHeader));
-  return (raw + 63u) & ~63u;
-}
-
 void check_options(const SessionOptions& o) {
   auto bad = [](const std::string& what) {
     throw Error("session options", "", "", EINVAL, what);
@@ -250,180 +248,9 @@ std::shared_ptr<Endpoint> Engine::make_endpoint(uint64_t id, const std::string& 
     ep->own_buffers_.emplace_back(b.name, ctx_->allocate(b.size, b.access));
   }
   for (uint32_t i = 0; i < names.size(); ++i) {
-    auto ch = std::unique_ptr<Channel>(new Channel(ep.get(), i, names[i]));
-    ch->slot_size_ = slot_size(options_.max_message);
-    ch->depth_ = options_.recv_depth;
-    ch->recv_mr_ = ctx_->allocate(size_t{ch->depth_} * ch->slot_size_, kAccessLocalWrite);
-    ch->handler_mode_ = static_cast<bool>(handlers_.on_message);
-    ch->app_progress_ = options_.thread_mode == ThreadMode::kApplication;
-    ch->mu_.set_shared(!ch->app_progress_);
-    ch->inbox_.resize(ch->depth_);
-    ch->peer_reposted_ = reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() +
-                                                           kCtrlCredits + size_t{8} * i);
-    ep->channels_.push_back(std::move(ch));
+    ep->channels_.push_back(std::make_unique<ChannelCore>(ep.get(), i, names[i]));
   }
   return ep;
-}
-
-void EndpointSetup::attach(Channel& ch, std::unique_ptr<QueuePair> qp,
-                           uint32_t peer_depth, uint32_t peer_max_message) {
-  Context& ctx = ch.endpoint_->engine_->ctx();
-  ch.qp_ = std::move(qp);
-  ch.peer_depth_ = peer_depth;
-  ch.peer_max_message_ = peer_max_message;
-  ch.send_mr_ = ctx.allocate(size_t{peer_depth} * (peer_max_message + sizeof(MsgHeader)),
-                             kAccessLocalWrite);
-  ch.pending_.resize(ch.qp_->options().max_send_wr);
-}
-
-bool EndpointSetup::post_initial_recvs(Channel& ch, std::string* why) {
-  std::lock_guard lock(ch.mu_);
-  for (uint32_t i = 0; i < ch.depth_; ++i) {
-    const RecvWr wr{.wr_id = make_wr_id(ch.endpoint_->slot_, ch.endpoint_->generation_,
-                                        ch.index_, WrKind::kRecv, i),
-                    .addr = ch.recv_mr_->data() + size_t{i} * ch.slot_size_,
-                    .length = ch.slot_size_,
-                    .lkey = ch.recv_mr_->lkey()};
-    const PostResult r = ch.qp_->post_recv(wr);
-    if (!r.ok()) {
-      *why = "posting receive " + std::to_string(i) + " of " + std::to_string(ch.depth_) +
-             " on channel '" + ch.name_ + "': " + post_status_name(r.status);
-      return false;
-    }
-  }
-  return true;
-}
-
-bool EndpointSetup::send_control(Channel& ch, MsgKind kind,
-                                 std::span<const std::byte> payload, uint64_t* wr_id) {
-  std::lock_guard lock(ch.mu_);
-  if (ch.closed_ || ch.qp_ == nullptr || payload.size() > ch.peer_max_message_)
-    return false;
-  const uint64_t returned = load_peer_written(ch.peer_reposted_);
-  if (ch.sent_ - returned >= ch.peer_depth_) return false;
-  ch.send_slot_ = ch.next_slot_;
-  std::byte* slot = ch.send_mr_->data() +
-                    size_t{ch.send_slot_} * (ch.peer_max_message_ + sizeof(MsgHeader));
-  const MsgHeader header{kMagic, static_cast<uint16_t>(kind), 0, payload.size()};
-  std::memcpy(slot, &header, sizeof header);
-  if (!payload.empty()) std::memcpy(slot + sizeof header, payload.data(), payload.size());
-  SendWr wr{.opcode = Opcode::kSend,
-            .flags = kSignaled,
-            .length = static_cast<uint32_t>(sizeof header + payload.size()),
-            .local_addr = slot,
-            .lkey = ch.send_mr_->lkey()};
-  OpCallback none;
-  if (!ch.post_locked(wr, static_cast<uint8_t>(WrKind::kSendCopy), none, nullptr).ok()) {
-    return false;
-  }
-  if (wr_id != nullptr) *wr_id = wr.wr_id;
-  ch.count_sent();
-  return true;
-}
-
-// ---- server side ----
-
-void Engine::listen(const std::string& address) { listener_ = ctx_->listen(address); }
-
-std::string Engine::listen_host() const {
-  if (!listener_) return "127.0.0.1";
-  const std::string a = listener_->address();
-  const auto colon = a.rfind(':');
-  return colon == std::string::npos ? a : a.substr(0, colon);
-}
-
-uint16_t Engine::port() const { return listener_ ? listener_->port() : 0; }
-std::string Engine::address() const { return listener_ ? listener_->address() : ""; }
-
-size_t Engine::endpoints() const {
-  std::lock_guard lock(workers_mu_);
-  size_t n = 0;
-  for (const auto& w : workers_) n += w->endpoints();
-  return n;
-}
-
-void Engine::start_accepting() {
-  if (!acceptor_.joinable()) acceptor_ = std::thread([this] { accept_loop(); });
-}
-
-void Engine::accept_loop() {
-  while (!stopping_.load()) {
-    try {
-      if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) sweep_retired();
-      accept_one(milliseconds(100));
-    } catch (const Error& e) {
-      if (e.sys_errno() != ETIMEDOUT) log().warn("session: accept: {}", e.what());
-    } catch (const std::exception& e) {
-      log().warn("session: accept: {}", e.what());
-    }
-  }
-}
-
-// Accepts one endpoint: channel 0 on the public listener, the other channels
-// on the chosen worker's channel listener (so that every QP of the endpoint
-// lands on that worker's CQ).
-void Engine::accept_one(milliseconds timeout) {
-  Worker* w = staged_;
-  if (w == nullptr) {
-    if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) {
-      std::lock_guard lock(workers_mu_);
-      workers_.push_back(std::make_unique<Worker>(*this, true, 1));
-      workers_.back()->retire_when_idle();
-      w = workers_.back().get();
-    } else {
-      w = &next_worker();
-    }
-    staged_ = w;
-  }
-  Reply reply{options_.recv_depth, options_.max_message, 0};
-  if (options_.channels.size() > 1) reply.channel_port = w->channel_listener()->port();
-  const std::vector<std::byte> reply_blob = encode(reply);
-  std::unique_ptr<QueuePair> qp0 =
-      listener_->accept(qp_options(&w->cq()), timeout, reply_blob);
-  std::string why;
-  const std::optional<Hello> hello = decode_hello(qp0->peer_private_data(), &why);
-  if (!hello || hello->channel != 0) {
-    log().warn("session: rejected a connection from {} ({}): {}", qp0->peer(),
-               ctx_->provider_name(), hello ? "channel > 0 on the main listener" : why);
-    return;  // qp0 is destroyed: the peer's QP leaves the connected state
-  }
-  // Named by the peer's buffer table when it arrives.
-  std::vector<std::string> names(hello->channels);
-  for (uint32_t c = 0; c < hello->channels; ++c) names[c] = "channel" + std::to_string(c);
-  std::vector<std::unique_ptr<QueuePair>> extra;
-  std::vector<Hello> extra_hellos;
-  for (uint32_t c = 1; c < hello->channels; ++c) {
-    if (reply.channel_port == 0) {
-      log().warn("session: {} asks for {} channels; this server serves one", qp0->peer(),
-                 hello->channels);
-      return;
-    }
-    auto qp = w->channel_listener()->accept(qp_options(&w->cq()), milliseconds(5000),
-                                            reply_blob);
-    const std::optional<Hello> h = decode_hello(qp->peer_private_data(), &why);
-    if (!h || h->endpoint_id != hello->endpoint_id || h->channel != c) {
-      log().warn("session: channel {} of {} : unexpected connection ({})", c, qp0->peer(),
-                 h ? "wrong endpoint or channel" : why);
-      return;
-    }
-    extra.push_back(std::move(qp));
-    extra_hellos.push_back(*h);
-  }
-  if (options_.thread_mode == ThreadMode::kPollerPerEndpoint) w->start();
-  staged_ = nullptr;
-  std::shared_ptr<Endpoint> ep = make_endpoint(hello->endpoint_id, qp0->peer(), names);
-  EndpointSetup::attach(*ep->channels_[0], std::move(qp0), hello->depth,
-                        hello->max_message);
-  for (size_t i = 0; i < extra.size(); ++i) {
-    EndpointSetup::attach(*ep->channels_[i + 1], std::move(extra[i]),
-                          extra_hellos[i].depth, extra_hellos[i].max_message);
-  }
-  if (!w->reserve(ep)) {
-    log().warn("session: rejected {}: the worker serves max_endpoints={} already",
-               ep->peer(), options_.max_endpoints);
-    return;
-  }
-  w->adopt(std::move(ep));
 }
 
 }  // namespace rdmakit::session::detail

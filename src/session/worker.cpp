@@ -1,3 +1,6 @@
+// The Worker's progress loop: construction (CQ, epoll set, wake-up and
+// heartbeat fds), endpoint slots and adoption, one pass of the loop (poll or
+// wait by event mode), and the library thread that runs it.
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -9,8 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "channel_core.hpp"
 #include "engine.hpp"
-#include "log.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -18,12 +21,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-// A goodbye gets at most this long to leave before the QP that carries it is
-// destroyed; its completion ends the wait sooner.
-constexpr milliseconds kLinger{100};
-// How long a cause-less flush waits for the peer's goodbye (Worker::flush_wait_).
-constexpr milliseconds kFlushGrace{20};
-
 int add_fd(int epfd, int fd) {
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -139,12 +136,12 @@ void Worker::adopt_pending() {
     ep->heartbeat_changed_ = now;
     std::string why;
     for (auto& ch : ep->channels_) {
-      if (!EndpointSetup::post_initial_recvs(*ch, &why)) break;
+      if (!ch->post_initial_recvs(&why)) break;
     }
     if (why.empty()) {
       const Table table = engine_.table_for(*ep);
       const std::vector<std::byte> blob = encode(table);
-      if (!EndpointSetup::send_control(*ep->channels_[0], MsgKind::kTable, blob)) {
+      if (!ep->channels_[0]->send_control(MsgKind::kTable, blob)) {
         why = "sending the buffer table failed (" + std::to_string(blob.size()) +
               " bytes; the peer's max_message is " +
               std::to_string(ep->channels_[0]->max_message()) + ")";
@@ -232,283 +229,6 @@ int Worker::wait_and_poll(std::span<Completion> batch, milliseconds timeout) {
   return n;
 }
 
-void Worker::dispatch_all(std::span<Completion> batch, int n) {
-  for (int i = 0; i < n; ++i) dispatch(batch[static_cast<size_t>(i)]);
-  if (flushed_.empty()) return;
-  // One more look for the completion that names the cause of the flushes.
-  const int more = cq_->poll(batch);
-  for (int i = 0; i < more; ++i) dispatch(batch[static_cast<size_t>(i)]);
-  std::vector<FlushSeen> seen;
-  seen.swap(flushed_);
-  for (FlushSeen& f : seen) {
-    if (f.endpoint->closed()) continue;
-    if (std::any_of(flush_wait_.begin(), flush_wait_.end(),
-                    [&](const FlushWait& w) { return w.endpoint.get() == f.endpoint; })) {
-      continue;
-    }
-    std::shared_ptr<Endpoint> owner;
-    {
-      std::lock_guard lock(slots_mu_);
-      owner = owners_[f.endpoint->slot_];
-    }
-    if (!owner) {
-      kill(*f.endpoint, {DisconnectReason::kTransportError, std::move(f.detail)});
-      continue;
-    }
-    flush_wait_.push_back(
-        {std::move(owner), std::move(f.detail), Clock::now() + kFlushGrace});
-  }
-}
-
-void Worker::settle_flushes(Clock::time_point now) {
-  std::vector<FlushWait> waiting;
-  waiting.swap(flush_wait_);
-  for (FlushWait& w : waiting) {
-    if (w.endpoint->closed()) continue;  // the goodbye came (or a better cause)
-    if (now < w.until) {
-      flush_wait_.push_back(std::move(w));
-      continue;
-    }
-    kill(*w.endpoint, {DisconnectReason::kTransportError, std::move(w.detail)});
-  }
-}
-
-void Worker::dispatch(const Completion& c) {
-  const uint32_t slot = wr_slot(c.wr_id);
-  if (slot >= capacity_) return;
-  Endpoint* ep = slot_ptr_[slot].load(std::memory_order_acquire);
-  // A completion of a QP already destroyed (or of an endpoint whose slot
-  // was reused) is dropped.
-  if (ep == nullptr ||
-      slot_gen_[slot].load(std::memory_order_relaxed) != wr_gen(c.wr_id)) {
-    return;
-  }
-  const uint32_t index = wr_channel(c.wr_id);
-  if (index >= ep->channels_.size()) return;
-  Channel& ch = *ep->channels_[index];
-  const WrKind kind = wr_kind(c.wr_id);
-  const bool closed = ep->closed();
-  auto error_text = [&](const char* op) {
-    std::string s = std::string(op) + " on channel '" + ch.name() + "' to " + ep->peer() +
-                    " (" + ep->provider_name() + "): " + status_name(c.status);
-    if (c.vendor_err != 0) s += " (vendor error " + std::to_string(c.vendor_err) + ")";
-    return s;
-  };
-  switch (kind) {
-    case WrKind::kRecv:
-      if (closed) return;
-      if (c.ok()) {
-        ch.on_recv(c);
-      } else {
-        fail_endpoint_after(c, *ep, error_text("RECV"));
-      }
-      return;
-    case WrKind::kOpQuiet:
-      // Selectively signaled: only a failure comes here.
-      if (!c.ok() && !closed) {
-        fail_endpoint_after(c, *ep, error_text(opcode_name(c.opcode)));
-      }
-      return;
-    case WrKind::kSendCopy:
-      if (closed) goodbye_left(c.wr_id);
-      [[fallthrough]];
-    case WrKind::kInternal:
-      if (!c.ok() && !closed) {
-        fail_endpoint_after(
-            c, *ep,
-            error_text(kind == WrKind::kInternal ? "WRITE (credits/heartbeat)" : "SEND"));
-      }
-      return;
-    case WrKind::kSendZeroCopy:
-    case WrKind::kOp: {
-      Channel::Pending p;
-      if (!ch.take_pending(wr_index(c.wr_id), &p)) return;
-      OpResult r;
-      if (!c.ok()) {
-        r.code = Errc::kTransport;
-        r.status = c.status;
-        r.detail = error_text(opcode_name(p.opcode));
-      }
-      if (p.done) p.done(r);
-      if (!c.ok() && !closed) {
-        fail_endpoint_after(c, *ep, r.detail);
-      }
-      return;
-    }
-  }
-}
-
-void Worker::fail_endpoint(Endpoint& ep, DisconnectReason reason, std::string detail) {
-  kill(ep, {reason, std::move(detail)});
-}
-
-void Worker::fail_endpoint_after(const Completion& c, Endpoint& ep, std::string detail) {
-  if (c.status != Status::kWrFlushError) {
-    kill(ep, {DisconnectReason::kTransportError, std::move(detail)});
-    return;
-  }
-  for (const FlushSeen& f : flushed_) {
-    if (f.endpoint == &ep) return;
-  }
-  flushed_.push_back({&ep, std::move(detail)});
-}
-
-void Worker::on_control(Endpoint& ep, MsgKind kind, std::span<const std::byte> payload) {
-  if (kind == MsgKind::kGoodbye) {
-    kill(ep, {DisconnectReason::kPeerClosed,
-              "the peer " + ep.peer() + " closed the endpoint"});
-    return;
-  }
-  if (kind != MsgKind::kTable || ep.state_.load() != Endpoint::State::kConnecting) {
-    kill(ep, {DisconnectReason::kTransportError,
-              "unexpected control message " + std::to_string(static_cast<int>(kind)) +
-                  " from " + ep.peer()});
-    return;
-  }
-  std::string why;
-  std::optional<Table> table = decode_table(payload, &why);
-  if (!table) {
-    kill(ep, {DisconnectReason::kTransportError,
-              "buffer table from " + ep.peer() + ": " + why});
-    return;
-  }
-  ep.peer_ctrl_ = table->ctrl;
-  // The client names the channels; the server learns the names here.
-  if (engine_.is_server() && table->channel_names.size() == ep.channels_.size()) {
-    for (size_t i = 0; i < ep.channels_.size(); ++i) {
-      ep.channels_[i]->name_ = table->channel_names[i];
-    }
-  }
-  ep.remote_buffers_ = std::move(table->buffers);
-  ep.heartbeat_changed_ = Clock::now();
-  ep.state_.store(Endpoint::State::kReady);
-  if (engine_.handlers().on_connect) engine_.handlers().on_connect(ep);
-}
-
-// Heartbeats out, liveness and close requests in, for every endpoint.
-void Worker::tick(Clock::time_point now) {
-  const SessionOptions& o = engine_.options();
-  const bool heartbeat_due = now >= next_tick_;
-  if (heartbeat_due) next_tick_ = now + o.heartbeat;
-  close_pending_.store(false);
-  for (uint32_t slot = 0; slot < capacity_; ++slot) {
-    Endpoint* ep = slot_ptr_[slot].load(std::memory_order_acquire);
-    if (ep == nullptr || ep->closed()) continue;
-    if (ep->close_requested_.load()) {
-      kill(*ep, {DisconnectReason::kLocalClose, "closed by this side"});
-      continue;
-    }
-    if (!heartbeat_due || !ep->connected()) continue;
-    const uint64_t seen = load_peer_written(
-        reinterpret_cast<const uint64_t*>(ep->ctrl_mr_->data() + kCtrlHeartbeat));
-    if (seen != ep->heartbeat_seen_) {
-      ep->heartbeat_seen_ = seen;
-      ep->heartbeat_changed_ = now;
-    } else if (now - ep->heartbeat_changed_ > o.liveness) {
-      const auto silent =
-          std::chrono::duration_cast<milliseconds>(now - ep->heartbeat_changed_).count();
-      kill(*ep, {DisconnectReason::kPeerSilent,
-                 "no heartbeat from " + ep->peer() + " (" + ep->provider_name() +
-                     ") for " + std::to_string(silent) + " ms (liveness bound " +
-                     std::to_string(o.liveness.count()) + " ms)"});
-      continue;
-    }
-    Channel& ch = *ep->channels_[0];
-    std::lock_guard lock(ch.mu_);
-    if (ch.closed_) continue;
-    const uint64_t value = ++ep->heartbeat_sent_;
-    SendWr wr{.wr_id = make_wr_id(ep->slot_, ep->generation_, 0, WrKind::kInternal, 1),
-              .opcode = Opcode::kWrite,
-              .flags = kSignaled | kInline,
-              .length = sizeof value,
-              .local_addr = const_cast<uint64_t*>(&value),
-              .remote_addr = ep->peer_ctrl_.addr_at(kCtrlHeartbeat),
-              .rkey = ep->peer_ctrl_.rkey};
-    (void)ch.qp_->post_send(wr);  // a failure completes with an error status
-  }
-}
-
-// Takes the endpoint down: goodbye (local close), pending operations fail,
-// pull receivers wake, on_disconnect runs; the QPs go after a short linger.
-void Worker::kill(Endpoint& ep, DisconnectInfo info) {
-  const Endpoint::State before = ep.state_.load();
-  if (before == Endpoint::State::kClosed) return;
-  uint64_t goodbye = 0;
-  if (info.reason == DisconnectReason::kLocalClose &&
-      !EndpointSetup::send_control(*ep.channels_[0], MsgKind::kGoodbye, {}, &goodbye)) {
-    goodbye = 0;
-  }
-  // A close by either side is the normal end of an endpoint (a client
-  // leaving, a mesh rank finishing): debug. A failure or a silent peer: warn.
-  const bool normal = info.reason == DisconnectReason::kLocalClose ||
-                      info.reason == DisconnectReason::kPeerClosed;
-  log().log(normal ? spdlog::level::debug : spdlog::level::warn,
-            "session: endpoint {:x} to {} ({}) disconnected: {}{}{}", ep.id(), ep.peer(),
-            ep.provider_name(), disconnect_reason_name(info.reason),
-            info.detail.empty() ? "" : ": ", info.detail);
-  {
-    std::lock_guard lock(ep.info_mu_);
-    ep.info_ = info;
-  }
-  ep.state_.store(Endpoint::State::kClosed);
-  for (auto& ch : ep.channels_) ch->fail_all_pending(info);
-  if (before == Endpoint::State::kReady && engine_.handlers().on_disconnect) {
-    engine_.handlers().on_disconnect(ep, info);
-  }
-  if (live_.load() > 0) --live_;
-  std::shared_ptr<Endpoint> owner;
-  {
-    std::lock_guard lock(slots_mu_);
-    owner = owners_[ep.slot_];
-  }
-  // Only a goodbye on its way is worth lingering for; its completion (or
-  // kLinger) ends the linger.
-  const auto linger = goodbye != 0 ? kLinger : milliseconds(0);
-  graves_.push_back({std::move(owner), Clock::now() + linger, goodbye});
-  // The next pass reaps (and a per-endpoint worker retires) without first
-  // sleeping for a heartbeat period.
-  if (goodbye == 0) close_pending_.store(true, std::memory_order_relaxed);
-}
-
-void Worker::goodbye_left(uint64_t wr_id) noexcept {
-  for (Grave& g : graves_) {
-    if (g.goodbye == wr_id) {
-      g.goodbye = 0;
-      close_pending_.store(true, std::memory_order_relaxed);
-    }
-  }
-}
-
-bool Worker::lingering(Clock::time_point now) const noexcept {
-  return std::any_of(graves_.begin(), graves_.end(),
-                     [now](const Grave& g) { return g.goodbye != 0 && now < g.until; });
-}
-
-void Worker::reap(Clock::time_point now, bool all) {
-  for (size_t i = 0; i < graves_.size();) {
-    if (!all && graves_[i].goodbye != 0 && now < graves_[i].until) {
-      ++i;
-      continue;
-    }
-    std::shared_ptr<Endpoint> ep = std::move(graves_[i].endpoint);
-    graves_.erase(graves_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (!ep) continue;
-    for (auto& ch : ep->channels_) {
-      ch->mark_closed();
-      // At shutdown the memory goes too: it must not outlive the context.
-      if (all) ch->release_memory();
-    }
-    if (all) {
-      ep->ctrl_mr_.reset();
-      ep->own_buffers_.clear();
-    }
-    std::lock_guard lock(slots_mu_);
-    slot_ptr_[ep->slot_].store(nullptr, std::memory_order_release);
-    owners_[ep->slot_].reset();
-    free_slots_.push_back(ep->slot_);
-  }
-}
-
 void Worker::loop() {
   thread_id_.store(std::this_thread::get_id());
   const milliseconds slice = engine_.options().event_mode == EventMode::kBusyPoll
@@ -541,27 +261,6 @@ void Worker::stop() {
   stop_.store(true);
   wake();
   if (thread_.joinable()) thread_.join();
-}
-
-void Worker::shutdown() {
-  if (inbox_pending_.load()) adopt_pending();
-  for (uint32_t slot = 0; slot < capacity_; ++slot) {
-    Endpoint* ep = slot_ptr_[slot].load();
-    if (ep != nullptr && !ep->closed()) {
-      kill(*ep, {DisconnectReason::kLocalClose, "the session was destroyed"});
-    }
-  }
-  flush_wait_.clear();  // closed above
-  // Let the goodbyes leave: their completions say they did. Nothing to
-  // wait for when every endpoint was closed (and its goodbye gone) already.
-  while (lingering(Clock::now())) {
-    const int n = cq_->poll(batch_);
-    dispatch_all(batch_, n);
-    if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  reap(Clock::now(), true);
-  std::lock_guard lock(slots_mu_);
-  for (auto& owner : owners_) owner.reset();
 }
 
 }  // namespace rdmakit::session::detail

@@ -40,8 +40,6 @@ class Buffer {
 
  private:
   friend class BufferPool;
-  friend class Channel;
-  std::byte* base() const noexcept { return base_; }
 
   BufferPool* pool_ = nullptr;
   std::byte* base_ = nullptr;

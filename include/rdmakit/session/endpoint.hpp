@@ -36,7 +36,8 @@ struct Handlers {
 
 namespace detail {
 class Engine;
-}
+class Worker;
+}  // namespace detail
 
 class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
@@ -45,7 +46,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   Endpoint& operator=(const Endpoint&) = delete;
 
   size_t channel_count() const noexcept { return channels_.size(); }
-  Channel& channel(size_t index = 0) const { return *channels_.at(index); }
+  Channel& channel(size_t index = 0) const;
   // nullptr if there is no channel of that name.
   Channel* channel(std::string_view name) const noexcept;
 
@@ -79,11 +80,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   void* user_data = nullptr;
 
  private:
-  friend class Channel;
+  friend class detail::ChannelCore;
   friend class detail::Worker;
   friend class detail::Engine;
   friend class Client;
-  friend struct detail::EndpointSetup;
   enum class State : uint8_t { kConnecting, kReady, kClosed };
   Endpoint(detail::Engine* engine, uint64_t id);
 
@@ -91,7 +91,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   detail::Worker* worker_ = nullptr;
   uint64_t id_;
   std::string peer_;
-  std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<std::unique_ptr<detail::ChannelCore>> channels_;
   std::vector<std::pair<std::string, RemoteRegion>> remote_buffers_;
   std::unique_ptr<MemoryRegion> ctrl_mr_;  // the peer writes heartbeat + credits here
   std::vector<std::pair<std::string, std::unique_ptr<MemoryRegion>>> own_buffers_;
