@@ -26,14 +26,13 @@
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "relay.hpp"
 #include "state.hpp"
 #include "wait_spin.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
-
-#define EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 
