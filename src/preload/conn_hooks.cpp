@@ -229,12 +229,19 @@ EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 EXPORT int close(int fd) {
   settle_before_close(fd);
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
+    // A connect()ed pending connection withdraws its offer after its kernel
+    // socket closed: a server that takes the offer up meanwhile sees the end
+    // of stream too (a client that closed before using the connection).
+    std::shared_ptr<Pending> pending = pending_of(fd);
     auto c = remove_conn(fd);
     if (c && !c->stream && c.use_count() == 1) give_back(*c);  // its last relayed copy
     const int r = real().close(fd);
+    const int saved = errno;
     // Last alias: the stream closes (queued data still delivered), unless
     // another process still holds the connection (relay.hpp).
     release_conn(std::move(c));
+    pending.reset();
+    errno = saved;
     return r;
   }
   if (is_listener(fd)) remove_listener(fd);
