@@ -263,7 +263,7 @@ EXPORT int close_range(unsigned first, unsigned last, int flags) {
 EXPORT int shutdown(int fd, int how) {
   return on_conn(
       fd,
-      [&](Conn& c) {
+      [=](Conn& c) {
         const int r = c.stream->shutdown(how);
         if (r < 0) {
           errno = -r;
@@ -271,7 +271,7 @@ EXPORT int shutdown(int fd, int how) {
         }
         return 0;
       },
-      [&] { return real().shutdown(fd, how); });
+      [=] { return real().shutdown(fd, how); });
 }
 
 EXPORT int dup(int fd) {

@@ -276,17 +276,19 @@ ssize_t recv_pushback(Conn& c, const iovec* iov, int iovcnt, int flags) {
   }
   if ((flags & MSG_PEEK) == 0) {
     c.pushback.erase(0, done);
-    if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+    if (c.pushback.empty() && c.mark_pushback(false)) count_pushback(-1);
   }
   return static_cast<ssize_t>(done);
 }
 }  // namespace
 
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (c.relays.load(std::memory_order_acquire) > 0) reclaim_relays(c);
-  if (c.has_pushback.load(std::memory_order_acquire)) {
-    const ssize_t n = recv_pushback(c, iov, iovcnt, flags);
-    if (n > 0) return n;
+  if (c.detours.load(std::memory_order_acquire) != 0) [[unlikely]] {
+    if (c.relays() > 0) reclaim_relays(c);
+    if (c.has_pushback()) {
+      const ssize_t n = recv_pushback(c, iov, iovcnt, flags);
+      if (n > 0) return n;
+    }
   }
   const ssize_t r = recv_impl(c, fd, iov, iovcnt, flags);
   if (r > 0 && (flags & MSG_PEEK) == 0)
@@ -297,7 +299,8 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   // Bytes a relayed process wrote before this call go first, as a kernel
   // socket's buffer keeps the writes of all its holders in order.
-  if (c.relays.load(std::memory_order_acquire) > 0) flush_relays(c);
+  if (c.relays() > 0) [[unlikely]]
+    flush_relays(c);
   const ssize_t r = send_impl(c, fd, iov, iovcnt, flags);
   if (r > 0) stats::count_tx(c.stat_slot, static_cast<size_t>(r));
   return r;

@@ -98,83 +98,83 @@ ssize_t stream_sendfile(Conn& c, int out, int in, off_t* offset, size_t count) {
 
 EXPORT ssize_t read(int fd, void* buf, size_t len) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_recv_buf(c, fd, buf, len, 0); },
-      [&] { return real().read(fd, buf, len); });
+      fd, [=](Conn& c) { return conn_recv_buf(c, fd, buf, len, 0); },
+      [=] { return real().read(fd, buf, len); });
 }
 
 EXPORT ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_recv_buf(c, fd, buf, std::min(len, buflen), 0); },
-      [&] { return real().read_chk(fd, buf, len, buflen); });
+      fd, [=](Conn& c) { return conn_recv_buf(c, fd, buf, std::min(len, buflen), 0); },
+      [=] { return real().read_chk(fd, buf, len, buflen); });
 }
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_send_buf(c, fd, buf, len, 0); },
-      [&] { return real().write(fd, buf, len); });
+      fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, 0); },
+      [=] { return real().write(fd, buf, len); });
 }
 
 EXPORT ssize_t readv(int fd, const iovec* iov, int n) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_recv(c, fd, iov, n, 0); },
-      [&] { return real().readv(fd, iov, n); });
+      fd, [=](Conn& c) { return conn_recv(c, fd, iov, n, 0); },
+      [=] { return real().readv(fd, iov, n); });
 }
 
 EXPORT ssize_t writev(int fd, const iovec* iov, int n) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_send(c, fd, iov, n, 0); },
-      [&] { return real().writev(fd, iov, n); });
+      fd, [=](Conn& c) { return conn_send(c, fd, iov, n, 0); },
+      [=] { return real().writev(fd, iov, n); });
 }
 
 EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_recv_buf(c, fd, buf, len, flags); },
-      [&] { return real().recv(fd, buf, len, flags); });
+      fd, [=](Conn& c) { return conn_recv_buf(c, fd, buf, len, flags); },
+      [=] { return real().recv(fd, buf, len, flags); });
 }
 
 EXPORT ssize_t __recv_chk(int fd, void* buf, size_t len, size_t buflen, int flags) {
   return on_conn(
       fd,
-      [&](Conn& c) { return conn_recv_buf(c, fd, buf, std::min(len, buflen), flags); },
-      [&] { return real().recv_chk(fd, buf, len, buflen, flags); });
+      [=](Conn& c) { return conn_recv_buf(c, fd, buf, std::min(len, buflen), flags); },
+      [=] { return real().recv_chk(fd, buf, len, buflen, flags); });
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
-      [&] { return real().send(fd, buf, len, flags); });
+      fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
+      [=] { return real().send(fd, buf, len, flags); });
 }
 
 EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, sockaddr* addr,
                         socklen_t* alen) {
   return on_conn(
-      fd, [&](Conn& c) { return recv_no_source(c, fd, buf, len, flags, addr, alen); },
-      [&] { return real().recvfrom(fd, buf, len, flags, addr, alen); });
+      fd, [=](Conn& c) { return recv_no_source(c, fd, buf, len, flags, addr, alen); },
+      [=] { return real().recvfrom(fd, buf, len, flags, addr, alen); });
 }
 
 EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t len, size_t buflen, int flags,
                               sockaddr* addr, socklen_t* alen) {
   return on_conn(
       fd,
-      [&](Conn& c) {
+      [=](Conn& c) {
         return recv_no_source(c, fd, buf, std::min(len, buflen), flags, addr, alen);
       },
-      [&] { return real().recvfrom_chk(fd, buf, len, buflen, flags, addr, alen); });
+      [=] { return real().recvfrom_chk(fd, buf, len, buflen, flags, addr, alen); });
 }
 
 // Connected: the address is ignored, as TCP does.
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
                       const sockaddr* addr, socklen_t alen) {
   return on_conn(
-      fd, [&](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
-      [&] { return real().sendto(fd, buf, len, flags, addr, alen); });
+      fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
+      [=] { return real().sendto(fd, buf, len, flags, addr, alen); });
 }
 
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   const void* caller = CALLER;
   return on_conn(
-      fd, [&](Conn& c) { return stream_recvmsg(c, fd, msg, flags); },
-      [&] { return kernel_recvmsg(fd, msg, flags, caller); });
+      fd, [=](Conn& c) { return stream_recvmsg(c, fd, msg, flags); },
+      [=] { return kernel_recvmsg(fd, msg, flags, caller); });
 }
 
 EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
@@ -183,16 +183,16 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   }
   return on_conn(
       fd,
-      [&](Conn& c) {
+      [=](Conn& c) {
         return conn_send(c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
       },
-      [&] { return real().sendmsg(fd, msg, flags); });
+      [=] { return real().sendmsg(fd, msg, flags); });
 }
 
 EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
   return on_conn(
-      out, [&](Conn& c) { return stream_sendfile(c, out, in, offset, count); },
-      [&] { return real().sendfile(out, in, offset, count); });
+      out, [=](Conn& c) { return stream_sendfile(c, out, in, offset, count); },
+      [=] { return real().sendfile(out, in, offset, count); });
 }
 
 EXPORT ssize_t sendfile64(int out, int in, off_t* offset, size_t count) {

@@ -87,12 +87,12 @@ int stream_recvmmsg(Conn& c, int fd, mmsghdr* vec, unsigned vlen, int flags,
 
 EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
   return on_conn(
-      fd, [&](Conn& c) { return stream_sendmmsg(c, fd, vec, vlen, flags); },
-      [&] { return real().sendmmsg(fd, vec, vlen, flags); });
+      fd, [=](Conn& c) { return stream_sendmmsg(c, fd, vec, vlen, flags); },
+      [=] { return real().sendmmsg(fd, vec, vlen, flags); });
 }
 
 EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
   return on_conn(
-      fd, [&](Conn& c) { return stream_recvmmsg(c, fd, vec, vlen, flags, timeout); },
-      [&] { return real().recvmmsg(fd, vec, vlen, flags, timeout); });
+      fd, [=](Conn& c) { return stream_recvmmsg(c, fd, vec, vlen, flags, timeout); },
+      [=] { return real().recvmmsg(fd, vec, vlen, flags, timeout); });
 }

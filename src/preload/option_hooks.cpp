@@ -65,8 +65,8 @@ int kernel_fcntl(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
 int fcntl_hook(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
                const void* caller) {
   return on_conn<Use::kMeta>(
-      fd, [&](Conn& c) { return stream_fcntl(libc_fcntl, c, fd, cmd, arg); },
-      [&] { return kernel_fcntl(libc_fcntl, fd, cmd, arg, caller); });
+      fd, [=](Conn& c) { return stream_fcntl(libc_fcntl, c, fd, cmd, arg); },
+      [=] { return kernel_fcntl(libc_fcntl, fd, cmd, arg, caller); });
 }
 
 // NOLINTNEXTLINE(google-runtime-int): libc's type
@@ -156,22 +156,22 @@ EXPORT int ioctl(int fd, unsigned long req,  // NOLINT(google-runtime-int): libc
   va_start(ap, req);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  const auto io = [&](Conn& c) { return stream_ioctl(c, req, arg); };
-  const auto pass = [&] { return real().ioctl(fd, req, arg); };
+  const auto io = [=](Conn& c) { return stream_ioctl(c, req, arg); };
+  const auto pass = [=] { return real().ioctl(fd, req, arg); };
   // FIONREAD and the like are a use; FIONBIO only sets a flag.
   return req == FIONBIO ? on_conn<Use::kMeta>(fd, io, pass) : on_conn(fd, io, pass);
 }
 
 EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   return on_conn<Use::kMeta>(
-      fd, [&](Conn& c) { return stream_getsockopt(c, level, name, val, len); },
-      [&] { return kernel_getsockopt(fd, level, name, val, len); });
+      fd, [=](Conn& c) { return stream_getsockopt(c, level, name, val, len); },
+      [=] { return kernel_getsockopt(fd, level, name, val, len); });
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
   return on_conn<Use::kMeta>(
-      fd, [&](Conn& c) { return stream_setsockopt(c, level, name, val, len); },
-      [&] { return kernel_setsockopt(fd, level, name, val, len); });
+      fd, [=](Conn& c) { return stream_setsockopt(c, level, name, val, len); },
+      [=] { return kernel_setsockopt(fd, level, name, val, len); });
 }
 
 EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {

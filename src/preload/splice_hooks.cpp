@@ -151,7 +151,7 @@ EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t l
                       unsigned flags) {
   return on_conn(
       in,
-      [&](Conn& c) {
+      [=](Conn& c) {
         // A stream at both ends: neither is a pipe.
         if (on_conn(
                 out, [](Conn&) { return true; }, [] { return false; })) {
@@ -160,12 +160,12 @@ EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t l
         }
         return splice_stream(c, true, in, off_in, out, off_out, len, flags);
       },
-      [&] {
+      [=] {
         return on_conn(
             out,
-            [&](Conn& c) {
+            [=](Conn& c) {
               return splice_stream(c, false, in, off_in, out, off_out, len, flags);
             },
-            [&] { return real().splice(in, off_in, out, off_out, len, flags); });
+            [=] { return real().splice(in, off_in, out, off_out, len, flags); });
       });
 }
