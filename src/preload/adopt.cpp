@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "conn_guard.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
@@ -89,7 +90,7 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
       return false;
     }
   }
-  auto conn = std::make_shared<Conn>();
+  auto conn = make_conn();
   conn->stream = std::move(up.stream);
   conn->tcp_fd = tcp;
   conn->owner = process_id();

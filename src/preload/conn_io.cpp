@@ -43,6 +43,12 @@ int advance(const iovec* iov, int n, size_t skip, std::vector<iovec>* out) {
   return static_cast<int>(out->size());
 }
 
+// The end of a call's SO_RCVTIMEO/SO_SNDTIMEO of tmo_us: the clock is read
+// only for a call that may wait with a timeout set.
+Clock::time_point timed_deadline(bool timed, int64_t tmo_us) {
+  return timed ? Clock::now() + std::chrono::microseconds(tmo_us) : Clock::time_point{};
+}
+
 // Waits for `events` on fd until deadline (or forever). 0 ready, -EAGAIN
 // timed out, -EINTR interrupted by a signal.
 int wait_for(Conn& c, int fd, short events, bool has_deadline,
@@ -132,8 +138,9 @@ ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   const bool wait_all = (flags & MSG_WAITALL) != 0 && !peek && !nonblocking;
   const size_t want = total_len(iov, iovcnt);
   const int64_t tmo = c.rcv_timeout_us.load(std::memory_order_relaxed);
-  const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
-  Spin spin(!nonblocking, tmo > 0, deadline);
+  const bool timed = tmo > 0 && !nonblocking;
+  const auto deadline = timed_deadline(timed, tmo);
+  Spin spin(!nonblocking, timed, deadline);
   // A non-blocking read of an empty stream: with a spin budget it looks at
   // the ring itself and, finding nothing, returns EAGAIN without telling the
   // engine its caller will sleep. A program that polls with non-blocking
@@ -194,7 +201,7 @@ ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     }
     if (spin.active()) continue;
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLIN) != 0) continue;
-    const int w = wait_for(c, fd, POLLIN, tmo > 0, deadline);
+    const int w = wait_for(c, fd, POLLIN, timed, deadline);
     if (w != 0) {
       if (got > 0) return static_cast<ssize_t>(got);
       errno = -w;
@@ -208,8 +215,9 @@ ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
       c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT) != 0;
   const size_t want = total_len(iov, iovcnt);
   const int64_t tmo = c.snd_timeout_us.load(std::memory_order_relaxed);
-  const auto deadline = Clock::now() + std::chrono::microseconds(tmo);
-  Spin spin(!nonblocking, tmo > 0, deadline);
+  const bool timed = tmo > 0 && !nonblocking;
+  const auto deadline = timed_deadline(timed, tmo);
+  Spin spin(!nonblocking, timed, deadline);
   std::vector<iovec> rest;
   size_t done = 0;
   for (;;) {
@@ -251,7 +259,7 @@ ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     if (spin.active() && spin.until(c, POLLOUT, false)) continue;
     spin.stop();
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLOUT) != 0) continue;
-    const int w = wait_for(c, fd, POLLOUT, tmo > 0, deadline);
+    const int w = wait_for(c, fd, POLLOUT, timed, deadline);
     if (w != 0) {
       if (done > 0) return static_cast<ssize_t>(done);
       errno = -w;
@@ -276,17 +284,19 @@ ssize_t recv_pushback(Conn& c, const iovec* iov, int iovcnt, int flags) {
   }
   if ((flags & MSG_PEEK) == 0) {
     c.pushback.erase(0, done);
-    if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+    if (c.pushback.empty() && c.mark_pushback(false)) count_pushback(-1);
   }
   return static_cast<ssize_t>(done);
 }
 }  // namespace
 
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
-  if (c.relays.load(std::memory_order_acquire) > 0) reclaim_relays(c);
-  if (c.has_pushback.load(std::memory_order_acquire)) {
-    const ssize_t n = recv_pushback(c, iov, iovcnt, flags);
-    if (n > 0) return n;
+  if (c.detours.load(std::memory_order_acquire) != 0) [[unlikely]] {
+    if (c.relays() > 0) reclaim_relays(c);
+    if (c.has_pushback()) {
+      const ssize_t n = recv_pushback(c, iov, iovcnt, flags);
+      if (n > 0) return n;
+    }
   }
   const ssize_t r = recv_impl(c, fd, iov, iovcnt, flags);
   if (r > 0 && (flags & MSG_PEEK) == 0)
@@ -297,7 +307,8 @@ ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   // Bytes a relayed process wrote before this call go first, as a kernel
   // socket's buffer keeps the writes of all its holders in order.
-  if (c.relays.load(std::memory_order_acquire) > 0) flush_relays(c);
+  if (c.relays() > 0) [[unlikely]]
+    flush_relays(c);
   const ssize_t r = send_impl(c, fd, iov, iovcnt, flags);
   if (r > 0) stats::count_tx(c.stat_slot, static_cast<size_t>(r));
   return r;

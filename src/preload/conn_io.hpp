@@ -16,6 +16,16 @@ namespace rdmakit::preload {
 ssize_t conn_recv(Conn& c, int fd, const iovec* iov, int iovcnt, int flags);
 ssize_t conn_send(Conn& c, int fd, const iovec* iov, int iovcnt, int flags);
 
+// The same, for one buffer.
+inline ssize_t conn_recv_buf(Conn& c, int fd, void* buf, size_t len, int flags) {
+  iovec v{buf, len};
+  return conn_recv(c, fd, &v, 1, flags);
+}
+inline ssize_t conn_send_buf(Conn& c, int fd, const void* buf, size_t len, int flags) {
+  iovec v{const_cast<void*>(buf), len};  // NOLINT: iovec is not const-correct
+  return conn_send(c, fd, &v, 1, flags);
+}
+
 // The error that ended the stream, reported as kernel TCP reports a socket
 // error: to the first call that looks (a read past the buffered bytes, a
 // write, SO_ERROR), once; later reads then see end of stream and writes

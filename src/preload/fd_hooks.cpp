@@ -12,12 +12,10 @@
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
-
-#define EXPORT extern "C" __attribute__((visibility("default")))
-#define CALLER __builtin_return_address(0)
 
 EXPORT int socketpair(int domain, int type, int protocol, int sv[2]) {
   const int r = real().socketpair(domain, type, protocol, sv);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adopt.hpp"
+#include "conn_guard.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
@@ -90,7 +91,7 @@ bool install_grant(const std::vector<int>& aliases, RelayGrant& g,
   } else if (!aliases.empty()) {
     private_copy = place_high(real().fcntl(aliases.front(), F_DUPFD_CLOEXEC, 0));
   }
-  auto tcp_only = std::make_shared<Conn>();
+  auto tcp_only = make_conn();
   tcp_only->relay_fd = private_copy;
   tcp_only->tcp_fd = g.tcp;
   tcp_only->owner = process_id();

@@ -12,21 +12,19 @@
 #include <chrono>
 
 #include "conn_io.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "state.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
 
-#define EXPORT extern "C" __attribute__((visibility("default")))
+namespace {
 
-EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
-  if (!is_conn(fd)) return real().sendmmsg(fd, vec, vlen, flags);
-  auto c = find_conn(fd);
-  if (!c) return real().sendmmsg(fd, vec, vlen, flags);
+int stream_sendmmsg(Conn& c, int fd, mmsghdr* vec, unsigned vlen, int flags) {
   unsigned done = 0;
   for (; done < vlen; ++done) {
     msghdr& h = vec[done].msg_hdr;
-    const ssize_t r = conn_send(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), flags);
+    const ssize_t r = conn_send(c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), flags);
     if (r < 0) break;
     vec[done].msg_len = static_cast<unsigned>(r);
   }
@@ -34,10 +32,8 @@ EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
   return static_cast<int>(done);
 }
 
-EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
-  if (!is_conn(fd)) return real().recvmmsg(fd, vec, vlen, flags, timeout);
-  auto c = find_conn(fd);
-  if (!c) return real().recvmmsg(fd, vec, vlen, flags, timeout);
+int stream_recvmmsg(Conn& c, int fd, mmsghdr* vec, unsigned vlen, int flags,
+                    timespec* timeout) {
   using Clock = std::chrono::steady_clock;
   const bool timed = timeout != nullptr;
   if (timed &&
@@ -49,7 +45,7 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
                                std::chrono::nanoseconds(timeout->tv_nsec)
                          : Clock::time_point{};
   // As the kernel's recvmmsg: a pending socket error first, before any data.
-  if (const int e = take_stream_error(*c); e != 0) {
+  if (const int e = take_stream_error(c); e != 0) {
     errno = e;
     return -1;
   }
@@ -58,7 +54,7 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
   int err = 0;
   while (done < vlen) {
     msghdr& h = vec[done].msg_hdr;
-    const ssize_t r = conn_recv(*c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), each);
+    const ssize_t r = conn_recv(c, fd, h.msg_iov, static_cast<int>(h.msg_iovlen), each);
     if (r < 0) {
       err = errno;
       break;
@@ -77,12 +73,26 @@ EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* ti
     timeout->tv_nsec = static_cast<long>(ns % 1000000000);  // NOLINT(google-runtime-int)
   }
   // The kernel keeps an error met after some messages for the next call.
-  if (done > 0 && err != 0 && err == c->stream->error()) {
-    c->error_reported.store(false, std::memory_order_release);
+  if (done > 0 && err != 0 && err == c.stream->error()) {
+    c.error_reported.store(false, std::memory_order_release);
   }
   if (done == 0 && vlen > 0) {
     errno = err;
     return -1;
   }
   return static_cast<int>(done);
+}
+
+}  // namespace
+
+EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
+  return on_conn(
+      fd, [=](Conn& c) { return stream_sendmmsg(c, fd, vec, vlen, flags); },
+      [=] { return real().sendmmsg(fd, vec, vlen, flags); });
+}
+
+EXPORT int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+  return on_conn(
+      fd, [=](Conn& c) { return stream_recvmmsg(c, fd, vec, vlen, flags, timeout); },
+      [=] { return real().recvmmsg(fd, vec, vlen, flags, timeout); });
 }

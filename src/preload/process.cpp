@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "conn_guard.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
@@ -69,6 +70,7 @@ void on_child() {
   forget_relay_server_in_child();
   reset_counts_in_child();
   disown_all_in_child();
+  hazards_after_fork_in_child();
   forget_epoll_sets_in_child();
   stats::drop_in_child();
   stats::unlock_after_fork();

@@ -137,7 +137,7 @@ struct Relay {
     if (so >= 0) real().close(so);
     if (wake >= 0) real().close(wake);
     if (conn) {
-      conn->relays.fetch_sub(1, std::memory_order_acq_rel);
+      conn->relay_ended();
       g_relay_count.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -145,13 +145,13 @@ struct Relay {
 
 // The connection's next bytes: given-back ones first, then the stream's.
 ssize_t read_conn(Conn& c, char* buf, size_t len) {
-  if (c.has_pushback.load(std::memory_order_acquire)) {
+  if (c.has_pushback()) {
     std::lock_guard lock(c.pushback_mu);
     const size_t n = std::min(len, c.pushback.size());
     if (n > 0) {
       c.pushback.copy(buf, n);
       c.pushback.erase(0, n);
-      if (c.pushback.empty() && c.has_pushback.exchange(false)) count_pushback(-1);
+      if (c.pushback.empty() && c.mark_pushback(false)) count_pushback(-1);
       return static_cast<ssize_t>(n);
     }
   }
@@ -340,7 +340,7 @@ class Server {
     if (sent) {
       r->wake = *keep = s;
       r->awake = !dormant;
-      r->conn->relays.fetch_add(1, std::memory_order_acq_rel);
+      r->conn->relay_started();
       g_relay_count.fetch_add(1, std::memory_order_acq_rel);
       std::lock_guard lock(registry_mu_);
       relays_.push_back(std::move(r));
@@ -419,7 +419,7 @@ class Server {
     Conn& c = *r.conn;
     std::lock_guard lock(c.pushback_mu);
     c.pushback.insert(0, back);
-    if (!c.has_pushback.exchange(true, std::memory_order_acq_rel)) count_pushback(1);
+    if (!c.mark_pushback(true)) count_pushback(1);
   }
 
   static void pump(Relay& r, short so_rev) {

@@ -297,6 +297,19 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
   return up;
 }
 
+namespace {
+
+constexpr const char* kClosedBeforeUse =
+    "the client closed the connection before using it";
+
+// The client closed its end of the kernel connection.
+bool peer_closed(int tcp_fd) {
+  pollfd hup{tcp_fd, POLLRDHUP, 0};
+  return real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
+}
+
+}  // namespace
+
 Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   Upgrade up;
   const Config& cfg = config();
@@ -327,11 +340,8 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   if (c.get() < 0) {
     if (answer_other_user(tcp_fd, t, deny, &up)) return up;
     // A client that closed its end before using it withdrew its offer.
-    pollfd hup{tcp_fd, POLLRDHUP, 0};
-    const bool closed =
-        real().poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
-    up.reason = !deny.empty() ? deny
-                : closed      ? "the client closed the connection before using it"
+    up.reason = !deny.empty()         ? deny
+                : peer_closed(tcp_fd) ? kClosedBeforeUse
                 : !cfg.dir_problem.empty()
                     ? "rendezvous directory unusable: " + cfg.dir_problem
                     : "no rendezvous offer from the peer (peer not rdmakit-enabled)";
@@ -347,13 +357,9 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   if (!up.reason.empty()) return up;
   Offer offer;
   if (!io_all(c.get(), &offer, sizeof offer, false, deadline)) {
-    // An offer withdrawn unread: its client closed the connection before
-    // using it (the FIN follows the offer socket's close at once).
-    pollfd hup{tcp_fd, POLLRDHUP, 0};
-    const bool closed =
-        real().poll(&hup, 1, 200) == 1 && (hup.revents & (POLLRDHUP | POLLHUP)) != 0;
-    up.reason = closed ? "the client closed the connection before using it"
-                       : "rendezvous: no offer received";
+    // The client withdraws its offer after closing its kernel socket
+    // (close()): an offer taken up just before then ends with the stream.
+    up.reason = peer_closed(tcp_fd) ? kClosedBeforeUse : "rendezvous: no offer received";
     return up;
   }
   if (std::string bad = offer_problem(offer); !bad.empty()) {

@@ -21,6 +21,7 @@
 #include <cerrno>
 
 #include "conn_io.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "state.hpp"
 
@@ -125,21 +126,14 @@ ssize_t pipe_to_stream(int pipe_fd, Conn& c, int fd, size_t len, unsigned flags)
   return result;
 }
 
-}  // namespace
-
-#define EXPORT extern "C" __attribute__((visibility("default")))
-
-EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t len,
-                      unsigned flags) {
-  if (!is_conn(in) && !is_conn(out))
-    return real().splice(in, off_in, out, off_out, len, flags);
-  auto cin = find_conn(in);
-  auto cout = find_conn(out);
-  if (!cin && !cout) return real().splice(in, off_in, out, off_out, len, flags);
-  const int pipe_fd = cin ? out : in;
-  const loff_t* sock_off = cin ? off_in : off_out;
-  const loff_t* pipe_off = cin ? off_out : off_in;
-  if ((cin && cout) || !is_pipe(pipe_fd) || sock_off != nullptr) {
+// The stream end of a splice: the other end must be a pipe, neither end an
+// offset on the socket, and the pipe end no offset (as the kernel).
+ssize_t splice_stream(Conn& c, bool stream_in, int in, loff_t* off_in, int out,
+                      loff_t* off_out, size_t len, unsigned flags) {
+  const int pipe_fd = stream_in ? out : in;
+  const loff_t* sock_off = stream_in ? off_in : off_out;
+  const loff_t* pipe_off = stream_in ? off_out : off_in;
+  if (!is_pipe(pipe_fd) || sock_off != nullptr) {
     errno = EINVAL;
     return -1;
   }
@@ -147,6 +141,31 @@ EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t l
     errno = ESPIPE;
     return -1;
   }
-  return cin ? stream_to_pipe(*cin, in, out, len, flags)
-             : pipe_to_stream(in, *cout, out, len, flags);
+  return stream_in ? stream_to_pipe(c, in, out, len, flags)
+                   : pipe_to_stream(in, c, out, len, flags);
+}
+
+}  // namespace
+
+EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t len,
+                      unsigned flags) {
+  return on_conn(
+      in,
+      [=](Conn& c) {
+        // A stream at both ends: neither is a pipe.
+        if (on_conn(
+                out, [](Conn&) { return true; }, [] { return false; })) {
+          errno = EINVAL;
+          return ssize_t{-1};
+        }
+        return splice_stream(c, true, in, off_in, out, off_out, len, flags);
+      },
+      [=] {
+        return on_conn(
+            out,
+            [=](Conn& c) {
+              return splice_stream(c, false, in, off_in, out, off_out, len, flags);
+            },
+            [=] { return real().splice(in, off_in, out, off_out, len, flags); });
+      });
 }

@@ -22,6 +22,8 @@
 
 namespace rdmakit::preload {
 
+std::atomic<uintptr_t> g_fd_word[kMaxFd];
+
 namespace {
 
 // Directory private to this uid: created 0700, and refused if it is a
@@ -94,26 +96,45 @@ Config load_config() {
   return c;
 }
 
+// The control path's side of the table (under mu); the entries themselves
+// are g_fd_word.
 struct Table {
   std::mutex mu;
-  std::atomic<uint8_t> kind[kMaxFd];  // Entry
   std::shared_ptr<Conn> conns[kMaxFd];
   std::shared_ptr<Pending> pendings[kMaxFd];
-  uint16_t ports[kMaxFd];
+  uint16_t ports[kMaxFd] = {};
 };
 
-// Never destroyed: a forked child or a late hook may still look at it.
-Table& table() {
-  static Table* t = new Table();
-  return *t;
-}
+// Zero at load, without a constructor run or a page touched (constinit): a
+// slot's pages are written when a connection first uses them, so no call
+// pays for the whole table. Never destroyed: a forked child or a late hook
+// may still look at it.
+union TableStorage {
+  Table t;
+  constexpr TableStorage() : t() {}
+  ~TableStorage() {}  // NOLINT(modernize-use-equals-default): must not destroy t
+};
+constinit TableStorage g_table;
+
+Table& table() { return g_table.t; }
 
 Entry kind(int fd) noexcept {
-  return static_cast<Entry>(table().kind[fd].load(std::memory_order_acquire));
+  return entry_of_word(g_fd_word[fd].load(std::memory_order_acquire));
 }
 
+static_assert(alignof(Conn) >= kConnWord &&
+              static_cast<int>(Entry::kDormant) < kConnWord);
+
+// Table lock held (or a forked child's only thread). A kConn entry's word is
+// its Conn, published after the table's reference to it (conns[fd]) and
+// withdrawn before that reference goes: seq_cst, against ConnGuard's
+// publish-then-check.
 void set_kind(int fd, Entry e) noexcept {
-  table().kind[fd].store(static_cast<uint8_t>(e), std::memory_order_release);
+  Conn* c = e == Entry::kConn ? table().conns[fd].get() : nullptr;
+  const uintptr_t w = e != Entry::kConn ? static_cast<uintptr_t>(e)
+                      : c != nullptr    ? reinterpret_cast<uintptr_t>(c)
+                                        : 0;
+  g_fd_word[fd].store(w, std::memory_order_seq_cst);
 }
 
 std::atomic<uint64_t> g_fork_gen{0};
@@ -158,16 +179,6 @@ Conn::~Conn() {
   if (tcp_fd >= 0) real().close(tcp_fd);
   if (!marker.empty()) unlink(marker.c_str());
   stats::release(stat_slot);
-}
-
-Entry entry_of(int fd) noexcept {
-  return fd >= 0 && fd < kMaxFd ? kind(fd) : Entry::kNone;
-}
-
-bool is_conn(int fd) noexcept {
-  const Entry e = entry_of(fd);
-  return e == Entry::kConn || e == Entry::kPending || e == Entry::kInherited ||
-         e == Entry::kForeign || e == Entry::kDormant;
 }
 
 namespace {

@@ -58,19 +58,38 @@ struct Conn {
   std::atomic<bool> foreign_logged{false};  // a fork child's use, logged once
   // The stream's error was reported (conn_io.hpp take_stream_error).
   std::atomic<bool> error_reported{false};
+  // Work besides the stream that the owner's reads and writes do first, in
+  // one word so that the data path tests it once (0 for almost every
+  // connection): relays of this connection to other processes (relay.hpp:
+  // a write first pushes what they have already written, a read first
+  // reclaims from those that are gone), and bytes given back (pushback).
+  std::atomic<uint32_t> detours{0};
+  static constexpr uint32_t kPushback = 1;
+  static constexpr uint32_t kRelay = 2;  // per relay
+  int relays() const noexcept {
+    return static_cast<int>(detours.load(std::memory_order_acquire) / kRelay);
+  }
+  void relay_started() noexcept { detours.fetch_add(kRelay, std::memory_order_acq_rel); }
+  void relay_ended() noexcept { detours.fetch_sub(kRelay, std::memory_order_acq_rel); }
+  bool has_pushback() const noexcept {
+    return (detours.load(std::memory_order_acquire) & kPushback) != 0;
+  }
+  // Sets or clears the pushback mark (under pushback_mu); whether it was set.
+  bool mark_pushback(bool on) noexcept {
+    const uint32_t was = on ? detours.fetch_or(kPushback, std::memory_order_acq_rel)
+                            : detours.fetch_and(~kPushback, std::memory_order_acq_rel);
+    return (was & kPushback) != 0;
+  }
+  // Its slot in the published statistics (stat.hpp); nullptr: not listed.
+  stats::Slot* stat_slot = nullptr;
   // Lazy readiness (epoll_set.hpp): lazy and epoll_set under lazy_mu.
   std::mutex lazy_mu;
   std::atomic<bool> lazy{false};   // Stream::set_lazy_readiness(true) is in force
   int epoll_set = -1;              // the one epoll set it is registered in; -1 none
   std::atomic<bool> eager{false};  // watched by the kernel elsewhere: never lazy
-  // Its slot in the published statistics (stat.hpp); nullptr: not listed.
-  stats::Slot* stat_slot = nullptr;
   // The adoption marker (rendezvous.hpp) other holders of the connection
   // find it by; removed with the connection.
   std::string marker;
-  // Relays of this connection to other processes (relay.hpp): the owner's
-  // own writes first push what they have already written.
-  std::atomic<int> relays{0};
   // kDormant: the wake channel, and the fds that name the connection.
   std::atomic<int> wake_fd{-1};
   std::vector<int> relay_aliases;
@@ -81,7 +100,6 @@ struct Conn {
   // stream's for the next reader.
   std::mutex pushback_mu;
   std::string pushback;
-  std::atomic<bool> has_pushback{false};
   // fork_generation() when it was upgraded: a later fork may have copied it.
   uint64_t adopt_gen = 0;
   ~Conn();
@@ -114,6 +132,24 @@ enum class Entry : uint8_t {
   kDormant = 7,
 };
 
+// The fd table's lock-free face, read first by every hook: one word per
+// fd. 0: nothing the library tracks (libc at once); at least kConnWord: the
+// Conn* of an upgraded connection this process carries (Entry::kConn),
+// which a hook uses under a ConnGuard (conn_guard.hpp); otherwise the fd's
+// Entry. Written under the table lock, after the table's own reference.
+constexpr uintptr_t kConnWord = 8;
+extern std::atomic<uintptr_t> g_fd_word[kMaxFd];
+
+inline uintptr_t fd_word(int fd) noexcept {
+  return static_cast<unsigned>(fd) < static_cast<unsigned>(kMaxFd)
+             ? g_fd_word[fd].load(std::memory_order_acquire)
+             : 0;
+}
+
+inline Entry entry_of_word(uintptr_t w) noexcept {
+  return w >= kConnWord ? Entry::kConn : static_cast<Entry>(w);
+}
+
 // A kPending or kInherited connection, shared by its aliases (dup).
 struct Pending {
   std::mutex mu;                       // one settle at a time
@@ -127,10 +163,13 @@ struct Pending {
   PendingOfferPtr offer;
 };
 
-Entry entry_of(int fd) noexcept;
-// Lock-free test used by every hook before anything else: the entry needs
-// find_conn (an upgraded connection, or one to settle first).
-bool is_conn(int fd) noexcept;
+inline Entry entry_of(int fd) noexcept { return entry_of_word(fd_word(fd)); }
+// The entry needs find_conn: an upgraded connection, or one to settle first.
+inline bool is_conn(int fd) noexcept {
+  const uintptr_t w = fd_word(fd);
+  return w != 0 && w != static_cast<uintptr_t>(Entry::kListener) &&
+         w != static_cast<uintptr_t>(Entry::kRelayed);
+}
 // The connection this process carries for fd, after settling a pending,
 // inherited or foreign entry (the fd's first use); null: the fd is a plain
 // kernel socket now (kernel TCP, or a relay socket).
@@ -143,6 +182,7 @@ std::shared_ptr<Conn> meta_conn(int fd);
 int kernel_socket(int fd);
 // The Conn an entry holds, whatever its kind (a foreign one names its owner).
 std::shared_ptr<Conn> entry_conn(int fd);
+// conn comes from make_conn (conn_guard.hpp).
 void install_conn(int fd, std::shared_ptr<Conn> conn);
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only,
                      Entry kind = Entry::kRelayed);
@@ -187,6 +227,7 @@ std::string endpoint(const sockaddr* sa);
 
 // fork: the table lock is held across fork (no child inherits it locked);
 // the child leaks its copies of the parent's connections (never closes them).
+// Hooks read the table without the lock (fd_word, conn_guard.hpp).
 void lock_table_for_fork();
 void unlock_table_after_fork();
 // The child keeps its copies of the parent's connections as kForeign

@@ -26,14 +26,13 @@
 
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "relay.hpp"
 #include "state.hpp"
 #include "wait_spin.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
-
-#define EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 
@@ -91,7 +90,7 @@ int answer_pushback(pollfd* fds, nfds_t n) {
       if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 ||
           entry_of(fds[i].fd) != Entry::kConn)
         continue;
-      if (auto c = find_conn(fds[i].fd); c && c->relays.load() > 0) reclaim_relays(*c);
+      if (auto c = find_conn(fds[i].fd); c && c->relays() > 0) reclaim_relays(*c);
     }
   }
   if (!any_pushback()) return -1;
@@ -99,7 +98,7 @@ int answer_pushback(pollfd* fds, nfds_t n) {
   for (nfds_t i = 0; i < n && !any; ++i) {
     if (fds[i].fd < 0 || (fds[i].events & POLLIN) == 0 || !is_conn(fds[i].fd)) continue;
     auto c = find_conn(fds[i].fd);
-    any = c && c->has_pushback.load(std::memory_order_acquire);
+    any = c && c->has_pushback();
   }
   if (!any) return -1;
   int r = real().poll(fds, n, 0);
@@ -108,7 +107,7 @@ int answer_pushback(pollfd* fds, nfds_t n) {
   for (nfds_t i = 0; i < n; ++i) {
     if (fds[i].fd >= 0 && (fds[i].events & POLLIN) != 0 && is_conn(fds[i].fd)) {
       auto c = find_conn(fds[i].fd);
-      if (c && c->has_pushback.load(std::memory_order_acquire)) fds[i].revents |= POLLIN;
+      if (c && c->has_pushback()) fds[i].revents |= POLLIN;
     }
     if (fds[i].revents != 0) ++r;
   }

@@ -1,0 +1,56 @@
+#pragma once
+// What every interposer shares (docs/preload.md, "Interception"): the
+// export macros, and on_conn, the one way a hooked call on an fd finds the
+// connection the library carries for it or falls through to libc.
+#include <cstdint>
+
+#include "conn_guard.hpp"
+#include "state.hpp"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+// The hooked call's return address: rdmakit's own code or the
+// application's (fd_place.hpp). Valid only in the exported function itself.
+#define CALLER __builtin_return_address(0)
+
+namespace rdmakit::preload {
+
+// What a hook does with the connection: kData is a use (a pending entry is
+// settled first: handoff.hpp), kMeta only reads or sets the socket's
+// metadata (flags, options) and leaves a pending connection pending.
+enum class Use : uint8_t { kData, kMeta };
+
+// The rarely taken part of on_conn: an entry to settle first (its first
+// use), one the I/O calls pass through (a listener, a relay socket), or a
+// connection whose slot changed under the hook (it is looked up again,
+// under the table lock).
+template <Use U, class Io, class Pass>
+[[gnu::noinline]] auto on_conn_slow(int fd, Io io, Pass pass) -> decltype(pass()) {
+  if (!is_conn(fd)) return pass();
+  const auto c = U == Use::kData ? find_conn(fd) : meta_conn(fd);
+  if (!c) return pass();
+  return io(*c);
+}
+
+// io(Conn&) when fd names a connection this process carries, else pass()
+// (the libc call); both return the hook's result. The common cases are one
+// load of the fd's table word: 0 (not tracked) goes to libc at once, an
+// upgraded connection of this process to io under a ConnGuard; everything
+// else is on_conn_slow.
+template <Use U = Use::kData, class Io, class Pass>
+inline auto on_conn(int fd, Io&& io, Pass&& pass) -> decltype(pass()) {
+  const uintptr_t w = fd_word(fd);
+  if (w == 0) [[likely]]
+    return pass();
+  if (w >= kConnWord) [[likely]] {
+    const ConnGuard guard(g_fd_word[fd], w);
+    if (guard) [[likely]]
+      return io(*guard);
+  }
+  return on_conn_slow<U>(fd, io, pass);
+}
+
+// A new kernel fd with this number: whatever the tables held for it was
+// closed behind the library's back (fclose, a raw syscall) and is stale.
+void forget_stale(int fd);
+
+}  // namespace rdmakit::preload
