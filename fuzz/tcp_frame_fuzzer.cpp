@@ -42,7 +42,7 @@ State& state() {
   static State* s = [] {
     auto* st = new State;
     st->ctx = std::make_unique<TcpContext>(/*progress_thread=*/false);
-    st->ctx->engine()->mrs().reseed_for_testing(1);
+    st->ctx->progress()->mrs().reseed_for_testing(1);
     st->arena = static_cast<std::byte*>(std::aligned_alloc(4096, kGuard * 2 + kArena));
     std::memset(st->arena, kGuardByte, kGuard * 2 + kArena);
     std::byte* mid = st->arena + kGuard;

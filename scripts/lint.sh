@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# clang-format check (no changes) over every C++ source, and clang-tidy
-# (.clang-tidy's checks) over the library sources.
+# The providers' file layout (scripts/check_provider_files.py), clang-format
+# check (no changes) over every C++ source, and clang-tidy (.clang-tidy's
+# checks) over the library sources.
 #   scripts/lint.sh [build-dir]   (compile_commands.json; configured if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+# The providers' file layout against docs/architecture.md.
+python3 scripts/check_provider_files.py
 mapfile -t files < <(git ls-files '*.cpp' '*.hpp' | grep -v '^fuzz/corpus')
 echo "lint: clang-format on ${#files[@]} files"
 clang-format --dry-run -Werror "${files[@]}"

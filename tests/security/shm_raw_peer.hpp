@@ -6,7 +6,7 @@
 #include <string>
 
 #include "providers/shm/shm_layout.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 
 namespace rdmakit::shm::attack {
 

@@ -2,7 +2,7 @@
 // configuration: a deregistration (trickling WRITE, slow READ reader), memory
 // sized by its HELLO, handshake slots (silent connections) and timers (tiny
 // peer_timeout, huge rnr_timeout). The peers are hand-made: raw sockets
-// speaking the wire format of src/providers/tcp/wire.hpp.
+// speaking the wire format of src/providers/tcp/tcp_wire.hpp.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -452,7 +452,7 @@ TEST(TcpProvider, RkeysUseAllThirtyTwoBits) {
   // For 512 random keys a bit stuck at 0 or 1 has probability 2^-511.
   EXPECT_EQ(any, ~0u) << std::hex << any;
   EXPECT_EQ(all, 0u) << std::hex << all;
-  MrTable& t = ctx.engine()->mrs();
+  MrTable& t = ctx.progress()->mrs();
   for (const auto& mr : mrs) {
     const auto addr = reinterpret_cast<uint64_t>(mem.data());
     MrEntry* e = t.acquire(mr->rkey(), addr, 8, kAccessRemoteWrite);

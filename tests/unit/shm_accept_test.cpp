@@ -14,7 +14,7 @@
 
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_handshake.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "shm_in_process.hpp"
 

@@ -268,7 +268,7 @@ TEST(ShmErrorTest, PeerDeathDuringRnrLeavesNoRetryTimer) {
   ASSERT_EQ(n, 1);
   EXPECT_EQ(c[0].wr_id, 5u);
   EXPECT_EQ(c[0].status, Status::kRetryExceeded) << status_name(c[0].status);
-  // The service thread may still report the hang-up once (a wake-up); a
+  // The progress thread may still report the hang-up once (a wake-up); a
   // retry timer would wake the CQ every time it is armed.
   int quiet = 0;
   for (int attempt = 0; attempt < 3 && quiet == 0; ++attempt) {

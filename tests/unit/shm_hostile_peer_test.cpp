@@ -1,6 +1,6 @@
 // A peer process shares memory with us: its region table, its receive ring,
 // the memfds it hands over. Whatever it writes there must not direct our
-// writes outside what we mapped, resize what we mapped, or stall the service
+// writes outside what we mapped, resize what we mapped, or stall the progress
 // thread that serves every peer of the context. Each case plays the hostile
 // peer in-process through the provider's internals.
 #include <fcntl.h>
@@ -257,7 +257,7 @@ TEST(ShmHostilePeerTest, UnsealedPeerMemoryIsRefused) {
   }
 }
 
-// A peer that floods our service thread with requests and never reads the
+// A peer that floods our progress thread with requests and never reads the
 // replies is dropped; the thread goes on serving other peers (it blocked in
 // sendmsg, and a well-behaved peer's first WRITE failed after its timeout).
 TEST(ShmHostilePeerTest, PeerNotReadingRepliesDoesNotStallTheServiceThread) {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/rdmakit.hpp"
 
 namespace rdmakit::shm {

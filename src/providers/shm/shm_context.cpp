@@ -1,8 +1,6 @@
 #include "providers/shm/shm_context.hpp"
 
 #include <fcntl.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -63,20 +61,11 @@ ShmContext::ShmContext(uint64_t streaming_write_min, const ShmContextOptions& op
         "cannot reach memory given to register_memory()");
   }
 
-  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-  stop_event_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!epoll_ || !stop_event_) throw context_error("epoll/eventfd", errno);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = 0;
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stop_event_.get(), &ev);
-  service_ = std::thread([this] { service_loop(); });
+  progress_ = std::make_unique<ShmProgress>(*this);
 }
 
 ShmContext::~ShmContext() {
-  const uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(stop_event_.get(), &one, sizeof one);
-  service_.join();
+  progress_.reset();  // its thread reads the region table
   ::munmap(table_, sizeof(RegionTable));
 }
 
@@ -97,7 +86,7 @@ uint32_t ShmContext::reserve_key() {
   return key;
 }
 
-void ShmContext::publish_region(uint32_t key, ShmMemoryRegion* region, RegionKind kind,
+void ShmContext::publish_region(uint32_t key, ShmMr* region, RegionKind kind,
                                 uint64_t addr, uint64_t length, uint32_t access) {
   std::lock_guard lock(mutex_);
   const uint32_t index = key & kRegionIndexMask;
@@ -130,8 +119,7 @@ std::unique_ptr<MemoryRegion> ShmContext::register_memory(void* addr, size_t len
     throw context_error("register_memory", EINVAL, "unknown access bits");
   }
   const uint32_t key = reserve_key();
-  auto region =
-      std::make_unique<ShmMemoryRegion>(*this, addr, length, key, access, Fd(), 0);
+  auto region = std::make_unique<ShmMr>(*this, addr, length, key, access, Fd(), 0);
   publish_region(key, region.get(), RegionKind::kUser, reinterpret_cast<uint64_t>(addr),
                  length, access);
   return region;
@@ -176,15 +164,15 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
     throw context_error("fcntl(F_ADD_SEALS, region)", err);
   }
   const uint32_t key = reserve_key();
-  auto region = std::make_unique<ShmMemoryRegion>(*this, mem, length, key, access,
-                                                  std::move(memfd), mapped);
+  auto region =
+      std::make_unique<ShmMr>(*this, mem, length, key, access, std::move(memfd), mapped);
   publish_region(key, region.get(), RegionKind::kMemfd, reinterpret_cast<uint64_t>(mem),
                  length, access);
   return region;
 }
 
 std::unique_ptr<CompletionQueue> ShmContext::create_cq(const CqOptions& options) {
-  return std::make_unique<ShmCompletionQueue>(options);
+  return std::make_unique<ShmCq>(options);
 }
 
 std::unique_ptr<SharedReceiveQueue> ShmContext::create_srq(const SrqOptions& options) {
@@ -202,132 +190,55 @@ std::unique_ptr<QueuePair> ShmContext::connect(const std::string& address,
   return connect_queue_pair(*this, address, options, private_data, timeout);
 }
 
-void ShmContext::add_link(const std::shared_ptr<Link>& link) {
-  std::lock_guard lock(mutex_);
-  link->id = next_link_id_++;
-  links_.emplace(link->id, link);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.u64 = link->id;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, link->serve_socket.get(), &ev) != 0) {
-    links_.erase(link->id);
-    throw context_error("epoll_ctl(link)", errno);
-  }
-}
-
-void ShmContext::remove_link(const std::shared_ptr<Link>& link) {
-  std::lock_guard lock(mutex_);
-  if (links_.erase(link->id) != 0) {
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, link->serve_socket.get(), nullptr);
-  }
-}
-
-void ShmContext::mark_gone(Link& link) {
-  link.peer_gone.store(true, std::memory_order_release);
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(link.send_cq_wake.get(), &one, sizeof one);
-  n = ::write(link.recv_cq_wake.get(), &one, sizeof one);
-}
-
-void ShmContext::service_loop() {
-  epoll_event events[32];
-  for (;;) {
-    const int n = ::epoll_wait(epoll_.get(), events, 32, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      core::log().error("shm: service epoll_wait failed: {}", std::strerror(errno));
-      return;
-    }
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == 0) return;  // stop
-      std::shared_ptr<Link> link;
-      {
-        std::lock_guard lock(mutex_);
-        auto it = links_.find(events[i].data.u64);
-        if (it == links_.end()) continue;
-        link = it->second;
-      }
-      if ((events[i].events & EPOLLIN) != 0) serve_request(*link);
-      if ((events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0 &&
-          !link->peer_gone.load()) {
-        mark_gone(*link);
-      }
-      if (link->peer_gone.load()) remove_link(link);
-    }
-  }
-}
-
-void ShmContext::serve_request(Link& link) {
-  Request request{};
-  size_t nfds = 0;
-  const ssize_t got = recv_with_fds(link.serve_socket.get(), &request, sizeof request, {},
-                                    &nfds, std::chrono::milliseconds(0));
-  if (got == 0 || (got < 0 && got != -EAGAIN && got != -ETIMEDOUT)) {
-    mark_gone(link);
-    return;
-  }
-  if (got != static_cast<ssize_t>(sizeof request)) return;  // malformed: ignore
-
+Reply ShmContext::answer(const Request& request, bool other_user, Fd* region_fd) {
   Reply reply{static_cast<uint32_t>(Status::kRemoteAccessError), 0, 0};
-  Fd region_fd;
-  {
-    std::lock_guard lock(mutex_);
-    const uint32_t index = request.rkey & kRegionIndexMask;
-    ShmMemoryRegion* region = regions_[index];
-    const bool live = region != nullptr && region->rkey() == request.rkey;
-    // Only a region that grants remote access is ever handed out; one that
-    // grants no remote write goes out sealed read-only (see allocate()).
-    constexpr uint32_t kRemoteBits =
-        kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic;
-    // A peer of another user maps a region only to write it, or to read it
-    // when it is sealed read-only; atomics on any other stay with the owner,
-    // which performs each one.
-    const uint32_t access = live ? region->access() : 0;
-    const bool mappable =
-        link.other_user
-            ? ((access & kAccessRemoteWrite) != 0 ||
-               ((access & kAccessRemoteRead) != 0 && !region->peers_may_write()))
-            : (access & kRemoteBits) != 0;
-    if (live && request.op == RequestOp::kGetRegion &&
-        region->kind() == RegionKind::kMemfd && mappable) {
-      region_fd.reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
-      reply.writable = (link.other_user ? (region->access() & kAccessRemoteWrite) != 0
-                                        : region->peers_may_write())
-                           ? 1
-                           : 0;
-      reply.status = static_cast<uint32_t>(region_fd ? Status::kSuccess
-                                                     : Status::kRemoteOperationError);
-    } else if (live &&
-               (request.op == RequestOp::kCompareSwap ||
-                request.op == RequestOp::kFetchAdd) &&
-               !(link.other_user && region->kind() == RegionKind::kUser)) {
-      // register_memory() memory is never reached by another user.
-      const uint64_t base = reinterpret_cast<uint64_t>(region->addr());
-      const bool in_range = request.addr >= base && region->length() >= 8 &&
-                            request.addr - base <= region->length() - 8;
-      if (in_range && (region->access() & kAccessRemoteAtomic) != 0 &&
-          request.addr % 8 == 0) {
-        std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(request.addr));
-        if (request.op == RequestOp::kFetchAdd) {
-          reply.value = word.fetch_add(request.compare_add);
-        } else {
-          uint64_t expected = request.compare_add;
-          word.compare_exchange_strong(expected, request.swap);
-          reply.value = expected;
-        }
-        reply.status = static_cast<uint32_t>(Status::kSuccess);
+  std::lock_guard lock(mutex_);
+  const uint32_t index = request.rkey & kRegionIndexMask;
+  ShmMr* region = regions_[index];
+  const bool live = region != nullptr && region->rkey() == request.rkey;
+  // Only a region that grants remote access is ever handed out; one that
+  // grants no remote write goes out sealed read-only (see allocate()).
+  constexpr uint32_t kRemoteBits =
+      kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic;
+  // A peer of another user maps a region only to write it, or to read it
+  // when it is sealed read-only; atomics on any other stay with the owner,
+  // which performs each one.
+  const uint32_t access = live ? region->access() : 0;
+  const bool mappable =
+      other_user ? ((access & kAccessRemoteWrite) != 0 ||
+                    ((access & kAccessRemoteRead) != 0 && !region->peers_may_write()))
+                 : (access & kRemoteBits) != 0;
+  if (live && request.op == RequestOp::kGetRegion &&
+      region->kind() == RegionKind::kMemfd && mappable) {
+    region_fd->reset(::fcntl(region->memfd(), F_DUPFD_CLOEXEC, 0));
+    reply.writable = (other_user ? (region->access() & kAccessRemoteWrite) != 0
+                                 : region->peers_may_write())
+                         ? 1
+                         : 0;
+    reply.status = static_cast<uint32_t>(*region_fd ? Status::kSuccess
+                                                    : Status::kRemoteOperationError);
+  } else if (live &&
+             (request.op == RequestOp::kCompareSwap ||
+              request.op == RequestOp::kFetchAdd) &&
+             !(other_user && region->kind() == RegionKind::kUser)) {
+    // register_memory() memory is never reached by another user.
+    const uint64_t base = reinterpret_cast<uint64_t>(region->addr());
+    const bool in_range = request.addr >= base && region->length() >= 8 &&
+                          request.addr - base <= region->length() - 8;
+    if (in_range && (region->access() & kAccessRemoteAtomic) != 0 &&
+        request.addr % 8 == 0) {
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(request.addr));
+      if (request.op == RequestOp::kFetchAdd) {
+        reply.value = word.fetch_add(request.compare_add);
+      } else {
+        uint64_t expected = request.compare_add;
+        word.compare_exchange_strong(expected, request.swap);
+        reply.value = expected;
       }
+      reply.status = static_cast<uint32_t>(Status::kSuccess);
     }
   }
-  // Never blocks: one peer that does not read its replies must not stall
-  // this thread, which serves every peer of the context. A requester waits
-  // for each reply, so a full socket means a misbehaving peer: it is dropped.
-  const int fd = region_fd.get();
-  if (send_with_fds(link.serve_socket.get(), &reply, sizeof reply,
-                    fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>(),
-                    true) != 0) {
-    mark_gone(link);
-  }
+  return reply;
 }
 
 }  // namespace rdmakit::shm

@@ -5,20 +5,19 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
-#include "providers/shm/peer_policy.hpp"
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_peer_policy.hpp"
+#include "providers/shm/shm_progress.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
 
-class ShmMemoryRegion;
+class ShmMr;
 
 // The shm protection domain: a region table in a memfd that peers map
 // read-only (so rkey checks and deregistration need no peer CPU), and a
@@ -52,13 +51,15 @@ class ShmContext final : public Context {
   // Region bookkeeping (control path).
   // Throws Error(ENOSPC) when the table is full.
   uint32_t reserve_key();
-  void publish_region(uint32_t key, ShmMemoryRegion* region, RegionKind kind,
-                      uint64_t addr, uint64_t length, uint32_t access);
+  void publish_region(uint32_t key, ShmMr* region, RegionKind kind, uint64_t addr,
+                      uint64_t length, uint32_t access);
   void remove_region(uint32_t key);
 
-  // Service thread registration of a QP's link.
-  void add_link(const std::shared_ptr<Link>& link);
-  void remove_link(const std::shared_ptr<Link>& link);
+  // The progress thread, which watches each QP's link.
+  ShmProgress& progress() noexcept { return *progress_; }
+  // The answer to a peer's request (region descriptor or atomic), checked
+  // against the region table; *region_fd receives the descriptor handed out.
+  Reply answer(const Request& request, bool other_user, Fd* region_fd);
 
   uint32_t next_qp_num() noexcept { return next_qp_num_++; }
   uint64_t streaming_write_min() const noexcept { return streaming_write_min_; }
@@ -70,27 +71,19 @@ class ShmContext final : public Context {
   std::shared_ptr<const RegionTable> map_peer_table(int fd);
 
  private:
-  void service_loop();
-  void serve_request(Link& link);
-  void mark_gone(Link& link);
-
   uint64_t streaming_write_min_;
   PeerPolicy peer_policy_;
   Fd table_fd_;
   RegionTable* table_ = nullptr;
-  std::mutex mutex_;  // regions_, free_indices_, links_
-  ShmMemoryRegion* regions_[kRegionTableSize] = {};
+  std::mutex mutex_;  // regions_, free_indices_
+  ShmMr* regions_[kRegionTableSize] = {};
   std::vector<uint32_t> free_indices_;
   uint32_t generation_;
-  std::unordered_map<uint64_t, std::shared_ptr<Link>> links_;
-  uint64_t next_link_id_ = 1;
   std::atomic<uint32_t> next_qp_num_{1};
   std::mutex peer_tables_mutex_;
   // By the memfd's (device, inode): a live mapping keeps its inode in use.
   std::map<std::pair<dev_t, ino_t>, std::weak_ptr<const RegionTable>> peer_tables_;
-  Fd epoll_;
-  Fd stop_event_;
-  std::thread service_;
+  std::unique_ptr<ShmProgress> progress_;  // started last, stopped first
 };
 
 }  // namespace rdmakit::shm

@@ -11,13 +11,13 @@
 #include <cerrno>
 #include <utility>
 
-#include "providers/shm/asymmetric_fence.hpp"
+#include "providers/shm/shm_asymmetric_fence.hpp"
 #include "providers/shm/shm_qp.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
 
-ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
+ShmCq::ShmCq(const CqOptions& options)
     : CompletionQueue(options),
       strong_gate_(kThreadSanitizer || !asymmetric_fence_available()) {
   if (options.capacity == 0) throw Error("create_cq", "shm", "", EINVAL, "capacity 0");
@@ -44,21 +44,19 @@ ShmCompletionQueue::ShmCompletionQueue(const CqOptions& options)
   }
 }
 
-ShmCompletionQueue::~ShmCompletionQueue() = default;
+ShmCq::~ShmCq() = default;
 
-void ShmCompletionQueue::reserve(uint32_t depth) {
-  budget_.charge(depth, "create_qp", "shm", "");
-}
+void ShmCq::reserve(uint32_t depth) { budget_.charge(depth, "create_qp", "shm", ""); }
 
 // ---------------------------------------------------------------- owner gate
 
-void ShmCompletionQueue::wake_if_armed() noexcept {
+void ShmCq::wake_if_armed() noexcept {
   if (!armed_.load(std::memory_order_acquire)) return;
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
 }
 
-void ShmCompletionQueue::wake_if_armed_after_queueing() noexcept {
+void ShmCq::wake_if_armed_after_queueing() noexcept {
   // A read-modify-write orders the queueing before this read (the store-load
   // order a plain load lacks; a fence TSan also understands). It writes
   // nothing new: false stays false, and a true fails the exchange.
@@ -69,7 +67,7 @@ void ShmCompletionQueue::wake_if_armed_after_queueing() noexcept {
   [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
 }
 
-void ShmCompletionQueue::wait_gate_open() const noexcept {
+void ShmCq::wait_gate_open() const noexcept {
   while (gate_closed_.load(std::memory_order_acquire)) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
@@ -77,7 +75,7 @@ void ShmCompletionQueue::wait_gate_open() const noexcept {
   }
 }
 
-void ShmCompletionQueue::close_gate() noexcept {
+void ShmCq::close_gate() noexcept {
   if (strong_gate_) {
     gate_closed_.store(true, std::memory_order_seq_cst);
   } else {
@@ -97,7 +95,7 @@ void ShmCompletionQueue::close_gate() noexcept {
 
 // ------------------------------------------------------------ attach/detach
 
-void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
+void ShmCq::attach(ShmQp* qp, uint32_t depth, bool send) {
   std::lock_guard lock(attach_mu_);
   reserve(depth);
   close_gate();
@@ -124,15 +122,11 @@ void ShmCompletionQueue::attach(ShmQueuePair* qp, uint32_t depth, bool send) {
   open_gate();
 }
 
-void ShmCompletionQueue::attach_send(ShmQueuePair* qp, uint32_t depth) {
-  attach(qp, depth, true);
-}
+void ShmCq::attach_send(ShmQp* qp, uint32_t depth) { attach(qp, depth, true); }
 
-void ShmCompletionQueue::attach_recv(ShmQueuePair* qp, uint32_t depth) {
-  attach(qp, depth, false);
-}
+void ShmCq::attach_recv(ShmQp* qp, uint32_t depth) { attach(qp, depth, false); }
 
-void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
+void ShmCq::detach(ShmQp* qp) noexcept {
   std::lock_guard lock(attach_mu_);
   const bool sends = std::find(send_qps_.begin(), send_qps_.end(), qp) != send_qps_.end();
   const bool recvs = std::find(recv_qps_.begin(), recv_qps_.end(), qp) != recv_qps_.end();
@@ -165,7 +159,7 @@ void ShmCompletionQueue::detach(ShmQueuePair* qp) noexcept {
   if (recvs) budget_.refund(qp->options().max_recv_wr);
 }
 
-void ShmCompletionQueue::lock_ring() noexcept {
+void ShmCq::lock_ring() noexcept {
   while (ring_lock_.exchange(true, std::memory_order_acquire)) {
     while (ring_lock_.load(std::memory_order_relaxed)) {
 #if defined(__x86_64__)
@@ -175,12 +169,12 @@ void ShmCompletionQueue::lock_ring() noexcept {
   }
 }
 
-void ShmCompletionQueue::disarm() noexcept {
+void ShmCq::disarm() noexcept {
   armed_.store(false, std::memory_order_relaxed);
-  for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(false);
+  for (ShmQp* qp : recv_qps_) qp->set_cq_armed(false);
 }
 
-void ShmCompletionQueue::note_hit(ShmQueuePair* qp) noexcept {
+void ShmCq::note_hit(ShmQp* qp) noexcept {
   qp->cq_last_hit = polls_;
   if (!qp->cq_hot) {
     qp->cq_hot = true;
@@ -188,7 +182,7 @@ void ShmCompletionQueue::note_hit(ShmQueuePair* qp) noexcept {
   }
 }
 
-int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
+int ShmCq::poll(std::span<Completion> out) noexcept {
   const OwnerSection section(*this);
   if (!section.entered()) return 0;  // a QP is being attached or detached
   ++polls_;
@@ -198,12 +192,12 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     visit_all = true;
   }
   if (visit_all || send_qps_.size() <= kScanAll) {
-    for (ShmQueuePair* qp : send_qps_) {
+    for (ShmQp* qp : send_qps_) {
       if (qp->needs_progress()) qp->progress();
     }
   } else {
     for (size_t i = 0; i < kColdSlice; ++i) {
-      ShmQueuePair* qp = send_qps_[next_send_];
+      ShmQp* qp = send_qps_[next_send_];
       if (++next_send_ >= send_qps_.size()) next_send_ = 0;
       if (qp->needs_progress()) qp->progress();
     }
@@ -234,7 +228,7 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     return static_cast<int>(n);
   }
   for (size_t i = 0; i < hot_.size() && n < out.size();) {
-    ShmQueuePair* qp = hot_[i];
+    ShmQp* qp = hot_[i];
     const int got = qp->poll_recv(out.subspan(n));
     if (got > 0) {
       n += static_cast<size_t>(got);
@@ -248,7 +242,7 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
     ++i;
   }
   for (size_t i = 0; i < kColdSlice && n < out.size(); ++i) {
-    ShmQueuePair* qp = recv_qps_[next_recv_];
+    ShmQp* qp = recv_qps_[next_recv_];
     if (++next_recv_ >= qps) next_recv_ = 0;  // stays a valid index for either path
     if (qp->cq_hot) continue;
     const int got = qp->poll_recv(out.subspan(n));
@@ -260,7 +254,7 @@ int ShmCompletionQueue::poll(std::span<Completion> out) noexcept {
   return static_cast<int>(n);
 }
 
-bool ShmCompletionQueue::arm() noexcept {
+bool ShmCq::arm() noexcept {
   const OwnerSection section(*this);
   if (!section.entered()) return false;  // poll again: the QP lists are changing
   uint64_t drained;
@@ -273,7 +267,7 @@ bool ShmCompletionQueue::arm() noexcept {
   for (int i = 0; i < 64 && ::recv(wake_rx_.get(), &byte, 1, MSG_DONTWAIT) >= 0; ++i) {
   }
   armed_.store(true, std::memory_order_relaxed);
-  for (ShmQueuePair* qp : recv_qps_) qp->set_cq_armed(true);
+  for (ShmQp* qp : recv_qps_) qp->set_cq_armed(true);
   // Senders that publish with a release store rely on this barrier.
   if (!recv_qps_.empty() && asymmetric_fence_available()) heavy_fence();
   // Re-check after arming (the fi_trywait rule): anything that became ready
@@ -284,8 +278,8 @@ bool ShmCompletionQueue::arm() noexcept {
     pending = head_ != tail_.load(std::memory_order_relaxed);
   }
   bool paced = false;
-  for (ShmQueuePair* qp : recv_qps_) pending = pending || qp->recv_ready();
-  for (ShmQueuePair* qp : send_qps_) {
+  for (ShmQp* qp : recv_qps_) pending = pending || qp->recv_ready();
+  for (ShmQp* qp : send_qps_) {
     if (qp->send_ready()) pending = true;
     if (qp->rnr_waiting()) paced = true;
   }

@@ -4,21 +4,21 @@
 #include <vector>
 
 #include "core/cq_budget.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/completion_queue.hpp"
 
 namespace rdmakit::shm {
 
-class ShmQueuePair;
+class ShmQp;
 
 // Send-side completions are produced by the owning thread into a private
 // ring; receive-side completions are read straight from each attached QP's
 // shared receive ring. fd() is an epoll set of an eventfd (peers and the
 // progress thread signal it when armed) and a timerfd (RNR retry pacing).
-class ShmCompletionQueue final : public CompletionQueue {
+class ShmCq final : public CompletionQueue {
  public:
-  explicit ShmCompletionQueue(const CqOptions& options);
-  ~ShmCompletionQueue() override;
+  explicit ShmCq(const CqOptions& options);
+  ~ShmCq() override;
 
   int poll(std::span<Completion> out) noexcept override;
   int fd() const noexcept override { return epoll_.get(); }
@@ -48,9 +48,9 @@ class ShmCompletionQueue final : public CompletionQueue {
   // makes the private ring multi-producer (locked). A caller-serialized QP
   // does not: its caller's lock already orders its pushes with the owner's
   // polls and with every other producer on this CQ.
-  void attach_send(ShmQueuePair* qp, uint32_t depth);
-  void attach_recv(ShmQueuePair* qp, uint32_t depth);
-  void detach(ShmQueuePair* qp) noexcept;
+  void attach_send(ShmQp* qp, uint32_t depth);
+  void attach_recv(ShmQp* qp, uint32_t depth);
+  void detach(ShmQp* qp) noexcept;
 
   // Held around push() and filling the entry. A CQ whose QPs are thread-safe
   // has several producing threads, and then the ring is locked. Otherwise the
@@ -59,7 +59,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   // overlap an unlocked push.
   class ProducerGuard {
    public:
-    explicit ProducerGuard(ShmCompletionQueue& cq) noexcept : cq_(cq) {
+    explicit ProducerGuard(ShmCq& cq) noexcept : cq_(cq) {
       for (;;) {
         if (cq.multi_producer_.load(std::memory_order_acquire)) {
           cq.lock_ring();
@@ -86,7 +86,7 @@ class ShmCompletionQueue final : public CompletionQueue {
     ProducerGuard& operator=(const ProducerGuard&) = delete;
 
    private:
-    ShmCompletionQueue& cq_;
+    ShmCq& cq_;
     bool locked_ = false;
 
    public:
@@ -98,7 +98,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   // up to retire_to (selective signaling).
   // Filled in place: a Completion built on the stack and copied costs a
   // store-forwarding stall on this path.
-  Completion& push(ShmQueuePair* qp, uint64_t retire_to) noexcept {
+  Completion& push(ShmQp* qp, uint64_t retire_to) noexcept {
     const uint64_t tail = tail_.load(std::memory_order_relaxed);
     Entry& e = ring_[tail & mask_];
     e.qp = qp;
@@ -110,10 +110,10 @@ class ShmCompletionQueue final : public CompletionQueue {
  private:
   struct Entry {
     Completion completion;
-    ShmQueuePair* qp;
+    ShmQp* qp;
     uint64_t retire_to;
   };
-  void attach(ShmQueuePair* qp, uint32_t depth, bool send);
+  void attach(ShmQp* qp, uint32_t depth, bool send);
   void disarm() noexcept;
   void lock_ring() noexcept;
   void reserve(uint32_t depth);
@@ -124,7 +124,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   // poll() or arm() that finds the gate closed does nothing (0, false); a
   // push waits for it to open. The owner pays two plain stores and a load per
   // outermost section: the store-load order both sides need (Dekker) is a
-  // membarrier() on the rare, control-path side (asymmetric_fence.hpp), or
+  // membarrier() on the rare, control-path side (shm_asymmetric_fence.hpp), or
   // sequentially consistent operations on both where that is unavailable or
   // invisible (TSan). Sections nest; only the outermost pays.
   bool enter_owner() noexcept {
@@ -159,8 +159,7 @@ class ShmCompletionQueue final : public CompletionQueue {
   void wait_gate_open() const noexcept;
   class OwnerSection {
    public:
-    explicit OwnerSection(ShmCompletionQueue& cq) noexcept
-        : cq_(cq), entered_(cq.enter_owner()) {}
+    explicit OwnerSection(ShmCq& cq) noexcept : cq_(cq), entered_(cq.enter_owner()) {}
     ~OwnerSection() {
       if (entered_) cq_.leave_owner();
     }
@@ -169,7 +168,7 @@ class ShmCompletionQueue final : public CompletionQueue {
     bool entered() const noexcept { return entered_; }
 
    private:
-    ShmCompletionQueue& cq_;
+    ShmCq& cq_;
     bool entered_;
   };
   void close_gate() noexcept;
@@ -182,8 +181,8 @@ class ShmCompletionQueue final : public CompletionQueue {
   // ring without taking the ring lock (entries are read under it).
   std::atomic<uint64_t> tail_{0};
   core::CqBudget budget_{0};  // sum of attached depths
-  std::vector<ShmQueuePair*> send_qps_;
-  std::vector<ShmQueuePair*> recv_qps_;
+  std::vector<ShmQp*> send_qps_;
+  std::vector<ShmQp*> recv_qps_;
   size_t next_recv_ = 0;  // round-robin start for fairness across QPs
   size_t next_send_ = 0;  // where the next slice of send-side checks starts
   // Past kScanAll QPs a poll does not visit every QP (each costs a few cache
@@ -196,10 +195,10 @@ class ShmCompletionQueue final : public CompletionQueue {
   static constexpr size_t kScanAll = 16;
   static constexpr size_t kColdSlice = 4;
   static constexpr uint64_t kHotPolls = 4096;
-  std::vector<ShmQueuePair*> hot_;  // capacity: recv_qps_'s, reserved at attach
+  std::vector<ShmQp*> hot_;  // capacity: recv_qps_'s, reserved at attach
   uint64_t polls_ = 0;
   bool visit_all_next_ = false;  // arm() found work pending: the next poll visits all
-  void note_hit(ShmQueuePair* qp) noexcept;
+  void note_hit(ShmQp* qp) noexcept;
   // The owner writes it; producers on other threads read it after pushing
   // under the ring lock, which orders both sides (see wake_if_armed()).
   std::atomic<bool> armed_{false};

@@ -1,7 +1,7 @@
 // Connection setup of the shm provider: each side prepares its end (its
 // inbound block, request socket, link), the handshake exchanges one message
 // each way (Hello, private data and descriptors), and the queue pair's
-// constructor maps what the peer sent. The data path is in shm_qp.cpp.
+// constructor maps what the peer sent. The data path is in shm_qp*.cpp.
 #include "providers/shm/shm_handshake.hpp"
 
 #include <fcntl.h>
@@ -21,12 +21,12 @@
 
 #include "core/address.hpp"
 #include "core/log.hpp"
-#include "providers/shm/asymmetric_fence.hpp"
+#include "providers/shm/shm_asymmetric_fence.hpp"
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_cq.hpp"
 #include "providers/shm/shm_qp.hpp"
+#include "providers/shm/shm_small_copy.hpp"
 #include "providers/shm/shm_srq.hpp"
-#include "providers/shm/small_copy.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
 
@@ -136,7 +136,7 @@ int send_handshake(int sock, ShmContext& context, const LocalEnd& local,
   if (!private_data.empty()) {
     std::memcpy(hello.private_data, private_data.data(), private_data.size());
   }
-  auto* recv_cq = static_cast<ShmCompletionQueue*>(options.recv_cq);
+  auto* recv_cq = static_cast<ShmCq*>(options.recv_cq);
   // A payload socket is offered exactly to peers that may not hold our
   // eventfd: another user (or Yama, where it does no harm).
   const int wake = local.payload_rx ? recv_cq->peer_wake_socket() : recv_cq->wake_fd();
@@ -275,20 +275,18 @@ std::unique_ptr<QueuePair> connect_queue_pair(ShmContext& context,
   }
   PeerEnd peer =
       receive_handshake(sock.get(), "connect", address, cred, context, timeout);
-  return std::make_unique<ShmQueuePair>(context, options, std::move(local),
-                                        std::move(peer));
+  return std::make_unique<ShmQp>(context, options, std::move(local), std::move(peer));
 }
 
 // ------------------------------------------------------------- construction
 
-ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalEnd local,
-                           PeerEnd peer)
+ShmQp::ShmQp(ShmContext& context, const QpOptions& options, LocalEnd local, PeerEnd peer)
     : QueuePair(local.qp_num, options, peer.address, peer.private_data),
       context_(context),
       local_(std::move(local)),
       peer_(std::move(peer)),
-      send_cq_(static_cast<ShmCompletionQueue*>(options.send_cq)),
-      recv_cq_(static_cast<ShmCompletionQueue*>(options.recv_cq)) {
+      send_cq_(static_cast<ShmCq*>(options.send_cq)),
+      recv_cq_(static_cast<ShmCq*>(options.recv_cq)) {
   try {
     set_up();
   } catch (...) {
@@ -297,7 +295,7 @@ ShmQueuePair::ShmQueuePair(ShmContext& context, const QpOptions& options, LocalE
   }
 }
 
-void ShmQueuePair::set_up() {
+void ShmQp::set_up() {
   srq_ = local_.srq;
   peer_gone_ = &local_.link->peer_gone;
   // Our process must be registered too: the peer's barrier reaches only
@@ -358,7 +356,7 @@ void ShmQueuePair::set_up() {
   local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
   // The progress thread watches the link from here on; a failure below
   // removes it again, and no CQ keeps a pointer to a QP that never was.
-  context_.add_link(local_.link);
+  context_.progress().add_link(local_.link);
   try {
     send_cq_->attach_send(this, options_.max_send_wr);
     try {
@@ -368,7 +366,7 @@ void ShmQueuePair::set_up() {
       throw;
     }
   } catch (...) {
-    context_.remove_link(local_.link);
+    context_.progress().remove_link(local_.link);
     throw;
   }
   // Our copy of the peer's request end must close, so the peer's death (or
@@ -377,7 +375,7 @@ void ShmQueuePair::set_up() {
   local_.peer_payload_end.reset();
 }
 
-void ShmQueuePair::unmap_peer() noexcept {
+void ShmQp::unmap_peer() noexcept {
   peer_table_ref_.reset();
   if (peer_block_ != nullptr) ::munmap(peer_block_, peer_block_bytes_);
   if (peer_srq_ != nullptr) ::munmap(peer_srq_, peer_srq_bytes_);
@@ -386,11 +384,11 @@ void ShmQueuePair::unmap_peer() noexcept {
   peer_srq_ = nullptr;
 }
 
-ShmQueuePair::~ShmQueuePair() {
+ShmQp::~ShmQp() {
   local_.block->owner_state.store(kSideClosed, std::memory_order_seq_cst);
   peer_block_->sender_state.store(kSideClosed, std::memory_order_seq_cst);
   wake_peer();
-  context_.remove_link(local_.link);
+  context_.progress().remove_link(local_.link);
   send_cq_->detach(this);
   recv_cq_->detach(this);
   if (srq_ != nullptr) {

@@ -12,12 +12,12 @@
 
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::shm {
 
-class ShmCompletionQueue;
+class ShmCq;
 class ShmContext;
 class ShmSrq;
 

@@ -53,6 +53,33 @@ struct RegionTable {
   RegionEntry entries[kRegionTableSize];
 };
 
+// Snapshot of a live region entry (read_entry), or false if key does not
+// name one.
+struct EntryView {
+  uint32_t access;
+  RegionKind kind;
+  uint64_t addr;
+  uint64_t length;
+};
+
+inline bool read_entry(const RegionTable& table, uint32_t key, EntryView* view) noexcept {
+  if (key == 0) return false;
+  const RegionEntry& e = table.entries[key & kRegionIndexMask];
+  if (e.key.load(std::memory_order_acquire) != key) return false;
+  // Acquire loads keep the second key load after the field loads (a
+  // seqlock read without a standalone fence, which TSan cannot model).
+  view->access = e.access.load(std::memory_order_acquire);
+  view->kind = static_cast<RegionKind>(e.kind.load(std::memory_order_acquire));
+  view->addr = e.addr.load(std::memory_order_acquire);
+  view->length = e.length.load(std::memory_order_acquire);
+  return e.key.load(std::memory_order_relaxed) == key;
+}
+
+inline bool in_range(const EntryView& view, uint64_t addr, uint64_t length) noexcept {
+  return addr >= view.addr && length <= view.length &&
+         addr - view.addr <= view.length - length;
+}
+
 // Receive queue entry: one cache line, so a small SEND moves one line from
 // sender to receiver, like a cache-line ping-pong. The receiver fills
 // addr/length/lkey and then publishes post_seq = n+1 (release) for the n-th
@@ -63,7 +90,7 @@ struct RegionTable {
 // A QP on a shared receive queue keeps this ring for its completions only:
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
 // the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
-inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (small_copy.hpp)
+inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (shm_small_copy.hpp)
 // done_seq = (n+1) | kSlotFilling: a sender is writing a payload straight
 // into the buffer of RECV n. A receiver entering the error state does not
 // flush that RECV until the sender published it (or died).
@@ -179,7 +206,7 @@ struct Hello {
   uint32_t accepted = 1;       // reply only: 0 = rejected
   uint32_t srq_ring_size = 0;  // receives through a shared receive queue
   // The sender's CQs issue heavy_fence() when they arm, so our sends may
-  // publish completions with a release store (see asymmetric_fence.hpp).
+  // publish completions with a release store (see shm_asymmetric_fence.hpp).
   uint32_t fence_on_arm = 0;
   // SEND payloads larger than a slot go through a socket we read at poll
   // time, not into our buffers (a peer of another user, or Yama).

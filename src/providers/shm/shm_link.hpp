@@ -1,10 +1,10 @@
 #pragma once
-// State shared between a QP (application thread) and the context's service
+// State shared between a QP (application thread) and the context's progress
 // thread: the socket on which the peer's requests arrive, and liveness.
 #include <atomic>
 #include <cstdint>
 
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 
 namespace rdmakit::shm {
 
@@ -15,7 +15,7 @@ struct Link {
   std::atomic<bool> peer_gone{false};
   uint64_t id = 0;
   // The peer runs as another uid (SO_PEERCRED): the progress thread grants
-  // it less (ShmContext::serve_request).
+  // it less (ShmContext::answer).
   bool other_user = false;
 };
 

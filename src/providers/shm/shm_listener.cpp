@@ -137,8 +137,8 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
           rc != 0) {
         throw Error("accept", "shm", p.peer, -rc, "sending handshake");
       }
-      return std::make_unique<ShmQueuePair>(context_, options, std::move(local),
-                                            std::move(remote));
+      return std::make_unique<ShmQp>(context_, options, std::move(local),
+                                     std::move(remote));
     }
     if (failure) throw *failure;
     const int left = core::ms_left(deadline);

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/context.hpp"
 
 namespace rdmakit::shm {

@@ -6,15 +6,14 @@
 
 namespace rdmakit::shm {
 
-ShmMemoryRegion::ShmMemoryRegion(ShmContext& context, void* addr, size_t length,
-                                 uint32_t key, uint32_t access, Fd memfd,
-                                 size_t mapped_length)
+ShmMr::ShmMr(ShmContext& context, void* addr, size_t length, uint32_t key,
+             uint32_t access, Fd memfd, size_t mapped_length)
     : MemoryRegion(addr, length, key, key, access, ProviderKind::kShm),
       context_(context),
       memfd_(std::move(memfd)),
       mapped_length_(mapped_length) {}
 
-ShmMemoryRegion::~ShmMemoryRegion() {
+ShmMr::~ShmMr() {
   context_.remove_region(rkey());
   if (memfd_) ::munmap(addr(), mapped_length_);
 }

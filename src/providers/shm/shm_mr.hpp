@@ -1,18 +1,18 @@
 #pragma once
 #include "providers/shm/shm_layout.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/memory.hpp"
 
 namespace rdmakit::shm {
 
 class ShmContext;
 
-class ShmMemoryRegion final : public MemoryRegion {
+class ShmMr final : public MemoryRegion {
  public:
   // memfd may be empty (registered user memory).
-  ShmMemoryRegion(ShmContext& context, void* addr, size_t length, uint32_t key,
-                  uint32_t access, Fd memfd, size_t mapped_length);
-  ~ShmMemoryRegion() override;
+  ShmMr(ShmContext& context, void* addr, size_t length, uint32_t key, uint32_t access,
+        Fd memfd, size_t mapped_length);
+  ~ShmMr() override;
 
   RegionKind kind() const noexcept {
     return memfd_ ? RegionKind::kMemfd : RegionKind::kUser;

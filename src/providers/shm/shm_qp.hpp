@@ -1,6 +1,7 @@
 #pragma once
-// The shm queue pair: the data path in shm_qp.cpp, its construction from
-// what the handshake exchanged in shm_handshake.cpp.
+// The shm queue pair: the data path in shm_qp.cpp, shm_qp_remote.cpp and
+// shm_qp_complete.cpp, its construction from what the handshake exchanged
+// in shm_handshake.cpp.
 #include <sys/types.h>
 
 #include <algorithm>
@@ -10,12 +11,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "providers/shm/posted_recv.hpp"
 #include "providers/shm/shm_handshake.hpp"
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
-#include "providers/shm/small_copy.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_posted_recv.hpp"
+#include "providers/shm/shm_small_copy.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::shm {
@@ -25,18 +26,17 @@ namespace rdmakit::shm {
 // on the peer's memory; on registered user memory they use
 // process_vm_readv/writev (atomics: the owner's progress thread). A SEND
 // writes into the receive buffer the peer published in its receive ring.
-class ShmQueuePair final : public QueuePair {
+class ShmQp final : public QueuePair {
  public:
-  ShmQueuePair(ShmContext& context, const QpOptions& options, LocalEnd local,
-               PeerEnd peer);
-  ~ShmQueuePair() override;
+  ShmQp(ShmContext& context, const QpOptions& options, LocalEnd local, PeerEnd peer);
+  ~ShmQp() override;
 
   QpState state() const noexcept override {
     return state_.load(std::memory_order_acquire);
   }
 
   // Completion-queue side.
-  // Owned by the receive CQ's poller (ShmCompletionQueue::poll): whether the
+  // Owned by the receive CQ's poller (ShmCq::poll): whether the
   // QP is on that CQ's list of recently active QPs, and the poll it last
   // yielded a completion in.
   bool cq_hot = false;
@@ -179,8 +179,8 @@ class ShmQueuePair final : public QueuePair {
   uint32_t small_send_max_ = 0;      // bytes
   uint64_t peer_ring_mask_ = 0;
   const std::atomic<bool>* peer_gone_;  // local_.link->peer_gone, one load closer
-  ShmCompletionQueue* send_cq_;
-  ShmCompletionQueue* recv_cq_;
+  ShmCq* send_cq_;
+  ShmCq* recv_cq_;
 
   // Send queue: [sq_retired_, sq_executed_) done awaiting retirement,
   // [sq_executed_, sq_posted_) waiting (behind an RNR-blocked SEND).
@@ -239,9 +239,8 @@ class ShmQueuePair final : public QueuePair {
   mutable std::mutex post_mutex_;  // only when options.thread_safe
 };
 
-inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
-                                               const PostedRecv& posted,
-                                               Completion* c) const noexcept {
+inline void ShmQp::fill_recv_completion(const RecvSlot& slot, const PostedRecv& posted,
+                                        Completion* c) const noexcept {
   // Every field was written by the peer: each is read once (the peer may
   // change it meanwhile) and checked against our own record before it is
   // used or reported. A lie fails this completion.
@@ -286,7 +285,7 @@ inline void ShmQueuePair::fill_recv_completion(const RecvSlot& slot,
   c->vendor_err = 0;
 }
 
-inline void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
+inline void ShmQp::take_recv(uint64_t index, Completion* c) noexcept {
   if (srq_ != nullptr) {
     take_srq_recv(index, c);
     return;
@@ -294,7 +293,7 @@ inline void ShmQueuePair::take_recv(uint64_t index, Completion* c) noexcept {
   fill_recv_completion(local_.block->slots()[index], rq_[index], c);
 }
 
-inline int ShmQueuePair::poll_recv(std::span<Completion> out) noexcept {
+inline int ShmQp::poll_recv(std::span<Completion> out) noexcept {
   size_t n = 0;
   while (n < out.size() && recv_done(std::memory_order_acquire)) {
     // A completed RECV was posted. Loading the posting thread's counter

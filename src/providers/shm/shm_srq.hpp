@@ -3,9 +3,9 @@
 #include <memory>
 #include <mutex>
 
-#include "providers/shm/posted_recv.hpp"
 #include "providers/shm/shm_layout.hpp"
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_posted_recv.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
 
 namespace rdmakit::shm {

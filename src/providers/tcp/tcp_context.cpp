@@ -23,6 +23,7 @@
 #include "providers/tcp/tcp_cq.hpp"
 #include "providers/tcp/tcp_handshake.hpp"
 #include "providers/tcp/tcp_listener.hpp"
+#include "providers/tcp/tcp_mr.hpp"
 #include "providers/tcp/tcp_qp.hpp"
 #include "providers/tcp/tcp_srq.hpp"
 #include "rdmakit/error.hpp"
@@ -33,32 +34,11 @@ namespace {
 using core::Clock;
 using core::ms_left;
 
-class TcpMr final : public MemoryRegion {
- public:
-  TcpMr(std::shared_ptr<Engine> engine, MrEntry* entry, void* addr, size_t length,
-        uint32_t access, bool mapped)
-      : MemoryRegion(addr, length, entry->lkey.load(), entry->rkey.load(), access,
-                     ProviderKind::kTcp),
-        engine_(std::move(engine)),
-        entry_(entry),
-        mapped_(mapped) {}
-  ~TcpMr() override {
-    engine_->deregister(entry_);
-    if (mapped_) ::munmap(addr(), length());
-  }
-
- private:
-  std::shared_ptr<Engine> engine_;
-  MrEntry* entry_;
-  bool mapped_;
-};
-
-// Blocking-with-deadline I/O on a non-blocking socket (handshake only).
-
 }  // namespace
 
 TcpContext::TcpContext(bool progress_thread)
-    : Context(ProviderKind::kTcp), engine_(std::make_shared<Engine>(progress_thread)) {}
+    : Context(ProviderKind::kTcp),
+      progress_(std::make_shared<TcpProgress>(progress_thread)) {}
 
 std::unique_ptr<MemoryRegion> TcpContext::register_memory(void* addr, size_t length,
                                                           uint32_t access) {
@@ -66,8 +46,8 @@ std::unique_ptr<MemoryRegion> TcpContext::register_memory(void* addr, size_t len
       (addr == nullptr && length != 0)) {
     throw Error("register_memory", "tcp", "", EINVAL, "bad address or access bits");
   }
-  MrEntry* e = engine_->mrs().add(reinterpret_cast<uint64_t>(addr), length, access);
-  return std::make_unique<TcpMr>(engine_, e, addr, length, access, false);
+  MrEntry* e = progress_->mrs().add(reinterpret_cast<uint64_t>(addr), length, access);
+  return std::make_unique<TcpMr>(progress_, e, addr, length, access, false);
 }
 
 std::unique_ptr<MemoryRegion> TcpContext::allocate(size_t length, uint32_t access) {
@@ -80,8 +60,8 @@ std::unique_ptr<MemoryRegion> TcpContext::allocate(size_t length, uint32_t acces
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error("allocate", "tcp", "", errno, "mmap");
   try {
-    MrEntry* e = engine_->mrs().add(reinterpret_cast<uint64_t>(p), length, access);
-    return std::make_unique<TcpMr>(engine_, e, p, length, access, true);
+    MrEntry* e = progress_->mrs().add(reinterpret_cast<uint64_t>(p), length, access);
+    return std::make_unique<TcpMr>(progress_, e, p, length, access, true);
   } catch (...) {
     ::munmap(p, std::max<size_t>(length, 1));
     throw;
@@ -89,7 +69,7 @@ std::unique_ptr<MemoryRegion> TcpContext::allocate(size_t length, uint32_t acces
 }
 
 std::unique_ptr<CompletionQueue> TcpContext::create_cq(const CqOptions& options) {
-  return std::make_unique<TcpCq>(engine_, options);
+  return std::make_unique<TcpCq>(progress_, options);
 }
 
 std::unique_ptr<SharedReceiveQueue> TcpContext::create_srq(const SrqOptions& options) {
@@ -97,7 +77,7 @@ std::unique_ptr<SharedReceiveQueue> TcpContext::create_srq(const SrqOptions& opt
     throw Error("create_srq", "tcp", "", EINVAL,
                 "max_wr must be 1.." + std::to_string(kMaxWr));
   }
-  return std::make_unique<TcpSrq>(engine_, options);
+  return std::make_unique<TcpSrq>(progress_, options);
 }
 
 std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
@@ -128,7 +108,7 @@ std::unique_ptr<Listener> TcpContext::listen(const std::string& address) {
                               ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
                               : ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     core::log().info("tcp: listening on {}", bound);
-    return std::make_unique<TcpListener>(engine_, std::move(fd), bound, port);
+    return std::make_unique<TcpListener>(progress_, std::move(fd), bound, port);
   }
   ::freeaddrinfo(res);
   throw Error("listen", "tcp", address, err, "cannot bind");
@@ -138,7 +118,7 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
                                                const QpOptions& requested,
                                                std::span<const std::byte> private_data,
                                                std::chrono::milliseconds timeout) {
-  check_qp_options(*engine_, requested, "connect", address);
+  check_qp_options(*progress_, requested, "connect", address);
   if (private_data.size() > kMaxPrivateData) {
     throw Error("connect", "tcp", address, EINVAL, "private data > 192 bytes");
   }
@@ -186,7 +166,7 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
   tune_socket(fd.get(), options);
   core::log().debug("tcp: connected to {}", address);
   // The queue pair owns the socket once constructed.
-  auto qp = std::make_unique<TcpQp>(engine_, fd.get(), options, hello, address,
+  auto qp = std::make_unique<TcpQp>(progress_, fd.get(), options, hello, address,
                                     std::move(pdata));
   fd.release();
   return qp;
@@ -194,9 +174,9 @@ std::unique_ptr<QueuePair> TcpContext::connect(const std::string& address,
 
 std::unique_ptr<QueuePair> TcpContext::adopt(int fd, const QpOptions& options,
                                              const Hello& peer_hello, std::string peer) {
-  check_qp_options(*engine_, options, "adopt", peer);
+  check_qp_options(*progress_, options, "adopt", peer);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return std::make_unique<TcpQp>(engine_, fd, adjust_options(options), peer_hello,
+  return std::make_unique<TcpQp>(progress_, fd, adjust_options(options), peer_hello,
                                  std::move(peer), std::vector<std::byte>{});
 }
 

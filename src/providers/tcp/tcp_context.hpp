@@ -7,7 +7,7 @@
 #include <string>
 
 #include "providers/tcp/tcp_progress.hpp"
-#include "providers/tcp/wire.hpp"
+#include "providers/tcp/tcp_wire.hpp"
 #include "rdmakit/context.hpp"
 
 namespace rdmakit::tcp {
@@ -29,10 +29,10 @@ class TcpContext final : public Context {
   // Wraps an already connected socket (fuzzer, white-box tests). Takes fd.
   std::unique_ptr<QueuePair> adopt(int fd, const QpOptions& options,
                                    const Hello& peer_hello, std::string peer);
-  const std::shared_ptr<Engine>& engine() const noexcept { return engine_; }
+  const std::shared_ptr<TcpProgress>& progress() const noexcept { return progress_; }
 
  private:
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<TcpProgress> progress_;
 };
 
 }  // namespace rdmakit::tcp

@@ -15,9 +15,9 @@
 
 namespace rdmakit::tcp {
 
-TcpCq::TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options)
+TcpCq::TcpCq(std::shared_ptr<TcpProgress> progress, const CqOptions& options)
     : CompletionQueue(options),
-      engine_(std::move(engine)),
+      progress_(std::move(progress)),
       ring_(std::max<uint32_t>(options.capacity, 1)) {
   budget_ = core::CqBudget(ring_.size());
   event_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -88,7 +88,7 @@ void TcpCq::orphan(TcpQp* qp) noexcept {
   // SRQ may be destroyed before they are polled, so its slots are returned
   // now; the CQ room they take stays charged (orphans_) until polled, so a
   // new QP cannot be admitted into it.
-  ring_lock_.lock();
+  std::lock_guard lock(ring_lock_);
   uint64_t n = 0;
   for (uint64_t i = head_; i != tail_; ++i) {
     CqEntry& e = ring_[i % ring_.size()];
@@ -99,24 +99,23 @@ void TcpCq::orphan(TcpQp* qp) noexcept {
     ++n;
   }
   orphans_.fetch_add(n, std::memory_order_relaxed);
-  ring_lock_.unlock();
 }
 
 void TcpCq::push(const CqEntry& entry) noexcept {
-  ring_lock_.lock();
-  if (tail_ - head_ >= ring_.size()) {
-    // Unreachable: reserve() keeps the attached depths within capacity and
-    // every completion holds a queue slot until it is polled. Kept as a loud
-    // check rather than a silent overwrite.
-    if (overflows_++ == 0) {
-      core::log().critical("tcp: completion queue overrun (capacity {}): internal error",
-                           ring_.size());
+  {
+    std::lock_guard lock(ring_lock_);
+    if (tail_ - head_ >= ring_.size()) {
+      // Unreachable: reserve() keeps the attached depths within capacity and
+      // every completion holds a queue slot until it is polled. Kept as a loud
+      // check rather than a silent overwrite.
+      if (overflows_++ == 0) {
+        core::log().critical(
+            "tcp: completion queue overrun (capacity {}): internal error", ring_.size());
+      }
+      return;
     }
-    ring_lock_.unlock();
-    return;
+    ring_[tail_++ % ring_.size()] = entry;
   }
-  ring_[tail_++ % ring_.size()] = entry;
-  ring_lock_.unlock();
   if (armed_.exchange(false, std::memory_order_seq_cst)) {
     const uint64_t one = 1;
     [[maybe_unused]] auto r = ::write(event_fd_.get(), &one, sizeof one);
@@ -128,12 +127,11 @@ int TcpCq::poll(std::span<Completion> out) noexcept {
   last_poll_ns_.store(now, std::memory_order_relaxed);
   // The poller drives its queue pairs' sockets itself: no thread hop on the
   // latency path. try_lock: QP creation/destruction never blocks a poll.
-  if (attach_mu_.try_lock()) {
+  if (std::unique_lock attach(attach_mu_, std::try_to_lock); attach) {
     for (TcpQp* qp : qps_) qp->try_progress(now);
-    attach_mu_.unlock();
   }
   int n = 0;
-  ring_lock_.lock();
+  std::lock_guard lock(ring_lock_);
   while (n < static_cast<int>(out.size()) && head_ != tail_) {
     CqEntry& e = ring_[head_++ % ring_.size()];
     out[n++] = e.c;
@@ -150,7 +148,6 @@ int TcpCq::poll(std::span<Completion> out) noexcept {
       }
     }
   }
-  ring_lock_.unlock();
   return n;
 }
 
@@ -158,9 +155,11 @@ bool TcpCq::arm() noexcept {
   uint64_t drained;
   [[maybe_unused]] auto r = ::read(event_fd_.get(), &drained, sizeof drained);
   armed_.store(true, std::memory_order_seq_cst);
-  ring_lock_.lock();
-  const bool pending = head_ != tail_;
-  ring_lock_.unlock();
+  bool pending;
+  {
+    std::lock_guard lock(ring_lock_);
+    pending = head_ != tail_;
+  }
   if (pending) {
     armed_.store(false, std::memory_order_seq_cst);
     return false;
@@ -169,13 +168,12 @@ bool TcpCq::arm() noexcept {
   // it stood back from one while we were polling, its epoll registration is
   // spent: wake it now rather than at its next tick.
   bool deferred = false;
-  if (attach_mu_.try_lock()) {
+  if (std::unique_lock attach(attach_mu_, std::try_to_lock); attach) {
     for (TcpQp* qp : qps_) deferred |= qp->wants_service();
-    attach_mu_.unlock();
   } else {
     deferred = true;
   }
-  if (deferred) engine_->kick();
+  if (deferred) progress_->kick();
   return true;
 }
 

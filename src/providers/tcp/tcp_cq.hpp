@@ -34,7 +34,7 @@ class TcpSrq;
 
 class TcpCq final : public CompletionQueue {
  public:
-  TcpCq(std::shared_ptr<Engine> engine, const CqOptions& options);
+  TcpCq(std::shared_ptr<TcpProgress> progress, const CqOptions& options);
   ~TcpCq() override;
   int poll(std::span<Completion> out) noexcept override;
   int fd() const noexcept override { return event_fd_.get(); }
@@ -77,7 +77,7 @@ class TcpCq final : public CompletionQueue {
   static constexpr int64_t kDriveWindowNs = 2'000'000;
 
  private:
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<TcpProgress> progress_;
   SpinLock ring_lock_;  // producers are the QPs' drivers, possibly several
   std::vector<CqEntry> ring_;
   uint64_t head_ = 0, tail_ = 0;

@@ -124,8 +124,8 @@ int read_handshake(int fd, core::Clock::time_point deadline, Hello* out,
 
 // Checked before any connection is made, so a bad option costs no peer a
 // half-open QP. TcpQp's constructor reserves the CQ depths for real.
-void check_qp_options(const Engine& engine, const QpOptions& requested, const char* op,
-                      const std::string& peer) {
+void check_qp_options(const TcpProgress& progress, const QpOptions& requested,
+                      const char* op, const std::string& peer) {
   const QpOptions o = adjust_options(requested);
   if (o.send_cq == nullptr || o.recv_cq == nullptr) {
     throw Error(op, "tcp", peer, EINVAL, "QpOptions needs send_cq and recv_cq");
@@ -138,7 +138,7 @@ void check_qp_options(const Engine& engine, const QpOptions& requested, const ch
   TcpSrq* srq = nullptr;
   if (o.srq != nullptr) {
     srq = dynamic_cast<TcpSrq*>(o.srq);
-    if (srq == nullptr || srq->engine() != &engine) {
+    if (srq == nullptr || srq->progress() != &progress) {
       throw Error(op, "tcp", peer, EINVAL,
                   "QpOptions::srq is not a shared receive queue of this tcp context");
     }

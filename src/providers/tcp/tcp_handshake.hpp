@@ -14,7 +14,7 @@
 #include "core/address.hpp"
 #include "core/deadline.hpp"
 #include "providers/tcp/tcp_progress.hpp"
-#include "providers/tcp/wire.hpp"
+#include "providers/tcp/tcp_wire.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::tcp {
@@ -40,8 +40,8 @@ int read_handshake(int fd, core::Clock::time_point deadline, Hello* out,
 
 // Checked before any connection is made, so a bad option costs no peer a
 // half-open QP. TcpQp's constructor reserves the CQ depths for real.
-void check_qp_options(const Engine& engine, const QpOptions& requested, const char* op,
-                      const std::string& peer);
+void check_qp_options(const TcpProgress& progress, const QpOptions& requested,
+                      const char* op, const std::string& peer);
 
 addrinfo* resolve(const core::HostPort& hp, bool passive, const char* op,
                   const std::string& address);

@@ -74,7 +74,7 @@ int read_handshake_step(PendingHandshake& p, const char** why) {
 std::unique_ptr<QueuePair> TcpListener::accept(const QpOptions& requested,
                                                std::chrono::milliseconds timeout,
                                                std::span<const std::byte> reply) {
-  check_qp_options(*engine_, requested, "accept", address_);
+  check_qp_options(*progress_, requested, "accept", address_);
   if (reply.size() > Context::kMaxPrivateData) {
     throw Error("accept", "tcp", address_, EINVAL, "reply private data > 192 bytes");
   }
@@ -137,7 +137,7 @@ std::unique_ptr<QueuePair> TcpListener::accept(const QpOptions& requested,
       std::vector<std::byte> pdata(done.buf.begin() + kHeaderSize + kHelloBodySize,
                                    done.buf.begin() + static_cast<ptrdiff_t>(done.got));
       // The queue pair owns the socket once constructed.
-      auto qp = std::make_unique<TcpQp>(engine_, done.fd.get(), options, *hello,
+      auto qp = std::make_unique<TcpQp>(progress_, done.fd.get(), options, *hello,
                                         done.peer, std::move(pdata));
       done.fd.release();
       return qp;

@@ -13,7 +13,7 @@
 #include "core/deadline.hpp"
 #include "core/fd.hpp"
 #include "providers/tcp/tcp_progress.hpp"
-#include "providers/tcp/wire.hpp"
+#include "providers/tcp/tcp_wire.hpp"
 #include "rdmakit/context.hpp"
 
 namespace rdmakit::tcp {
@@ -30,9 +30,9 @@ struct PendingHandshake {
 
 class TcpListener final : public Listener {
  public:
-  TcpListener(std::shared_ptr<Engine> engine, core::Fd fd, std::string address,
+  TcpListener(std::shared_ptr<TcpProgress> progress, core::Fd fd, std::string address,
               uint16_t port)
-      : engine_(std::move(engine)),
+      : progress_(std::move(progress)),
         fd_(std::move(fd)),
         address_(std::move(address)),
         port_(port) {}
@@ -51,7 +51,7 @@ class TcpListener final : public Listener {
   // Takes every connection the kernel has queued into the pending set.
   void accept_queued();
 
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<TcpProgress> progress_;
   core::Fd fd_;
   std::string address_;
   uint16_t port_;

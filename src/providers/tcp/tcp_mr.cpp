@@ -1,8 +1,11 @@
 #include "providers/tcp/tcp_mr.hpp"
 
+#include <sys/mman.h>
+
 #include <cerrno>
 #include <cstring>
 
+#include "providers/tcp/tcp_progress.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::tcp {
@@ -113,6 +116,11 @@ bool MrTable::check_local(uint32_t lkey, const void* addr, uint64_t len,
   const MrEntry& e = slots_[slot_of(lkey)];
   return e.lkey.load(std::memory_order_acquire) == lkey && (e.access & need) == need &&
          range_ok(e.addr, e.length, reinterpret_cast<uint64_t>(addr), len);
+}
+
+TcpMr::~TcpMr() {
+  progress_->deregister(entry_);
+  if (mapped_) ::munmap(addr(), length());
 }
 
 }  // namespace rdmakit::tcp

@@ -1,12 +1,15 @@
 #pragma once
-// The tcp provider's region table: registered regions looked up by key at
-// every remote access, without a lock.
+// The tcp provider's memory regions: the region table, registered regions
+// looked up by key at every remote access without a lock, and TcpMr, the
+// application's handle of one entry.
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <vector>
+
+#include "rdmakit/memory.hpp"
 
 namespace rdmakit::tcp {
 
@@ -73,6 +76,27 @@ class MrTable {
   std::random_device random_;  // getrandom(): keys must not be predictable
   std::mt19937_64 test_rng_;
   bool deterministic_ = false;
+};
+
+class TcpProgress;
+
+// A registered region: its entry in the context's table, revoked (and, for
+// allocate()d memory, unmapped) on destruction.
+class TcpMr final : public MemoryRegion {
+ public:
+  TcpMr(std::shared_ptr<TcpProgress> progress, MrEntry* entry, void* addr, size_t length,
+        uint32_t access, bool mapped)
+      : MemoryRegion(addr, length, entry->lkey.load(), entry->rkey.load(), access,
+                     ProviderKind::kTcp),
+        progress_(std::move(progress)),
+        entry_(entry),
+        mapped_(mapped) {}
+  ~TcpMr() override;
+
+ private:
+  std::shared_ptr<TcpProgress> progress_;
+  MrEntry* entry_;
+  bool mapped_;
 };
 
 }  // namespace rdmakit::tcp

@@ -49,7 +49,7 @@ int64_t progress_spin_ns() noexcept {
 
 }  // namespace
 
-Engine::Engine(bool progress_thread)
+TcpProgress::TcpProgress(bool progress_thread)
     : qp_num_((static_cast<uint32_t>(std::random_device{}()) & 0xffffu) | 0x10000u),
       with_thread_(progress_thread),
       spin_ns_(progress_spin_ns()) {
@@ -65,11 +65,11 @@ Engine::Engine(bool progress_thread)
   ev.data.u64 = 0;  // qp numbers are never 0
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
   if (with_thread_) thread_ = std::thread([this] { run(); });
-  core::log().debug("tcp: engine up ({} progress thread, spin {} us)",
+  core::log().debug("tcp: context up ({} progress thread, spin {} us)",
                     with_thread_ ? "with" : "without", spin_ns_ / 1000);
 }
 
-Engine::~Engine() {
+TcpProgress::~TcpProgress() {
   stop_.store(true);
   kick();
   if (thread_.joinable()) thread_.join();
@@ -77,12 +77,12 @@ Engine::~Engine() {
   wake_fd_.reset();
 }
 
-void Engine::kick() noexcept {
+void TcpProgress::kick() noexcept {
   const uint64_t one = 1;
   [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
 }
 
-void Engine::add_qp(TcpQp* qp) {
+void TcpProgress::add_qp(TcpQp* qp) {
   std::lock_guard lock(mu_);
   qps_.push_back(qp);
   if (qp->socket_fd() >= 0) {
@@ -95,7 +95,7 @@ void Engine::add_qp(TcpQp* qp) {
   }
 }
 
-void Engine::remove_qp(TcpQp* qp) noexcept {
+void TcpProgress::remove_qp(TcpQp* qp) noexcept {
   // Taking mu_ also waits for the thread to finish serving this QP.
   std::lock_guard lock(mu_);
   if (qp->socket_fd() >= 0)
@@ -103,7 +103,7 @@ void Engine::remove_qp(TcpQp* qp) noexcept {
   std::erase(qps_, qp);
 }
 
-void Engine::deregister(MrEntry* e) noexcept {
+void TcpProgress::deregister(MrEntry* e) noexcept {
   if (e == nullptr) return;
   MrTable::revoke(e);
   const int64_t start = now_ns();
@@ -123,7 +123,7 @@ void Engine::deregister(MrEntry* e) noexcept {
   mrs_.free_slot(e);
 }
 
-void Engine::run() noexcept {
+void TcpProgress::run() noexcept {
   epoll_event events[64];
   int timeout_ms = 5;
   int64_t spin_until = 0;  // poll without sleeping until then

@@ -1,8 +1,9 @@
 #pragma once
-// Progress of the tcp provider: the per-context engine whose progress
-// thread serves the sockets of every queue pair (one-sided requests are
-// executed at the target even when nobody polls there), and the spin lock a
-// queue pair's drivers (poller, poster, progress thread) share.
+// Progress of the tcp provider: the per-context progress thread that serves
+// the sockets of every queue pair (one-sided requests are executed at the
+// target even when nobody polls there), with the region table they are
+// executed against, and the spin lock a queue pair's drivers (poller,
+// poster, progress thread) share.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -34,11 +35,12 @@ class SpinLock {
 
 class TcpQp;
 
-// Per-context engine: region table, progress thread, epoll set of sockets.
-class Engine : public std::enable_shared_from_this<Engine> {
+// Per-context progress: region table, progress thread, epoll set of
+// sockets. Every object of the context holds it, so it outlives them all.
+class TcpProgress : public std::enable_shared_from_this<TcpProgress> {
  public:
-  explicit Engine(bool progress_thread);
-  ~Engine();
+  explicit TcpProgress(bool progress_thread);
+  ~TcpProgress();
   MrTable& mrs() noexcept { return mrs_; }
   uint32_t next_qp_num() noexcept { return qp_num_.fetch_add(1); }
   void add_qp(TcpQp* qp);

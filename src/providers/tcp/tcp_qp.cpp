@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "core/log.hpp"
 #include "core/work_request.hpp"
@@ -41,13 +42,13 @@ QpOptions adjust_options(const QpOptions& in) {
   return o;
 }
 
-TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
+TcpQp::TcpQp(std::shared_ptr<TcpProgress> progress, int fd, const QpOptions& options,
              const Hello& peer_hello, std::string peer,
              std::vector<std::byte> peer_private_data)
-    : QueuePair(engine->next_qp_num(), adjust_options(options), std::move(peer),
+    : QueuePair(progress->next_qp_num(), adjust_options(options), std::move(peer),
                 std::move(peer_private_data)),
-      engine_(std::move(engine)),
-      mrs_(engine_->mrs()),
+      progress_(std::move(progress)),
+      mrs_(progress_->mrs()),
       send_cq_(static_cast<TcpCq*>(options_.send_cq)),
       recv_cq_(static_cast<TcpCq*>(options_.recv_cq)),
       srq_(static_cast<TcpSrq*>(options_.srq)),
@@ -104,41 +105,42 @@ TcpQp::TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
   send_cq_->attach(this);
   if (recv_cq_ != send_cq_) recv_cq_->attach(this);
   if (srq_ != nullptr) srq_->attach(this);
-  engine_->add_qp(this);
+  progress_->add_qp(this);
 }
 
 TcpQp::~TcpQp() {
   // First make sure nobody drives us any more: the progress thread, the
   // SRQ's posters and the pollers of either CQ reach us only via these lists
   // (a poll of recv_cq may otherwise push into send_cq after it was scanned).
-  engine_->remove_qp(this);
+  progress_->remove_qp(this);
   if (srq_ != nullptr) srq_->detach(this);
   send_cq_->detach(this);
   if (recv_cq_ != send_cq_) recv_cq_->detach(this);
-  mu_.lock();
-  // From here on no completion is pushed (complete_send/recv check it): the
-  // final flush below may fail and die(), whose flushes would name a QP that
-  // is about to be freed.
-  destroyed_ = true;
-  if (!dead_) {
-    // Acknowledge what we executed (a NIC would have): best effort, never
-    // blocks; the peer then sees our close after its completions.
-    queue_pending_ack();
-    if (tx_head_ != tx_tail_) flush_tx(now_ns());
+  {
+    std::lock_guard lock(mu_);
+    // From here on no completion is pushed (complete_send/recv check it): the
+    // final flush below may fail and die(), whose flushes would name a QP that
+    // is about to be freed.
+    destroyed_ = true;
+    if (!dead_) {
+      // Acknowledge what we executed (a NIC would have): best effort, never
+      // blocks; the peer then sees our close after its completions.
+      queue_pending_ack();
+      if (tx_head_ != tx_tail_) flush_tx(now_ns());
+    }
+    // A shared RECV claimed by a message that never finished goes back to the
+    // SRQ's accounting (its buffer is the application's again).
+    if (has_cur_recv_ && srq_ != nullptr) srq_->retire_one();
+    has_cur_recv_ = false;
+    // Unpin everything: a deregistration must never wait on a dead QP.
+    abort_payload_sink();
+    for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
+      MrTable::release(tx_[i % tx_.size()].ref);
+      tx_[i % tx_.size()].ref = nullptr;
+    }
+    tx_head_ = tx_tail_;
+    state_.store(QpState::kClosed, std::memory_order_release);
   }
-  // A shared RECV claimed by a message that never finished goes back to the
-  // SRQ's accounting (its buffer is the application's again).
-  if (has_cur_recv_ && srq_ != nullptr) srq_->retire_one();
-  has_cur_recv_ = false;
-  // Unpin everything: a deregistration must never wait on a dead QP.
-  abort_payload_sink();
-  for (uint64_t i = tx_head_; i != tx_tail_; ++i) {
-    MrTable::release(tx_[i % tx_.size()].ref);
-    tx_[i % tx_.size()].ref = nullptr;
-  }
-  tx_head_ = tx_tail_;
-  state_.store(QpState::kClosed, std::memory_order_release);
-  mu_.unlock();
   // Nothing can push a completion naming us now: unlink the ones queued,
   // then give back the depths (their room stays charged until polled).
   send_cq_->orphan(this);
@@ -151,11 +153,8 @@ TcpQp::~TcpQp() {
 // ------------------------------------------------------------ posting
 
 PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
-  mu_.lock();
-  if (destroyed_) {
-    mu_.unlock();
-    return {PostStatus::kNotConnected, 0};
-  }
+  std::lock_guard lock(mu_);
+  if (destroyed_) return {PostStatus::kNotConnected, 0};
   PostResult result;
   const uint32_t cap = static_cast<uint32_t>(sq_.size());
   for (const SendWr& wr : wrs) {
@@ -199,7 +198,6 @@ PostResult TcpQp::do_post_send(std::span<const SendWr> wrs) noexcept {
   if (!dead_ && tx_head_ != tx_tail_) flush_tx(now);
   advance_local_errors();
   publish_hints();
-  mu_.unlock();
   return result;
 }
 
@@ -266,11 +264,8 @@ void TcpQp::pump_sends() noexcept {
 PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   // RECVs of a QP on a shared receive queue are posted to the SRQ.
   if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};
-  mu_.lock();
-  if (destroyed_) {
-    mu_.unlock();
-    return {PostStatus::kNotConnected, 0};
-  }
+  std::lock_guard lock(mu_);
+  if (destroyed_) return {PostStatus::kNotConnected, 0};
   PostResult result;
   for (const RecvWr& wr : wrs) {
     // A slot is free once its completion was polled (even a flush), so the
@@ -290,7 +285,6 @@ PostResult TcpQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   }
   // A SEND may be waiting for exactly this buffer (RNR stall).
   if (stall_since_ != 0 && !dead_) progress(now_ns(), /*from_poll=*/false);
-  mu_.unlock();
   return result;
 }
 
@@ -551,7 +545,7 @@ void TcpQp::die(Status head_status, int err, const char* why) noexcept {
 
 void TcpQp::cut_if_pinning(const MrEntry* entry, int64_t held_ns) noexcept {
   if (held_ns < peer_timeout_ns_) return;
-  mu_.lock();
+  std::lock_guard lock(mu_);
   bool pins = pref_ == entry;
   for (uint64_t i = tx_head_; !pins && i != tx_tail_; ++i)
     pins = tx_[i % tx_.size()].ref == entry;
@@ -559,7 +553,6 @@ void TcpQp::cut_if_pinning(const MrEntry* entry, int64_t held_ns) noexcept {
   if (pins && !dead_ && !destroyed_)
     die(Status::kWrFlushError, ECANCELED,
         "a transfer held a region being deregistered for longer than peer_timeout");
-  mu_.unlock();
 }
 
 void TcpQp::protocol_error(const char* why) noexcept {

@@ -18,14 +18,14 @@
 #include "providers/tcp/tcp_mr.hpp"
 #include "providers/tcp/tcp_progress.hpp"
 #include "providers/tcp/tcp_srq.hpp"
-#include "providers/tcp/wire.hpp"
+#include "providers/tcp/tcp_wire.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::tcp {
 
 class TcpQp final : public QueuePair {
  public:
-  TcpQp(std::shared_ptr<Engine> engine, int fd, const QpOptions& options,
+  TcpQp(std::shared_ptr<TcpProgress> progress, int fd, const QpOptions& options,
         const Hello& peer_hello, std::string peer,
         std::vector<std::byte> peer_private_data);
   ~TcpQp() override;
@@ -63,7 +63,7 @@ class TcpQp final : public QueuePair {
   // tick, not a new edge, brings it back. EPOLLOUT edges come only after
   // the socket refused bytes (a blocked transmit).
   static constexpr uint32_t kEpollEvents = EPOLLIN | EPOLLOUT | EPOLLET;
-  // Epoll bookkeeping, touched only by the engine thread under its mutex.
+  // Epoll bookkeeping, touched only by the progress thread under its mutex.
   // armed: registered with kEpollEvents. While an application thread drives
   // the QP the registration is emptied (one epoll_ctl when the thread stands
   // back, one when it takes over), so edges do not wake the thread per op.
@@ -127,7 +127,7 @@ class TcpQp final : public QueuePair {
   void die(Status head_status, int err, const char* why) noexcept;
   void protocol_error(const char* why) noexcept;
 
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<TcpProgress> progress_;
   MrTable& mrs_;
   TcpCq* send_cq_;
   TcpCq* recv_cq_;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "core/log.hpp"
 #include "core/work_request.hpp"
@@ -34,10 +35,10 @@ using core::is_send_op;
 // ------------------------------------------------------------ driving
 
 bool TcpQp::try_progress(int64_t now) noexcept {
-  if (!mu_.try_lock()) return false;
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock) return false;
   // skipped_ stays set: only the thread clears it, once it has re-armed.
   progress(now, /*from_poll=*/true);
-  mu_.unlock();
   return true;
 }
 
@@ -73,16 +74,22 @@ bool TcpQp::thread_service(int64_t now, int epoll_fd) noexcept {
       return true;
     }
   }
-  if (!mu_.try_lock()) return true;
-  ep_event = false;
-  skipped_.store(false, std::memory_order_relaxed);
-  progress(now, /*from_poll=*/false);
-  const bool out = tx_head_ != tx_tail_;
-  const bool stalled = stall_since_ != 0;
-  // Frames left staged by the receive budget raise no epoll event.
-  const bool more = rx_more_ && !dead_;
-  const bool dead = dead_;
-  mu_.unlock();
+  bool out;
+  bool stalled;
+  bool more;
+  bool dead;
+  {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock) return true;
+    ep_event = false;
+    skipped_.store(false, std::memory_order_relaxed);
+    progress(now, /*from_poll=*/false);
+    out = tx_head_ != tx_tail_;
+    stalled = stall_since_ != 0;
+    // Frames left staged by the receive budget raise no epoll event.
+    more = rx_more_ && !dead_;
+    dead = dead_;
+  }
   if (!dead && !ep_armed) {
     // Re-registering reports bytes already queued at once (epoll polls the
     // socket on MOD), so nothing that came while we stood back is missed.

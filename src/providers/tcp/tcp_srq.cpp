@@ -7,8 +7,10 @@
 
 namespace rdmakit::tcp {
 
-TcpSrq::TcpSrq(std::shared_ptr<Engine> engine, const SrqOptions& options)
-    : SharedReceiveQueue(options), engine_(std::move(engine)), ring_(options.max_wr) {}
+TcpSrq::TcpSrq(std::shared_ptr<TcpProgress> progress, const SrqOptions& options)
+    : SharedReceiveQueue(options),
+      progress_(std::move(progress)),
+      ring_(options.max_wr) {}
 
 TcpSrq::~TcpSrq() {
   std::lock_guard lock(attach_mu_);
@@ -29,40 +31,39 @@ void TcpSrq::detach(TcpQp* qp) noexcept {
 }
 
 bool TcpSrq::claim(RecvWr* out) noexcept {
-  lock_.lock();
+  std::lock_guard lock(lock_);
   const bool any = head_ != tail_;
   if (any) *out = ring_[head_++ % ring_.size()];
-  lock_.unlock();
   return any;
 }
 
 PostResult TcpSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   PostResult result;
-  lock_.lock();
-  for (const RecvWr& wr : wrs) {
-    // A slot is free once the completion of the RECV it held was polled.
-    if (tail_ - retired_.load(std::memory_order_acquire) >= ring_.size()) {
-      result.status = PostStatus::kQueueFull;
-      break;
+  {
+    std::lock_guard lock(lock_);
+    for (const RecvWr& wr : wrs) {
+      // A slot is free once the completion of the RECV it held was polled.
+      if (tail_ - retired_.load(std::memory_order_acquire) >= ring_.size()) {
+        result.status = PostStatus::kQueueFull;
+        break;
+      }
+      ring_[tail_++ % ring_.size()] = wr;
+      ++result.posted;
     }
-    ring_[tail_++ % ring_.size()] = wr;
-    ++result.posted;
   }
-  lock_.unlock();
   if (result.posted == 0) return result;
   // A SEND may be RNR-stalled on some QP waiting for exactly this buffer:
   // drive it now if nobody else is, and wake the progress thread in case.
   bool kick = false;
-  if (attach_mu_.try_lock()) {
+  if (std::unique_lock attach(attach_mu_, std::try_to_lock); attach) {
     const int64_t now = now_ns();
     for (TcpQp* qp : qps_) {
       if (qp->rnr_stalled() && !qp->try_progress(now)) kick = true;
     }
-    attach_mu_.unlock();
   } else {
     kick = true;
   }
-  if (kick) engine_->kick();
+  if (kick) progress_->kick();
   return result;
 }
 

@@ -18,9 +18,9 @@ class TcpQp;
 // (pollers, the progress thread) meet under a spin lock held for a copy.
 class TcpSrq final : public SharedReceiveQueue {
  public:
-  TcpSrq(std::shared_ptr<Engine> engine, const SrqOptions& options);
+  TcpSrq(std::shared_ptr<TcpProgress> progress, const SrqOptions& options);
   ~TcpSrq() override;
-  const Engine* engine() const noexcept { return engine_.get(); }
+  const TcpProgress* progress() const noexcept { return progress_.get(); }
   // Takes the oldest posted RECV; false when none is posted.
   bool claim(RecvWr* out) noexcept;
   // A completion of a claimed RECV was polled (or its QP is gone): the
@@ -33,7 +33,7 @@ class TcpSrq final : public SharedReceiveQueue {
   PostResult do_post_recv(std::span<const RecvWr> wrs) noexcept override;
 
  private:
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<TcpProgress> progress_;
   SpinLock lock_;
   std::vector<RecvWr> ring_;
   uint64_t head_ = 0, tail_ = 0;  // claimed, posted (under lock_)

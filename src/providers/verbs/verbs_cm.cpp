@@ -18,7 +18,7 @@
 #include "core/little_endian.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_device.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 

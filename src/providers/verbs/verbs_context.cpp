@@ -1,6 +1,8 @@
 // The verbs context (protection domain, memory registration, CQs, SRQs)
 // and connect. The listener is in verbs_listener.cpp, connection setup
 // helpers in verbs_handshake.cpp, rdma_cm plumbing in verbs_cm.cpp.
+#include "providers/verbs/verbs_context.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,46 +22,18 @@
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
 #include "providers/verbs/verbs_cm.hpp"
+#include "providers/verbs/verbs_cq.hpp"
 #include "providers/verbs/verbs_handshake.hpp"
 #include "providers/verbs/verbs_listener.hpp"
 #include "providers/verbs/verbs_mr.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_progress.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
-namespace {
 
 using core::Clock;
-
-// ---------------------------------------------------------------- context
-
-class VerbsContext final : public Context {
- public:
-  explicit VerbsContext(std::shared_ptr<Device> device)
-      : Context(ProviderKind::kVerbs), device_(std::move(device)) {}
-
-  std::string device_name() const override { return device_->name(); }
-  std::unique_ptr<MemoryRegion> register_memory(void* addr, size_t length,
-                                                uint32_t access) override;
-  std::unique_ptr<MemoryRegion> allocate(size_t length, uint32_t access) override;
-  std::unique_ptr<CompletionQueue> create_cq(const CqOptions& options) override {
-    return std::make_unique<VerbsCq>(device_, options);
-  }
-  std::unique_ptr<SharedReceiveQueue> create_srq(const SrqOptions& options) override {
-    return std::make_unique<VerbsSrq>(device_, options);
-  }
-  std::unique_ptr<Listener> listen(const std::string& address) override;
-  std::unique_ptr<QueuePair> connect(const std::string& address, const QpOptions& options,
-                                     std::span<const std::byte> private_data,
-                                     std::chrono::milliseconds timeout) override;
-
- private:
-  std::unique_ptr<MemoryRegion> register_mapping(void* addr, size_t length,
-                                                 uint32_t access, Mapping* mapping,
-                                                 size_t mapping_length);
-  std::shared_ptr<Device> device_;
-};
 
 std::unique_ptr<MemoryRegion> VerbsContext::register_mapping(void* addr, size_t length,
                                                              uint32_t access,
@@ -84,6 +58,14 @@ std::unique_ptr<MemoryRegion> VerbsContext::register_mapping(void* addr, size_t 
   return std::make_unique<VerbsMr>(device_, std::move(mr), access,
                                    mapping != nullptr ? mapping->release() : nullptr,
                                    mapping_length);
+}
+
+std::unique_ptr<CompletionQueue> VerbsContext::create_cq(const CqOptions& options) {
+  return std::make_unique<VerbsCq>(device_, options);
+}
+
+std::unique_ptr<SharedReceiveQueue> VerbsContext::create_srq(const SrqOptions& options) {
+  return std::make_unique<VerbsSrq>(device_, options);
 }
 
 std::unique_ptr<MemoryRegion> VerbsContext::register_memory(void* addr, size_t length,
@@ -249,11 +231,9 @@ std::unique_ptr<QueuePair> VerbsContext::connect(const std::string& address,
   rdma_cm_id* raw_id = id.get();
   auto result = std::make_unique<VerbsQp>(device_, std::move(id), std::move(parts),
                                           address, std::move(answer->user), conn);
-  device_->get_progress_thread().adopt(raw_id, qp, conn, address);
+  device_->progress().adopt(raw_id, qp, conn, address);
   return result;
 }
-
-}  // namespace
 
 std::shared_ptr<Device> open_device(const ContextOptions& options) {
   std::string reason;

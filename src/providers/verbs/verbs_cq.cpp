@@ -1,6 +1,8 @@
 // Completion queue: ibv_cq + its own completion channel (the fd of the
 // epoll/blocking modes). arm() = ibv_req_notify_cq, then a re-poll whose
 // find, if any, is stashed and returned by the next poll().
+#include "providers/verbs/verbs_cq.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -10,7 +12,7 @@
 #include <cerrno>
 #include <thread>
 
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 

@@ -16,16 +16,17 @@
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
 #include "providers/verbs/verbs_objects.hpp"
+#include "providers/verbs/verbs_progress.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
 
-void log_release_failure(const char* verb, int err) noexcept {
-  try {
-    core::log().warn("verbs: {} failed while releasing: {}", verb, std::strerror(err));
-  } catch (...) {
-    // Logging must not throw out of a destructor.
-  }
+Device::~Device() = default;
+
+VerbsProgress& Device::progress() {
+  std::call_once(progress_once,
+                 [this] { progress_thread = std::make_unique<VerbsProgress>(); });
+  return *progress_thread;
 }
 
 namespace {

@@ -1,18 +1,24 @@
 #pragma once
-// Device discovery and the small verbs facts the provider and rdmakit-info
-// share: GID tables, GID choice, MTUs, status names, RLIMIT_MEMLOCK, huge pages.
+// The verbs device: the one a context opened (Device), discovery, and the
+// small verbs facts the provider and rdmakit-info share: GID tables, GID
+// choice, MTUs, status names, RLIMIT_MEMLOCK, huge pages.
 #include <infiniband/verbs.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "providers/verbs/verbs_objects.hpp"
 #include "rdmakit/status.hpp"
 
 namespace rdmakit::verbs {
+
+inline constexpr const char* kProvider = "verbs";
 
 struct GidInfo {
   uint32_t index = 0;
@@ -80,5 +86,27 @@ std::string memlock_limit_text();  // "unlimited", "8 MiB", ... for logs
 size_t free_huge_pages(size_t* page_size);
 
 std::string format_bytes(uint64_t bytes);
+
+class VerbsProgress;
+
+// One opened device + port + protection domain. Everything a context
+// creates holds a shared_ptr<Device>, so the protection domain outlives its
+// users whatever order the application destroys objects in.
+struct Device {
+  CmDeviceList cm_devices;  // keeps librdmacm's ibv_context open
+  ibv_context* context = nullptr;
+  DeviceInfo info;
+  uint8_t port = 1;
+  ibv_port_attr port_attr{};
+  GidInfo gid;
+  bool gid_overridden = false;
+  PdHandle pd;
+  std::once_flag progress_once;
+  std::unique_ptr<VerbsProgress> progress_thread;  // declared last: stops first
+
+  std::string name() const { return info.name; }
+  VerbsProgress& progress();  // started with the first connection
+  ~Device();
+};
 
 }  // namespace rdmakit::verbs

@@ -18,7 +18,8 @@
 #include "core/little_endian.hpp"
 #include "core/log.hpp"
 #include "core/provider_factories.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_cq.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 #include "rdmakit/error.hpp"
 

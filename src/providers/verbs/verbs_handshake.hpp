@@ -14,10 +14,36 @@
 #include <string>
 #include <vector>
 
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_cq.hpp"
+#include "providers/verbs/verbs_device.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "providers/verbs/verbs_srq.hpp"
+#include "rdmakit/context.hpp"
 
 namespace rdmakit::verbs {
+
+// Our handshake rides in rdma_cm private data, ahead of the caller's bytes:
+//   0 kHandshakeMagic  1 version  2 ibv_mtu (REQ: port active MTU; REP: the
+//   negotiated path MTU)  3 length of the caller's private data.
+// IB CM delivers private data zero-padded to its fixed size, hence the length.
+inline constexpr uint8_t kHandshakeMagic = 0xa7;
+inline constexpr uint8_t kHandshakeVersion = 2;
+inline constexpr size_t kHandshakeSize = 4;
+// IB/RoCE CM: REQ carries 92 bytes of private data, of which rdma_cm's own
+// header takes 36; REP carries 196. When the connect private data does not
+// fit in the REQ, the REQ carries its first kReqOverflowUserData bytes and
+// the address and rkey (8 + 4 bytes, little-endian) of a remotely readable
+// buffer with the rest, which the acceptor READs once established (sequence
+// 0 of its send queue; each QP gets one extra send slot for it). A READ, not a
+// SEND: a QP on a shared receive queue has no receive queue of its own.
+inline constexpr size_t kCmReqPrivateData = 56;
+inline constexpr size_t kCmRepPrivateData = 196;
+inline constexpr size_t kReqUserData = kCmReqPrivateData - kHandshakeSize;
+inline constexpr size_t kOverflowDescriptorSize = 12;
+inline constexpr size_t kReqOverflowUserData = kReqUserData - kOverflowDescriptorSize;
+inline constexpr size_t kMaxAcceptPrivateData = kCmRepPrivateData - kHandshakeSize;
+static_assert(kMaxAcceptPrivateData >= Context::kMaxPrivateData,
+              "accept must carry the core's full private data");
 
 // `user` is what fits in this message; `total` the caller's full length.
 std::vector<std::byte> make_handshake(ibv_mtu mtu, std::span<const std::byte> user,

@@ -332,7 +332,7 @@ std::unique_ptr<QueuePair> VerbsListener::take_done(const QpOptions& options,
   auto result =
       std::make_unique<VerbsQp>(device_, std::move(done->id), std::move(done->parts),
                                 done->peer, std::move(done->hello.user), conn);
-  device_->get_progress_thread().adopt(raw_id, qp, conn, done->peer);
+  device_->progress().adopt(raw_id, qp, conn, done->peer);
   // A failure seen in the same call was logged; the connection matters more.
   failure_.reset();
   return result;

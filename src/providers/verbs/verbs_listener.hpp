@@ -15,8 +15,9 @@
 
 #include "core/deadline.hpp"
 #include "providers/verbs/verbs_cm.hpp"
+#include "providers/verbs/verbs_cq.hpp"
 #include "providers/verbs/verbs_handshake.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "rdmakit/context.hpp"
 #include "rdmakit/error.hpp"
 

@@ -8,7 +8,8 @@
 #include <memory>
 #include <utility>
 
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_device.hpp"
+#include "rdmakit/memory.hpp"
 
 namespace rdmakit::verbs {
 

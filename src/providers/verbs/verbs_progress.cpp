@@ -1,5 +1,7 @@
 // The progress thread: one thread per context reading rdma_cm events of
 // established connections.
+#include "providers/verbs/verbs_progress.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -9,27 +11,19 @@
 #include <cstring>
 
 #include "core/log.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_device.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
 
-Device::~Device() = default;
-
-ProgressThread& Device::get_progress_thread() {
-  std::call_once(progress_once,
-                 [this] { progress_thread = std::make_unique<ProgressThread>(); });
-  return *progress_thread;
-}
-
-ProgressThread::ProgressThread() {
+VerbsProgress::VerbsProgress() {
   channel_.reset(rdma_create_event_channel());
   if (!channel_) {
     throw Error("rdma_create_event_channel", kProvider, "", errno, "progress thread");
   }
   // Non-blocking: an event poll() announced can vanish before we read it
   // (rdma_destroy_id discards its id's queued events), and a blocking read
-  // would then hang this thread and the join in ~ProgressThread.
+  // would then hang this thread and the join in ~VerbsProgress.
   const int flags = fcntl(channel_->fd, F_GETFL);
   if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     throw Error("fcntl(O_NONBLOCK)", kProvider, "", errno, "progress thread channel");
@@ -39,7 +33,7 @@ ProgressThread::ProgressThread() {
   thread_ = std::thread([this] { run(); });
 }
 
-ProgressThread::~ProgressThread() {
+VerbsProgress::~VerbsProgress() {
   const uint64_t one = 1;
   if (write(wake_fd_, &one, sizeof one) < 0) {
     log_release_failure("eventfd write", errno);
@@ -48,8 +42,8 @@ ProgressThread::~ProgressThread() {
   close(wake_fd_);
 }
 
-void ProgressThread::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
-                           const std::string& peer) {
+void VerbsProgress::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState> conn,
+                          const std::string& peer) {
   {
     std::lock_guard lock(mutex_);
     entries_[id] = Entry{qp, std::move(conn), peer};
@@ -62,12 +56,12 @@ void ProgressThread::adopt(rdma_cm_id* id, ibv_qp* qp, std::shared_ptr<ConnState
   }
 }
 
-void ProgressThread::release(rdma_cm_id* id) noexcept {
+void VerbsProgress::release(rdma_cm_id* id) noexcept {
   std::lock_guard lock(mutex_);
   entries_.erase(id);
 }
 
-void ProgressThread::run() noexcept {
+void VerbsProgress::run() noexcept {
   pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {

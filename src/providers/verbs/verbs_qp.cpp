@@ -1,4 +1,6 @@
 // Queue pair data path: one preallocated postlist, one ibv_post_send.
+#include "providers/verbs/verbs_qp.hpp"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -7,7 +9,7 @@
 #include <cmath>
 
 #include "core/work_request.hpp"
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_cq.hpp"
 #include "providers/verbs/verbs_srq.hpp"
 
 namespace rdmakit::verbs {

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "providers/verbs/verbs_provider.hpp"
+#include "providers/verbs/verbs_qp.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
 
 namespace rdmakit::verbs {

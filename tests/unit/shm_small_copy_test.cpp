@@ -1,6 +1,6 @@
 // small_copy must equal memcpy for every length it takes, at any alignment,
 // and write nothing outside the destination.
-#include "providers/shm/small_copy.hpp"
+#include "providers/shm/shm_small_copy.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "providers/shm/unix_socket.hpp"
+#include "providers/shm/shm_unix_socket.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

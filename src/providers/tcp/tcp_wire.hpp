@@ -14,7 +14,7 @@
 //   40 u64 arg1        CAS: swap
 // The decoder treats the bytes as hostile: unknown opcodes, non-zero reserved
 // fields, lengths an opcode cannot carry and unknown statuses are rejected, so
-// the engine above only ever sees frames whose shape is valid. Whether an
+// the queue pair above only ever sees frames whose shape is valid. Whether an
 // address/rkey is acceptable is decided later, against the region table.
 #include <bit>
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "providers/shm/peer_policy.hpp"
+#include "providers/shm/shm_peer_policy.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

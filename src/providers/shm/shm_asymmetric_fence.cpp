@@ -1,4 +1,4 @@
-#include "providers/shm/asymmetric_fence.hpp"
+#include "providers/shm/shm_asymmetric_fence.hpp"
 
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
