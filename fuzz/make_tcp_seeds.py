@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus for tcp_frame_fuzzer (fuzz/corpus/tcp_frame/).
 
-Frame layout as in src/providers/tcp/wire.hpp. rkey 0..2 and addresses
+Frame layout as in src/providers/tcp/tcp_wire.hpp. rkey 0..2 and addresses
 below 64 KiB are patched by the harness to the real test regions.
 """
 import os
