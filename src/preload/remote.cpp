@@ -355,14 +355,8 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
   const InternalScope internal;
   Upgrade up;
   up.path = provider_name(remote_config().provider);
-  Tuple t;
-  std::string where;
-  up.reason = socket_tuple(tcp_fd, true, &t, &where);
+  up.reason = check_offered(tcp_fd, p.tuple);
   if (!up.reason.empty()) return up;
-  if (std::memcmp(&t, &p.tuple, sizeof t) != 0) {
-    up.reason = "connection is not the one offered (address changed in connect)";
-    return up;
-  }
   const auto deadline = Clock::now() + config().timeout;
   try {
     up.stream = client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline,

@@ -191,14 +191,8 @@ std::string listen_other_user_offer(PendingOffer* p) {
 
 Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
   Upgrade up;
-  Tuple t;
-  std::string where;
-  up.reason = socket_tuple(tcp_fd, true, &t, &where);
+  up.reason = check_offered(tcp_fd, p.tuple);
   if (!up.reason.empty()) return up;
-  if (std::memcmp(&t, &p.tuple, sizeof t) != 0) {
-    up.reason = "connection is not the one offered (address changed in connect)";
-    return up;
-  }
   const auto deadline = Clock::now() + config().timeout;
   pollfd pfd{p.usock, POLLIN, 0};
   int ready = 0;
@@ -231,7 +225,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
   }
   Fd held(proof);
   if (hello.magic != kMagic || hello.version != kVersion ||
-      std::memcmp(&hello.tuple, &t, sizeof t) != 0) {
+      std::memcmp(&hello.tuple, &p.tuple, sizeof p.tuple) != 0) {
     up.reason = "rendezvous peer " + who(cred) + " sent a malformed proof: refused";
     return up;
   }
@@ -239,7 +233,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
     up.reason = "the server's rules keep this connection on kernel TCP";
     return up;
   }
-  up.reason = check_proof(held.get(), t);
+  up.reason = check_proof(held.get(), p.tuple);
   if (!up.reason.empty()) {
     up.reason = "rendezvous peer " + who(cred) + ": " + up.reason + ": refused";
     return up;

@@ -105,6 +105,15 @@ std::string socket_tuple(int fd, bool client, Tuple* t, std::string* where,
   return {};
 }
 
+std::string check_offered(int fd, const Tuple& offered) {
+  Tuple t;
+  std::string where;
+  std::string why = socket_tuple(fd, true, &t, &where);
+  if (why.empty() && std::memcmp(&t, &offered, sizeof t) != 0)
+    why = "connection is not the one offered (address changed in connect)";
+  return why;
+}
+
 int remaining_ms(Clock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();

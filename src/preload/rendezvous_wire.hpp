@@ -141,6 +141,9 @@ std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
 // it cannot. *where gets "local=... peer=..." for the log.
 std::string socket_tuple(int fd, bool client, Tuple* t, std::string* where,
                          sockaddr_storage* peer_out = nullptr);
+// fd is the very connection an offer named (its address can change in
+// connect): "" or why not.
+std::string check_offered(int fd, const Tuple& offered);
 int remaining_ms(Clock::time_point deadline);
 // Whole-message I/O on a rendezvous socket, bounded by deadline.
 bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline);
