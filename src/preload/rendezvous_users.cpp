@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay_wire.hpp"
@@ -190,6 +191,10 @@ std::string listen_other_user_offer(PendingOffer* p) {
 }
 
 Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
+  // The streams' own calls on this thread (the shm handshake receives a peer
+  // of another user's wake socket) are not the application's: with a
+  // sanitizer runtime preloaded, the return address cannot tell.
+  const InternalScope internal;
   Upgrade up;
   up.reason = check_offered(tcp_fd, p.tuple);
   if (!up.reason.empty()) return up;
@@ -257,6 +262,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
 
 bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny, Upgrade* up) {
   if (!other_users_enabled()) return false;
+  const InternalScope internal;  // as in finish_other_user
   socklen_t len = 0;
   const sockaddr_un sa = offer_address(t, &len);
   Fd c(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
