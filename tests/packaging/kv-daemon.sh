@@ -12,5 +12,6 @@ grep -q "listening on .*:7499" "$log" || { echo "FAIL: daemon not on 7499:"; cat
 kv() { RDMAKIT_SHM_ALLOW_UIDS=rdmakit rdmakit-kv client -q -p 7499 \
          --secret-file /etc/rdmakit/kv.key "$@"; }
 kv put packaged yes
-kv get packaged --get read | grep -qx "value: yes" || { echo "FAIL: GET by READ"; exit 1; }
+got=$(kv get packaged --get read)
+grep -qx "value: yes" <<<"$got" || { echo "FAIL: GET by READ: $got"; exit 1; }
 echo "kv-daemon: PASS (config file port, PUT and READ GET, secret as credential)"

@@ -14,7 +14,9 @@ rm -f "$prefix.install.log"
 "$here/consumer-build.sh" "$prefix/work" "$prefix"
 lib=$(find "$prefix" -name librdmakit-preload.so | head -1)
 [ -n "$lib" ] || { echo "FAIL: no librdmakit-preload.so under $prefix"; exit 1; }
-if ! "$prefix/bin/rdmakit-run" cat /proc/self/maps | grep -qF "$lib"; then
+# Captured first: grep -q leaving early could end cat with SIGPIPE (pipefail).
+maps=$("$prefix/bin/rdmakit-run" cat /proc/self/maps)
+if ! grep -qF "$lib" <<<"$maps"; then
   echo "FAIL: $prefix/bin/rdmakit-run does not preload $lib"
   exit 1
 fi
