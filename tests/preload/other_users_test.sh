@@ -31,6 +31,12 @@ second_user_create || fail "no second user"
 trap cleanup EXIT
 second_user_stage "$work/bin" "$run"; srun=$SECOND_USER_BIN
 second_user_stage "$work/lib" "$lib"; slib=$SECOND_USER_BIN
+# The scripts too: the checkout may sit where the other users cannot read
+# (a 0700 temporary directory).
+shapes=$work/py
+mkdir -m 755 "$shapes"
+cp "$here"/shapes/server.py "$here"/shapes/client.py "$here"/shapes/offer_squatter.py "$shapes/"
+chmod 644 "$shapes"/*.py
 log=$work/log
 : >"$log"; chmod 666 "$log"
 mkdir -m 1777 "$work/host"
@@ -54,7 +60,7 @@ conns=5 size=300000
 # server WRAPPER...: the forking echo server (shapes/server.py) in the
 # background; its port in $port.
 server() {
-  "$@" timeout 60 "$py" "$here/shapes/server.py" fork "$work/svc/port" "$sconns" \
+  "$@" timeout 60 "$py" "$shapes/server.py" fork "$work/svc/port" "$sconns" \
     >"$work/s.out" 2>&1 &
   pids+=($!)
   wait_file "$work/svc/port" || fail "server did not start: $(cat "$work/s.out")"
@@ -73,7 +79,7 @@ case "$case_name" in
     else
       server as_root; client=(as_svc) cname=svc sname=root
     fi
-    "${client[@]}" timeout 60 "$py" "$here/shapes/client.py" "$port" $conns $size \
+    "${client[@]}" timeout 60 "$py" "$shapes/client.py" "$port" $conns $size \
       >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
     check_server
     tail -n 1 "$work/c.out" | grep -q '^OK' || fail "client: $(cat "$work/c.out")"
@@ -95,11 +101,11 @@ case "$case_name" in
     cport=$(free_port)
     # (not through the function: $! must be the squatter itself, to signal it)
     setpriv --reuid 65534 --regid 65534 --clear-groups --no-new-privs -- \
-      "$py" "$here/shapes/offer_squatter.py" "$cport" "$port" "$work/nobody/squat" \
+      "$py" "$shapes/offer_squatter.py" "$cport" "$port" "$work/nobody/squat" \
       >"$work/squat.out" 2>&1 &
     squatter=$!
     wait_file "$work/nobody/squat" || fail "squatter did not start: $(cat "$work/squat.out")"
-    as_root timeout 60 "$py" "$here/shapes/client.py" "$port" 1 $size "$cport" \
+    as_root timeout 60 "$py" "$shapes/client.py" "$port" 1 $size "$cport" \
       >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
     check_server
     tail -n 1 "$work/c.out" | grep -q '^OK' || fail "client: $(cat "$work/c.out")"
@@ -118,7 +124,7 @@ case "$case_name" in
     pids+=($!)
     as_nobody sh -c "echo ${pids[-1]} >'$work/host/rdmakit-l-$ns-$port'"
     start=$(date +%s%N)
-    as_svc timeout 60 "$py" "$here/shapes/client.py" "$port" 1 $size \
+    as_svc timeout 60 "$py" "$shapes/client.py" "$port" 1 $size \
       >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
     ms=$((($(date +%s%N) - start) / 1000000))
     wait "${pids[0]}" || fail "server: $(cat "$work/s.out")"
