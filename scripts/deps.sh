@@ -14,6 +14,9 @@ pkgs+=(libpmix-dev openmpi-bin python3-matplotlib)
 pkgs+=(qemu-system-x86 busybox-static xz-utils rdma-core ibverbs-providers ibverbs-utils
        rdmacm-utils perftest python3)
 [ "${1:-}" = "--bench" ] && pkgs+=(ucx-utils libfabric-bin sockperf iperf3 python3-matplotlib rsync)
+# rdmakit-cp's sync tests compare it with rsync (trees with xattrs and ACLs,
+# a private sshd for -e ssh).
+pkgs+=(rsync attr acl openssh-server openssh-client)
 # Packaging (man/, scripts/package.sh, the package stage): man pages from
 # --help, dpkg-shlibdeps, lintian, the Debian 12 chroot.
 pkgs+=(help2man dpkg-dev file lintian man-db mmdebstrap)
