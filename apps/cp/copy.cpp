@@ -18,6 +18,7 @@
 #include "progress.hpp"
 #include "protocol.hpp"
 #include "receiver.hpp"
+#include "records.hpp"
 #include "sender.hpp"
 
 namespace rdmakit::cp {
@@ -94,13 +95,13 @@ int copy(const CopyOptions& o) {
       if (thread.joinable()) thread.join();
     }
   } walker_join{entries, walker};
-  const bool show_progress = !o.quiet && !o.json && ::isatty(STDERR_FILENO);
+  report.show_items(o.itemize, o.verbose);
   if (push) {
     walker = std::thread([&] {
+      WalkOptions walk;
+      walk.recursive = o.recursive;
       for (const Remote& s : srcs)
-        if (!walk_source({AT_FDCWD, false}, s.path, o.recursive, &entries, &report,
-                         show_progress))
-          break;
+        if (!walk_source({AT_FDCWD, false}, s.path, walk, &entries, &report)) break;
       entries.finish();
     });
   } else {
@@ -174,16 +175,18 @@ int copy(const CopyOptions& o) {
     const auto version = speak != nullptr && *speak != '\0'
                              ? static_cast<uint32_t>(std::strtoul(speak, nullptr, 10))
                              : kProtocolVersion;
-    Writer hello = message(Msg::kHello);
-    hello.put<uint32_t>(version).put<uint8_t>(push ? 1 : 2).put<uint8_t>(flags);
+    Request req;
+    req.version = version;
+    req.op = static_cast<uint8_t>(push ? Op::kPush : Op::kPull);
+    req.flags = static_cast<uint8_t>(flags);
     if (push) {
-      hello.put<uint32_t>(2)
-          .str(dst.path.empty() ? "." : dst.path)
-          .str(std::to_string(srcs.size()));
+      req.paths = {dst.path.empty() ? "." : dst.path, std::to_string(srcs.size())};
     } else {
-      hello.put<uint32_t>(static_cast<uint32_t>(srcs.size()));
-      for (const Remote& s : srcs) hello.str(s.path);
+      for (const Remote& s : srcs) req.paths.push_back(s.path);
     }
+    req.sync = o.sync;
+    Writer hello = message(Msg::kHello);
+    encode_request(req, &hello);
     session::OpResult r = ch.send(std::span<const std::byte>(hello.data()));
     session::Message m;
     if (r.ok()) r = ch.recv(&m, 10s);
@@ -219,7 +222,8 @@ int copy(const CopyOptions& o) {
       sc.remote_offset = uint64_t{lane} * kLaneBytes;
       sc.staging = {staging->data(), staging->length(), staging->lkey()};
       sc.root = {AT_FDCWD, false};
-      sc.resume = o.resume;
+      sc.sync = o.sync;
+      sc.side = ItemSide::kPush;
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
       sc.corrupt_records = corrupt_records_from_env();
@@ -234,6 +238,8 @@ int copy(const CopyOptions& o) {
       rc.slots = slots.data();
       rc.target = target;
       rc.resume = o.resume;
+      rc.sync = o.sync;
+      rc.side = ItemSide::kPull;
       rc.report = &report;
       rc.preserve_special = o.preserve_special;
       Receiver(rc).run();

@@ -37,6 +37,9 @@ struct CopyOptions {
   std::string provider = "auto";
   std::string secret_file;        // else RDMAKIT_SECRET_FILE, RDMAKIT_SECRET
   bool preserve_special = false;  // keep setuid/setgid/sticky of pulled modes
+  uint32_t sync = 0;              // SyncFlags
+  bool itemize = false;           // -i
+  bool verbose = false;           // -v
 };
 // Push or pull, decided by which side names a HOST:.
 int copy(const CopyOptions& options);

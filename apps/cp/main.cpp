@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -122,6 +123,41 @@ int main(int argc, char** argv) {
         "The server must prove it too");
     app.add_flag("--preserve-special", o.preserve_special,
                  "pull: keep setuid/setgid/sticky bits (dropped by default)");
+    // Sync: rsync's names where they mean the same (docs/cp.md#sync).
+    struct SyncFlag {
+      const char* name;
+      uint32_t bit;
+      const char* help;
+    };
+    static constexpr SyncFlag kSyncOptions[] = {
+        {"-c,--checksum", kSyncChecksum,
+         "compare content (xxh3), not size and modification time"},
+        {"--delete", kSyncDelete, "delete what the destination has and the source lacks"},
+        {"--delete-excluded", kSyncDelete | kSyncDeleteExcluded,
+         "also delete excluded entries from the destination (implies --delete)"},
+        {"-n,--dry-run", kSyncDryRun, "change nothing; show what would change (with -i)"},
+        {"-W,--whole-file", kSyncWholeFile, "send changed files whole (no delta)"},
+        {"-I,--ignore-times", kSyncIgnoreTimes,
+         "send files even when size and modification time match"},
+        {"-o,--owner", kSyncOwner, "keep the owner (root only, as rsync)"},
+        {"-g,--group", kSyncGroup, "keep the group"},
+        {"--numeric-ids", kSyncNumericIds, "map owners by number, not by name"},
+        {"-A,--acls", kSyncAcls, "keep POSIX ACLs"},
+        {"-X,--xattrs", kSyncXattrs, "keep extended attributes"},
+        {"-H,--hard-links", kSyncHardLinks, "keep hard links"},
+    };
+    std::vector<bool> sync_set(std::size(kSyncOptions), false);
+    for (size_t i = 0; i < std::size(kSyncOptions); ++i) {
+      app.add_flag_function(
+          kSyncOptions[i].name, [&, i](int64_t) { sync_set[i] = true; },
+          kSyncOptions[i].help);
+    }
+    bool archive = false;
+    app.add_flag("-a,--archive", archive,
+                 "-r plus, as root, -o -g (modes, times and symlinks are always kept)");
+    app.add_flag("-i,--itemize-changes", o.itemize,
+                 "one line per change, as rsync -i (YXcstpoguax NAME)");
+    app.add_flag("-v,--verbose", o.verbose, "name each entry that changes");
     app.add_option("paths", paths, "SRC... DST")->required();
     try {
       app.parse(argc, argv);
@@ -131,6 +167,12 @@ int main(int argc, char** argv) {
     if (paths.size() < 2) {
       std::fprintf(stderr, "rdmakit-cp: need at least one source and a destination\n");
       return usage;
+    }
+    for (size_t i = 0; i < std::size(kSyncOptions); ++i)
+      if (sync_set[i]) o.sync |= kSyncOptions[i].bit;
+    if (archive) {
+      o.recursive = true;
+      if (::geteuid() == 0) o.sync |= kSyncOwner | kSyncGroup;
     }
     spdlog::set_level(spdlog::level::warn);  // the client reports by itself
     ::setenv("RDMAKIT_LOG", "warn", 0);

@@ -25,13 +25,18 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian");
 
 // 2: the slot hash covers the records only; data records carry block digests.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: sync: the sender lists entries first (kCheck), the receiver's generator
+//    answers what to send (kWant), with delta blocks and deletions.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kSlotMagic = 0x52434b53;  // "SKCR"
 inline constexpr uint32_t kSlots = 8;               // chunks in flight
 inline constexpr uint32_t kSlotSize = 1u << 20;     // bytes per slot (header included)
 inline constexpr uint64_t kBlockSize = 1u << 20;    // resume/hash granularity
 inline constexpr uint32_t kMaxMessage = 64 * 1024;
 inline constexpr uint32_t kMaxResends = 5;
+// Entries the sender may list ahead of the answers it has (its window); the
+// receiver refuses a sender that lists more.
+inline constexpr uint32_t kListWindow = 8192;
 inline constexpr const char* kSlotsBuffer = "slots";
 inline constexpr uint64_t kLaneBytes = uint64_t{kSlots} * kSlotSize;
 // Concurrent transfers a server admits by default (--max-clients); each holds
@@ -54,24 +59,62 @@ enum class Msg : uint8_t {
   kHello = 1,       // client -> server
   kHelloReply = 2,  // server -> client
   kTotals = 3,      // sender -> receiver: files, bytes (for progress)
-  kProbe = 4,       // sender -> receiver (--resume): block hashes of one file
-  kNeed = 5,        // receiver -> sender: which blocks to send
-  kAck = 6,         // receiver -> sender: slot processed (ok) or corrupt (resend)
-  kFileError = 7,   // either way: one path failed, with class and reason
-  kDone = 8,        // sender -> receiver: number of slots in the stream
-  kFinal = 9,       // receiver -> sender: the receiver's totals
-  kFatal = 10,      // either way: the transfer cannot continue
+  // 4 and 5 were protocol 2's resume probes.
+  kAck = 6,        // receiver -> sender: slot processed (ok) or corrupt (resend)
+  kFileError = 7,  // either way: one path failed, with class and reason
+  kDone = 8,       // sender -> receiver: number of slots in the stream
+  kFinal = 9,      // receiver -> sender: the receiver's totals
+  kFatal = 10,     // either way: the transfer cannot continue
   // Authentication (auth.hpp), before the hello when the client has a secret.
   kAuthNonce = 11,      // client -> server: client nonce
   kAuthChallenge = 12,  // server -> client: ok, server nonce, server proof (or why not)
   kAuthProof = 13,      // client -> server: client proof
+  // Sync (generator.hpp): what the sender has, what the receiver wants.
+  kCheck = 14,    // sender -> receiver: a batch of entries' metadata
+  kListEnd = 15,  // sender -> receiver: no more entries (deletions may start)
+  kWant = 16,     // receiver -> sender: per listed entry, skip / send / delta
+  kDeleted = 17,  // receiver -> sender: paths deleted (--delete), for -i and --stats
+  kListed = 18,   // receiver -> sender: every listed entry answered, deletions done
 };
 
 enum class Rec : uint8_t { kEntry = 1, kData = 2, kEnd = 3, kAbort = 4 };
-enum class Kind : uint8_t { kFile = 1, kDir = 2, kSymlink = 3 };
+// kHardlink: a file that is the same inode as an earlier entry (-H); its
+// link field names that entry's path.
+enum class Kind : uint8_t { kFile = 1, kDir = 2, kSymlink = 3, kHardlink = 4 };
 enum class Op : uint8_t { kPush = 1, kPull = 2 };
 enum HelloFlags : uint8_t { kFlagResume = 1, kFlagRecursive = 2 };
-enum class NeedMode : uint8_t { kAll = 0, kNone = 1, kBitmap = 2 };
+// What a sync compares and keeps (the hello's sync word; rsync's options).
+enum SyncFlags : uint32_t {
+  kSyncChecksum = 1u << 0,         // -c: compare content, not size and mtime
+  kSyncDelete = 1u << 1,           // --delete
+  kSyncDryRun = 1u << 2,           // -n
+  kSyncWholeFile = 1u << 3,        // -W: no delta
+  kSyncOwner = 1u << 4,            // -o
+  kSyncGroup = 1u << 5,            // -g
+  kSyncNumericIds = 1u << 6,       // --numeric-ids
+  kSyncAcls = 1u << 7,             // -A
+  kSyncXattrs = 1u << 8,           // -X
+  kSyncHardLinks = 1u << 9,        // -H
+  kSyncDeleteExcluded = 1u << 10,  // --delete-excluded
+  kSyncIgnoreTimes = 1u << 11,     // -I: send even what the quick check passes
+  kSyncKnown = (1u << 12) - 1,
+};
+// The generator's answer for one listed entry.
+enum class Want : uint8_t { kSkip = 0, kSend = 1, kDelta = 2 };
+// Itemized changes (rsync's %i), one bit per letter; kItemNew is "+++++++++".
+enum ItemBits : uint16_t {
+  kItemNew = 1u << 0,
+  kItemChecksum = 1u << 1,
+  kItemSize = 1u << 2,
+  kItemTime = 1u << 3,
+  kItemPerms = 1u << 4,
+  kItemOwner = 1u << 5,
+  kItemGroup = 1u << 6,
+  kItemAcl = 1u << 7,
+  kItemXattr = 1u << 8,
+  kItemTransfer = 1u << 9,  // content moves (rsync's '<' / '>')
+  kItemKnown = (1u << 10) - 1,
+};
 
 // Appends little-endian fields to a byte vector.
 class Writer {

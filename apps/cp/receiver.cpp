@@ -97,7 +97,8 @@ bool resolve_target(int root, const std::string& dst_in, bool confined, uint32_t
   return true;
 }
 
-Receiver::Receiver(ReceiverConfig config) : c_(std::move(config)) {}
+Receiver::Receiver(ReceiverConfig config)
+    : c_(std::move(config)), meta_(c_.sync, c_.report) {}
 
 Receiver::~Receiver() {
   close_file();
@@ -125,7 +126,8 @@ void Receiver::fatal(Failure kind, const std::string& reason, bool tell_peer) {
   cv_.notify_all();
 }
 
-std::string Receiver::map_path(const std::string& rel, std::string* why) const {
+std::string map_wire_path(const Target& target, const std::string& rel,
+                          std::string* why) {
   *why = check_relative(rel);
   if (!why->empty()) return "";
   for (size_t start = 0;;) {  // "." components are refused too: one name, one entry
@@ -137,9 +139,9 @@ std::string Receiver::map_path(const std::string& rel, std::string* why) const {
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  if (c_.target.rename_top.empty()) return rel;
+  if (target.rename_top.empty()) return rel;
   const size_t slash = rel.find('/');
-  return c_.target.rename_top + (slash == std::string::npos ? "" : rel.substr(slash));
+  return target.rename_top + (slash == std::string::npos ? "" : rel.substr(slash));
 }
 
 int Receiver::parent_fd(const std::string& dir) {
@@ -161,7 +163,7 @@ void Receiver::fail_file(Failure kind, const std::string& reason) {
   Writer w = message(Msg::kFileError);
   w.put<uint8_t>(static_cast<uint8_t>(kind)).str(cur_.path).str(reason);
   send(w);
-  if (cur_.fd >= 0 && !cur_.keep_final) {
+  if (cur_.fd >= 0) {
     // A part file that failed verification is worthless; one that failed
     // on I/O may be resumed.
     if (kind == Failure::kVerify) ::unlinkat(cur_.parent, cur_.tmp.c_str(), 0);
@@ -189,8 +191,7 @@ bool Receiver::on_entry(Reader& rd) {
   cur_.sec = rec.sec;
   cur_.nsec = rec.nsec;
   cur_.size = rec.size;
-  const std::string& rel = rec.path;
-  const std::string& link = rec.link;
+  const std::string rel = rec.path;
   if (parsed == Parsed::kRefused) {
     cur_.path = rel;
     cur_.size = 0;
@@ -206,7 +207,7 @@ bool Receiver::on_entry(Reader& rd) {
       return true;
     }
   }
-  cur_.path = map_path(rel, &why);
+  cur_.path = map_wire_path(c_.target, rel, &why);
   if (cur_.path.empty()) {
     cur_.path = rel;
     fail_file(Failure::kRefused, "refused: " + why);
@@ -222,7 +223,6 @@ bool Receiver::on_entry(Reader& rd) {
     return true;
   }
   cur_.parent = parent;
-  const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
   switch (kind) {
     case Kind::kDir: {
       struct stat st {};
@@ -234,97 +234,182 @@ bool Receiver::on_entry(Reader& rd) {
                                                   : errno_reason(errno));
         return true;
       }
-      dirs_.push_back({cur_.path, cur_.mode, cur_.sec, cur_.nsec});
+      dirs_.push_back({cur_.path, std::move(rec)});
       cur_.failed = true;  // no data follows
       return true;
     }
-    case Kind::kSymlink: {
-      ::unlinkat(parent, cur_.tmp.c_str(), 0);
-      if (::symlinkat(link.c_str(), parent, cur_.tmp.c_str()) != 0 ||
-          ::renameat(parent, cur_.tmp.c_str(), parent, name.c_str()) != 0) {
-        fail_file(classify_errno(errno), errno_reason(errno));
-        return true;
-      }
-      ::utimensat(parent, name.c_str(), times, AT_SYMLINK_NOFOLLOW);
+    case Kind::kSymlink:
+    case Kind::kHardlink:
+      on_link(rec, parent, kind);
       cur_.failed = true;  // done; no data follows
       return true;
-    }
     case Kind::kFile: break;
     default: return false;
   }
+  open_part(rec, parent);
+  cur_.rec = std::move(rec);
+  return true;
+}
+
+// A symlink is made under the part name and renamed over the final one; a
+// hard link is linked to the earlier entry's destination the same way.
+void Receiver::on_link(const EntryRecord& rec, int parent, Kind kind) {
+  ::unlinkat(parent, cur_.tmp.c_str(), 0);
+  if (kind == Kind::kSymlink) {
+    if (::symlinkat(rec.link.c_str(), parent, cur_.tmp.c_str()) != 0) {
+      fail_file(classify_errno(errno), errno_reason(errno));
+      return;
+    }
+    const std::string why =
+        meta_.apply(rec, -1, parent, cur_.tmp, kItemOwner | kItemGroup);
+    if (!why.empty()) c_.report->error(Failure::kFile, cur_.path, why);
+  } else {
+    std::string why;
+    const std::string first = map_wire_path(c_.target, rec.link, &why);
+    if (first.empty()) {
+      fail_file(Failure::kRefused, "refused: hard link to " + rec.link + ": " + why);
+      return;
+    }
+    auto [first_dir, first_name] = split_parent(first);
+    const int first_parent =
+        first_dir == "." ? ::dup(c_.target.base)
+                         : open_beneath(c_.target.base, first_dir, O_PATH | O_DIRECTORY);
+    // linkat without AT_SYMLINK_FOLLOW links the name itself, never a
+    // symlink's target; the parent was resolved beneath the target.
+    const int rc = first_parent < 0 ? -1
+                                    : ::linkat(first_parent, first_name.c_str(), parent,
+                                               cur_.tmp.c_str(), 0);
+    const int err = first_parent < 0 ? -first_parent : errno;
+    if (first_parent >= 0) ::close(first_parent);
+    if (rc != 0) {
+      fail_file(classify_errno(err),
+                "hard link to " + rec.link + ": " + errno_reason(err));
+      return;
+    }
+  }
+  if (::renameat(parent, cur_.tmp.c_str(), parent, cur_.name.c_str()) != 0) {
+    fail_file(classify_errno(errno), errno_reason(errno));
+    ::unlinkat(parent, cur_.tmp.c_str(), 0);
+    return;
+  }
+  if (kind == Kind::kSymlink) {
+    const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
+    ::utimensat(parent, cur_.name.c_str(), times, AT_SYMLINK_NOFOLLOW);
+  }
+  c_.report->files_done++;
+}
+
+void Receiver::open_part(const EntryRecord& rec, int parent) {
   const uint32_t nblocks = block_count(cur_.size);
   cur_.hashes.assign(nblocks, 0);
   cur_.needed.assign(nblocks, true);
-  ProbeResult probe;
-  bool probed = false;
-  {
-    std::lock_guard lock(mu_);
-    auto it = probes_.find(cur_.id);
-    if (it != probes_.end()) {
-      probe = std::move(it->second);
-      probes_.erase(it);
-      probed = true;
-    }
+  const bool from_part = rec.flags & kEntryBasisPart;
+  const bool from_final = rec.flags & kEntryBasisFinal;
+  if (from_part || from_final) cur_.needed = rec.sent;
+  // A part file is owner read/write only while it is written: group or
+  // other write bits would let another user change bytes after they were
+  // verified. Its final mode is set by on_end's fchmod (always: under a
+  // default ACL the umask does not decide the created mode).
+  cur_.create_mode = 0600;
+  int fd = -1;
+  errno = EEXIST;
+  if (!from_part) {
+    fd = ::openat(parent, cur_.tmp.c_str(),
+                  O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, cur_.create_mode);
+    cur_.created = fd >= 0;
   }
-  int fd;
-  if (probed && probe.keep_final) {
-    cur_.keep_final = true;
-    fd = ::openat(parent, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  } else {
-    // A part file is owner read/write only while it is written: group or
-    // other write bits would let another user change bytes after they were
-    // verified. Its final mode is set by on_end's fchmod (always: under a
-    // default ACL the umask does not decide the created mode).
-    cur_.create_mode = 0600;
-    fd = -1;
-    errno = EEXIST;
-    if (!probed) {
-      fd = ::openat(parent, cur_.tmp.c_str(),
-                    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, cur_.create_mode);
-      cur_.created = fd >= 0;
-    }
-    if (fd < 0 && errno == EEXIST) {
-      const int trunc = probed ? 0 : O_TRUNC;
-      fd = ::openat(parent, cur_.tmp.c_str(),
-                    O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, 0600);
-    }
+  if (fd < 0 && errno == EEXIST) {
+    const int trunc = from_part ? 0 : O_TRUNC;
+    fd = ::openat(parent, cur_.tmp.c_str(),
+                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, 0600);
   }
   if (fd < 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
-    return true;
+    return;
   }
   cur_.fd = fd;
   cur_.open = true;
-  if (probed) {
-    for (uint32_t b = 0; b < nblocks && b < probe.needed.size(); ++b) {
-      cur_.needed[b] = probe.needed[b];
-      if (!probe.needed[b]) cur_.hashes[b] = probe.hashes[b];
-    }
-  }
-  // A new part file (O_TRUNC) is sized at its end, and only if its last
-  // bytes are a hole: most files are written up to their size anyway.
-  if (!cur_.keep_final && !cur_.created) {
+  // A new part file is sized at its end, and only if its last bytes are a
+  // hole: most files are written up to their size anyway.
+  if (!cur_.created || from_final) {
     if (::ftruncate(fd, static_cast<off_t>(cur_.size)) != 0) {
       fail_file(classify_errno(errno), errno_reason(errno));
-      return true;
+      return;
     }
-    if (probed) {
-      // Blocks to be re-sent start as holes: the sender sends only data.
-      for (uint32_t b = 0; b < nblocks; ++b) {
-        if (!cur_.needed[b]) continue;
-        const uint64_t off = uint64_t{b} * kBlockSize;
-        const uint64_t len = std::min<uint64_t>(kBlockSize, cur_.size - off);
-        if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                        static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
-          static const std::vector<std::byte> zero(kBlockSize);
-          int err = 0;
-          if (!write_all(fd, zero.data(), len, off, &err)) {
-            fail_file(classify_errno(err), errno_reason(err));
-            return true;
-          }
+  }
+  if (from_final) {
+    const int basis =
+        ::openat(parent, cur_.name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (basis < 0) {
+      fail_file(Failure::kFile, "the file to update vanished: " + errno_reason(errno));
+      return;
+    }
+    const bool ok = copy_from_basis(basis);
+    ::close(basis);
+    if (!ok) return;
+  }
+  if (from_part) {
+    // Blocks to be sent start as holes: the sender sends only data. The
+    // others are kept, and hashed as they are for the file hash.
+    bool io_error = false;
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      if (!cur_.needed[b]) {
+        cur_.hashes[b] = hash_file_block(fd, cur_.size, b, &scratch_, &io_error);
+        continue;
+      }
+      const uint64_t off = uint64_t{b} * kBlockSize;
+      const uint64_t len = std::min<uint64_t>(kBlockSize, cur_.size - off);
+      if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
+        static const std::vector<std::byte> zero(kBlockSize);
+        int err = 0;
+        if (!write_all(fd, zero.data(), len, off, &err)) {
+          fail_file(classify_errno(err), errno_reason(err));
+          return;
         }
       }
     }
+    if (io_error) fail_file(Failure::kFile, "read error in the part file");
+  }
+}
+
+// Delta against the file under its final name: the blocks the sender does
+// not send are copied from it, hashed as they are written (so the file hash
+// checks them too), and holes stay holes.
+bool Receiver::copy_from_basis(int basis) {
+  struct stat st {};
+  if (::fstat(basis, &st) != 0) {
+    fail_file(classify_errno(errno), errno_reason(errno));
+    return false;
+  }
+  const auto have = static_cast<uint64_t>(st.st_size);
+  for (uint32_t b = 0; b < cur_.needed.size(); ++b) {
+    if (cur_.needed[b]) continue;
+    const uint64_t off = uint64_t{b} * kBlockSize;
+    const uint64_t len = std::min<uint64_t>(kBlockSize, cur_.size - off);
+    if (!range_within(off, len, have)) {
+      fail_file(Failure::kVerify, "the file to update changed (shorter than its hashes)");
+      return false;
+    }
+    const off_t data = ::lseek(basis, static_cast<off_t>(off), SEEK_DATA);
+    if (data < 0 || static_cast<uint64_t>(data) >= off + len) continue;  // a hole
+    scratch_.resize(len);
+    uint64_t got = 0;
+    while (got < len) {
+      const ssize_t n =
+          ::pread(basis, scratch_.data() + got, len - got, static_cast<off_t>(off + got));
+      if (n <= 0) break;
+      got += static_cast<uint64_t>(n);
+    }
+    int err = EIO;
+    if (got != len || !write_all(cur_.fd, scratch_.data(), len, off, &err)) {
+      fail_file(classify_errno(err), errno_reason(err));
+      return false;
+    }
+    const uint64_t h = XXH3_64bits(scratch_.data(), len);
+    cur_.hashes[b] = h == 0 ? 1 : h;
+    cur_.written_end = std::max(cur_.written_end, off + len);
+    c_.report->bytes_matched += len;
   }
   return true;
 }
@@ -406,13 +491,20 @@ void Receiver::on_end(Reader& rd) {
   const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
   if ((cur_.created && cur_.written_end < cur_.size &&
        ::ftruncate(cur_.fd, static_cast<off_t>(cur_.size)) != 0) ||
-      ::fchmod(cur_.fd, cur_.mode) != 0 || ::futimens(cur_.fd, times) != 0 ||
-      ::fsync(cur_.fd) != 0) {
+      ::fchmod(cur_.fd, cur_.mode) != 0 || ::futimens(cur_.fd, times) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
-  if (!cur_.keep_final &&
-      ::renameat(cur_.parent, cur_.tmp.c_str(), cur_.parent, cur_.name.c_str()) != 0) {
+  // Owner before the rename, so the file never appears with the wrong one
+  // (a chown clears setuid bits: the mode is set again after it).
+  const std::string meta_error = meta_.apply(
+      cur_.rec, cur_.fd, -1, "", kItemOwner | kItemGroup | kItemAcl | kItemXattr);
+  if (!meta_error.empty()) c_.report->error(Failure::kFile, cur_.path, meta_error);
+  if ((meta_.any() && ::fchmod(cur_.fd, cur_.mode) != 0) || ::fsync(cur_.fd) != 0) {
+    fail_file(classify_errno(errno), errno_reason(errno));
+    return;
+  }
+  if (::renameat(cur_.parent, cur_.tmp.c_str(), cur_.parent, cur_.name.c_str()) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
@@ -468,8 +560,13 @@ void Receiver::fix_dirs() {
     const int fd =
         open_beneath(c_.target.base, it->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) continue;
-    const timespec times[2] = {{0, UTIME_OMIT}, {it->sec, static_cast<long>(it->nsec)}};
-    if (::fchmod(fd, it->mode) != 0 || ::futimens(fd, times) != 0)
+    const EntryRecord& rec = it->rec;
+    const std::string why =
+        meta_.apply(rec, fd, -1, "", kItemOwner | kItemGroup | kItemAcl | kItemXattr);
+    if (!why.empty()) c_.report->error(Failure::kFile, it->path, why);
+    const timespec times[2] = {{0, UTIME_OMIT}, {rec.sec, static_cast<long>(rec.nsec)}};
+    if (::fchmod(fd, applied_mode(rec.mode, c_.preserve_special)) != 0 ||
+        ::futimens(fd, times) != 0)
       c_.report->error(classify_errno(errno), it->path, errno_reason(errno));
     ::close(fd);
   }
@@ -529,6 +626,16 @@ void Receiver::writer_loop() {
 }
 
 bool Receiver::run() {
+  GeneratorConfig gc;
+  gc.channel = c_.channel;
+  gc.target = &c_.target;
+  gc.sync = c_.sync;
+  gc.resume = c_.resume;
+  gc.preserve_special = c_.preserve_special;
+  gc.side = c_.side;
+  gc.excluded = c_.excluded;
+  gc.report = c_.report;
+  generator_ = std::make_unique<Generator>(std::move(gc));
   std::thread writer([this] { writer_loop(); });
   bool ok = true;
   while (true) {
@@ -624,7 +731,15 @@ bool Receiver::run() {
                 true);
         break;
       }
-      case Msg::kProbe: on_probe(rd); break;
+      case Msg::kCheck:
+      case Msg::kListEnd: {
+        std::string why;
+        const bool good = type == Msg::kCheck
+                              ? generator_->on_check(m.data().subspan(1), &why)
+                              : generator_->on_list_end(&why);
+        if (!good) fatal(Failure::kPeer, why, true);
+        break;
+      }
       case Msg::kFileError: {
         const auto kind = static_cast<Failure>(rd.get<uint8_t>());
         std::string path = rd.str();
@@ -655,7 +770,8 @@ bool Receiver::run() {
     cv_.notify_all();
   }
   writer.join();
-  return ok;
+  generator_->stop();
+  return ok && !generator_->failed();
 }
 
 }  // namespace rdmakit::cp

@@ -12,12 +12,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <rdmakit/session/session.hpp>
 #include <string>
 #include <vector>
 
+#include "generator.hpp"
+#include "metadata_sync.hpp"
 #include "protocol.hpp"
 #include "report.hpp"
 #include "tree.hpp"
@@ -42,11 +46,17 @@ struct Target {
 bool resolve_target(int root, const std::string& dst, bool confined, uint32_t nsources,
                     Target* out, Failure* kind, std::string* reason);
 
+// Maps a wire path to a path beneath the target; "" + reason if refused.
+std::string map_wire_path(const Target& target, const std::string& rel, std::string* why);
+
 struct ReceiverConfig {
   session::Channel* channel = nullptr;
   std::byte* slots = nullptr;  // this transfer's slots (kLaneBytes)
   Target target;
   bool resume = false;
+  uint32_t sync = 0;  // SyncFlags
+  ItemSide side = ItemSide::kPush;
+  std::function<bool(const std::string&, bool)> excluded;  // filter rules
   Report* report = nullptr;
   std::chrono::milliseconds timeout{60000};
   // Setuid, setgid and sticky bits from the peer are dropped unless set.
@@ -64,16 +74,10 @@ class Receiver {
   bool run();
 
  private:
-  struct ProbeResult {
-    bool keep_final = false;
-    std::vector<uint64_t> hashes;  // the sender's, for kept blocks
-    std::vector<bool> needed;
-  };
   struct File {
     uint32_t id = 0;
     bool open = false;
     bool failed = false;
-    bool keep_final = false;
     bool created = false;      // a new part file, empty when opened
     uint32_t create_mode = 0;  // the mode it was created with
     uint64_t written_end = 0;  // end of the last data written
@@ -86,12 +90,11 @@ class Receiver {
     uint32_t nsec = 0;
     std::vector<uint64_t> hashes;
     std::vector<bool> needed;
+    EntryRecord rec;  // owner and attributes to apply
   };
   struct DirFix {
     std::string path;
-    uint32_t mode;
-    int64_t sec;
-    uint32_t nsec;
+    EntryRecord rec;
   };
 
   enum class Applied : uint8_t { kDone, kMalformed, kDamaged };
@@ -100,22 +103,26 @@ class Receiver {
   // is the record to continue with when the slot comes again.
   Applied apply_slot(uint32_t slot, uint32_t* at);
   bool on_entry(Reader& rd);
+  // Opens the part file of a file entry (from a basis when it has one).
+  void open_part(const EntryRecord& rec, int parent);
+  bool copy_from_basis(int basis);
+  void on_link(const EntryRecord& rec, int parent, Kind kind);
   // Room for a file of `size` (byte limit, free space); else "" + reason.
   std::string admit_size(uint64_t size);
   bool on_data(Reader& rd);  // false: the data does not match its digest
   void on_end(Reader& rd);
   void on_abort(Reader& rd);
-  void on_probe(Reader& rd);
   void fail_file(Failure kind, const std::string& reason);
   void close_file();
   void fix_dirs();
-  // Maps a wire path to a target path; "" + reason if refused.
-  std::string map_path(const std::string& rel, std::string* why) const;
   int parent_fd(const std::string& dir);  // cached; -errno on failure
   void send(Writer& w);
   void fatal(Failure kind, const std::string& reason, bool tell_peer);
 
   ReceiverConfig c_;
+  MetaSync meta_;
+  std::unique_ptr<Generator> generator_;
+  std::vector<std::byte> scratch_;  // one block, copied from a basis
   BlockHasher hasher_;
   File cur_;
   std::vector<DirFix> dirs_;
@@ -125,7 +132,6 @@ class Receiver {
   std::mutex mu_;  // below: shared by the two threads
   std::condition_variable cv_;
   std::map<uint32_t, uint32_t> ready_;  // seq -> slot
-  std::map<uint32_t, ProbeResult> probes_;
   uint32_t next_seq_ = 0;
   int64_t total_seqs_ = -1;
   bool writer_done_ = false;

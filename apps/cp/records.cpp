@@ -19,11 +19,12 @@ namespace {
 bool skip_record(Reader& rd, Rec type, uint32_t* data_len) {
   *data_len = 0;
   switch (type) {
-    case Rec::kEntry:
-      rd.take(4 + 1 + 4 + 8 + 4 + 8);
-      rd.str(4096);
-      rd.str(4096);
+    case Rec::kEntry: {
+      EntryRecord e;
+      std::string why;
+      if (parse_entry(rd, &e, &why) == Parsed::kMalformed) return false;
       break;
+    }
     case Rec::kData: {
       rd.take(4 + 8);
       *data_len = rd.get<uint32_t>();
@@ -69,6 +70,26 @@ uint64_t records_hash(std::span<const std::byte> payload, bool* ok) {
 
 namespace rdmakit::cp {
 
+void encode_entry(const EntryRecord& e, Writer* w) {
+  w->put<uint32_t>(e.id).put<uint8_t>(e.kind).put<uint32_t>(e.mode);
+  w->put<int64_t>(e.sec).put<uint32_t>(e.nsec).put<uint64_t>(e.size);
+  w->str(e.path).str(e.link).put<uint8_t>(e.flags);
+  if (e.flags & kEntryOwner)
+    w->put<uint32_t>(e.uid).put<uint32_t>(e.gid).str(e.user).str(e.group);
+  if (e.flags & kEntryXattrs) {
+    w->put<uint32_t>(static_cast<uint32_t>(e.xattrs.size()));
+    w->bytes(e.xattrs);
+  }
+  if (e.flags & (kEntryBasisFinal | kEntryBasisPart)) {
+    const auto n = static_cast<uint32_t>(e.sent.size());
+    std::vector<std::byte> bits((n + 7) / 8);
+    for (uint32_t b = 0; b < n; ++b)
+      if (e.sent[b]) bits[b / 8] |= std::byte{static_cast<uint8_t>(1u << (b % 8))};
+    w->put<uint32_t>(n).bytes(bits);
+  }
+  if (e.flags & kEntryChecksum) w->put<uint64_t>(e.checksum);
+}
+
 Parsed parse_entry(Reader& rd, EntryRecord* e, std::string* why) {
   e->id = rd.get<uint32_t>();
   e->kind = rd.get<uint8_t>();
@@ -78,16 +99,44 @@ Parsed parse_entry(Reader& rd, EntryRecord* e, std::string* why) {
   e->size = rd.get<uint64_t>();
   e->path = rd.str(kMaxPath);
   e->link = rd.str(kMaxPath);
+  e->flags = rd.get<uint8_t>();
+  if (!rd.ok() || (e->flags & ~kEntryKnown) != 0) return Parsed::kMalformed;
+  if (e->flags & kEntryOwner) {
+    e->uid = rd.get<uint32_t>();
+    e->gid = rd.get<uint32_t>();
+    e->user = rd.str(kMaxOwnerName);
+    e->group = rd.str(kMaxOwnerName);
+  }
+  if (e->flags & kEntryXattrs) {
+    const auto n = rd.get<uint32_t>();
+    if (!rd.ok() || n > kMaxXattrBlob) return Parsed::kMalformed;
+    const auto raw = rd.take(n);
+    e->xattrs.assign(raw.begin(), raw.end());
+  }
+  if ((e->flags & kEntryBasisFinal) && (e->flags & kEntryBasisPart))
+    return Parsed::kMalformed;
+  if (e->flags & (kEntryBasisFinal | kEntryBasisPart)) {
+    const auto n = rd.get<uint32_t>();
+    if (!rd.ok() || e->size > kMaxFileSize || n != block_count(e->size))
+      return Parsed::kMalformed;
+    const auto bits = rd.take((n + 7) / 8);
+    if (!rd.ok()) return Parsed::kMalformed;
+    e->sent.resize(n);
+    for (uint32_t b = 0; b < n; ++b)
+      e->sent[b] = (std::to_integer<uint8_t>(bits[b / 8]) >> (b % 8)) & 1;
+  }
+  if (e->flags & kEntryChecksum) e->checksum = rd.get<uint64_t>();
   if (!rd.ok()) return Parsed::kMalformed;
   const auto kind = static_cast<Kind>(e->kind);
-  if (kind != Kind::kFile && kind != Kind::kDir && kind != Kind::kSymlink)
+  if (kind != Kind::kFile && kind != Kind::kDir && kind != Kind::kSymlink &&
+      kind != Kind::kHardlink)
     return Parsed::kMalformed;
   if (e->size > kMaxFileSize) {
     *why = "refused: declared size " + std::to_string(e->size) +
            " bytes exceeds the limit of " + std::to_string(kMaxFileSize);
     return Parsed::kRefused;
   }
-  if (kind != Kind::kFile && e->size != 0) {
+  if (kind != Kind::kFile && kind != Kind::kHardlink && e->size != 0) {
     *why = "refused: a directory or symlink with a size";
     return Parsed::kRefused;
   }
@@ -95,8 +144,8 @@ Parsed parse_entry(Reader& rd, EntryRecord* e, std::string* why) {
     *why = "refused: mtime nanoseconds out of range";
     return Parsed::kRefused;
   }
-  if (kind == Kind::kSymlink && e->link.empty()) {
-    *why = "refused: symlink without a target";
+  if ((kind == Kind::kSymlink || kind == Kind::kHardlink) && e->link.empty()) {
+    *why = "refused: link without a target";
     return Parsed::kRefused;
   }
   if (e->link.find('\0') != std::string::npos ||
@@ -126,21 +175,6 @@ bool data_in_file(const DataRecord& d, uint64_t size) {
   return d.offset / kBlockSize == (d.offset + d.len - 1) / kBlockSize;
 }
 
-Parsed parse_probe(Reader& rd, ProbeRecord* p) {
-  p->id = rd.get<uint32_t>();
-  p->path = rd.str(kMaxPath);
-  p->size = rd.get<uint64_t>();
-  const auto nblocks = rd.get<uint32_t>();
-  if (!rd.ok() || p->size > kMaxFileSize || nblocks != block_count(p->size) ||
-      uint64_t{nblocks} * sizeof(uint64_t) > rd.left())
-    return Parsed::kMalformed;
-  const auto raw = rd.take(uint64_t{nblocks} * sizeof(uint64_t));
-  if (!rd.ok()) return Parsed::kMalformed;
-  p->hashes.resize(nblocks);
-  if (!raw.empty()) std::memcpy(p->hashes.data(), raw.data(), raw.size());
-  return Parsed::kOk;
-}
-
 Parsed parse_request(std::span<const std::byte> msg, Request* r) {
   Reader rd(msg);
   r->type = rd.get<uint8_t>();
@@ -160,7 +194,21 @@ Parsed parse_request(std::span<const std::byte> msg, Request* r) {
   }
   // A push names its destination and the number of its sources.
   if (op == Op::kPush && r->paths.size() != 2) return Parsed::kMalformed;
-  return rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
+  r->sync = rd.get<uint32_t>();
+  const auto nfilters = rd.get<uint32_t>();
+  if (!rd.ok() || (r->sync & ~kSyncKnown) != 0 || nfilters > kMaxFilterBlob)
+    return Parsed::kMalformed;
+  const auto filters = rd.take(nfilters);
+  r->filters.assign(filters.begin(), filters.end());
+  return rd.ok() && rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
+}
+
+void encode_request(const Request& r, Writer* w) {
+  w->put<uint32_t>(r.version).put<uint8_t>(r.op).put<uint8_t>(r.flags);
+  w->put<uint32_t>(static_cast<uint32_t>(r.paths.size()));
+  for (const std::string& p : r.paths) w->str(p);
+  w->put<uint32_t>(r.sync).put<uint32_t>(static_cast<uint32_t>(r.filters.size()));
+  w->bytes(r.filters);
 }
 
 }  // namespace rdmakit::cp

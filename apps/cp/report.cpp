@@ -33,6 +33,12 @@ void Report::error(Failure kind, std::string path, std::string reason) {
   errors_.push_back({kind, std::move(path), std::move(reason)});
 }
 
+void Report::item(const std::string& line, const std::string& name) {
+  if (!itemize_ && !names_) return;
+  std::lock_guard lock(mu_);
+  std::fprintf(stdout, "%s\n", itemize_ ? line.c_str() : name.c_str());
+}
+
 std::vector<FileError> Report::errors() const {
   std::lock_guard lock(mu_);
   return errors_;

@@ -35,13 +35,25 @@ class Report {
   std::vector<FileError> errors() const;
   Failure worst() const;
   int exit_code() const { return static_cast<int>(worst()); }
+  // -i / -v at the client: what changes, one line each, on stdout.
+  void show_items(bool itemize, bool names) {
+    itemize_ = itemize;
+    names_ = names;
+  }
+  bool showing_items() const { return itemize_ || names_; }
+  // `line` is item_line()'s; `name` the plain name printed by -v alone.
+  void item(const std::string& line, const std::string& name);
 
   std::atomic<uint64_t> total_files{0};
   std::atomic<uint64_t> total_bytes{0};
   std::atomic<uint64_t> files_done{0};
   std::atomic<uint64_t> bytes_done{0};     // bytes of files verified or skipped
   std::atomic<uint64_t> bytes_sent{0};     // data bytes that crossed the network
-  std::atomic<uint64_t> files_skipped{0};  // --resume: already complete
+  std::atomic<uint64_t> files_skipped{0};  // up to date: nothing sent
+  std::atomic<uint64_t> files_listed{0};   // entries the receiver compared
+  std::atomic<uint64_t> files_deleted{0};  // --delete
+  std::atomic<uint64_t> bytes_matched{0};  // delta: blocks the receiver had
+  std::atomic<uint64_t> bytes_listed{0};   // sizes of the listed files
   std::atomic<uint64_t> chunks{0};
   std::atomic<uint64_t> chunks_resent{0};
 
@@ -49,6 +61,8 @@ class Report {
   mutable std::mutex mu_;
   std::vector<FileError> errors_;
   Failure worst_ = Failure::kNone;
+  bool itemize_ = false;
+  bool names_ = false;
 };
 
 }  // namespace rdmakit::cp

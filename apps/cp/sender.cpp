@@ -9,13 +9,19 @@
 #include <cstring>
 #include <utility>
 
+#include "limits.hpp"
 #include "records.hpp"
 
 namespace rdmakit::cp {
 
 using namespace std::chrono_literals;
 
-Sender::Sender(SenderConfig config) : c_(config) {}
+namespace {
+// A list message is sent once it is this large (kMaxMessage bounds it).
+constexpr size_t kListBatchBytes = 48 * 1024;
+}  // namespace
+
+Sender::Sender(SenderConfig config) : c_(config), meta_(c_.sync, c_.report) {}
 
 Sender::~Sender() { stop_threads(); }
 
@@ -25,6 +31,7 @@ void Sender::stop_threads() {
     stop_ = true;
     cv_.notify_all();
   }
+  if (lister_.joinable()) lister_.join();
   if (poster_.joinable()) poster_.join();
   if (acker_.joinable()) acker_.join();
 }
@@ -77,6 +84,7 @@ void Sender::ack_loop() {
       {
         std::lock_guard lock(mu_);
         waiting = in_flight_ > 0 || posting_ > 0 || ready_head_ != ready_tail_ ||
+                  !listed_.empty() ||
                   waiting_since_ != std::chrono::steady_clock::time_point{};
       }
       if (!waiting) {
@@ -144,18 +152,14 @@ bool Sender::handle(session::Message& m) {
       cv_.notify_all();
       return true;
     }
-    case Msg::kNeed: {
-      const auto id = rd.get<uint32_t>();
-      if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad need");
-      auto rest = rd.take(rd.left());
-      std::unique_lock lock(mu_);
-      // Only the answer to the probe waited for is kept (a peer could
-      // otherwise grow needs_ without bound).
-      if (id != awaiting_need_ || needs_.contains(id)) {
-        lock.unlock();
-        return fatal(Failure::kPeer, "protocol error: unexpected need");
-      }
-      needs_[id].assign(rest.begin(), rest.end());
+    case Msg::kWant: return on_wants(rd);
+    case Msg::kDeleted: return on_deleted(rd);
+    case Msg::kListed: {
+      const auto deleted = rd.get<uint64_t>();
+      if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad list end");
+      c_.report->files_deleted = deleted;
+      std::lock_guard lock(mu_);
+      receiver_listed_ = true;
       cv_.notify_all();
       return true;
     }
@@ -263,11 +267,6 @@ void Sender::append(const void* p, size_t n) {
   cur_len_ += static_cast<uint32_t>(n);
 }
 
-void Sender::put_str(const std::string& s) {
-  put<uint32_t>(static_cast<uint32_t>(s.size()));
-  append(s.data(), s.size());
-}
-
 bool Sender::post(uint32_t s) {
   {
     std::lock_guard lock(error_mu_);
@@ -323,21 +322,184 @@ bool Sender::flush() {
   return !dead();
 }
 
-bool Sender::send_entry(const Entry& e, uint32_t id) {
-  if (!ensure(64 + e.rel.size() + e.link.size())) return false;
-  put<uint8_t>(static_cast<uint8_t>(Rec::kEntry));
-  put<uint32_t>(id);
-  put<uint8_t>(static_cast<uint8_t>(e.kind));
-  put<uint32_t>(e.mode);
-  put<int64_t>(e.mtime_sec);
-  put<uint32_t>(e.mtime_nsec);
-  put<uint64_t>(e.kind == Kind::kFile && c_.lie_size ? c_.declare_size : e.size);
-  put_str(e.rel);
-  put_str(e.link);
+// The receiver's answers, in the order of the list: kept until the reading
+// thread acts on them. Each must answer the next listed entry.
+bool Sender::on_wants(Reader& rd) {
+  const auto n = rd.get<uint32_t>();
+  if (!rd.ok() || n == 0) return fatal(Failure::kPeer, "protocol error: bad answers");
+  std::vector<Answer> got;
+  for (uint32_t i = 0; i < n; ++i) {
+    Answer a;
+    a.id = rd.get<uint32_t>();
+    a.want = static_cast<Want>(rd.get<uint8_t>());
+    a.items = rd.get<uint16_t>();
+    if (a.want == Want::kDelta) {
+      a.basis = rd.get<uint8_t>();
+      const auto blocks = rd.get<uint32_t>();
+      if (!rd.ok() || blocks > rd.left() / sizeof(uint64_t) ||
+          (a.basis != kEntryBasisFinal && a.basis != kEntryBasisPart))
+        return fatal(Failure::kPeer, "protocol error: bad delta answer");
+      const auto raw = rd.take(uint64_t{blocks} * sizeof(uint64_t));
+      a.hashes.resize(blocks);
+      if (!raw.empty()) std::memcpy(a.hashes.data(), raw.data(), raw.size());
+    }
+    if (!rd.ok() || a.want > Want::kDelta || (a.items & ~kItemKnown) != 0)
+      return fatal(Failure::kPeer, "protocol error: bad answer");
+    got.push_back(std::move(a));
+  }
+  std::unique_lock lock(mu_);
+  for (Answer& a : got) {
+    // Answers come in list order, one per listed entry: anything else is a
+    // lying peer (and could grow answers_ without bound).
+    if (a.id != answered_ids_ + 1 || answered_ids_ + 1 > listed_ids_) {
+      lock.unlock();
+      return fatal(Failure::kPeer, "protocol error: an answer for an entry not listed");
+    }
+    answered_ids_ = a.id;
+    answers_.push_back(std::move(a));
+  }
+  cv_.notify_all();
   return true;
 }
 
-bool Sender::send_file(const Entry& entry, uint32_t id) {
+bool Sender::on_deleted(Reader& rd) {
+  const auto n = rd.get<uint32_t>();
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    const bool is_dir = rd.get<uint8_t>() != 0;
+    const std::string path = rd.str(kMaxPath);
+    if (rd.ok())
+      c_.report->item(deleting_line(path, is_dir),
+                      "deleting " + path + (is_dir ? "/" : ""));
+  }
+  if (!rd.ok()) return fatal(Failure::kPeer, "protocol error: bad deletion list");
+  return true;
+}
+
+// What the list says of an entry: its metadata as the walk saw it, its
+// owner and attributes when kept, and under -H whether it is a link to an
+// earlier entry; under --checksum its content hash (one read of the file).
+bool Sender::describe(const Entry& e, uint32_t id, Listed* out) {
+  EntryRecord& rec = out->rec;
+  rec.id = id;
+  rec.kind = static_cast<uint8_t>(e.kind);
+  rec.mode = e.mode;
+  rec.sec = e.mtime_sec;
+  rec.nsec = e.mtime_nsec;
+  rec.size = e.kind == Kind::kFile ? e.size : 0;
+  rec.path = e.rel;
+  rec.link = e.link;
+  if ((c_.sync & kSyncHardLinks) && e.kind == Kind::kFile && e.nlink > 1) {
+    auto [it, first] = first_links_.try_emplace({e.dev, e.ino}, e.rel);
+    if (!first) {
+      rec.kind = static_cast<uint8_t>(Kind::kHardlink);
+      rec.link = it->second;
+    }
+  }
+  const std::string why = meta_.describe(e, c_.root, -1, &rec);
+  if (!why.empty()) c_.report->error(Failure::kFile, e.open, why);
+  if ((c_.sync & kSyncChecksum) && rec.kind == static_cast<uint8_t>(Kind::kFile)) {
+    const int fd = open_source(c_.root, e.open);
+    if (fd < 0) {
+      c_.report->error(classify_errno(-fd), e.open, std::strerror(-fd));
+      return false;
+    }
+    std::vector<std::byte> scratch;
+    bool io_error = false;
+    out->hashes.resize(block_count(e.size));
+    for (uint32_t b = 0; b < out->hashes.size() && !io_error; ++b)
+      out->hashes[b] = hash_file_block(fd, e.size, b, &scratch, &io_error);
+    ::close(fd);
+    if (io_error) {
+      c_.report->error(Failure::kFile, e.open, "read error while hashing");
+      return false;
+    }
+    rec.flags |= kEntryChecksum;
+    rec.checksum = file_hash(out->hashes);
+  }
+  out->entry = e;
+  return true;
+}
+
+// The lister thread: lists entries as the walk finds them, a batch per
+// message, at most kListWindow ahead of the receiver's answers.
+void Sender::list_loop(EntryQueue* queue) {
+  Writer batch;
+  uint32_t count = 0;
+  uint32_t id = 0;
+  auto send_batch = [&] {
+    if (count == 0) return true;
+    std::memcpy(batch.data().data() + 1, &count, sizeof count);
+    count = 0;
+    return send_message(batch);
+  };
+  bool totals_sent = false;
+  auto send_totals = [&] {
+    totals_sent = true;
+    c_.report->total_files = queue->files();
+    c_.report->total_bytes = queue->bytes();
+    Writer totals = message(Msg::kTotals);
+    totals.put<uint64_t>(queue->files()).put<uint64_t>(queue->bytes());
+    return send_message(totals);
+  };
+  std::vector<Entry> got;
+  for (;;) {
+    // As soon as the walk is done (at once when it ran before, as a pull's).
+    if (!totals_sent && queue->walk_done() && !send_totals()) return;
+    if (!queue->take(&got, false)) break;
+    if (got.empty()) {
+      // The walk is behind: let the receiver answer what is listed.
+      if (!send_batch()) return;
+      if (!queue->take(&got, true)) break;
+    }
+    for (const Entry& e : got) {
+      {
+        std::unique_lock lock(mu_);
+        if (listed_.size() >= kListWindow) {
+          lock.unlock();
+          if (!send_batch()) return;
+          lock.lock();
+          cv_.wait(lock, [&] { return stop_ || dead() || listed_.size() < kListWindow; });
+        }
+        if (stop_ || dead()) return;
+      }
+      Listed l;
+      if (!describe(e, id + 1, &l)) continue;
+      ++id;
+      if (count == 0) {
+        batch = message(Msg::kCheck);
+        batch.put<uint32_t>(0);  // the count, patched when sent
+      }
+      encode_entry(l.rec, &batch);
+      ++count;
+      {
+        std::lock_guard lock(mu_);
+        listed_.push_back(std::move(l));
+        listed_ids_ = id;
+      }
+      if (batch.data().size() >= kListBatchBytes && !send_batch()) return;
+    }
+    got.clear();
+  }
+  if (!send_batch() || (!totals_sent && !send_totals())) return;
+  Writer end = message(Msg::kListEnd);
+  if (!send_message(end)) return;
+  std::lock_guard lock(mu_);
+  list_done_ = true;
+  waiting_since_ = std::chrono::steady_clock::now();
+  cv_.notify_all();
+}
+
+bool Sender::send_record(const EntryRecord& rec) {
+  Writer w;
+  w.put<uint8_t>(static_cast<uint8_t>(Rec::kEntry));
+  encode_entry(rec, &w);
+  if (!ensure(w.data().size())) return false;
+  append(w.data().data(), w.data().size());
+  return true;
+}
+
+bool Sender::send_file(Listed& l, const Answer* delta) {
+  const Entry& entry = l.entry;
   const int fd = open_source(c_.root, entry.open);
   if (fd < 0) {
     file_error(entry.open, classify_errno(-fd), std::strerror(-fd));
@@ -350,83 +512,59 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
     ::close(fd);
     return !dead_;
   }
-  Entry e = entry;  // metadata as of opening
-  e.size = static_cast<uint64_t>(st.st_size);
-  e.mode = st.st_mode & 07777;
-  e.mtime_sec = st.st_mtim.tv_sec;
-  e.mtime_nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
-  const uint32_t nblocks = block_count(e.size);
+  // Metadata as of opening.
+  EntryRecord rec = l.rec;
+  rec.flags &= static_cast<uint8_t>(~kEntryChecksum);
+  rec.size = static_cast<uint64_t>(st.st_size);
+  rec.mode = st.st_mode & 07777;
+  rec.sec = st.st_mtim.tv_sec;
+  rec.nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
+  const uint64_t size = rec.size;
+  const uint32_t nblocks = block_count(size);
   std::vector<uint64_t> hashes(nblocks, 0);
   std::vector<bool> needed(nblocks, true);
 
-  if (c_.resume && nblocks > 0 &&
-      nblocks * sizeof(uint64_t) + 256 + e.rel.size() < kMaxMessage) {
+  if (delta != nullptr) {
+    // Only the blocks whose hashes differ from the basis's are sent; the
+    // receiver takes the others from the basis.
+    const bool same = l.hashes.size() == nblocks && size == l.entry.size &&
+                      rec.sec == l.entry.mtime_sec && rec.nsec == l.entry.mtime_nsec;
     std::vector<std::byte> scratch;
     bool io_error = false;
-    for (uint32_t b = 0; b < nblocks; ++b)
-      hashes[b] = hash_file_block(fd, e.size, b, &scratch, &io_error);
+    for (uint32_t b = 0; b < nblocks && !io_error; ++b) {
+      hashes[b] = same ? l.hashes[b] : hash_file_block(fd, size, b, &scratch, &io_error);
+      if (b < delta->hashes.size() && hashes[b] == delta->hashes[b]) {
+        needed[b] = false;
+        c_.report->bytes_matched +=
+            std::min<uint64_t>(kBlockSize, size - uint64_t{b} * kBlockSize);
+      }
+    }
     if (io_error) {
       file_error(entry.open, Failure::kFile, "read error while hashing");
       ::close(fd);
       return !dead_;
     }
-    Writer w = message(Msg::kProbe);
-    w.put<uint32_t>(id).str(e.rel).put<uint64_t>(e.size).put<uint32_t>(nblocks);
-    w.bytes(std::as_bytes(std::span(hashes)));
-    // The probe names a file the receiver may not have seen yet: flush what
-    // is pending so directories exist first.
-    if (!flush() || !wait_posted()) {
-      ::close(fd);
-      return false;
-    }
-    std::vector<std::byte> need;
-    {
-      std::unique_lock lock(mu_);
-      waiting_since_ = std::chrono::steady_clock::now();
-      awaiting_need_ = id;
-      lock.unlock();
-      const bool sent = send_message(w);
-      lock.lock();
-      if (sent) cv_.wait(lock, [&] { return dead() || needs_.contains(id); });
-      waiting_since_ = {};
-      if (!sent || dead()) {
-        ::close(fd);
-        return false;
-      }
-      need = std::move(needs_[id]);
-      needs_.erase(id);
-    }
-    Reader rd(need);
-    const auto mode = static_cast<NeedMode>(rd.get<uint8_t>());
-    if (mode == NeedMode::kNone) {
-      std::fill(needed.begin(), needed.end(), false);
-      c_.report->files_skipped++;
-    } else if (mode == NeedMode::kBitmap) {
-      auto bits = rd.take((nblocks + 7) / 8);
-      if (!rd.ok()) {
-        ::close(fd);
-        return fatal(Failure::kPeer, "protocol error: short bitmap");
-      }
-      for (uint32_t b = 0; b < nblocks; ++b)
-        needed[b] = (std::to_integer<uint8_t>(bits[b / 8]) >> (b % 8)) & 1;
-    }
+    rec.flags |= delta->basis;
+    rec.sent = needed;
   }
-
-  if (!send_entry(e, id)) {
+  if (c_.lie_size) rec.size = c_.declare_size;
+  if (!send_record(rec)) {
     ::close(fd);
     return false;
   }
+  const uint32_t id = rec.id;
+  const uint64_t file_size = size;
   BlockHasher hasher;
   std::string failure;
   uint64_t ext_start = 0, ext_end = 0;  // current data extent [start, end)
-  if (static_cast<uint64_t>(st.st_blocks) * 512 >= e.size) {
+  if (static_cast<uint64_t>(st.st_blocks) * 512 >= file_size) {
     // Allocated blocks cover the size: no hole to keep, no extent lookups
     // (two system calls per file that dominate with small files).
-    ext_end = e.size;
+    ext_end = file_size;
   }
   for (uint32_t b = 0; b < nblocks && failure.empty(); ++b) {
-    if (!needed[b]) continue;  // hashes[b] came from the probe
-    const uint64_t end = std::min<uint64_t>(uint64_t{b + 1} * kBlockSize, e.size);
+    if (!needed[b]) continue;  // hashes[b] is the basis's
+    const uint64_t end = std::min<uint64_t>(uint64_t{b + 1} * kBlockSize, file_size);
     uint64_t pos = uint64_t{b} * kBlockSize;
     while (pos < end) {
       if (pos >= ext_end) {
@@ -434,12 +572,13 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
         // pages), so each extent is looked up once, not once per block.
         const off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
         if (d < 0) {
-          ext_start = ext_end = e.size;  // ENXIO: only a hole is left
+          ext_start = ext_end = file_size;  // ENXIO: only a hole is left
         } else {
           const off_t h = ::lseek(fd, d, SEEK_HOLE);
           ext_start = static_cast<uint64_t>(d);
-          ext_end = h < 0 ? e.size : std::min<uint64_t>(static_cast<uint64_t>(h), e.size);
-          if (ext_end <= ext_start) ext_end = ext_start = e.size;
+          ext_end =
+              h < 0 ? file_size : std::min<uint64_t>(static_cast<uint64_t>(h), file_size);
+          if (ext_end <= ext_start) ext_end = ext_start = file_size;
         }
       }
       if (ext_start >= end) break;  // the rest of the block is a hole
@@ -468,7 +607,7 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
         }
         // One pass over the bytes, while they are in the cache: the block's
         // running digest goes into the record, the block hash is its end.
-        if (!hasher.active()) hasher.start(b, e.size);
+        if (!hasher.active()) hasher.start(b, file_size);
         hasher.data(off, std::span<const std::byte>(dst, len));
         put<uint8_t>(static_cast<uint8_t>(Rec::kData));
         put<uint32_t>(id);
@@ -487,10 +626,10 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   }
   ::close(fd);
   if (!failure.empty()) {
-    if (!ensure(64 + failure.size())) return false;
-    put<uint8_t>(static_cast<uint8_t>(Rec::kAbort));
-    put<uint32_t>(id);
-    put_str(failure);
+    Writer w;
+    w.put<uint8_t>(static_cast<uint8_t>(Rec::kAbort)).put<uint32_t>(id).str(failure);
+    if (!ensure(w.data().size())) return false;
+    append(w.data().data(), w.data().size());
     c_.report->error(Failure::kFile, entry.open, failure);
     return true;
   }
@@ -499,44 +638,64 @@ bool Sender::send_file(const Entry& entry, uint32_t id) {
   put<uint32_t>(id);
   put<uint64_t>(file_hash(hashes));
   c_.report->files_done++;
-  c_.report->bytes_done += e.size;
+  c_.report->bytes_done += file_size;
   return true;
 }
 
 bool Sender::run(EntryQueue& queue) {
-  // Totals (for the receiver's progress display) go out once the walk is
-  // complete; entries are sent as the walk finds them.
-  bool totals_sent = false;
-  auto send_totals = [&] {
-    totals_sent = true;
-    c_.report->total_files = queue.files();
-    c_.report->total_bytes = queue.bytes();
-    Writer totals = message(Msg::kTotals);
-    totals.put<uint64_t>(queue.files()).put<uint64_t>(queue.bytes());
-    return send_message(totals);
-  };
   acker_ = std::thread([this] { ack_loop(); });
   poster_ = std::thread([this] { post_loop(); });
-  std::vector<Entry> batch;
-  uint32_t id = 0;
+  lister_ = std::thread([this, &queue] { list_loop(&queue); });
   for (;;) {
-    // As soon as the walk is done (at once when it ran before, as a pull's).
-    if (!totals_sent && queue.walk_done() && !send_totals()) return false;
-    if (!queue.take(&batch, false)) break;
-    if (batch.empty()) {
-      // The walk is behind: let the receiver work on what is pending.
-      if (!flush()) return false;
-      if (!queue.take(&batch, true)) break;
+    Listed l;
+    Answer a;
+    {
+      std::unique_lock lock(mu_);
+      // Nothing to act on: let the receiver work on what is pending first.
+      if (answers_.empty() && cur_ >= 0) {
+        lock.unlock();
+        if (!flush()) return false;
+        lock.lock();
+      }
+      cv_.wait(lock, [&] {
+        return dead() || !answers_.empty() || (list_done_ && listed_.empty());
+      });
+      if (dead()) return false;
+      if (answers_.empty()) break;
+      a = std::move(answers_.front());
+      answers_.pop_front();
+      l = std::move(listed_.front());
+      listed_.pop_front();
+      cv_.notify_all();  // the lister may list further
     }
-    for (const Entry& e : batch) {
-      ++id;
-      const bool ok = e.kind == Kind::kFile ? send_file(e, id) : send_entry(e, id);
-      if (!ok) return false;
+    const auto kind = static_cast<Kind>(l.rec.kind);
+    if (a.items != 0)
+      c_.report->item(item_line(c_.side, kind, a.items, l.rec.path, l.rec.link),
+                      l.rec.path + (kind == Kind::kDir ? "/" : ""));
+    bool ok = true;
+    switch (a.want) {
+      case Want::kSkip:
+        if (kind == Kind::kFile) c_.report->files_skipped++;
+        break;
+      case Want::kSend:
+        ok = kind == Kind::kFile ? send_file(l, nullptr) : send_record(l.rec);
+        break;
+      case Want::kDelta:
+        ok = kind == Kind::kFile
+                 ? send_file(l, &a)
+                 : fatal(Failure::kPeer, "protocol error: delta of a non-file");
+        break;
     }
-    batch.clear();
+    if (!ok) return false;
   }
-  if (!totals_sent && !send_totals()) return false;
   if (!flush()) return false;
+  {
+    // Deletions (and with them the receiver's generator) end before the
+    // stream does.
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return dead() || receiver_listed_; });
+    if (dead()) return false;
+  }
   Writer done = message(Msg::kDone);
   done.put<uint32_t>(next_seq_);
   {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <rdmakit/session/session.hpp>
@@ -17,7 +18,10 @@
 #include <vector>
 
 #include "entry_queue.hpp"
+#include "itemize.hpp"
+#include "metadata_sync.hpp"
 #include "protocol.hpp"
+#include "records.hpp"
 #include "report.hpp"
 #include "tree.hpp"
 
@@ -28,7 +32,8 @@ struct SenderConfig {
   uint64_t remote_offset = 0;  // where this transfer's slots start in the receiver's
   session::Local staging;      // kLaneBytes of registered local memory
   SourceRoot root{};
-  bool resume = false;
+  uint32_t sync = 0;  // SyncFlags
+  ItemSide side = ItemSide::kPush;
   Report* report = nullptr;
   int64_t corrupt_chunk = -1;    // fault injection: corrupt this chunk once,
   bool corrupt_records = false;  // in its records rather than its file data
@@ -45,9 +50,10 @@ class Sender {
   ~Sender();
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
-  // Sends every entry of the queue as it comes, then waits for the
-  // receiver's final report. Errors go to the report; returns false if the
-  // transfer as a whole failed.
+  // Lists every entry of the queue as it comes (a lister thread), sends what
+  // the receiver's answers ask for, then waits for the receiver's final
+  // report. Errors go to the report; returns false if the transfer as a
+  // whole failed.
   bool run(EntryQueue& queue);
 
  private:
@@ -85,9 +91,25 @@ class Sender {
   void put(T v) {
     append(&v, sizeof v);
   }
-  void put_str(const std::string& s);
-  bool send_entry(const Entry& e, uint32_t id);
-  bool send_file(const Entry& e, uint32_t id);
+  // An entry listed and waiting for the receiver's answer.
+  struct Listed {
+    Entry entry;
+    EntryRecord rec;
+    std::vector<uint64_t> hashes;  // block hashes, when --checksum read them
+  };
+  struct Answer {
+    uint32_t id = 0;
+    Want want = Want::kSkip;
+    uint16_t items = 0;
+    uint8_t basis = 0;
+    std::vector<uint64_t> hashes;  // the basis's, for a delta
+  };
+  void list_loop(EntryQueue* queue);  // the lister thread
+  bool describe(const Entry& e, uint32_t id, Listed* out);
+  bool on_wants(Reader& rd);
+  bool on_deleted(Reader& rd);
+  bool send_record(const EntryRecord& rec);
+  bool send_file(Listed& l, const Answer* delta);
   void file_error(const std::string& path, Failure kind, const std::string& reason);
   bool fatal(Failure kind, const std::string& reason);
   bool dead() const { return dead_.load(std::memory_order_acquire); }
@@ -111,15 +133,22 @@ class Sender {
   uint32_t in_flight_ = 0;
   bool final_ = false;
   bool stop_ = false;
-  uint32_t awaiting_need_ = 0;  // the probe whose answer is expected
-  std::map<uint32_t, std::vector<std::byte>> needs_;       // id -> Need message body
+  std::deque<Listed> listed_;     // listed, not answered yet, in id order
+  std::deque<Answer> answers_;    // answered, not acted on yet
+  uint64_t answered_ids_ = 0;     // last id answered
+  uint64_t listed_ids_ = 0;       // last id listed
+  bool list_done_ = false;        // the lister sent the list's end
+  bool receiver_listed_ = false;  // kListed: every answer given, deletions done
   std::chrono::steady_clock::time_point waiting_since_{};  // for a silent peer
+  MetaSync meta_;
+  std::map<std::pair<uint64_t, uint64_t>, std::string> first_links_;  // -H: (dev, ino)
 
   std::atomic<bool> dead_{false};
   std::mutex error_mu_;
   std::string post_error_;
   std::thread acker_;
   std::thread poster_;
+  std::thread lister_;
 };
 
 }  // namespace rdmakit::cp

@@ -180,6 +180,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       rc.slots = own->data();
       rc.target = target;
       rc.resume = resume;
+      rc.sync = req.sync;
+      rc.side = ItemSide::kPush;
       rc.report = &report;
       rc.preserve_special = s.preserve_special;
       rc.max_bytes = s.max_client_bytes;
@@ -192,8 +194,9 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     // first (a pull's sources are few and named by the client).
     EntryQueue entries;
     const SourceRoot root{s.root, true};
-    for (const std::string& p : paths)
-      walk_source(root, p, flags & kFlagRecursive, &entries, &report);
+    WalkOptions walk;
+    walk.recursive = flags & kFlagRecursive;
+    for (const std::string& p : paths) walk_source(root, p, walk, &entries, &report);
     entries.finish();
     reply(ch, true, 0, Failure::kNone, "");
     for (const FileError& e : report.errors()) {
@@ -206,7 +209,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     sc.remote_offset = 0;
     sc.staging = session::Local::of(*own);
     sc.root = root;
-    sc.resume = resume;
+    sc.sync = req.sync;
+    sc.side = ItemSide::kPull;
     sc.report = &report;
     sc.corrupt_chunk = corrupt_chunk_from_env();
     sc.corrupt_records = corrupt_records_from_env();

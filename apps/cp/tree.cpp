@@ -38,10 +38,16 @@ void fill_meta(const struct stat& st, Entry* e) {
   e->mtime_sec = st.st_mtim.tv_sec;
   e->mtime_nsec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
   e->size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  e->uid = st.st_uid;
+  e->gid = st.st_gid;
+  e->dev = st.st_dev;
+  e->ino = st.st_ino;
+  e->nlink = static_cast<uint32_t>(st.st_nlink);
+  e->stated = true;
 }
 
 bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
-              EntryQueue* out, Report* report, bool file_stats) {
+              const WalkOptions& options, EntryQueue* out, Report* report) {
   const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
   if (dir == nullptr) {
@@ -50,32 +56,18 @@ bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
     if (fd >= 0) ::close(fd);
     return true;
   }
-  struct Name {
-    std::string name;
-    bool regular;  // known from d_type
-    bool operator<(const Name& o) const { return name < o.name; }
-  };
-  std::vector<Name> names;
+  std::vector<std::string> names;
   while (dirent* d = ::readdir(dir)) {
     if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
-    names.push_back({d->d_name, d->d_type == DT_REG});
+    names.emplace_back(d->d_name);
   }
   std::sort(names.begin(), names.end());
   bool go_on = true;
-  for (const auto& [name, regular] : names) {
+  for (const std::string& name : names) {
     if (!go_on) break;
     struct stat st {};
     std::string child_open = open_path;
     child_open.append("/").append(name);
-    if (regular && !file_stats) {
-      Entry e;
-      e.kind = Kind::kFile;
-      e.rel = rel;
-      e.rel.append("/").append(name);
-      e.open = std::move(child_open);
-      go_on = out->push(std::move(e));
-      continue;
-    }
     if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       report->error(classify_errno(errno), child_open, std::strerror(errno));
       continue;
@@ -83,6 +75,7 @@ bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
     Entry e;
     e.rel = rel;
     e.rel.append("/").append(name);
+    if (options.excluded && options.excluded(e.rel, S_ISDIR(st.st_mode))) continue;
     e.open = child_open;
     fill_meta(st, &e);
     if (S_ISREG(st.st_mode)) {
@@ -108,7 +101,7 @@ bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
       }
       std::string child_rel = e.rel;
       go_on = out->push(std::move(e)) &&
-              walk_dir(sub, child_rel, child_open, out, report, file_stats);
+              walk_dir(sub, child_rel, child_open, options, out, report);
       ::close(sub);
     } else {
       std::fprintf(stderr, "rdmakit-cp: %s: skipped (not a file, directory or symlink)\n",
@@ -125,8 +118,8 @@ int open_source(const SourceRoot& root, const std::string& path) {
   return open_at(root, path, O_RDONLY | O_NOFOLLOW);
 }
 
-bool walk_source(const SourceRoot& root, const std::string& source, bool recursive,
-                 EntryQueue* out, Report* report, bool file_stats) {
+bool walk_source(const SourceRoot& root, const std::string& source,
+                 const WalkOptions& options, EntryQueue* out, Report* report) {
   const std::string name = source_name(source);
   if (name.empty() || name == "." || name == ".." || name == "/") {
     report->error(Failure::kUsage, source,
@@ -157,6 +150,7 @@ bool walk_source(const SourceRoot& root, const std::string& source, bool recursi
   e.rel = name;
   e.open = source;
   fill_meta(st, &e);
+  if (options.excluded && options.excluded(e.rel, S_ISDIR(st.st_mode))) return true;
   bool go_on = true;
   if (S_ISREG(st.st_mode)) {
     e.kind = Kind::kFile;
@@ -172,12 +166,11 @@ bool walk_source(const SourceRoot& root, const std::string& source, bool recursi
       go_on = out->push(std::move(e));
     }
   } else if (S_ISDIR(st.st_mode)) {
-    if (!recursive) {
+    if (!options.recursive) {
       report->error(Failure::kFile, source, "is a directory (use -r)");
     } else {
       e.kind = Kind::kDir;
-      go_on =
-          out->push(std::move(e)) && walk_dir(fd, name, source, out, report, file_stats);
+      go_on = out->push(std::move(e)) && walk_dir(fd, name, source, options, out, report);
     }
   } else {
     report->error(Failure::kFile, source, "not a regular file, directory or symlink");

@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ struct Entry {
   uint32_t mtime_nsec = 0;
   uint64_t size = 0;
   std::string link;  // symlink target
+  uint32_t uid = 0, gid = 0;
+  uint64_t dev = 0, ino = 0;
+  uint32_t nlink = 0;
+  bool stated = false;  // the fields above come from a stat of the walk
 };
 
 // Where sources are opened: beneath `base` (the server's root, confined) or
@@ -42,14 +47,19 @@ struct SourceRoot {
 
 class EntryQueue;
 
-// Pushes the entries of `source` (pre-order, names sorted). Errors (missing,
-// permission, escape, directory without -r) go to `report`. Without
-// file_stats, regular files found in a directory are not stat'ed (size, mode
-// and mtime stay 0: the sender takes them from the opened file anyway), which
-// saves a system call per file when no progress display needs the sizes.
-// Returns false if the queue was cancelled.
-bool walk_source(const SourceRoot& root, const std::string& source, bool recursive,
-                 EntryQueue* out, Report* report, bool file_stats = true);
+// What a walk leaves out: an entry for which `excluded(wire path, is_dir)`
+// is true is not listed, and an excluded directory is not entered (as
+// rsync's filter rules).
+struct WalkOptions {
+  bool recursive = false;
+  std::function<bool(const std::string&, bool)> excluded;
+};
+
+// Pushes the entries of `source` (pre-order, names sorted), each stat'ed.
+// Errors (missing, permission, escape, directory without -r) go to
+// `report`. Returns false if the queue was cancelled.
+bool walk_source(const SourceRoot& root, const std::string& source,
+                 const WalkOptions& options, EntryQueue* out, Report* report);
 
 // Opens a path on the source side (read-only, not following a final symlink).
 int open_source(const SourceRoot& root, const std::string& path);

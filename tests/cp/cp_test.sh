@@ -238,12 +238,12 @@ case $mode in
       pass "pull: corrupted chunk detected and re-sent"
     else fail "pull with a corrupted chunk: exit $rc $out"; fi
     same_tree "$src" "$work/pulled/tree" && pass "pull: tree identical" || fail "pull: trees differ"
-    # A client of the previous protocol (1: one hash over the whole slot) is
+    # A client of an earlier protocol (1: one hash over the whole slot) is
     # refused before anything is copied, both versions named.
     RDMAKIT_CP_HELLO_VERSION=1 cp_ -r "$src" "$host:v1" 2>"$work/err"
     rc=$?
     if [ $rc = 5 ] && [ ! -e "$work/root/v1" ] &&
-       grep -q "protocol version mismatch: the client speaks version 1, this server 2" "$work/err" &&
+       grep -q "protocol version mismatch: the client speaks version 1, this server 3" "$work/err" &&
        grep -q "protocol version mismatch" "$work/server.log"; then
       pass "a protocol 1 client is refused, versions named (exit 5)"
     else fail "protocol 1 client: exit $rc"; cat "$work/err"; fi

@@ -11,7 +11,7 @@ TEST(CpRecords, EntryRoundTrips) {
   Writer w;
   w.put<uint32_t>(7).put<uint8_t>(static_cast<uint8_t>(Kind::kFile)).put<uint32_t>(0644);
   w.put<int64_t>(1700000000).put<uint32_t>(5).put<uint64_t>(123);
-  w.str("dir/a").str("");
+  w.str("dir/a").str("").put<uint8_t>(0);
   Reader rd(w.data());
   EntryRecord e;
   std::string why;

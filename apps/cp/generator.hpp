@@ -1,0 +1,114 @@
+#pragma once
+// The receiving end's generator (rsync's word): it takes the sender's list of
+// entries (kCheck), compares each with what the destination holds, and
+// answers per entry (kWant) whether to skip it, send it whole, or send only
+// the blocks whose hashes differ from the basis file (delta). Attributes of an
+// entry whose content is up to date are fixed here. After the list ends
+// (kListEnd) it deletes what the destination has and the list lacks
+// (--delete), and says it is done (kListed).
+//
+// It runs on a thread of its own, so comparing (and hashing basis files)
+// overlaps the transfer of entries answered before.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <rdmakit/session/session.hpp>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "itemize.hpp"
+#include "metadata_sync.hpp"
+#include "protocol.hpp"
+#include "records.hpp"
+#include "report.hpp"
+
+namespace rdmakit::cp {
+
+struct Target;
+
+struct GeneratorConfig {
+  session::Channel* channel = nullptr;
+  const Target* target = nullptr;
+  uint32_t sync = 0;  // SyncFlags
+  bool resume = false;
+  bool preserve_special = false;
+  ItemSide side = ItemSide::kPush;
+  // Filter rules (--exclude): an excluded destination entry is not deleted
+  // unless --delete-excluded.
+  std::function<bool(const std::string&, bool)> excluded;
+  Report* report = nullptr;
+};
+
+class Generator {
+ public:
+  explicit Generator(GeneratorConfig config);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // From the receiver's control thread. False (with *why) for a protocol
+  // error: a malformed list, or more entries listed than the window allows.
+  bool on_check(std::span<const std::byte> body, std::string* why);
+  bool on_list_end(std::string* why);
+  // Called by the receiver's writer for each entry it finished: one more
+  // answer the sender may list beyond.
+  void stop();
+  // The generator failed (it told the peer); the transfer ends.
+  bool failed() const;
+
+ private:
+  struct Decision {
+    Want want = Want::kSkip;
+    uint16_t items = 0;
+    uint8_t basis = 0;  // kEntryBasisFinal / kEntryBasisPart
+    std::vector<uint64_t> hashes;
+  };
+  void loop();
+  void check_batch(const std::vector<std::byte>& body);
+  Decision decide(const EntryRecord& e, const std::string& dest);
+  void decide_file(const EntryRecord& e, int parent, const std::string& name,
+                   const struct stat* st, Decision* d);
+  uint16_t attr_changes(const EntryRecord& e, const struct stat& st, int fd, int parent,
+                        const std::string& name);
+  void fix_attrs(const EntryRecord& e, int parent, const std::string& name,
+                 uint16_t items);
+  // Removes `name` beneath parent (a directory with everything in it when
+  // `recursive`); each removal is reported as a deletion when `report`.
+  bool remove(int parent, const std::string& name, const std::string& wire, bool is_dir,
+              bool recursive, bool report, std::string* why);
+  void delete_extraneous();
+  void deleted(const std::string& wire, bool is_dir);
+  void answer(uint32_t id, const Decision& d);
+  void flush_answers();
+  void flush_deleted();
+  int parent_fd(const std::string& dir);
+  void fail(const std::string& reason);
+
+  GeneratorConfig c_;
+  MetaSync meta_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<std::byte>> queue_;
+  uint64_t listed_ = 0;    // entries received (control thread)
+  uint64_t answered_ = 0;  // entries answered (generator thread)
+  bool list_end_ = false;
+  bool stop_ = false;
+  bool failed_ = false;
+
+  // Generator thread only.
+  Writer wants_;
+  uint32_t wants_count_ = 0;
+  Writer deleted_;
+  uint32_t deleted_count_ = 0;
+  std::string parent_path_;
+  int parent_ = -1;
+  std::unordered_set<std::string> listed_paths_;                  // destination paths
+  std::vector<std::pair<std::string, std::string>> listed_dirs_;  // wire, destination
+  std::thread thread_;
+};
+
+}  // namespace rdmakit::cp
