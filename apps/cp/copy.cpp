@@ -100,6 +100,10 @@ int copy(const CopyOptions& o) {
     walker = std::thread([&] {
       WalkOptions walk;
       walk.recursive = o.recursive;
+      if (!o.filters.empty())
+        walk.excluded = [&](const std::string& p, bool dir) {
+          return o.filters.excluded(p, dir);
+        };
       for (const Remote& s : srcs)
         if (!walk_source({AT_FDCWD, false}, s.path, walk, &entries, &report)) break;
       entries.finish();
@@ -185,6 +189,7 @@ int copy(const CopyOptions& o) {
       for (const Remote& s : srcs) req.paths.push_back(s.path);
     }
     req.sync = o.sync;
+    req.filters = o.filters.encode();
     Writer hello = message(Msg::kHello);
     encode_request(req, &hello);
     session::OpResult r = ch.send(std::span<const std::byte>(hello.data()));
@@ -240,6 +245,10 @@ int copy(const CopyOptions& o) {
       rc.resume = o.resume;
       rc.sync = o.sync;
       rc.side = ItemSide::kPull;
+      if (!o.filters.empty())
+        rc.excluded = [&](const std::string& p, bool dir) {
+          return o.filters.excluded(p, dir);
+        };
       rc.report = &report;
       rc.preserve_special = o.preserve_special;
       Receiver(rc).run();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "filter.hpp"
 #include "protocol.hpp"
 
 namespace rdmakit::cp {
@@ -40,6 +41,7 @@ struct CopyOptions {
   uint32_t sync = 0;              // SyncFlags
   bool itemize = false;           // -i
   bool verbose = false;           // -v
+  FilterRules filters;            // --exclude, --include, ... in order
 };
 // Push or pull, decided by which side names a HOST:.
 int copy(const CopyOptions& options);

@@ -46,7 +46,7 @@ void begin_batch(Writer* w, Msg type) {
 }  // namespace
 
 Generator::Generator(GeneratorConfig config)
-    : c_(std::move(config)), meta_(c_.sync, c_.report) {
+    : c_(std::move(config)), meta_(c_.sync, c_.preserve_special) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -226,11 +226,13 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
         break;
       }
       if (exists && S_ISDIR(st.st_mode) &&
-          !remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, true, &why)) {
+          !remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, false, &why)) {
         c_.report->error(Failure::kFile, e.path, why);
         break;
       }
-      d.items = exists && S_ISLNK(st.st_mode) ? kItemChecksum : kItemNew;
+      d.items = kItemNew;
+      if (exists && S_ISLNK(st.st_mode))
+        d.items = kItemChecksum | (same_time(e, st) ? 0 : kItemTime);
       d.want = Want::kSend;
       break;
     }
@@ -254,7 +256,7 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
                             const struct stat* st, Decision* d) {
   std::string why;
   if (st != nullptr && S_ISDIR(st->st_mode)) {
-    if (!remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, true, &why)) {
+    if (!remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, false, &why)) {
       c_.report->error(Failure::kFile, e.path, why);
       return;
     }
@@ -336,9 +338,13 @@ uint16_t Generator::attr_changes(const EntryRecord& e, const struct stat& st, in
 
 void Generator::fix_attrs(const EntryRecord& e, int parent, const std::string& name,
                           uint16_t items) {
+  // Owner and attributes first: a chown clears setuid bits and an access
+  // ACL rewrites the group bits, so the mode is set after them.
+  const std::string why = meta_.apply(e, -1, parent, name, items);
+  if (!why.empty()) c_.report->error(Failure::kFile, e.path, why);
   const char* n = name.c_str();
   int err = 0;
-  if ((items & kItemPerms) &&
+  if ((items & (kItemPerms | kItemOwner | kItemGroup | kItemAcl)) &&
       ::fchmodat(parent, n, applied_mode(e.mode, c_.preserve_special), 0) != 0)
     err = errno;
   if (items & kItemTime) {
@@ -346,8 +352,6 @@ void Generator::fix_attrs(const EntryRecord& e, int parent, const std::string& n
     if (::utimensat(parent, n, times, AT_SYMLINK_NOFOLLOW) != 0) err = errno;
   }
   if (err != 0) c_.report->error(classify_errno(err), e.path, std::strerror(err));
-  const std::string why = meta_.apply(e, -1, parent, name, items);
-  if (!why.empty()) c_.report->error(Failure::kFile, e.path, why);
 }
 
 bool Generator::remove(int parent, const std::string& name, const std::string& wire,

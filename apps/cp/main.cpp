@@ -45,6 +45,40 @@ void use_batch_scheduling() {
                  std::strerror(errno));
 }
 
+// rsync applies --include and --exclude rules in command-line order; CLI11
+// keeps each option's values apart, so the order is read from argv.
+std::string collect_filters(int argc, char** argv, rdmakit::cp::FilterRules* rules) {
+  struct Kind {
+    std::string_view name;
+    bool include, from_file;
+  };
+  static constexpr Kind kKinds[] = {{"--exclude", false, false},
+                                    {"--include", true, false},
+                                    {"--exclude-from", false, true},
+                                    {"--include-from", true, true}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (const Kind& k : kKinds) {
+      std::string value;
+      if (arg == k.name && i + 1 < argc) {
+        value = argv[++i];
+      } else if (arg.size() > k.name.size() && arg.substr(0, k.name.size()) == k.name &&
+                 arg[k.name.size()] == '=') {
+        value = arg.substr(k.name.size() + 1);
+      } else {
+        continue;
+      }
+      const std::string why = k.from_file ? rules->add_from_file(value, k.include)
+                              : k.include ? rules->add_include(value)
+                                          : rules->add_exclude(value);
+      if (!why.empty()) return std::string(k.name) + " " + value + ": " + why;
+      break;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +192,19 @@ int main(int argc, char** argv) {
     app.add_flag("-i,--itemize-changes", o.itemize,
                  "one line per change, as rsync -i (YXcstpoguax NAME)");
     app.add_flag("-v,--verbose", o.verbose, "name each entry that changes");
+    std::vector<std::string> filter_args;  // read in order by collect_filters
+    app.add_option("--exclude", filter_args,
+                   "leave out what matches PATTERN (rsync's rules)")
+        ->allow_extra_args(false);
+    app.add_option("--include", filter_args,
+                   "keep what matches PATTERN, before later excludes")
+        ->allow_extra_args(false);
+    app.add_option("--exclude-from", filter_args,
+                   "exclude patterns from FILE, one a line")
+        ->allow_extra_args(false);
+    app.add_option("--include-from", filter_args,
+                   "include patterns from FILE, one a line")
+        ->allow_extra_args(false);
     app.add_option("paths", paths, "SRC... DST")->required();
     try {
       app.parse(argc, argv);
@@ -170,6 +217,10 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < std::size(kSyncOptions); ++i)
       if (sync_set[i]) o.sync |= kSyncOptions[i].bit;
+    if (const std::string why = collect_filters(argc, argv, &o.filters); !why.empty()) {
+      std::fprintf(stderr, "rdmakit-cp: %s\n", why.c_str());
+      return usage;
+    }
     if (archive) {
       o.recursive = true;
       if (::geteuid() == 0) o.sync |= kSyncOwner | kSyncGroup;

@@ -38,6 +38,10 @@ struct Xattr {
 struct XattrSelect {
   bool xattrs = false;  // -X: user.*; also trusted.* and security.* with CAP_SYS_ADMIN
   bool acls = false;    // -A: system.posix_acl_access, system.posix_acl_default
+  // trusted.* and security.* (security.capability grants privileges like a
+  // setuid bit): off when the attributes come from a peer not trusted with
+  // them (serve and pull without --preserve-special).
+  bool privileged = true;
 };
 
 // Bounds of the wire form (and of what read_xattrs returns).

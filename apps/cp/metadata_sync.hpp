@@ -2,12 +2,14 @@
 // The attributes a sync keeps beyond mode and mtime: ownership (-o, -g,
 // --numeric-ids), ACLs (-A) and extended attributes (-X). The sender
 // describes them per entry; the receiver compares them with the destination
-// (for -i and the quick check) and applies them.
+// (for -i and the quick check) and applies them (metadata.hpp does the
+// system calls).
 #include <sys/stat.h>
 
 #include <cstdint>
 #include <string>
 
+#include "metadata.hpp"
 #include "records.hpp"
 #include "report.hpp"
 #include "tree.hpp"
@@ -16,25 +18,29 @@ namespace rdmakit::cp {
 
 class MetaSync {
  public:
-  MetaSync(uint32_t sync, Report* report);
-  bool any() const { return owner_ || group_ || xattrs_ || acls_; }
-  // Sender: fills the owner and attribute fields of a listed entry; the
-  // source is `fd` if open, else `path` beneath `root` (never followed).
-  std::string describe(const Entry& src, const SourceRoot& root, int fd, EntryRecord* e);
+  // trust_privileged: apply trusted.* and security.* attributes from the
+  // peer (a server with --preserve-special; a pulling client with it).
+  MetaSync(uint32_t sync, bool trust_privileged);
+  bool any() const { return owner_ || group_ || select_.xattrs || select_.acls; }
+  // Sender: fills the owner and attribute fields of a listed entry, read
+  // from `open` beneath root (never followed). Returns "" or the reason.
+  std::string describe(const Entry& src, const SourceRoot& root, EntryRecord* e);
   // Receiver: kItemOwner / kItemGroup / kItemAcl / kItemXattr for what differs
-  // (and can be applied by this process).
+  // (and this process can apply). `fd` if open, else parent + name.
   uint16_t changes(const EntryRecord& e, const struct stat& st, int fd, int parent,
                    const std::string& name);
-  // Receiver: applies them to `fd` if open, else to parent + name (not
-  // followed). Returns "" or the reason.
+  // Receiver: applies the parts named by `items` to `fd` if open, else to
+  // parent + name (not followed). Returns "" or the reason.
   std::string apply(const EntryRecord& e, int fd, int parent, const std::string& name,
                     uint16_t items);
 
  private:
-  int64_t local_uid(const EntryRecord& e) const;
-  int64_t local_gid(const EntryRecord& e) const;
-  bool owner_, group_, numeric_, xattrs_, acls_;
-  Report* report_;
+  ChownPlan plan(const EntryRecord& e);
+  bool wanted(const EntryRecord& e, std::vector<Xattr>* out) const;
+
+  bool owner_, group_, numeric_;
+  XattrSelect select_;
+  IdMapper ids_;
 };
 
 }  // namespace rdmakit::cp

@@ -1,6 +1,7 @@
 #include "receiver.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +32,9 @@ std::string errno_reason(int err) {
   if (err == EXDEV) return "refused: the path leaves the destination";
   return std::strerror(err);
 }
+
+// How long a part file another transfer holds is waited for (x 10 ms).
+constexpr int kLockAttempts = 500;
 
 bool write_all(int fd, const std::byte* p, size_t n, uint64_t off, int* err) {
   while (n > 0) {
@@ -98,7 +102,7 @@ bool resolve_target(int root, const std::string& dst_in, bool confined, uint32_t
 }
 
 Receiver::Receiver(ReceiverConfig config)
-    : c_(std::move(config)), meta_(c_.sync, c_.report) {}
+    : c_(std::move(config)), meta_(c_.sync, c_.preserve_special) {}
 
 Receiver::~Receiver() {
   close_file();
@@ -311,22 +315,40 @@ void Receiver::open_part(const EntryRecord& rec, int parent) {
   // verified. Its final mode is set by on_end's fchmod (always: under a
   // default ACL the umask does not decide the created mode).
   cur_.create_mode = 0600;
+  // Another transfer may still be writing this part file (a killed
+  // client's, until the server sees it gone): each writer holds an flock
+  // on it, and the name must still be the locked file once it is ours.
   int fd = -1;
-  errno = EEXIST;
-  if (!from_part) {
-    fd = ::openat(parent, cur_.tmp.c_str(),
-                  O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, cur_.create_mode);
-    cur_.created = fd >= 0;
+  struct stat st {};
+  for (int attempt = 0;; ++attempt) {
+    fd = ::openat(parent, cur_.tmp.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+                  cur_.create_mode);
+    if (fd < 0) {
+      fail_file(classify_errno(errno), errno_reason(errno));
+      return;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      if (attempt >= kLockAttempts) {
+        fail_file(Failure::kFile, "another transfer is writing this file");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    struct stat named {};
+    if (::fstat(fd, &st) == 0 &&
+        ::fstatat(parent, cur_.tmp.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        named.st_ino == st.st_ino && named.st_dev == st.st_dev)
+      break;
+    ::close(fd);  // renamed or removed by the other writer meanwhile
   }
-  if (fd < 0 && errno == EEXIST) {
-    const int trunc = from_part ? 0 : O_TRUNC;
-    fd = ::openat(parent, cur_.tmp.c_str(),
-                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | trunc, 0600);
-  }
-  if (fd < 0) {
+  if (!from_part && st.st_size != 0 && ::ftruncate(fd, 0) != 0) {
+    ::close(fd);
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
+  cur_.created = !from_part;
   cur_.fd = fd;
   cur_.open = true;
   // A new part file is sized at its end, and only if its last bytes are a

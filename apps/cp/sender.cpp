@@ -21,7 +21,7 @@ namespace {
 constexpr size_t kListBatchBytes = 48 * 1024;
 }  // namespace
 
-Sender::Sender(SenderConfig config) : c_(config), meta_(c_.sync, c_.report) {}
+Sender::Sender(SenderConfig config) : c_(config), meta_(c_.sync, true) {}
 
 Sender::~Sender() { stop_threads(); }
 
@@ -395,7 +395,7 @@ bool Sender::describe(const Entry& e, uint32_t id, Listed* out) {
       rec.link = it->second;
     }
   }
-  const std::string why = meta_.describe(e, c_.root, -1, &rec);
+  const std::string why = meta_.describe(e, c_.root, &rec);
   if (!why.empty()) c_.report->error(Failure::kFile, e.open, why);
   if ((c_.sync & kSyncChecksum) && rec.kind == static_cast<uint8_t>(Kind::kFile)) {
     const int fd = open_source(c_.root, e.open);

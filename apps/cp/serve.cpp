@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <rdmakit/session/session.hpp>
@@ -124,6 +125,18 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     wait_for_close(*ep);
     return;
   }
+  FilterRules filters;
+  std::string filter_why;
+  if (!FilterRules::decode(req.filters, &filters, &filter_why)) {
+    reply(ch, false, 0, Failure::kPeer, "malformed filter rules: " + filter_why);
+    std::fprintf(stderr, "rdmakit-cp serve: %s: malformed filter rules: %s\n",
+                 ep->peer().c_str(), filter_why.c_str());
+    wait_for_close(*ep);
+    return;
+  }
+  std::function<bool(const std::string&, bool)> excluded;
+  if (!filters.empty())
+    excluded = [&](const std::string& p, bool dir) { return filters.excluded(p, dir); };
   const auto op = static_cast<Op>(req.op);
   const auto flags = req.flags;
   const std::vector<std::string>& paths = req.paths;
@@ -182,6 +195,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       rc.resume = resume;
       rc.sync = req.sync;
       rc.side = ItemSide::kPush;
+      rc.excluded = excluded;
       rc.report = &report;
       rc.preserve_special = s.preserve_special;
       rc.max_bytes = s.max_client_bytes;
@@ -196,6 +210,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     const SourceRoot root{s.root, true};
     WalkOptions walk;
     walk.recursive = flags & kFlagRecursive;
+    walk.excluded = excluded;
     for (const std::string& p : paths) walk_source(root, p, walk, &entries, &report);
     entries.finish();
     reply(ch, true, 0, Failure::kNone, "");

@@ -35,8 +35,8 @@ Ns namespace_of(std::string_view n) {
 // May the selection carry this name at all (whoever applies it)?
 bool allowed(std::string_view n, XattrSelect sel) {
   switch (namespace_of(n)) {
-    case Ns::kUser:
-    case Ns::kPrivileged: return sel.xattrs;
+    case Ns::kUser: return sel.xattrs;
+    case Ns::kPrivileged: return sel.xattrs && sel.privileged;
     case Ns::kAcl: return sel.acls;
     case Ns::kOther: return false;
   }

@@ -1,0 +1,213 @@
+#!/bin/bash
+# rdmakit-cp's sync options against a local rsync: the same tree, the same
+# options and the same changes, then the same itemized list (-i, with '<'
+# read as '>') and the same resulting tree (rsync -n --checksum between the
+# two destinations reports nothing).
+#   cp_sync_test.sh RDMAKIT_CP PROVIDER [push|pull|kill][-netns]
+# With -netns the server runs on a second host (a network namespace joined
+# to the client's by a veth pair; root only, else exit 77).
+set -u
+cp_bin=$(realpath "$1")
+provider=$2
+mode=${3:-push}
+two_hosts=false
+if [ "${mode%-netns}" != "$mode" ]; then
+  mode=${mode%-netns}
+  two_hosts=true
+  if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+    echo "skipped: two hosts need root"
+    exit 77
+  fi
+fi
+work=$(mktemp -d /tmp/rdmakit-cp-sync.XXXXXX)
+failures=0
+server=
+tag="rkcs$$"
+cleanup() {
+  [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
+  if $two_hosts; then
+    ip netns del ${tag}a 2>/dev/null
+    ip netns del ${tag}b 2>/dev/null
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+pass() { echo "PASS: $*"; }
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+cd "$work" || exit 1
+mkdir -p root/c r
+host=127.0.0.1
+on_server=()
+on_client=()
+auth=()
+if $two_hosts; then
+  ip netns add ${tag}a && ip netns add ${tag}b || exit 1
+  ip link add ${tag}va netns ${tag}a type veth peer name ${tag}vb netns ${tag}b || exit 1
+  ip -n ${tag}a addr add 10.202.0.1/24 dev ${tag}va
+  ip -n ${tag}b addr add 10.202.0.2/24 dev ${tag}vb
+  for ns in ${tag}a ${tag}b; do ip -n $ns link set lo up; done
+  ip -n ${tag}a link set ${tag}va up
+  ip -n ${tag}b link set ${tag}vb up
+  host=10.202.0.1
+  on_server=(ip netns exec ${tag}a)
+  on_client=(ip netns exec ${tag}b)
+  # Not loopback: the server needs a secret.
+  head -c 32 /dev/urandom | base64 >key && chmod 600 key
+  auth=(--secret-file "$work/key")
+fi
+"${on_server[@]}" "$cp_bin" serve --root "$work/root" --provider "$provider" -p 0 \
+  --port-file port --bind "$host" "${auth[@]}" >server.log 2>&1 &
+server=$!
+for _ in $(seq 100); do [ -s port ] && break; sleep 0.05; done
+port=$(cat port)
+ours() { "${on_client[@]}" timeout 120 "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "$@"; }
+# The same, replacing the calling (sub)shell: $! is then the copy itself.
+ours_exec() { exec "${on_client[@]}" "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "$@"; }
+
+# A source tree with what a sync must tell apart: sizes around the 1 MiB
+# block, nested and empty directories, symlinks, odd names, modes.
+make_tree() {
+  local t=$1
+  mkdir -p "$t/a/b/c" "$t/empty" "$t/logs" "$t/build/obj" "$t/with space"
+  for i in $(seq 1 40); do echo "file $i $RANDOM" >"$t/a/f$i.txt"; done
+  for i in $(seq 1 10); do echo "deep $i" >"$t/a/b/c/d$i"; done
+  head -c 3145728 /dev/urandom >"$t/big.bin"
+  head -c 200000 /dev/urandom >"$t/mid.bin"
+  : >"$t/zero"
+  echo log >"$t/logs/x.log"
+  echo obj >"$t/build/obj/o.o"
+  echo "sp" >"$t/with space/s p.txt"
+  ln -s a/f1.txt "$t/link"
+  ln -s missing "$t/dangling"
+  chmod 600 "$t/a/f2.txt"
+  chmod 755 "$t/a/f3.txt"
+}
+
+# One round: rsync into r/, rdmakit-cp into the server's c/ (push) or from
+# the server's copy into p/ (pull), both with OPTS. Their itemized lists and
+# the resulting trees must match.
+round() {
+  local name=$1
+  shift
+  local extra_cmp=${CMP_OPTS:-}
+  rsync -rlpt --modify-window=-1 -i "$@" src r/ >rsync.out 2>rsync.err
+  local rc_r=$?
+  if [ "$mode" = pull ]; then
+    rm -rf root/src && cp -a src root/src
+    ours -r -i "$@" "$host:src" p/ >ours.out 2>ours.err
+  else
+    ours -r -i "$@" src "$host:c" >ours.out 2>ours.err
+  fi
+  local rc_c=$?
+  local dst=root/c
+  [ "$mode" = pull ] && dst=p
+  sort rsync.out >rsync.sorted
+  sed 's/^</>/' ours.out | grep -v "^rdmakit-cp: " | sort >ours.sorted
+  if [ $rc_r != 0 ] || [ $rc_c != 0 ]; then
+    fail "$name: exit codes rsync $rc_r, rdmakit-cp $rc_c"
+    cat ours.err rsync.err
+    return
+  fi
+  if ! diff -u rsync.sorted ours.sorted >diff.out; then
+    fail "$name: itemized changes differ from rsync's"
+    cat diff.out
+    return
+  fi
+  # shellcheck disable=SC2086
+  rsync -rlpt -n -i --checksum --modify-window=-1 --delete $extra_cmp r/src/ "$dst/src/" \
+    >tree.out 2>&1
+  if [ -s tree.out ]; then
+    fail "$name: trees differ"
+    cat tree.out
+    return
+  fi
+  pass "$name ($(wc -l <rsync.sorted) changes listed)"
+}
+
+case "$mode" in
+  push | pull)
+    mkdir -p p
+    make_tree src
+    round "first copy"
+    round "nothing changed"
+    # Appends, in-place edits, a touch, modes, removals, additions, a
+    # retargeted symlink, type changes.
+    echo more >>src/a/f5.txt
+    printf 'XXXX' | dd of=src/big.bin bs=1 seek=1500000 conv=notrunc 2>/dev/null
+    touch -d '2024-01-02 03:04:05.123456789' src/a/f6.txt
+    chmod 640 src/a/f7.txt
+    rm src/a/f8.txt
+    rm -r src/a/b/c
+    echo new >src/a/new.txt
+    mkdir -p src/newdir/sub && echo n >src/newdir/sub/n
+    ln -sfn a/f2.txt src/link
+    rm src/zero && mkdir src/zero && echo z >src/zero/z
+    rm -r src/empty && echo was-dir >src/empty
+    round "changes with --delete" --delete
+    # -n lists the same and changes nothing (the next round sees it all).
+    echo dry >>src/a/f9.txt
+    rm src/a/f10.txt
+    round "dry run" -n --delete
+    CMP_OPTS="" round "after the dry run" --delete
+    # Excludes protect destination entries from --delete, as rsync's do.
+    echo gone >>src/logs/x.log
+    printf '%s\n' '# comment' '- *.o' '+ logs/' >rules
+    round "excludes" --delete --exclude '*.log' --exclude 'build/' --exclude-from rules \
+      --include 'a/***'
+    round "--delete-excluded" --delete-excluded --exclude '*.txt'
+    round "back to the full tree" --delete
+    # Same size and mtime, other content: only --checksum sees it.
+    cp -p src/a/f11.txt saved && printf 'Z' | dd of=src/a/f11.txt bs=1 seek=0 conv=notrunc \
+      2>/dev/null && touch -r saved src/a/f11.txt
+    round "quick check misses same size and mtime"
+    round "--checksum" --checksum
+    if [ "$(id -u)" = 0 ]; then
+      # Ownership, ACLs, xattrs and hard links (as root).
+      chown nobody:nogroup src/a/f12.txt
+      chown daemon src/mid.bin
+      setfacl -m u:nobody:r src/a/f13.txt
+      setfacl -d -m u:nobody:rx src/newdir
+      setfattr -n user.color -v blue src/a/f14.txt
+      ln src/a/f15.txt src/a/hard15
+      ln src/a/f15.txt src/newdir/hard15b
+      CMP_OPTS="-HAXog" round "-o -g -A -X -H" -o -g -A -X -H --delete
+      CMP_OPTS="-HAXog --numeric-ids" round "nothing changed (-HAXog)" -o -g -A -X -H
+      setfattr -n user.color -v red src/a/f14.txt
+      chown root src/mid.bin
+      CMP_OPTS="-HAXog" round "attributes only" -o -g -A -X -H
+    fi
+    ;;
+  kill)
+    # A delta run killed at a random moment, then run again: the result is
+    # the source, whole.
+    mkdir -p src
+    for i in $(seq 1 4); do head -c $((8 * 1048576)) /dev/urandom >"src/big$i"; done
+    for i in $(seq 1 200); do echo "small $i" >"src/s$i"; done
+    ours -r -q src "$host:c" || fail "seed"
+    runs=${RDMAKIT_CP_KILL_RUNS:-5}
+    for run in $(seq 1 "$runs"); do
+      for i in $(seq 1 4); do
+        printf 'run%03d' "$run" |
+          dd of="src/big$i" bs=1 seek=$(((RANDOM % 8) * 1048576 + run)) conv=notrunc 2>/dev/null
+      done
+      echo "run $run" >>"src/s$((run % 200 + 1))"
+      ours_exec -r -q src "$host:c" >/dev/null 2>&1 &
+      pid=$!
+      sleep "0.0$((RANDOM % 10))"
+      kill -9 "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      if ours -r -q src "$host:c" >/dev/null &&
+        diff -r src root/c/src >/dev/null; then
+        pass "run $run: killed, then run again: identical"
+      else
+        fail "run $run: the rerun did not finish the job"
+      fi
+    done
+    ;;
+esac
+[ $failures = 0 ] && echo "all passed" && exit 0
+echo "$failures failure(s)"
+exit 1
