@@ -7,9 +7,10 @@ bool EntryQueue::push(Entry e) {
   if (cancelled_) return false;
   files_ += e.kind == Kind::kFile;
   bytes_ += e.size;
-  const bool was_empty = pending_.empty();
   pending_.push_back(std::move(e));
-  if (was_empty) cv_.notify_all();
+  // The consumer waits for a batch (take_batch): a wake-up per entry would
+  // cost two futex calls per entry when it keeps up with the walk.
+  if (pending_.size() == kBatch) cv_.notify_all();
   return true;
 }
 
@@ -34,6 +35,15 @@ bool EntryQueue::take(std::vector<Entry>* out, bool wait) {
     for (Entry& e : pending_) out->push_back(std::move(e));
     pending_.clear();
   }
+  return true;
+}
+
+bool EntryQueue::take_batch(std::vector<Entry>* out, std::chrono::milliseconds max_wait) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, max_wait, [&] { return done_ || pending_.size() >= kBatch; });
+  if (pending_.empty()) return !done_;
+  for (Entry& e : pending_) out->push_back(std::move(e));
+  pending_.clear();
   return true;
 }
 

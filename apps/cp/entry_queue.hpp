@@ -2,6 +2,7 @@
 // Entries handed from the walk to the sender as they are found, so that a
 // large tree starts moving while it is still being listed (the walk of
 // 10,000 files takes about as long as the session setup).
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -20,6 +21,11 @@ class EntryQueue {
   // wait, it blocks until there is one or the walk is finished. Returns
   // false once the walk is finished and everything was taken.
   bool take(std::vector<Entry>* out, bool wait);
+  // Waits until kBatch entries are pending, the walk is done or max_wait
+  // passed, then moves what is pending into *out. False once the walk is
+  // finished and everything was taken.
+  bool take_batch(std::vector<Entry>* out, std::chrono::milliseconds max_wait);
+  static constexpr size_t kBatch = 256;
   bool finished() const;   // walk done and everything taken
   bool walk_done() const;  // walk done (totals final)
   void cancel();

@@ -198,6 +198,7 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
   listed_paths_.insert(dest);
   if (kind == Kind::kDir) listed_dirs_.emplace_back(e.path, dest);
   auto [dir, name] = split_parent(dest);
+  deciding_dir_ = dir;
   const int parent = parent_fd(dir);
   struct stat st {};
   // A parent that does not exist yet is made by the writer: all is new.
@@ -206,12 +207,20 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
   std::string why;
   switch (kind) {
     case Kind::kDir:
-      d.want = Want::kSend;  // the writer makes it and sets its attributes last
+      // The writer makes it and sets its attributes last. One that is
+      // right is not sent; its mtime is set again only if something in it
+      // changes (the writer's last pass).
+      d.want = Want::kSend;
       if (exists && S_ISDIR(st.st_mode)) {
         d.items = attr_changes(e, st, -1, parent, name);
+        if (d.items == 0) {
+          d.want = Want::kSkip;
+          kept_dirs_[dest] = DirTime{e.sec, e.nsec};
+        }
       } else {
         if (exists && !remove(parent, name, e.path, false, false, false, &why))
           c_.report->error(Failure::kFile, e.path, why);
+        if (exists) touch(dir);
         d.items = kItemNew;
       }
       break;
@@ -225,8 +234,10 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
         d.want = d.items != 0 ? Want::kSend : Want::kSkip;
         break;
       }
+      if (exists && (S_ISDIR(st.st_mode) || !S_ISLNK(st.st_mode))) touch(dir);
       if (exists && S_ISDIR(st.st_mode) &&
-          !remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, false, &why)) {
+          !remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, false,
+                  &why)) {
         c_.report->error(Failure::kFile, e.path, why);
         break;
       }
@@ -256,6 +267,7 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
                             const struct stat* st, Decision* d) {
   std::string why;
   if (st != nullptr && S_ISDIR(st->st_mode)) {
+    touch(deciding_dir_);
     if (!remove(parent, name, e.path, true, (c_.sync & kSyncDelete) != 0, false, &why)) {
       c_.report->error(Failure::kFile, e.path, why);
       return;
@@ -263,14 +275,19 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
     st = nullptr;
   }
   const bool regular = st != nullptr && S_ISREG(st->st_mode);
+  const bool same_size = regular && static_cast<uint64_t>(st->st_size) == e.size;
+  bool up_to_date = same_size && same_time(e, *st) && !(c_.sync & kSyncIgnoreTimes);
+  // Opened only to read it: for --checksum, attributes or a delta (most
+  // files of a repeated sync are up to date and need only the stat).
+  const bool read_it =
+      regular && ((c_.sync & (kSyncChecksum | kSyncXattrs | kSyncAcls)) ||
+                  (!up_to_date && !(c_.sync & kSyncWholeFile)));
   const int fd =
-      regular ? ::openat(parent, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+      read_it ? ::openat(parent, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
   std::vector<uint64_t> hashes;
   if (!regular) {
     d->items = kItemNew | kItemTransfer;
   } else {
-    const bool same_size = static_cast<uint64_t>(st->st_size) == e.size;
-    bool up_to_date = same_size && same_time(e, *st) && !(c_.sync & kSyncIgnoreTimes);
     bool io_error = fd < 0;
     if ((c_.sync & kSyncChecksum) && fd >= 0) {
       hashes = basis_hashes(fd, static_cast<uint64_t>(st->st_size), &io_error);
@@ -429,12 +446,22 @@ void Generator::delete_extraneous() {
       const bool is_dir = S_ISDIR(st.st_mode);
       const std::string child_wire = wire + "/" + name;
       if (!delete_excluded && c_.excluded && c_.excluded(child_wire, is_dir)) continue;
+      touch(dest);
       std::string why;
       if (!remove(fd, name, child_wire, is_dir, true, true, &why))
         c_.report->error(Failure::kFile, child_wire, why);
     }
     ::closedir(d);
   }
+}
+
+void Generator::touch(const std::string& dest_dir) {
+  if (!(c_.sync & kSyncDryRun)) touched_.insert(dest_dir);
+}
+
+const Generator::DirTime* Generator::kept_dir(const std::string& dest) const {
+  const auto it = kept_dirs_.find(dest);
+  return it == kept_dirs_.end() ? nullptr : &it->second;
 }
 
 void Generator::deleted(const std::string& wire, bool is_dir) {

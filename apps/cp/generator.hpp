@@ -17,6 +17,7 @@
 #include <rdmakit/session/session.hpp>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -59,6 +60,16 @@ class Generator {
   void stop();
   // The generator failed (it told the peer); the transfer ends.
   bool failed() const;
+  // After the list ended (kListed sent), for the writer's last pass:
+  // directories answered "skip" (their attributes were right) whose mtime
+  // must be set again if something in them changed, and the directories
+  // the generator changed (deletions, replaced entries).
+  struct DirTime {
+    int64_t sec;
+    uint32_t nsec;
+  };
+  const DirTime* kept_dir(const std::string& dest) const;
+  const std::unordered_set<std::string>& touched_dirs() const { return touched_; }
 
  private:
   struct Decision {
@@ -80,6 +91,7 @@ class Generator {
   // `recursive`); each removal is reported as a deletion when `report`.
   bool remove(int parent, const std::string& name, const std::string& wire, bool is_dir,
               bool recursive, bool report, std::string* why);
+  void touch(const std::string& dest_dir);
   void delete_extraneous();
   void deleted(const std::string& wire, bool is_dir);
   void answer(uint32_t id, const Decision& d);
@@ -106,8 +118,11 @@ class Generator {
   uint32_t deleted_count_ = 0;
   std::string parent_path_;
   int parent_ = -1;
+  std::string deciding_dir_;  // the destination directory of the entry decided
   std::unordered_set<std::string> listed_paths_;                  // destination paths
   std::vector<std::pair<std::string, std::string>> listed_dirs_;  // wire, destination
+  std::unordered_map<std::string, DirTime> kept_dirs_;            // destination
+  std::unordered_set<std::string> touched_;                       // destination dirs
   std::thread thread_;
 };
 

@@ -227,6 +227,9 @@ bool Receiver::on_entry(Reader& rd) {
     return true;
   }
   cur_.parent = parent;
+  // Whatever is made here changes the directory's mtime: it is set again
+  // at the end (fix_dirs).
+  touched_.insert(dir);
   switch (kind) {
     case Kind::kDir: {
       struct stat st {};
@@ -578,7 +581,9 @@ Receiver::Applied Receiver::apply_slot(uint32_t slot, uint32_t* at) {
 
 void Receiver::fix_dirs() {
   // Deepest first, after their contents: mtimes stay, read-only dirs can fill.
+  std::unordered_set<std::string> fixed;
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    fixed.insert(it->path);
     const int fd =
         open_beneath(c_.target.base, it->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) continue;
@@ -590,6 +595,21 @@ void Receiver::fix_dirs() {
     if (::fchmod(fd, applied_mode(rec.mode, c_.preserve_special)) != 0 ||
         ::futimens(fd, times) != 0)
       c_.report->error(classify_errno(errno), it->path, errno_reason(errno));
+    ::close(fd);
+  }
+  // Directories that were right (not sent) but had something made or
+  // removed in them: their mtime again.
+  std::unordered_set<std::string> touched = std::move(touched_);
+  touched.insert(generator_->touched_dirs().begin(), generator_->touched_dirs().end());
+  for (const std::string& dir : touched) {
+    if (fixed.contains(dir)) continue;
+    const Generator::DirTime* t = generator_->kept_dir(dir);
+    if (t == nullptr) continue;
+    const int fd = open_beneath(c_.target.base, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd < 0) continue;
+    const timespec times[2] = {{0, UTIME_OMIT}, {t->sec, static_cast<long>(t->nsec)}};
+    if (::futimens(fd, times) != 0)
+      c_.report->error(classify_errno(errno), dir, errno_reason(errno));
     ::close(fd);
   }
 }

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <rdmakit/session/session.hpp>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "generator.hpp"
@@ -126,6 +127,7 @@ class Receiver {
   BlockHasher hasher_;
   File cur_;
   std::vector<DirFix> dirs_;
+  std::unordered_set<std::string> touched_;  // directories an entry was made in
   std::string parent_path_;
   int parent_ = -1;
 

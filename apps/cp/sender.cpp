@@ -445,20 +445,21 @@ void Sender::list_loop(EntryQueue* queue) {
   for (;;) {
     // As soon as the walk is done (at once when it ran before, as a pull's).
     if (!totals_sent && queue->walk_done() && !send_totals()) return;
-    if (!queue->take(&got, false)) break;
-    if (got.empty()) {
-      // The walk is behind: let the receiver answer what is listed.
-      if (!send_batch()) return;
-      if (!queue->take(&got, true)) break;
-    }
+    // Batches of the walk's entries; when the walk is behind, what is
+    // listed goes out so that the receiver can answer it meanwhile.
+    if (!queue->take_batch(&got, std::chrono::milliseconds(2))) break;
+    if (got.empty() && !send_batch()) return;
     for (const Entry& e : got) {
       {
         std::unique_lock lock(mu_);
         if (listed_.size() >= kListWindow) {
+          // Down to half the window before listing on: a batch per answer
+          // would cost a message per entry.
           lock.unlock();
           if (!send_batch()) return;
           lock.lock();
-          cv_.wait(lock, [&] { return stop_ || dead() || listed_.size() < kListWindow; });
+          cv_.wait(lock,
+                   [&] { return stop_ || dead() || listed_.size() <= kListWindow / 2; });
         }
         if (stop_ || dead()) return;
       }
@@ -666,7 +667,7 @@ bool Sender::run(EntryQueue& queue) {
       answers_.pop_front();
       l = std::move(listed_.front());
       listed_.pop_front();
-      cv_.notify_all();  // the lister may list further
+      if (listed_.size() == kListWindow / 2) cv_.notify_all();  // the lister lists on
     }
     const auto kind = static_cast<Kind>(l.rec.kind);
     if (a.items != 0)
