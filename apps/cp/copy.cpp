@@ -220,7 +220,12 @@ int copy(const CopyOptions& o) {
       return report.exit_code();
     }
 
-    Progress progress(report, !o.quiet && !o.json);
+    ProgressMode mode = ProgressMode::kTerminal;
+    if (o.progress_files) mode = ProgressMode::kPerFile;
+    if (o.progress_total) mode = ProgressMode::kOverall;
+    if (o.quiet || o.json) mode = ProgressMode::kNone;
+    report.show_file_progress(mode == ProgressMode::kPerFile);
+    Progress progress(report, mode);
     if (push) {
       SenderConfig sc;
       sc.channel = &ch;
@@ -266,6 +271,7 @@ int copy(const CopyOptions& o) {
   }
   if (target.base >= 0) ::close(target.base);
   clock.mark("close");
+  if (o.stats && !o.json) print_stats(report, info);
   print_summary(report, info, o.json);
   return report.exit_code();
 }

@@ -41,6 +41,9 @@ struct CopyOptions {
   uint32_t sync = 0;              // SyncFlags
   bool itemize = false;           // -i
   bool verbose = false;           // -v
+  bool progress_files = false;    // --progress
+  bool progress_total = false;    // --info=progress2
+  bool stats = false;             // --stats
   FilterRules filters;            // --exclude, --include, ... in order
 };
 // Push or pull, decided by which side names a HOST:.

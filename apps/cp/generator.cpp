@@ -150,6 +150,8 @@ void Generator::check_batch(const std::vector<std::byte>& body) {
     last_id = e.id;
     c_.report->files_listed++;
     if (e.kind == static_cast<uint8_t>(Kind::kFile)) c_.report->bytes_listed += e.size;
+    if (e.kind == static_cast<uint8_t>(Kind::kDir)) c_.report->dirs_listed++;
+    if (e.kind == static_cast<uint8_t>(Kind::kSymlink)) c_.report->links_listed++;
     std::string dest;
     if (parsed == Parsed::kOk) dest = map_wire_path(*c_.target, e.path, &why);
     Decision d;
@@ -168,8 +170,13 @@ void Generator::check_batch(const std::vector<std::byte>& body) {
       c_.report->item(item_line(c_.side, kind, d.items, e.path, e.link),
                       e.path + (kind == Kind::kDir ? "/" : ""));
     }
+    if (e.kind == static_cast<uint8_t>(Kind::kFile)) {
+      if (d.items & kItemNew) c_.report->files_created++;
+      if (d.want == Want::kSkip) c_.report->bytes_skipped += e.size;
+    }
     if (c_.sync & kSyncDryRun) d = Decision{Want::kSkip, d.items, 0, {}};
     answer(e.id, d);
+    c_.report->entries_answered++;
   }
   if (!rd.ok() || !rd.at_end()) {
     fail("protocol error: malformed entry list");

@@ -192,6 +192,13 @@ int main(int argc, char** argv) {
     app.add_flag("-i,--itemize-changes", o.itemize,
                  "one line per change, as rsync -i (YXcstpoguax NAME)");
     app.add_flag("-v,--verbose", o.verbose, "name each entry that changes");
+    app.add_flag("--progress", o.progress_files,
+                 "a progress line per file on stdout, as rsync --progress");
+    std::string info;
+    app.add_option("--info", info, "progress2: one progress line for the whole transfer")
+        ->check(CLI::IsMember({"progress2"}));
+    app.add_flag("--stats", o.stats,
+                 "counts of what was listed, made and moved, at the end");
     std::vector<std::string> filter_args;  // read in order by collect_filters
     app.add_option("--exclude", filter_args,
                    "leave out what matches PATTERN (rsync's rules)")
@@ -221,6 +228,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rdmakit-cp: %s\n", why.c_str());
       return usage;
     }
+    o.progress_total = info == "progress2";
     if (archive) {
       o.recursive = true;
       if (::geteuid() == 0) o.sync |= kSyncOwner | kSyncGroup;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -12,16 +13,26 @@
 
 namespace rdmakit::cp {
 
+enum class ProgressMode : uint8_t {
+  kNone,      // -q, --json
+  kTerminal,  // the default: a line on stderr when it is a terminal
+  kPerFile,   // --progress: rsync's line per file, on stdout
+  kOverall,   // --info=progress2: rsync's line for the whole transfer
+};
+
 class Progress {
  public:
-  // Shows a line on stderr every 250 ms when `enabled` and stderr is a tty.
-  Progress(const Report& report, bool enabled);
+  // Redraws its line every 250 ms.
+  Progress(const Report& report, ProgressMode mode);
   ~Progress();
   void stop();
 
  private:
   void loop();
+  void draw_terminal(double secs);
+  void draw_overall(bool final);
   const Report& report_;
+  ProgressMode mode_;
   std::chrono::steady_clock::time_point start_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -38,6 +49,8 @@ struct SummaryInfo {
 
 // Prints the summary (text or JSON) to stdout.
 void print_summary(const Report& report, const SummaryInfo& info, bool json);
+// --stats: rsync's counts of what the transfer listed, made and moved.
+void print_stats(const Report& report, const SummaryInfo& info);
 
 std::string human_bytes(double bytes);
 

@@ -254,6 +254,7 @@ bool Receiver::on_entry(Reader& rd) {
     default: return false;
   }
   open_part(rec, parent);
+  if (cur_.open) c_.report->file_started(rec.path, cur_.size);
   cur_.rec = std::move(rec);
   return true;
 }
@@ -536,6 +537,9 @@ void Receiver::on_end(Reader& rd) {
   close_file();
   c_.report->files_done++;
   c_.report->bytes_done += cur_.size;
+  c_.report->files_transferred++;
+  c_.report->bytes_transferred += cur_.size;
+  c_.report->file_finished();
 }
 
 void Receiver::on_abort(Reader& rd) {

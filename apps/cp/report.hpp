@@ -2,6 +2,7 @@
 // What a transfer did: counters shared by sender, receiver and the progress
 // display, the per-file errors, and the exit code they map to.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -44,6 +45,23 @@ class Report {
   // `line` is item_line()'s; `name` the plain name printed by -v alone.
   void item(const std::string& line, const std::string& name);
 
+  // --progress (rsync's): each file's name when it starts and a line when
+  // it is done; a progress thread redraws the current file's line.
+  void show_file_progress(bool on) { file_progress_ = on; }
+  bool file_progress() const { return file_progress_; }
+  void file_started(const std::string& path, uint64_t size);
+  void file_finished();
+  struct Current {
+    std::string path;  // empty: none
+    uint64_t size = 0;
+    uint64_t bytes_at_start = 0;
+    double seconds_at_start = 0;
+  };
+  Current current() const;
+  // Writes a line (or a redraw starting with '\r') to stdout, whole.
+  void print(const std::string& text) const;
+  double seconds() const;  // since the report was made
+
   std::atomic<uint64_t> total_files{0};
   std::atomic<uint64_t> total_bytes{0};
   std::atomic<uint64_t> files_done{0};
@@ -54,6 +72,13 @@ class Report {
   std::atomic<uint64_t> files_deleted{0};  // --delete
   std::atomic<uint64_t> bytes_matched{0};  // delta: blocks the receiver had
   std::atomic<uint64_t> bytes_listed{0};   // sizes of the listed files
+  std::atomic<uint64_t> dirs_listed{0};
+  std::atomic<uint64_t> links_listed{0};   // symlinks
+  std::atomic<uint64_t> files_created{0};  // files new at the destination
+  std::atomic<uint64_t> files_transferred{0};
+  std::atomic<uint64_t> bytes_transferred{0};  // sizes of the files transferred
+  std::atomic<uint64_t> entries_answered{0};   // listed entries decided
+  std::atomic<uint64_t> bytes_skipped{0};      // sizes of the files up to date
   std::atomic<uint64_t> chunks{0};
   std::atomic<uint64_t> chunks_resent{0};
 
@@ -63,6 +88,16 @@ class Report {
   Failure worst_ = Failure::kNone;
   bool itemize_ = false;
   bool names_ = false;
+  bool file_progress_ = false;
+  Current current_;
+  mutable std::mutex print_mu_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// 1234567 -> "1,234,567".
+std::string with_commas(uint64_t n);
+// rsync's progress line (--progress, --info=progress2), starting with '\r'.
+std::string progress_line(uint64_t bytes, int percent, uint64_t done, double seconds,
+                          uint64_t transfers, uint64_t to_check, uint64_t total);
 
 }  // namespace rdmakit::cp

@@ -472,6 +472,10 @@ void Sender::list_loop(EntryQueue* queue) {
       }
       encode_entry(l.rec, &batch);
       ++count;
+      c_.report->files_listed++;
+      if (l.rec.kind == static_cast<uint8_t>(Kind::kDir)) c_.report->dirs_listed++;
+      if (l.rec.kind == static_cast<uint8_t>(Kind::kSymlink)) c_.report->links_listed++;
+      c_.report->bytes_listed += l.rec.size;
       {
         std::lock_guard lock(mu_);
         listed_.push_back(std::move(l));
@@ -549,6 +553,7 @@ bool Sender::send_file(Listed& l, const Answer* delta) {
     rec.sent = needed;
   }
   if (c_.lie_size) rec.size = c_.declare_size;
+  c_.report->file_started(rec.path, size);
   if (!send_record(rec)) {
     ::close(fd);
     return false;
@@ -640,6 +645,9 @@ bool Sender::send_file(Listed& l, const Answer* delta) {
   put<uint64_t>(file_hash(hashes));
   c_.report->files_done++;
   c_.report->bytes_done += file_size;
+  c_.report->files_transferred++;
+  c_.report->bytes_transferred += file_size;
+  c_.report->file_finished();
   return true;
 }
 
@@ -670,6 +678,10 @@ bool Sender::run(EntryQueue& queue) {
       if (listed_.size() == kListWindow / 2) cv_.notify_all();  // the lister lists on
     }
     const auto kind = static_cast<Kind>(l.rec.kind);
+    c_.report->entries_answered++;
+    if (kind == Kind::kFile && (a.items & kItemNew)) c_.report->files_created++;
+    if (kind == Kind::kFile && a.want == Want::kSkip)
+      c_.report->bytes_skipped += l.rec.size;
     if (a.items != 0)
       c_.report->item(item_line(c_.side, kind, a.items, l.rec.path, l.rec.link),
                       l.rec.path + (kind == Kind::kDir ? "/" : ""));

@@ -179,6 +179,34 @@ case "$mode" in
       chown root src/mid.bin
       CMP_OPTS="-HAXog" round "attributes only" -o -g -A -X -H
     fi
+    # Delta: 4 bytes changed in a 3 MiB file move one 1 MiB block; the
+    # other two come from the destination's copy. --stats says so, and the
+    # progress options print rsync's lines.
+    printf 'QQQQ' | dd of=src/big.bin bs=1 seek=2500000 conv=notrunc 2>/dev/null
+    if [ "$mode" = pull ]; then
+      cp -a src/big.bin root/src/big.bin
+      ours -r --stats --progress "$host:src" p/ >stats.out 2>&1
+    else
+      ours -r --stats --progress src "$host:c" >stats.out 2>&1
+    fi
+    if grep -q "^Literal data: 1,048,576 bytes" stats.out &&
+      grep -q "^Matched data: 2,097,152 bytes" stats.out &&
+      grep -q "^Number of regular files transferred: 1$" stats.out &&
+      grep -q "^src/big.bin$" stats.out && grep -q "100%.*(xfr#1, to-chk=[0-9]*/" stats.out; then
+      pass "delta: one block of 3 sent, --stats and --progress as rsync's"
+    else
+      fail "delta stats"
+      cat stats.out
+    fi
+    echo more >>src/a/f1.txt
+    [ "$mode" = pull ] && cp -a src/a/f1.txt root/src/a/f1.txt
+    if [ "$mode" = pull ]; then
+      ours -r --info=progress2 "$host:src" p/ >progress.out 2>&1
+    else
+      ours -r --info=progress2 src "$host:c" >progress.out 2>&1
+    fi
+    grep -q "100%.*(xfr#1, to-chk=0/" progress.out && pass "--info=progress2" ||
+      fail "--info=progress2: $(cat progress.out)"
     ;;
   kill)
     # A delta run killed at a random moment, then run again: the result is
