@@ -190,6 +190,8 @@ int copy(const CopyOptions& o) {
     }
     req.sync = o.sync;
     req.filters = o.filters.encode();
+    req.partial_dir = o.partial_dir;
+    req.bwlimit = o.bwlimit;
     Writer hello = message(Msg::kHello);
     encode_request(req, &hello);
     session::OpResult r = ch.send(std::span<const std::byte>(hello.data()));
@@ -234,6 +236,7 @@ int copy(const CopyOptions& o) {
       sc.root = {AT_FDCWD, false};
       sc.sync = o.sync;
       sc.side = ItemSide::kPush;
+      sc.bwlimit = o.bwlimit;
       sc.report = &report;
       sc.corrupt_chunk = corrupt_chunk_from_env();
       sc.corrupt_records = corrupt_records_from_env();
@@ -248,6 +251,7 @@ int copy(const CopyOptions& o) {
       rc.slots = slots.data();
       rc.target = target;
       rc.resume = o.resume;
+      rc.partial_dir = o.partial_dir;
       rc.sync = o.sync;
       rc.side = ItemSide::kPull;
       if (!o.filters.empty())

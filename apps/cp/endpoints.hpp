@@ -44,6 +44,8 @@ struct CopyOptions {
   bool progress_files = false;    // --progress
   bool progress_total = false;    // --info=progress2
   bool stats = false;             // --stats
+  std::string partial_dir;        // --partial-dir
+  uint64_t bwlimit = 0;           // --bwlimit, bytes per second
   FilterRules filters;            // --exclude, --include, ... in order
 };
 // Push or pull, decided by which side names a HOST:.

@@ -317,8 +317,17 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
   int basis = -1;
   uint64_t basis_size = 0;
   if (c_.resume) {
-    const int part =
-        ::openat(parent, part_name(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int part = -1;
+    if (c_.partial_dir.empty()) {
+      part = ::openat(parent, part_name(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    } else {
+      const int dir = ::openat(parent, c_.partial_dir.c_str(),
+                               O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (dir >= 0) {
+        part = ::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        ::close(dir);
+      }
+    }
     struct stat pst {};
     if (part >= 0 && ::fstat(part, &pst) == 0 && S_ISREG(pst.st_mode) &&
         pst.st_size > 0) {
@@ -441,7 +450,7 @@ void Generator::delete_extraneous() {
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) {
       const std::string child = dest + "/" + name;
-      if (listed_paths_.contains(child)) continue;
+      if (listed_paths_.contains(child) || name == c_.partial_dir) continue;
       // A listed file's part file may be being written right now.
       constexpr std::string_view kPart = ".rdmakit-cp-part";
       if (name.size() > kPart.size() + 1 && name[0] == '.' && name.ends_with(kPart) &&

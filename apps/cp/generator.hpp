@@ -36,6 +36,7 @@ struct GeneratorConfig {
   const Target* target = nullptr;
   uint32_t sync = 0;  // SyncFlags
   bool resume = false;
+  std::string partial_dir;  // where part files are (--partial-dir), else beside
   bool preserve_special = false;
   ItemSide side = ItemSide::kPush;
   // Filter rules (--exclude): an excluded destination entry is not deleted

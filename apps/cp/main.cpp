@@ -20,6 +20,7 @@
 
 #include "endpoints.hpp"
 #include "limits.hpp"
+#include "records.hpp"
 #include "report.hpp"
 
 namespace {
@@ -146,7 +147,17 @@ int main(int argc, char** argv) {
         "usage, 2 "
         "file errors, 3 verification failed, 4 refused by the server, 5 connection/peer"};
     app.add_flag("-r,--recursive", o.recursive, "copy directories recursively");
-    app.add_flag("--resume", o.resume, "keep what already verifies; send only the rest");
+    app.add_flag("--resume,--partial", o.resume,
+                 "continue from part files an interrupted run left: send only the blocks "
+                 "they lack");
+    app.add_option("--partial-dir", o.partial_dir,
+                   "keep part files in DIR beside each file (one name) and continue from "
+                   "them; implies --resume")
+        ->check([](const std::string& v) {
+          return rdmakit::cp::valid_partial_dir(v) && !v.empty()
+                     ? std::string()
+                     : "one directory name (no '/', '.' or '..'): " + v;
+        });
     app.add_flag("--json", o.json, "print the summary as JSON");
     app.add_flag("-q,--quiet", o.quiet, "no progress line");
     app.add_option("-p,--port", o.port, "server port");
@@ -194,6 +205,14 @@ int main(int argc, char** argv) {
     app.add_flag("-v,--verbose", o.verbose, "name each entry that changes");
     app.add_flag("--progress", o.progress_files,
                  "a progress line per file on stdout, as rsync --progress");
+    std::string bwlimit;
+    app.add_option(
+           "--bwlimit", bwlimit,
+           "limit the data rate: KiB/s, or with a unit (e.g. 50M, bytes per second)")
+        ->check([](const std::string& v) {
+          uint64_t b = 0;
+          return rdmakit::cp::parse_size(v, &b) ? std::string() : "not a rate: " + v;
+        });
     std::string info;
     app.add_option("--info", info, "progress2: one progress line for the whole transfer")
         ->check(CLI::IsMember({"progress2"}));
@@ -229,6 +248,11 @@ int main(int argc, char** argv) {
       return usage;
     }
     o.progress_total = info == "progress2";
+    if (!bwlimit.empty()) {
+      // A plain number is KiB/s, as rsync's --bwlimit.
+      parse_size(bwlimit, &o.bwlimit);
+      if (bwlimit.find_first_not_of("0123456789") == std::string::npos) o.bwlimit *= 1024;
+    }
     if (archive) {
       o.recursive = true;
       if (::geteuid() == 0) o.sync |= kSyncOwner | kSyncGroup;

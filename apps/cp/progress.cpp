@@ -93,8 +93,7 @@ void Progress::draw_overall(bool final) {
   const uint64_t total = std::max(report_.bytes_listed.load(), done);
   const int pct = total == 0 ? 100 : static_cast<int>(done * 100 / total);
   std::string line =
-      progress_line(done, pct, done, report_.seconds(),
-                    report_.files_transferred.load(),
+      progress_line(done, pct, done, report_.seconds(), report_.files_transferred.load(),
                     report_.files_listed.load() - report_.entries_answered.load(),
                     report_.files_listed.load());
   if (final) line.push_back('\n');

@@ -170,13 +170,15 @@ void Receiver::fail_file(Failure kind, const std::string& reason) {
   if (cur_.fd >= 0) {
     // A part file that failed verification is worthless; one that failed
     // on I/O may be resumed.
-    if (kind == Failure::kVerify) ::unlinkat(cur_.parent, cur_.tmp.c_str(), 0);
+    if (kind == Failure::kVerify) ::unlinkat(cur_.part_dir, cur_.tmp.c_str(), 0);
   }
   close_file();
 }
 
 void Receiver::close_file() {
   if (cur_.fd >= 0) ::close(cur_.fd);
+  if (cur_.part_dir >= 0 && cur_.part_dir != cur_.parent) ::close(cur_.part_dir);
+  cur_.part_dir = -1;
   cur_.fd = -1;
   cur_.open = false;
 }
@@ -324,9 +326,21 @@ void Receiver::open_part(const EntryRecord& rec, int parent) {
   // on it, and the name must still be the locked file once it is ours.
   int fd = -1;
   struct stat st {};
+  cur_.part_dir = parent;
+  if (!c_.partial_dir.empty()) {
+    // --partial-dir: DIR/NAME beside NAME, made when first needed.
+    cur_.tmp = cur_.name;
+    ::mkdirat(parent, c_.partial_dir.c_str(), 0700);
+    cur_.part_dir = ::openat(parent, c_.partial_dir.c_str(),
+                             O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (cur_.part_dir < 0) {
+      fail_file(classify_errno(errno), c_.partial_dir + ": " + errno_reason(errno));
+      return;
+    }
+  }
   for (int attempt = 0;; ++attempt) {
-    fd = ::openat(parent, cur_.tmp.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
-                  cur_.create_mode);
+    fd = ::openat(cur_.part_dir, cur_.tmp.c_str(),
+                  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, cur_.create_mode);
     if (fd < 0) {
       fail_file(classify_errno(errno), errno_reason(errno));
       return;
@@ -342,7 +356,7 @@ void Receiver::open_part(const EntryRecord& rec, int parent) {
     }
     struct stat named {};
     if (::fstat(fd, &st) == 0 &&
-        ::fstatat(parent, cur_.tmp.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        ::fstatat(cur_.part_dir, cur_.tmp.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
         named.st_ino == st.st_ino && named.st_dev == st.st_dev)
       break;
     ::close(fd);  // renamed or removed by the other writer meanwhile
@@ -530,10 +544,12 @@ void Receiver::on_end(Reader& rd) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
-  if (::renameat(cur_.parent, cur_.tmp.c_str(), cur_.parent, cur_.name.c_str()) != 0) {
+  if (::renameat(cur_.part_dir, cur_.tmp.c_str(), cur_.parent, cur_.name.c_str()) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     return;
   }
+  if (!c_.partial_dir.empty())  // gone once empty, as rsync's
+    ::unlinkat(cur_.parent, c_.partial_dir.c_str(), AT_REMOVEDIR);
   close_file();
   c_.report->files_done++;
   c_.report->bytes_done += cur_.size;
@@ -676,7 +692,8 @@ bool Receiver::run() {
   gc.channel = c_.channel;
   gc.target = &c_.target;
   gc.sync = c_.sync;
-  gc.resume = c_.resume;
+  gc.resume = c_.resume || !c_.partial_dir.empty();
+  gc.partial_dir = c_.partial_dir;
   gc.preserve_special = c_.preserve_special;
   gc.side = c_.side;
   gc.excluded = c_.excluded;

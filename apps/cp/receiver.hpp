@@ -55,7 +55,8 @@ struct ReceiverConfig {
   std::byte* slots = nullptr;  // this transfer's slots (kLaneBytes)
   Target target;
   bool resume = false;
-  uint32_t sync = 0;  // SyncFlags
+  uint32_t sync = 0;        // SyncFlags
+  std::string partial_dir;  // --partial-dir: part files as DIR/NAME beside NAME
   ItemSide side = ItemSide::kPush;
   std::function<bool(const std::string&, bool)> excluded;  // filter rules
   Report* report = nullptr;
@@ -84,6 +85,7 @@ class Receiver {
     uint64_t written_end = 0;  // end of the last data written
     int fd = -1;
     int parent = -1;
+    int part_dir = -1;  // where the part file is: parent, or the partial dir
     std::string path, name, tmp;
     uint64_t size = 0;
     uint32_t mode = 0;

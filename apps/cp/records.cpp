@@ -200,7 +200,10 @@ Parsed parse_request(std::span<const std::byte> msg, Request* r) {
     return Parsed::kMalformed;
   const auto filters = rd.take(nfilters);
   r->filters.assign(filters.begin(), filters.end());
-  return rd.ok() && rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
+  r->partial_dir = rd.str(255);
+  r->bwlimit = rd.get<uint64_t>();
+  if (!rd.ok() || !valid_partial_dir(r->partial_dir)) return Parsed::kMalformed;
+  return rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
 }
 
 void encode_request(const Request& r, Writer* w) {
@@ -209,6 +212,14 @@ void encode_request(const Request& r, Writer* w) {
   for (const std::string& p : r.paths) w->str(p);
   w->put<uint32_t>(r.sync).put<uint32_t>(static_cast<uint32_t>(r.filters.size()));
   w->bytes(r.filters);
+  w->str(r.partial_dir);
+  w->put<uint64_t>(r.bwlimit);
+}
+
+bool valid_partial_dir(const std::string& name) {
+  return name.empty() ||
+         (name.size() <= 255 && name != "." && name != ".." &&
+          name.find('/') == std::string::npos && name.find('\0') == std::string::npos);
 }
 
 }  // namespace rdmakit::cp

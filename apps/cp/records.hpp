@@ -94,10 +94,15 @@ struct Request {
   std::vector<std::string> paths;
   uint32_t sync = 0;               // SyncFlags
   std::vector<std::byte> filters;  // encoded include/exclude rules
+  std::string partial_dir;         // --partial-dir (one name) or ""
+  uint64_t bwlimit = 0;  // --bwlimit: data bytes per second the sender posts, 0 any
 };
 inline constexpr uint32_t kMaxFilterBlob = 1u << 20;
 // A client's hello: the fields above after the message type.
 void encode_request(const Request& r, Writer* w);
+// --partial-dir names one directory beside each file: not "", ".", ".."
+// or anything with a '/' (so it cannot lead elsewhere).
+bool valid_partial_dir(const std::string& name);
 // A client's hello, from its first byte. kRefused: another protocol
 // version (the rest is not read); kMalformed: anything else wrong.
 Parsed parse_request(std::span<const std::byte> msg, Request* r);

@@ -203,6 +203,8 @@ void Sender::queue_post(uint32_t s) {
 
 // The posting thread: WRITEs full slots in the order they were filled.
 void Sender::post_loop() {
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t posted = 0;
   for (;;) {
     uint32_t s = 0;
     int32_t restore_at = -1;
@@ -221,6 +223,16 @@ void Sender::post_loop() {
     if (restore_at >= 0)
       slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(restore_at)] ^=
           std::byte{0xff};
+    if (c_.bwlimit > 0) {
+      // --bwlimit: each slot waits until the bytes before it fit the rate.
+      const auto due =
+          start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(static_cast<double>(posted) /
+                                                    static_cast<double>(c_.bwlimit)));
+      std::unique_lock lock(mu_);
+      cv_.wait_until(lock, due, [&] { return stop_ || dead(); });
+      posted += slots_[s].len;
+    }
     const bool ok = post(s);
     std::lock_guard lock(mu_);
     slots_[s].posting = false;

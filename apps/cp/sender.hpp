@@ -34,6 +34,7 @@ struct SenderConfig {
   SourceRoot root{};
   uint32_t sync = 0;  // SyncFlags
   ItemSide side = ItemSide::kPush;
+  uint64_t bwlimit = 0;  // data bytes per second (--bwlimit), 0: no limit
   Report* report = nullptr;
   int64_t corrupt_chunk = -1;    // fault injection: corrupt this chunk once,
   bool corrupt_records = false;  // in its records rather than its file data

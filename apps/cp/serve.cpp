@@ -193,6 +193,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
       rc.slots = own->data();
       rc.target = target;
       rc.resume = resume;
+      rc.partial_dir = req.partial_dir;
       rc.sync = req.sync;
       rc.side = ItemSide::kPush;
       rc.excluded = excluded;
@@ -226,6 +227,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     sc.root = root;
     sc.sync = req.sync;
     sc.side = ItemSide::kPull;
+    sc.bwlimit = req.bwlimit;
     sc.report = &report;
     sc.corrupt_chunk = corrupt_chunk_from_env();
     sc.corrupt_records = corrupt_records_from_env();

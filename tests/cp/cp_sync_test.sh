@@ -207,6 +207,32 @@ case "$mode" in
     fi
     grep -q "100%.*(xfr#1, to-chk=0/" progress.out && pass "--info=progress2" ||
       fail "--info=progress2: $(cat progress.out)"
+    if [ "$mode" = push ]; then
+      # --partial-dir: a part file left in DIR beside the file is continued
+      # (its first two blocks are right), and DIR goes once empty.
+      rm root/c/src/big.bin
+      mkdir -p root/c/src/.part
+      head -c 2097152 src/big.bin >root/c/src/.part/big.bin
+      ours -r --stats --partial-dir .part src "$host:c" >stats.out 2>&1
+      if grep -q "^Matched data: 2,097,152 bytes" stats.out && [ ! -e root/c/src/.part ] &&
+        cmp -s src/big.bin root/c/src/big.bin; then
+        pass "--partial-dir: the part file's blocks kept, the directory gone"
+      else
+        fail "--partial-dir"
+        cat stats.out
+        ls -la root/c/src
+      fi
+      # --bwlimit paces the data: 3 MiB at 4 MiB/s take at least 0.6 s.
+      head -c 3145728 /dev/urandom >src/paced.bin
+      t0=$(date +%s%N)
+      ours -r --bwlimit 4M -q src "$host:c" >/dev/null 2>&1
+      ms=$((($(date +%s%N) - t0) / 1000000))
+      if [ $ms -ge 600 ] && cmp -s src/paced.bin root/c/src/paced.bin; then
+        pass "--bwlimit 4M: 3 MiB in $ms ms"
+      else
+        fail "--bwlimit 4M: 3 MiB in $ms ms"
+      fi
+    fi
     ;;
   kill)
     # A delta run killed at a random moment, then run again: the result is
