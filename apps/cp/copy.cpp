@@ -19,6 +19,7 @@
 #include "protocol.hpp"
 #include "receiver.hpp"
 #include "records.hpp"
+#include "remote_shell.hpp"
 #include "sender.hpp"
 
 namespace rdmakit::cp {
@@ -119,14 +120,38 @@ int copy(const CopyOptions& o) {
   }
 
   std::optional<auth::Secret> secret;
-  try {
-    secret = auth::Secret::resolve(o.secret_file);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "rdmakit-cp: %s\n", e.what());
-    return static_cast<int>(Failure::kUsage);
+  std::string provider = o.provider;
+  std::string address = host + ":" + std::to_string(o.port);
+  // -e: the server is started over the remote shell, and its provider,
+  // address, port and a fresh secret come back through that shell only.
+  RemoteShell shell;
+  if (!o.rsh.empty()) {
+    const RemoteRequest req{o.rsh, o.rdmakit_path, host,
+                            push,  o.provider,     push && o.preserve_special};
+    std::vector<std::string> argv;
+    std::string why;
+    if (!remote_command(req, &argv, &why)) {
+      std::fprintf(stderr, "rdmakit-cp: %s\n", why.c_str());
+      return static_cast<int>(Failure::kUsage);
+    }
+    Bootstrap boot;
+    if (!start_remote_server(req, argv, &shell, &boot, &why)) {
+      report.error(Failure::kPeer, host, why);
+      return report.exit_code();
+    }
+    secret = auth::Secret::from_bytes(boot.secret, "the remote shell");
+    provider = boot.provider;
+    address = boot.endpoint();
+    clock.mark("ssh");
+  } else {
+    try {
+      secret = auth::Secret::resolve(o.secret_file);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "rdmakit-cp: %s\n", e.what());
+      return static_cast<int>(Failure::kUsage);
+    }
   }
-  const session::SessionOptions so = session_options(o.provider);
-  const std::string address = host + ":" + std::to_string(o.port);
+  const session::SessionOptions so = session_options(provider);
   SummaryInfo info;
   info.direction = push ? "push" : "pull";
   info.peer = address;
@@ -274,6 +299,13 @@ int copy(const CopyOptions& o) {
     report.error(Failure::kPeer, address, e.what());
   }
   if (target.base >= 0) ::close(target.base);
+  if (shell.running()) {
+    // The remote server exits once its client has gone and its input closes.
+    const std::string how = shell.finish(10s);
+    if (shell.status() != 0 && report.worst() == Failure::kNone)
+      std::fprintf(stderr, "rdmakit-cp: %s: warning: after the copy, %s\n", host.c_str(),
+                   how.c_str());
+  }
   clock.mark("close");
   if (o.stats && !o.json) print_stats(report, info);
   print_summary(report, info, o.json);

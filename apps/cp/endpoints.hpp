@@ -1,7 +1,11 @@
 #pragma once
 // The two programs of rdmakit-cp: the serving daemon and the copying client
 // (push or pull), each wiring a session to a Sender or a Receiver.
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <rdmakit/auth.hpp>
 #include <rdmakit/session/session.hpp>
 #include <string>
 #include <vector>
@@ -27,6 +31,32 @@ struct ServeOptions {
 };
 int serve(const ServeOptions& options);
 
+// What serve's per-client code (serve.cpp) works with: serve and --server
+// (server_mode.cpp) each fill one and run their clients with it.
+struct ServerState {
+  int root = -1;         // peer paths are resolved beneath it (AT_FDCWD: --server)
+  bool confined = true;  // false (--server): the user's own permissions are the limit
+  std::optional<auth::Secret> secret;
+  bool read_only = false, write_only = false, preserve_special = false;
+  uint64_t max_client_bytes = 0;  // 0: no limit
+  uint32_t max_clients = kDefaultMaxClients;
+  FILE* log = stderr;                  // per-client lines
+  std::atomic<uint32_t> copying{0};    // admitted transfers, at most max_clients
+  std::atomic<uint32_t> served{0};     // admitted transfers that ended
+  std::atomic<uint32_t> connected{0};  // connections so far
+  std::atomic<int> active{0};          // handler threads (admitted or not)
+};
+// A server's session options for up to max_clients clients at once.
+session::SessionOptions server_session_options(const std::string& provider,
+                                               uint32_t max_clients);
+// Runs each client that connects on a thread of its own (serve's per-client
+// code); the state must outlive the session server.
+session::Handlers client_handlers(ServerState& s);
+
+// rdmakit-cp --server ...: started by a client over a remote shell (-e),
+// serves that one client (remote_shell.hpp, server_mode.cpp).
+int server_mode(int argc, char** argv);
+
 struct CopyOptions {
   std::vector<std::string> sources;
   std::string dest;
@@ -47,6 +77,9 @@ struct CopyOptions {
   std::string partial_dir;        // --partial-dir
   uint64_t bwlimit = 0;           // --bwlimit, bytes per second
   FilterRules filters;            // --exclude, --include, ... in order
+  // -e COMMAND: start the server over this remote shell (empty: a daemon).
+  std::string rsh;
+  std::string rdmakit_path = "rdmakit-cp";  // the remote program (-e)
 };
 // Push or pull, decided by which side names a HOST:.
 int copy(const CopyOptions& options);

@@ -5,6 +5,8 @@
 //                    [--config FILE]   (default /etc/rdmakit/cp.conf, if present)
 //   rdmakit-cp [-r] [--resume] [--json] SRC... HOST:DST     (push)
 //   rdmakit-cp [-r] [--resume] [--json] HOST:SRC... DST     (pull)
+//   rdmakit-cp -e ssh [--rdmakit-path P] ... [USER@]HOST:...  (no daemon: the
+//                    server is started over ssh, as rsync -e; remote_shell.hpp)
 #include <sched.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -138,12 +140,15 @@ int main(int argc, char** argv) {
       if (!max_bytes.empty()) parse_size(max_bytes, &o.max_client_bytes);
       return serve(o);
     }
+    if (argc > 1 && std::strcmp(argv[1], "--server") == 0) return server_mode(argc, argv);
     CopyOptions o;
+    if (const char* rsh = std::getenv("RDMAKIT_RSH")) o.rsh = rsh;
     std::vector<std::string> paths;
     CLI::App app{
         "rdmakit-cp: copy files and directory trees over RDMA (or shm/tcp), verified and "
         "resumable.\n  push: rdmakit-cp [-r] SRC... HOST:DST\n  pull: rdmakit-cp [-r] "
-        "HOST:SRC... DST\n  server: rdmakit-cp serve --root DIR\nExit codes: 0 ok, 1 "
+        "HOST:SRC... DST\n  server: rdmakit-cp serve --root DIR\n  no daemon: "
+        "rdmakit-cp -e ssh [-r] SRC... [USER@]HOST:DST (or a pull)\nExit codes: 0 ok, 1 "
         "usage, 2 "
         "file errors, 3 verification failed, 4 refused by the server, 5 connection/peer"};
     app.add_flag("-r,--recursive", o.recursive, "copy directories recursively");
@@ -167,7 +172,8 @@ int main(int argc, char** argv) {
         "shared secret (0600 file); else RDMAKIT_SECRET_FILE or RDMAKIT_SECRET. "
         "The server must prove it too");
     app.add_flag("--preserve-special", o.preserve_special,
-                 "pull: keep setuid/setgid/sticky bits (dropped by default)");
+                 "pull (with -e also push): keep setuid/setgid/sticky bits (dropped by "
+                 "default)");
     // Sync: rsync's names where they mean the same (docs/cp.md#sync).
     struct SyncFlag {
       const char* name;
@@ -231,6 +237,12 @@ int main(int argc, char** argv) {
     app.add_option("--include-from", filter_args,
                    "include patterns from FILE, one a line")
         ->allow_extra_args(false);
+    app.add_option("-e,--rsh", o.rsh,
+                   "start the server over this remote shell, as rsync -e (e.g. 'ssh -p "
+                   "2222'): no daemon needed. Default $RDMAKIT_RSH; -e '' for a daemon");
+    app.add_option("--rdmakit-path", o.rdmakit_path,
+                   "with -e: the program to run on the remote host")
+        ->capture_default_str();
     app.add_option("paths", paths, "SRC... DST")->required();
     try {
       app.parse(argc, argv);
@@ -256,6 +268,14 @@ int main(int argc, char** argv) {
     if (archive) {
       o.recursive = true;
       if (::geteuid() == 0) o.sync |= kSyncOwner | kSyncGroup;
+    }
+    if (!o.rsh.empty() && (app.count("--port") > 0 || app.count("--secret-file") > 0)) {
+      // The remote shell starts the server on a port and with a secret of its own.
+      std::fprintf(stderr,
+                   "rdmakit-cp: -p and --secret-file are for a daemon; with -e (or "
+                   "RDMAKIT_RSH) the server gets its port and secret over the remote "
+                   "shell (-e '' to use a daemon)\n");
+      return usage;
     }
     spdlog::set_level(spdlog::level::warn);  // the client reports by itself
     ::setenv("RDMAKIT_LOG", "warn", 0);

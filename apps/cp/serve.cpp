@@ -36,16 +36,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
 
-struct ServerState {
-  int root = -1;
-  std::optional<auth::Secret> secret;
-  bool read_only = false, write_only = false, preserve_special = false;
-  uint64_t max_client_bytes = 0;  // 0: no limit
-  uint32_t max_clients = kDefaultMaxClients;
-  std::atomic<uint32_t> copying{0};  // admitted transfers, at most max_clients
-  std::atomic<int> active{0};        // handler threads (admitted or not)
-};
-
 // Admits one more transfer unless max_clients are running; returns how many
 // run with it (0: refused).
 uint32_t admit(ServerState& s) {
@@ -93,7 +83,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   session::Message first;
   const session::OpResult r = ch.recv(&first, 10s);
   if (!r.ok()) {
-    std::fprintf(stderr, "rdmakit-cp serve: %s: no request: %s\n", ep->peer().c_str(),
+    std::fprintf(s.log, "rdmakit-cp serve: %s: no request: %s\n", ep->peer().c_str(),
                  r.detail.c_str());
     ep->close();
     return;
@@ -102,7 +92,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   session::Message m;
   std::string auth_why;
   if (!authenticate_client(ch, s.secret, std::move(first), &m, &auth_why)) {
-    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(),
+    std::fprintf(s.log, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(),
                  auth_why.c_str());
     wait_for_close(*ep);
     return;
@@ -115,13 +105,13 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
                             std::to_string(req.version) + ", this server " +
                             std::to_string(kProtocolVersion);
     reply(ch, false, 0, Failure::kPeer, why);
-    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
+    std::fprintf(s.log, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
     wait_for_close(*ep);
     return;
   }
   if (parsed != Parsed::kOk) {
     reply(ch, false, 0, Failure::kPeer, "malformed request");
-    std::fprintf(stderr, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
+    std::fprintf(s.log, "rdmakit-cp serve: %s: malformed request\n", ep->peer().c_str());
     wait_for_close(*ep);
     return;
   }
@@ -129,7 +119,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   std::string filter_why;
   if (!FilterRules::decode(req.filters, &filters, &filter_why)) {
     reply(ch, false, 0, Failure::kPeer, "malformed filter rules: " + filter_why);
-    std::fprintf(stderr, "rdmakit-cp serve: %s: malformed filter rules: %s\n",
+    std::fprintf(s.log, "rdmakit-cp serve: %s: malformed filter rules: %s\n",
                  ep->peer().c_str(), filter_why.c_str());
     wait_for_close(*ep);
     return;
@@ -145,7 +135,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
         op == Op::kPush ? "refused: this server is read-only (--read-only): no pushes"
                         : "refused: this server is write-only (--write-only): no pulls";
     reply(ch, false, 0, Failure::kRefused, why);
-    std::fprintf(stderr, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
+    std::fprintf(s.log, "rdmakit-cp serve: %s: %s\n", ep->peer().c_str(), why.c_str());
     wait_for_close(*ep);
     return;
   }
@@ -154,7 +144,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   MemoryRegion* own = ep->local_buffer(kSlotsBuffer);
   if (own == nullptr || own->length() < kLaneBytes) {
     reply(ch, false, 0, Failure::kPeer, "server error: no slots buffer for this client");
-    std::fprintf(stderr, "rdmakit-cp serve: %s: no per-client slots buffer\n",
+    std::fprintf(s.log, "rdmakit-cp serve: %s: no per-client slots buffer\n",
                  ep->peer().c_str());
     wait_for_close(*ep);
     return;
@@ -165,12 +155,12 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
                             " clients are copying, its limit (--max-clients " +
                             std::to_string(s.max_clients) + "); try again later";
     reply(ch, false, 0, Failure::kPeer, why);
-    std::fprintf(stderr, "rdmakit-cp serve: %s: refused: %s\n", ep->peer().c_str(),
+    std::fprintf(s.log, "rdmakit-cp serve: %s: refused: %s\n", ep->peer().c_str(),
                  why.c_str());
     wait_for_close(*ep);
     return;
   }
-  std::fprintf(stderr, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
+  std::fprintf(s.log, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
                ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying);
   hold_if_asked(ep->peer());
   Report report;
@@ -182,8 +172,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     std::string why;
     const uint32_t nsources = static_cast<uint32_t>(
         std::min<unsigned long>(std::strtoul(paths[1].c_str(), nullptr, 10), 1u << 20));
-    if (!resolve_target(s.root, paths[0], true, nsources, &target, &kind, &why)) {
-      std::fprintf(stderr, "rdmakit-cp serve: %s: push to %s: %s\n", ep->peer().c_str(),
+    if (!resolve_target(s.root, paths[0], s.confined, nsources, &target, &kind, &why)) {
+      std::fprintf(s.log, "rdmakit-cp serve: %s: push to %s: %s\n", ep->peer().c_str(),
                    paths[0].c_str(), why.c_str());
       reply(ch, false, 0, kind, paths[0] + ": " + why);
     } else {
@@ -208,7 +198,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     // Walked whole before the reply: the walk's errors go to the client
     // first (a pull's sources are few and named by the client).
     EntryQueue entries;
-    const SourceRoot root{s.root, true};
+    const SourceRoot root{s.root, s.confined};
     WalkOptions walk;
     walk.recursive = flags & kFlagRecursive;
     walk.excluded = excluded;
@@ -238,13 +228,14 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   // How the connection ended: PEER_CLOSED when the client said goodbye.
   const session::DisconnectInfo gone = ep->disconnect_info();
   std::fprintf(
-      stderr,
+      s.log,
       "rdmakit-cp serve: %s: %s done: %lu files, %lu bytes, %s; connection "
       "ended: %s\n",
       ep->peer().c_str(), op == Op::kPush ? "push" : "pull",
       static_cast<unsigned long>(report.files_done.load()),
       static_cast<unsigned long>(report.bytes_done.load()), failure_name(report.worst()),
       ep->closed() ? session::disconnect_reason_name(gone.reason) : "still open");
+  s.served++;  // before copying--, so a watcher sees one or the other
   s.copying--;
 }
 
@@ -281,6 +272,40 @@ bool is_loopback(const std::string& a) {
       a.size() > 2 && a.front() == '[' && a.back() == ']' ? a.substr(1, a.size() - 2) : a;
   if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
   return a == "localhost";
+}
+
+session::SessionOptions server_session_options(const std::string& provider,
+                                               uint32_t max_clients) {
+  session::SessionOptions so = session_options(provider);
+  // One shared progress thread for every client: with a poller per
+  // endpoint the session keeps each closed endpoint's thread until the
+  // server ends, so a long-lived server would gain an idle-polling thread
+  // per copy (measured: each one costs the receiving CPU a few percent).
+  so.thread_mode = session::ThreadMode::kSharedWorkers;
+  so.workers = 1;
+  // The worker sleeps in epoll at once instead of spinning 50 us after each
+  // completion: on the receiving CPU, shared with the writer, the spin costs
+  // more than the wake-ups (with SCHED_BATCH; docs/cp.md).
+  so.event_mode = session::EventMode::kEpollFd;
+  // Room for the admitted clients and as many being refused at the same
+  // time: past max_endpoints the session rejects a peer before it could be
+  // told why.
+  so.max_endpoints = std::max(so.max_endpoints, 2 * max_clients);
+  return so;
+}
+
+session::Handlers client_handlers(ServerState& s) {
+  session::Handlers h;
+  h.on_connect = [&s](session::Endpoint& ep) {
+    auto self = ep.shared_from_this();
+    s.connected++;
+    s.active++;
+    std::thread([&s, self] {
+      handle(s, self);
+      s.active--;
+    }).detach();
+  };
+  return h;
 }
 
 int serve(const ServeOptions& o) {
@@ -321,32 +346,9 @@ int serve(const ServeOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  session::SessionOptions so = session_options(o.provider);
-  // One shared progress thread for every client: with a poller per
-  // endpoint the session keeps each closed endpoint's thread until the
-  // server ends, so a long-lived server would gain an idle-polling thread
-  // per copy (measured: each one costs the receiving CPU a few percent).
-  so.thread_mode = session::ThreadMode::kSharedWorkers;
-  so.workers = 1;
-  // The worker sleeps in epoll at once instead of spinning 50 us after each
-  // completion: on the receiving CPU, shared with the writer, the spin costs
-  // more than the wake-ups (with SCHED_BATCH; docs/cp.md).
-  so.event_mode = session::EventMode::kEpollFd;
-  // Room for the admitted clients and as many being refused at the same
-  // time: past max_endpoints the session rejects a peer before it could be
-  // told why.
-  so.max_endpoints = std::max(so.max_endpoints, 2 * o.max_clients);
-  session::Handlers h;
-  h.on_connect = [&s](session::Endpoint& ep) {
-    auto self = ep.shared_from_this();
-    s.active++;
-    std::thread([&s, self] {
-      handle(s, self);
-      s.active--;
-    }).detach();
-  };
+  const session::SessionOptions so = server_session_options(o.provider, o.max_clients);
   const std::string address = o.bind + ":" + std::to_string(o.port);
-  session::Server server(address, so, h);
+  session::Server server(address, so, client_handlers(s));
   server.expose_per_endpoint(kSlotsBuffer, kLaneBytes, kAccessAll);
   server.start();
   const std::string auth_state =

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,10 @@ class RDMAKIT_API Secret {
   // The value of an environment variable; nullopt when unset or empty.
   // Throws rdmakit::Error when it is shorter than kMinSecretBytes.
   static std::optional<Secret> from_env(const char* name);
+  // Key bytes the caller already holds (e.g. a fresh random secret handed
+  // over a channel it trusts); `origin` names where they came from. Throws
+  // rdmakit::Error when the size is outside kMinSecretBytes..kMaxSecretBytes.
+  static Secret from_bytes(std::span<const std::byte> key, std::string origin);
   // The usual rule of the tools: a key file when `file` is not empty, else
   // RDMAKIT_SECRET_FILE, else RDMAKIT_SECRET; nullopt when none is given.
   static std::optional<Secret> resolve(const std::string& file);

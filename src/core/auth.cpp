@@ -106,6 +106,15 @@ std::optional<Secret> Secret::from_env(const char* name) {
   return Secret(std::vector<std::byte>(bytes, bytes + len), name);
 }
 
+Secret Secret::from_bytes(std::span<const std::byte> key, std::string origin) {
+  if (key.size() < kMinSecretBytes || key.size() > kMaxSecretBytes) {
+    throw secret_error(origin, EINVAL,
+                       fmt::format("{} bytes; a secret has {} to {}", key.size(),
+                                   kMinSecretBytes, kMaxSecretBytes));
+  }
+  return Secret(std::vector<std::byte>(key.begin(), key.end()), std::move(origin));
+}
+
 std::optional<Secret> Secret::resolve(const std::string& file) {
   if (!file.empty()) return from_file(file);
   if (const char* env = std::getenv("RDMAKIT_SECRET_FILE"); env != nullptr && *env != 0)

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "rdmakit/error.hpp"
 
@@ -102,6 +103,20 @@ TEST(AuthTest, EnvironmentSecret) {
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->origin(), "RDMAKIT_SECRET");
   ::unsetenv("RDMAKIT_SECRET");
+}
+
+TEST(AuthTest, SecretFromBytes) {
+  std::vector<std::byte> key(32, std::byte{7});
+  const Secret a = Secret::from_bytes(key, "the ssh channel");
+  EXPECT_EQ(a.origin(), "the ssh channel");
+  const Nonce nc = fresh_nonce(), ns = fresh_nonce();
+  const Proof p = a.prove(Role::kServer, "x", nc, ns);
+  EXPECT_TRUE(Secret::from_bytes(key, "again").verify(Role::kServer, "x", nc, ns, p));
+  key[0] = std::byte{8};
+  EXPECT_FALSE(Secret::from_bytes(key, "other").verify(Role::kServer, "x", nc, ns, p));
+  EXPECT_THROW(
+      (void)Secret::from_bytes(std::span(key).first(kMinSecretBytes - 1), "short"),
+      Error);
 }
 
 }  // namespace
