@@ -3,16 +3,21 @@
 //   0: a slot payload (records_hash, then entry/data/end/abort records as
 //      the receiver walks them, each data record checked against the size
 //      the last entry declared),
-//   1: a probe message body (--resume),
-//   2: a client's hello.
+//   1: an entry list (a kCheck body: what the receiver's generator parses),
+//   2: a client's hello,
+//   3: include/exclude rules (FilterRules::decode, from the hello),
+//   4: extended attributes and an owner (metadata.hpp, from entries).
 // Whatever parses must satisfy the bounds the receiver relies on before it
 // indexes or allocates (limits.hpp); a violation traps.
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "filter.hpp"
 #include "limits.hpp"
+#include "metadata.hpp"
 #include "protocol.hpp"
 #include "records.hpp"
 #include "tree.hpp"
@@ -75,12 +80,48 @@ void slot_payload(std::span<const std::byte> in) {
   }
 }
 
-void probe(std::span<const std::byte> in) {
+void entry_list(std::span<const std::byte> in) {
   Reader rd(in);
-  ProbeRecord p;
-  if (parse_probe(rd, &p) != Parsed::kOk) return;
-  require(p.size <= kMaxFileSize && p.hashes.size() == block_count(p.size));
-  require(p.path.size() <= kMaxPath);
+  const auto n = rd.get<uint32_t>();
+  for (uint32_t i = 0; i < n && i < 100000 && rd.ok(); ++i) {
+    EntryRecord e;
+    std::string why;
+    const Parsed p = parse_entry(rd, &e, &why);
+    if (p == Parsed::kMalformed) return;
+    if (p == Parsed::kRefused) require(!why.empty());
+    require(e.path.size() <= kMaxPath && e.link.size() <= kMaxPath);
+    require(e.xattrs.size() <= kMaxXattrBlob);
+    require(e.user.size() <= kMaxOwnerName && e.group.size() <= kMaxOwnerName);
+    // A basis bitmap is one bit per block of the declared size.
+    if (e.flags & (kEntryBasisFinal | kEntryBasisPart))
+      require(e.size <= kMaxFileSize && e.sent.size() == block_count(e.size));
+  }
+}
+
+void filter_rules(std::span<const std::byte> in) {
+  FilterRules rules;
+  std::string why;
+  if (!FilterRules::decode(in, &rules, &why)) return;
+  require(rules.size() <= kMaxFilterRules);
+  (void)rules.excluded("a/b/c.txt", false);
+  (void)rules.excluded("a/b", true);
+}
+
+void attributes(std::span<const std::byte> in) {
+  std::vector<Xattr> list;
+  size_t used = 0;
+  std::string why;
+  if (decode_xattrs(in, &used, &list, &why)) {
+    require(used <= in.size() && list.size() <= kMaxXattrs);
+    size_t total = 0;
+    for (const Xattr& x : list) {
+      require(x.name.size() <= kMaxXattrName && x.value.size() <= kMaxXattrValue);
+      total += x.name.size() + x.value.size();
+    }
+    require(total <= kMaxXattrTotal);
+  }
+  Owner o;
+  if (decode_owner(in, &used, &o, &why)) require(used <= in.size());
 }
 
 void request(std::span<const std::byte> in) {
@@ -100,10 +141,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::span<const std::byte> body(reinterpret_cast<const std::byte*>(data) + 1,
                                         size - 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 5) {
     case 0: slot_payload(body); break;
-    case 1: probe(body); break;
-    default: request(body); break;
+    case 1: entry_list(body); break;
+    case 2: request(body); break;
+    case 3: filter_rules(body); break;
+    default: attributes(body); break;
   }
   return 0;
 }
