@@ -154,6 +154,10 @@ void Generator::check_batch(const std::vector<std::byte>& body) {
     if (e.kind == static_cast<uint8_t>(Kind::kSymlink)) c_.report->links_listed++;
     std::string dest;
     if (parsed == Parsed::kOk) dest = map_wire_path(*c_.target, e.path, &why);
+    if (!dest.empty() && !top_allowed(c_.tops, e.path)) {
+      dest.clear();
+      why = "not beneath a name that was asked for";
+    }
     Decision d;
     if (dest.empty()) {
       // Refused (a path that leaves the destination, a size over the
@@ -256,6 +260,12 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
     }
     case Kind::kHardlink: {
       std::string first = map_wire_path(*c_.target, e.link, &why);
+      if (first.empty() || !listed_file(first)) {
+        c_.report->error(
+            Failure::kRefused, e.path,
+            "refused: a hard link to " + e.link + ", not a file of this transfer");
+        break;
+      }
       struct stat fst {};
       if (exists && !first.empty() &&
           ::fstatat(c_.target->base, first.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0 &&
@@ -265,7 +275,12 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
       d.want = Want::kSend;
       break;
     }
-    case Kind::kFile: decide_file(e, parent, name, exists ? &st : nullptr, &d); break;
+    case Kind::kFile: {
+      std::lock_guard lock(files_mu_);
+      files_.insert(dest);
+    }
+      decide_file(e, parent, name, exists ? &st : nullptr, &d);
+      break;
   }
   return d;
 }
@@ -473,6 +488,17 @@ void Generator::delete_extraneous() {
 
 void Generator::touch(const std::string& dest_dir) {
   if (!(c_.sync & kSyncDryRun)) touched_.insert(dest_dir);
+}
+
+bool Generator::listed_file(const std::string& dest) const {
+  std::lock_guard lock(files_mu_);
+  return files_.contains(dest);
+}
+
+bool top_allowed(const std::vector<std::string>& tops, const std::string& wire) {
+  if (tops.empty()) return true;
+  const std::string top = wire.substr(0, wire.find('/'));
+  return std::find(tops.begin(), tops.end(), top) != tops.end();
 }
 
 const Generator::DirTime* Generator::kept_dir(const std::string& dest) const {

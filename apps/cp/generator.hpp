@@ -42,8 +42,15 @@ struct GeneratorConfig {
   // Filter rules (--exclude): an excluded destination entry is not deleted
   // unless --delete-excluded.
   std::function<bool(const std::string&, bool)> excluded;
+  // A pull: the names the client asked for; a listed path must start with
+  // one of them (a hostile server may not write elsewhere beneath the
+  // destination). Empty: any.
+  std::vector<std::string> tops;
   Report* report = nullptr;
 };
+
+// A wire path's first component is one of `tops` (or `tops` is empty).
+bool top_allowed(const std::vector<std::string>& tops, const std::string& wire);
 
 class Generator {
  public:
@@ -71,6 +78,10 @@ class Generator {
   };
   const DirTime* kept_dir(const std::string& dest) const;
   const std::unordered_set<std::string>& touched_dirs() const { return touched_; }
+  // A hard link may only name a regular file listed earlier in this
+  // transfer (the writer asks; a hostile sender could name any other file
+  // beneath the destination, whose attributes the link would then share).
+  bool listed_file(const std::string& dest) const;
 
  private:
   struct Decision {
@@ -120,7 +131,9 @@ class Generator {
   std::string parent_path_;
   int parent_ = -1;
   std::string deciding_dir_;  // the destination directory of the entry decided
-  std::unordered_set<std::string> listed_paths_;                  // destination paths
+  std::unordered_set<std::string> listed_paths_;  // destination paths
+  mutable std::mutex files_mu_;                   // files_: shared with the writer
+  std::unordered_set<std::string> files_;         // destination paths of listed files
   std::vector<std::pair<std::string, std::string>> listed_dirs_;  // wire, destination
   std::unordered_map<std::string, DirTime> kept_dirs_;            // destination
   std::unordered_set<std::string> touched_;                       // destination dirs

@@ -1,5 +1,7 @@
 #include "itemize.hpp"
 
+#include "report.hpp"
+
 namespace rdmakit::cp {
 
 std::string item_code(ItemSide side, Kind kind, uint16_t bits) {
@@ -41,15 +43,17 @@ std::string item_code(ItemSide side, Kind kind, uint16_t bits) {
 std::string item_line(ItemSide side, Kind kind, uint16_t bits, const std::string& path,
                       const std::string& link) {
   std::string line = item_code(side, kind, bits);
-  line.append(" ").append(path);
+  line.append(" ").append(printable(path));
   if (kind == Kind::kDir) line.append("/");
-  if (kind == Kind::kSymlink) line.append(" -> ").append(link);
-  if (kind == Kind::kHardlink) line.append(" => ").append(link);
+  if (kind == Kind::kSymlink) line.append(" -> ").append(printable(link));
+  if (kind == Kind::kHardlink) line.append(" => ").append(printable(link));
   return line;
 }
 
 std::string deleting_line(const std::string& path, bool is_dir) {
-  return "*deleting   " + path + (is_dir ? "/" : "");
+  std::string line = "*deleting   " + printable(path);
+  if (is_dir) line.push_back('/');
+  return line;
 }
 
 }  // namespace rdmakit::cp

@@ -214,6 +214,10 @@ bool Receiver::on_entry(Reader& rd) {
     }
   }
   cur_.path = map_wire_path(c_.target, rel, &why);
+  if (!cur_.path.empty() && !top_allowed(c_.tops, rel)) {
+    cur_.path.clear();
+    why = "not beneath a name that was asked for";
+  }
   if (cur_.path.empty()) {
     cur_.path = rel;
     fail_file(Failure::kRefused, "refused: " + why);
@@ -276,7 +280,9 @@ void Receiver::on_link(const EntryRecord& rec, int parent, Kind kind) {
   } else {
     std::string why;
     const std::string first = map_wire_path(c_.target, rec.link, &why);
-    if (first.empty()) {
+    if (!first.empty() && !generator_->listed_file(first))
+      why = "not a file of this transfer";
+    if (first.empty() || !generator_->listed_file(first)) {
       fail_file(Failure::kRefused, "refused: hard link to " + rec.link + ": " + why);
       return;
     }
@@ -697,6 +703,7 @@ bool Receiver::run() {
   gc.preserve_special = c_.preserve_special;
   gc.side = c_.side;
   gc.excluded = c_.excluded;
+  gc.tops = c_.tops;
   gc.report = c_.report;
   generator_ = std::make_unique<Generator>(std::move(gc));
   std::thread writer([this] { writer_loop(); });

@@ -59,6 +59,7 @@ struct ReceiverConfig {
   std::string partial_dir;  // --partial-dir: part files as DIR/NAME beside NAME
   ItemSide side = ItemSide::kPush;
   std::function<bool(const std::string&, bool)> excluded;  // filter rules
+  std::vector<std::string> tops;  // a pull: the names asked for (GeneratorConfig)
   Report* report = nullptr;
   std::chrono::milliseconds timeout{60000};
   // Setuid, setgid and sticky bits from the peer are dropped unless set.

@@ -28,14 +28,14 @@ Failure classify_errno(int err) noexcept {
 void Report::error(Failure kind, std::string path, std::string reason) {
   std::lock_guard lock(mu_);
   if (kind > worst_) worst_ = kind;
-  std::fprintf(stderr, "rdmakit-cp: %s%s%s\n", path.c_str(), path.empty() ? "" : ": ",
-               reason.c_str());
+  std::fprintf(stderr, "rdmakit-cp: %s%s%s\n", printable(path).c_str(),
+               path.empty() ? "" : ": ", printable(reason).c_str());
   errors_.push_back({kind, std::move(path), std::move(reason)});
 }
 
 void Report::item(const std::string& line, const std::string& name) {
   if (!itemize_ && !names_) return;
-  std::string text = itemize_ ? line : name;
+  std::string text = printable(itemize_ ? line : name);
   text.push_back('\n');
   print(text);
 }
@@ -56,7 +56,7 @@ void Report::file_started(const std::string& path, uint64_t size) {
     std::lock_guard lock(mu_);
     current_ = Current{path, size, bytes_sent.load(), seconds()};
   }
-  std::string line = path;
+  std::string line = printable(path);
   line.push_back('\n');
   print(line);
 }
@@ -80,6 +80,22 @@ void Report::file_finished() {
 Report::Current Report::current() const {
   std::lock_guard lock(mu_);
   return current_;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out.push_back(ch);
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\#%03o", c);
+    out.append(esc);
+  }
+  return out;
 }
 
 std::string with_commas(uint64_t n) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rdmakit::cp {
@@ -94,6 +95,9 @@ class Report {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// A name or reason as it may be shown on a terminal: control bytes (a
+// peer's escape sequences) become "\#ooo", as rsync shows them.
+std::string printable(std::string_view text);
 // 1234567 -> "1,234,567".
 std::string with_commas(uint64_t n);
 // rsync's progress line (--progress, --info=progress2), starting with '\r'.

@@ -407,6 +407,14 @@ bool Sender::describe(const Entry& e, uint32_t id, Listed* out) {
       rec.link = it->second;
     }
   }
+  if (!c_.test_top.empty()) {
+    const size_t slash = rec.path.find('/');
+    rec.path = c_.test_top + (slash == std::string::npos ? "" : rec.path.substr(slash));
+  }
+  if (!c_.test_link.empty() && e.kind == Kind::kFile) {
+    rec.kind = static_cast<uint8_t>(Kind::kHardlink);
+    rec.link = std::exchange(c_.test_link, "");
+  }
   const std::string why = meta_.describe(e, c_.root, &rec);
   if (!why.empty()) c_.report->error(Failure::kFile, e.open, why);
   if ((c_.sync & kSyncChecksum) && rec.kind == static_cast<uint8_t>(Kind::kFile)) {

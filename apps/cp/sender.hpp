@@ -42,6 +42,11 @@ struct SenderConfig {
   // entry declares N bytes whatever it holds.
   bool lie_size = false;
   uint64_t declare_size = 0;
+  // Test hooks of a hostile sender (RDMAKIT_CP_TEST_TOP=NAME: every listed
+  // path starts with NAME instead; RDMAKIT_CP_TEST_LINK_TO=PATH: the first
+  // file is listed as a hard link to PATH).
+  std::string test_top;
+  std::string test_link;
   std::chrono::milliseconds timeout{30000};
 };
 

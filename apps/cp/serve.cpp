@@ -220,6 +220,8 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     sc.bwlimit = req.bwlimit;
     sc.report = &report;
     sc.corrupt_chunk = corrupt_chunk_from_env();
+    if (const char* v = std::getenv("RDMAKIT_CP_TEST_TOP"); v && *v) sc.test_top = v;
+    if (const char* v = std::getenv("RDMAKIT_CP_TEST_LINK_TO"); v && *v) sc.test_link = v;
     sc.corrupt_records = corrupt_records_from_env();
     Sender(sc).run(entries);
   }

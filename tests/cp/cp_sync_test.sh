@@ -3,7 +3,7 @@
 # options and the same changes, then the same itemized list (-i, with '<'
 # read as '>') and the same resulting tree (rsync -n --checksum between the
 # two destinations reports nothing).
-#   cp_sync_test.sh RDMAKIT_CP PROVIDER [push|pull|kill][-netns]
+#   cp_sync_test.sh RDMAKIT_CP PROVIDER [push|pull|kill|hostile][-netns]
 # With -netns the server runs on a second host (a network namespace joined
 # to the client's by a veth pair; root only, else exit 77).
 set -u
@@ -232,6 +232,59 @@ case "$mode" in
       else
         fail "--bwlimit 4M: 3 MiB in $ms ms"
       fi
+    fi
+    ;;
+  hostile)
+    # A hostile serving sender on a pull (test hooks of the server): it
+    # names a top the client did not ask for, lists a file as a hard link to
+    # a file of the client's that is not in the transfer, and names files
+    # with terminal escape sequences. The client refuses the first two
+    # (exit 4) and shows the names escaped.
+    make_tree root/src
+    mkdir -p victim && echo secret >victim/keep && chmod 600 victim/keep
+    hostile_server() {
+      env "$@" "${on_server[@]}" "$cp_bin" serve --root "$work/root" --provider "$provider" \
+        -p 0 --port-file hport --bind "$host" "${auth[@]}" >hostile.log 2>&1 &
+      hostile=$!
+      for _ in $(seq 100); do [ -s hport ] && break; sleep 0.05; done
+    }
+    stop_hostile() {
+      kill "$hostile" 2>/dev/null
+      wait "$hostile" 2>/dev/null
+      rm -f hport
+    }
+    hostile_server RDMAKIT_CP_TEST_TOP=evil
+    "${on_client[@]}" timeout 60 "$cp_bin" --provider "$provider" -p "$(cat hport)" \
+      "${auth[@]}" -r -q "$host:src" victim/ >out 2>err
+    rc=$?
+    stop_hostile
+    if [ $rc = 4 ] && [ ! -e victim/evil ] && grep -q "not beneath a name that was asked for" err; then
+      pass "pull: a server naming another top is refused (exit 4), nothing written"
+    else
+      fail "pull: another top: exit $rc, $(ls victim)"
+      cat err
+    fi
+    hostile_server RDMAKIT_CP_TEST_LINK_TO=keep
+    "${on_client[@]}" timeout 60 "$cp_bin" --provider "$provider" -p "$(cat hport)" \
+      "${auth[@]}" -r -q "$host:src" victim/ >out 2>err
+    rc=$?
+    stop_hostile
+    if [ $rc = 4 ] && [ "$(stat -c %h victim/keep)" = 1 ] &&
+      [ "$(stat -c %a victim/keep)" = 600 ] && grep -q "not a file of this transfer" err; then
+      pass "pull: a hard link to a file outside the transfer is refused (exit 4)"
+    else
+      fail "pull: hard link outside the transfer: exit $rc"
+      cat err
+    fi
+    esc=$(printf 'esc\033[2Jname')
+    echo x >"root/src/$esc"
+    "${on_client[@]}" timeout 60 "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" \
+      -r -i "$host:src" victim/ >out 2>&1
+    if grep -qF 'esc\#033[2Jname' out && ! grep -q "$(printf '\033')" out; then
+      pass "names with escape sequences are shown escaped"
+    else
+      fail "escape sequences reach the terminal"
+      cat -A out | head
     fi
     ;;
   kill)

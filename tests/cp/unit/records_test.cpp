@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "protocol.hpp"
+#include "report.hpp"
 #include "tree.hpp"
 
 namespace rdmakit::cp {
@@ -108,6 +109,19 @@ TEST(CpRecords, BasisBitmapMustMatchTheSize) {
   EntryRecord back;
   std::string why;
   EXPECT_EQ(parse_entry(rd, &back, &why), Parsed::kMalformed);
+}
+
+}  // namespace
+}  // namespace rdmakit::cp
+
+namespace rdmakit::cp {
+namespace {
+
+TEST(CpPrintable, EscapesControlBytesOnly) {
+  EXPECT_EQ(printable("a b/c.txt"), "a b/c.txt");
+  EXPECT_EQ(printable("x\033[2Jy"), "x\\#033[2Jy");
+  EXPECT_EQ(printable("nl\n"), "nl\\#012");
+  EXPECT_EQ(printable(printable("\x7f")), "\\#177");
 }
 
 }  // namespace
