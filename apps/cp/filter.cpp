@@ -1,163 +1,30 @@
-// rsync's include/exclude matching, written afresh after the algorithm of
-// its exclude.c (what a pattern is matched against) and wildmatch.c (the
-// matcher, with its early aborts), and checked against the rsync binary
+// The rules' parsing, their wire encoding, and which part of a path each
+// pattern is matched against (the wildcards themselves: wildcard.cpp),
+// after rsync(1) and checked against the rsync binary
 // (tests/cp/unit/filter_test.cpp).
-// fnmatch(3) is not used: FNM_PATHNAME has no "**", and rsync's choice of
-// what a pattern is matched against (last component, trailing components,
-// any suffix after a '/') is not fnmatch's.
 #include "filter.hpp"
 
-#include <cctype>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 namespace rdmakit::cp {
 namespace {
 
-using uchar = unsigned char;
-
-// The results of rsync's wildmatch: besides match and mismatch, two ways to
-// cut the backtracking short. kAbortAll: the text ran out, so no longer
-// stretch of an earlier '*' can help. kAbortToStarStar: a '*' reached a '/',
-// so only an enclosing "**" can help. They keep hostile patterns polynomial.
-constexpr int kNoMatch = 0;
-constexpr int kMatch = 1;
-constexpr int kAbortAll = -1;
-constexpr int kAbortToStarStar = -2;
-
-// "[:name:]" against c (ASCII classes, as in the C locale); -1 for an
-// unknown name, which rsync treats as a malformed pattern.
-int named_class(std::string_view n, uchar c) {
-  const bool a = c < 0x80;  // bytes past ASCII are in no class
-  if (n == "alnum") return a && isalnum(c);
-  if (n == "alpha") return a && isalpha(c);
-  if (n == "blank") return a && isblank(c);
-  if (n == "cntrl") return a && iscntrl(c);
-  if (n == "digit") return a && isdigit(c);
-  if (n == "graph") return a && isgraph(c);
-  if (n == "lower") return a && islower(c);
-  if (n == "print") return a && isprint(c);
-  if (n == "punct") return a && ispunct(c);
-  if (n == "space") return a && isspace(c);
-  if (n == "upper") return a && isupper(c);
-  if (n == "xdigit") return a && isxdigit(c);
-  return -1;
-}
-
-// A "[...]" class; p is just past the '[' and is left on the closing ']'.
-// A ']' right after "[", "[!" or "[^" is literal, and so is a '-' first or
-// last; a class never matches '/'. kAbortAll when the class is unterminated.
-int match_class(const uchar*& p, uchar c) {
-  uchar pc = *p;
-  const bool negate = pc == '!' || pc == '^';
-  if (negate) pc = *++p;
-  uchar prev = 0;
-  bool matched = false;
-  do {
-    if (!pc) return kAbortAll;
-    if (pc == '\\') {
-      pc = *++p;
-      if (!pc) return kAbortAll;
-      if (c == pc) matched = true;
-    } else if (pc == '-' && prev && p[1] && p[1] != ']') {
-      pc = *++p;
-      if (pc == '\\') {
-        pc = *++p;
-        if (!pc) return kAbortAll;
-      }
-      if (c >= prev && c <= pc) matched = true;
-      pc = 0;  // a range's end does not start another range
-    } else if (pc == '[' && p[1] == ':') {
-      const uchar* s = p + 2;
-      const uchar* e = s;
-      while (*e && *e != ']') ++e;
-      if (!*e) return kAbortAll;
-      if (e - s < 1 || e[-1] != ':') {
-        if (c == '[') matched = true;  // no ":]": a plain '['
-      } else {
-        const int m =
-            named_class(std::string_view(reinterpret_cast<const char*>(s), e - s - 1), c);
-        if (m < 0) return kAbortAll;
-        if (m) matched = true;
-        p = e;
-        pc = 0;
-      }
-    } else if (c == pc) {
-      matched = true;
+// The last n components of path, nullopt if it has fewer.
+std::optional<std::string_view> last_components(std::string_view path, uint32_t n) {
+  size_t cut = path.size();  // the tail so far starts after path[cut]
+  for (uint32_t found = 0; found < n; ++found) {
+    const size_t slash = cut == 0 ? std::string_view::npos : path.rfind('/', cut - 1);
+    if (slash == std::string_view::npos) {
+      if (found + 1 < n) return std::nullopt;
+      return path;
     }
-    prev = pc;
-  } while ((pc = *++p) != ']');
-  return matched != negate && c != '/' ? kMatch : kNoMatch;
-}
-
-// Pattern p (NUL-terminated) against t from index i to its end.
-int dowild(const uchar* p, std::string_view t, size_t i) {
-  for (; *p; ++p, ++i) {
-    if (i == t.size() && *p != '*') return kAbortAll;
-    const uchar c = i < t.size() ? static_cast<uchar>(t[i]) : 0;
-    switch (*p) {
-      case '\\':
-        ++p;  // the next char literally; a trailing '\' matches nothing
-        if (!*p || c != *p) return kNoMatch;
-        break;
-      case '?':
-        if (c == '/') return kNoMatch;
-        break;
-      case '[': {
-        ++p;
-        const int m = match_class(p, c);
-        if (m != kMatch) return m;
-        break;
-      }
-      case '*': {
-        const bool star2 = p[1] == '*';  // "**" (or more) crosses '/'
-        while (*p == '*') ++p;
-        if (!*p) {
-          return star2 || t.find('/', i) == std::string_view::npos ? kMatch : kNoMatch;
-        }
-        for (; i < t.size(); ++i) {
-          const int m = dowild(p, t, i);
-          if (m != kNoMatch) {
-            if (!star2 || m != kAbortToStarStar) return m;
-          } else if (!star2 && t[i] == '/') {
-            return kAbortToStarStar;
-          }
-        }
-        return kAbortAll;
-      }
-      default:
-        if (c != *p) return kNoMatch;
-        break;
-    }
+    cut = slash;
   }
-  return i == t.size() ? kMatch : kNoMatch;
-}
-
-// where > 0: match only the last `where` components of t; where < 0: match
-// at the start or after any '/'; 0: at the start.
-bool wild_array(const uchar* p, std::string_view t, int where) {
-  size_t i = 0;
-  if (where > 0) {
-    size_t k = t.size();
-    int n = where;
-    while (k > 0 && !(t[k - 1] == '/' && --n == 0)) --k;
-    if (k > 0) {
-      i = k;
-    } else if (n != 1) {
-      return false;  // fewer components than the pattern has
-    }
-  }
-  int m = dowild(p, t, i);
-  if (m != kMatch && where < 0 && m != kAbortAll) {
-    for (;;) {
-      if (i == t.size()) return false;
-      if (t[i++] == '/' && (m = dowild(p, t, i)) != kNoMatch && m != kAbortToStarStar) {
-        break;
-      }
-    }
-  }
-  return m == kMatch;
+  return path.substr(cut + 1);
 }
 
 // A rule's text for an error message, shortened.
@@ -224,15 +91,26 @@ std::string FilterRules::add_rule(std::string_view text, bool include) {
     r.dir_only = true;
     text.remove_suffix(1);
   }
-  r.pattern = text;
-  for (char ch : text) r.slashes += ch == '/';
-  r.wild = text.find_first_of("*?[") != std::string_view::npos;
-  if (r.wild) {
-    const size_t star2 = text.find("**");
-    r.wild2 = star2 != std::string_view::npos;
-    r.wild2_prefix = star2 == 0;
-    r.wild3_suffix = r.wild2 && text.ends_with("***");
+  // Without '*', '?' or '[' a pattern is a plain string ('\' included).
+  const bool wild = text.find_first_of("*?[") != std::string_view::npos;
+  // rsync looks at the text, escapes or not: a "**" anywhere (even "\**")
+  // makes the pattern one about the whole path.
+  const bool any_depth = text.find("**") != std::string_view::npos;
+  const bool anchored = text[0] == '/';
+  if (anchored) {
+    text.remove_prefix(1);
+  } else if (text.starts_with("**")) {
+    r.slash_before = true;
+  } else if (any_depth) {
+    r.scope = Scope::kAnySuffix;
+  } else {
+    // No "**": as many trailing components as the pattern has (one without
+    // a '/': the name).
+    r.scope = Scope::kTail;
+    r.components = static_cast<uint32_t>(std::count(text.begin(), text.end(), '/')) + 1;
   }
+  r.slash_after_dir = any_depth && text.ends_with("***");
+  r.pattern = wild ? Wildcard::compile(text) : Wildcard::literal(text);
   rules_.push_back(std::move(r));
   return "";
 }
@@ -283,44 +161,19 @@ std::string FilterRules::add_from_file(const std::string& path, bool include) {
   return "";
 }
 
-bool FilterRules::matches(const Rule& r, std::string_view fname, bool is_dir) {
-  const bool rooted = !fname.empty() && fname[0] == '/';
-  std::string_view name = fname.substr(rooted ? 1 : 0);
-  if (name.empty()) return false;
-  if (r.dir_only && !is_dir) return false;
-  // No '/' and no "**": the pattern is about the last component only.
-  if (r.slashes == 0 && !r.wild2) {
-    const size_t s = name.rfind('/');
-    if (s != std::string_view::npos) name.remove_prefix(s + 1);
+bool FilterRules::matches(const Rule& r, std::string_view path, bool is_dir) {
+  if (path.starts_with('/')) path.remove_prefix(1);
+  if (path.empty() || (r.dir_only && !is_dir)) return false;
+  if (r.scope == Scope::kTail) {
+    const std::optional<std::string_view> tail = last_components(path, r.components);
+    if (!tail) return false;
+    path = *tail;
   }
-  const bool anchored = r.pattern[0] == '/';
-  const char* pat = r.pattern.c_str() + (anchored ? 1 : 0);
-  if (!r.wild) {
-    const std::string_view lit(pat);
-    if (anchored) return name == lit;
-    // Unanchored: a whole-component suffix of the path.
-    return name.ends_with(lit) &&
-           (name.size() == lit.size() || name[name.size() - lit.size() - 1] == '/');
-  }
-  int where = 0;
-  if (!anchored && r.slashes && !r.wild2) {
-    where = static_cast<int>(r.slashes) + 1;  // the last slashes+1 components
-  } else if (!anchored && !r.wild2_prefix && r.wild2) {
-    where = -1;  // after any '/'
-  }
-  // A leading "**/" also matches at the top ("**/x" matches "x"), and
-  // "dir/***" also matches "dir" itself: rsync adds the missing '/'.
-  const bool prefix = r.wild2_prefix && !rooted;
-  const bool suffix = is_dir && r.wild3_suffix;
-  std::string buf;
-  if (prefix || suffix) {
-    buf.reserve(name.size() + 2);
-    if (prefix) buf += '/';
-    buf += name;
-    if (suffix) buf += '/';
-    name = buf;
-  }
-  return wild_array(reinterpret_cast<const uchar*>(pat), name, where);
+  const std::string_view before = r.slash_before ? "/" : "";
+  const std::string_view after = r.slash_after_dir && is_dir ? "/" : "";
+  return r.pattern.matches({before, path, after}, r.scope == Scope::kAnySuffix
+                                                      ? Wildcard::Start::kAnyComponent
+                                                      : Wildcard::Start::kText);
 }
 
 FilterVerdict FilterRules::verdict(std::string_view wire_path, bool is_dir) const {

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "wildcard.hpp"
+
 namespace rdmakit::cp {
 
 // Bounds on a rule list, local or decoded from a peer.
@@ -59,16 +61,25 @@ class FilterRules {
   static bool decode(std::span<const std::byte> in, FilterRules* out, std::string* why);
 
  private:
+  // The part of a path a rule's pattern must match in full.
+  enum class Scope : uint8_t {
+    kWhole,      // all of it (an anchored pattern, or one starting with "**")
+    kTail,       // its last `components` components
+    kAnySuffix,  // all of it or what follows any '/' in it (a later "**")
+  };
   struct Rule {
-    std::string text;     // as given (after the prefix): what encode() sends
-    std::string pattern;  // text without a trailing '/'; may start with '/'
+    std::string text;  // as given (after the prefix): what encode() sends
+    Wildcard pattern;  // without a leading '/' and a trailing '/'
     bool include = false;
-    bool dir_only = false;      // text ended with '/'
-    bool wild = false;          // has '*', '?' or '['
-    bool wild2 = false;         // has "**"
-    bool wild2_prefix = false;  // starts with "**"
-    bool wild3_suffix = false;  // ends with "***"
-    uint32_t slashes = 0;       // '/' in pattern
+    bool dir_only = false;  // text ended with '/'
+    Scope scope = Scope::kWhole;
+    uint32_t components = 0;  // kTail
+    // A leading "**": the path is matched with a '/' before it, so that
+    // "**/x" also matches x at the top.
+    bool slash_before = false;
+    // A trailing "***": a directory is matched with a '/' after it, so that
+    // "dir/***" matches dir itself too.
+    bool slash_after_dir = false;
   };
 
   // One option argument or file line: prefixes, "!", then add_rule.

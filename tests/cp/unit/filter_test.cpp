@@ -159,6 +159,53 @@ TEST(CpFilterMatch, CharacterClasses) {
   EXPECT_FALSE(ex("br[ack]et.c", "p/br[ack]et.c"));
 }
 
+TEST(CpFilterMatch, ClassCorners) {
+  // Each as the rsync binary has it.
+  EXPECT_TRUE(ex("[a-c-e]", "p/b"));
+  EXPECT_TRUE(ex("[a-c-e]", "p/-"));  // a range's end starts no range
+  EXPECT_TRUE(ex("[a-c-e]", "p/e"));
+  EXPECT_FALSE(ex("[a-c-e]", "p/d"));
+  EXPECT_TRUE(ex("[[:alpha:]-z]", "p/-"));  // nor does a [:class:]
+  EXPECT_TRUE(ex("[]-a]", "p/^"));          // a first ']' can
+  EXPECT_TRUE(ex("[\\]]", "p/]"));
+  EXPECT_TRUE(ex("[[:]x]", "p/:x]"));  // no ":]" after "[:": a plain '['
+  EXPECT_TRUE(ex("[[:]x]", "p/[x]"));
+  EXPECT_TRUE(ex("[z-a]", "p/z"));  // a reversed range is empty
+  EXPECT_FALSE(ex("[z-a]", "p/a"));
+  EXPECT_TRUE(ex("[!]a]", "p/b"));
+  EXPECT_FALSE(ex("[!]a]", "p/]"));
+  EXPECT_TRUE(ex("[^[:lower:]]", "p/A"));
+  EXPECT_FALSE(ex("[^[:lower:]]", "p/a"));
+  EXPECT_FALSE(ex("[[:alpha:]]", "p/\xe9"));  // classes are ASCII only
+  EXPECT_FALSE(ex("[[::]]", "p/:"));          // an empty name is unknown
+}
+
+TEST(CpFilterMatch, LongPatternsAndPaths) {
+  // More than 64 steps and bytes: the matcher's state spans several words.
+  std::string path = "p", exact = "/p", wild = "/p", tail;
+  for (int k = 0; k < 40; ++k) {
+    const std::string n = std::to_string(k);  // appended piecewise: GCC 12's -Wrestrict
+    path.append("/d").append(n);
+    exact.append("/d").append(n);
+    wild.append(k % 3 ? "/?" : "/*").append(k % 3 ? n : "");
+    if (k >= 20) tail.append(tail.empty() ? "d" : "/d").append(n);
+  }
+  EXPECT_TRUE(ex(exact, path));
+  EXPECT_TRUE(ex(wild, path));
+  EXPECT_FALSE(ex(wild + "/*", path));
+  EXPECT_TRUE(ex(tail, path));  // the last 20 components
+  EXPECT_FALSE(ex("d1" + tail.substr(3), path));
+  EXPECT_TRUE(ex("**/d1?/**/d39", path));
+  EXPECT_FALSE(ex("**/d1?/**/d40", path));
+  const std::string name(300, 'x');
+  EXPECT_TRUE(ex(std::string(299, '?') + "*", "p/" + name));
+  EXPECT_TRUE(ex(std::string(300, '?'), "p/" + name));
+  EXPECT_FALSE(ex(std::string(301, '?'), "p/" + name));
+  EXPECT_TRUE(ex("*" + std::string(200, 'x') + "*" + std::string(99, 'x'), "p/" + name));
+  EXPECT_FALSE(
+      ex("*" + std::string(200, 'x') + "*" + std::string(101, 'x'), "p/" + name));
+}
+
 TEST(CpFilterMatch, BackslashEscapesAWildcard) {
   EXPECT_TRUE(ex("a\\*", "p/a*"));
   EXPECT_FALSE(ex("a\\*", "p/ab"));
@@ -241,7 +288,7 @@ TEST(CpFilterParse, RuleFiles) {
 }
 
 TEST(CpFilterMatch, HostilePatternsStayFast) {
-  // Many stars that cannot all fit: rsync's early aborts keep this cheap.
+  // Many stars that cannot all fit: the matcher never backtracks.
   std::string star1, star2;
   for (int k = 0; k < 1000; ++k) star1 += "*a", star2 += "**a";
   star1 += "b";
@@ -262,6 +309,64 @@ TEST(CpFilterMatch, HostilePatternsStayFast) {
       ex("**" + star1, "p/" + std::string(2000, 'a') + "/" + std::string(2000, 'a')));
   EXPECT_FALSE(ex("**/" + star1, slashy));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+TEST(CpFilterMatch, LongestPatternsOnLongestPathsStayUnder100ms) {
+  // kMaxFilterPattern bytes of hostile pattern against a 4096-byte path:
+  // the matcher never backtracks, so each match is a bounded amount of work.
+  auto fill = [](std::string_view unit, size_t len) {
+    std::string s;
+    while (s.size() < len) s += unit;
+    s.resize(len);
+    return s;
+  };
+  constexpr size_t kLen = kMaxFilterPattern;
+  std::string bytes;  // 254 distinct bytes: the most rows for the matcher
+  for (size_t k = 0; bytes.size() < kLen - 2; ++k) {
+    const char c = static_cast<char>(1 + k % 255);
+    if (c != '/') bytes += c;
+  }
+  const std::string flat = "p/" + std::string(kLen - 2, 'a');
+  const std::string deep = fill("a/", kLen - 1) + "b";  // ends in "a/ab"
+  const std::string mixed = "p/" + bytes;
+  struct Case {
+    std::string pattern, path;
+    bool want;
+  };
+  const Case cases[] = {
+      {fill("*a", kLen - 1) + "b", flat, false},
+      {fill("*a", kLen), flat, true},
+      {fill("*a", kLen - 1) + "b", deep, false},
+      {fill("**a", kLen - 1) + "b", flat, false},
+      {fill("**a", kLen - 1) + "b", deep, true},
+      {"/" + fill("**a", kLen - 2) + "b", deep, true},
+      {"/" + fill("**a", kLen - 2) + "c", deep, false},
+      {"a" + fill("**a", kLen - 2) + "c", deep, false},
+      {"***" + fill("/a", kLen - 4) + "b", deep, true},
+      {"*" + std::string(kLen - 2, 'a') + "b", flat, false},
+      {fill("?*", kLen - 1) + "b", flat, false},
+      {fill("[a]*", kLen - 1) + "b", flat, false},
+      {fill("*a/", kLen - 1) + "*", deep, true},
+      {fill("*a/", kLen - 1) + "c", deep, false},
+      {fill("?", kLen - 3) + "**?", mixed, true},
+      {fill("[!x]", kLen - 4) + "*?**", mixed, false},
+      {fill("*[[:alpha:]]", kLen - 4) + "****", mixed, true},
+      {fill("*[[:alpha:]]", kLen - 4) + "***b", mixed, false},
+  };
+  auto slowest = std::chrono::steady_clock::duration::zero();
+  for (const Case& c : cases) {
+    ASSERT_EQ(c.pattern.size(), kLen);
+    ASSERT_EQ(c.path.size(), 4096u);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ex(c.pattern, c.path), c.want) << c.pattern.substr(0, 12);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, std::chrono::milliseconds(100)) << c.pattern.substr(0, 12);
+    slowest = std::max(slowest, took);
+  }
+  RecordProperty(
+      "slowest_match_us",
+      std::to_string(
+          std::chrono::duration_cast<std::chrono::microseconds>(slowest).count()));
 }
 
 // --- the wire encoding ------------------------------------------------------
@@ -444,6 +549,9 @@ const RuleSet kRuleSets[] = {
          "- *\n")}},
     {"MixedFilesAndOptions",
      {X("*.h"), XF("+ *.o\n- build/sub/\n"), IF("*.c\n"), X("*.txt")}},
+    {"ClassCorners", {X("[]x[]*"), X("[!-a-z.]*"), X("[[:upper:]]*")}},
+    {"EscapedDoubleStar", {X("x\\**"), X("[!s]\\\\**")}},
+    {"DoubleStarInside", {X("s*c/**/*.o"), X("d**.html"), X("l?b/**")}},
 };
 
 // The tree both rsync and our walk see: dirs, files, dotfiles, names with
