@@ -135,6 +135,9 @@ case $mode in
     step "mesh 2 ranks (node$SOFTROCE_NODE)" 90 "$(dirname "$0")/pair-apps.sh" mesh "$build"
     sync_nodes apps-cp || fails=$((fails + 1))
     step "rdmakit-cp push/pull (node$SOFTROCE_NODE)" 150 "$(dirname "$0")/pair-apps.sh" cp "$build"
+    # rdmakit-cp's sync against a local rsync, across the hosts.
+    sync_nodes apps-sync || fails=$((fails + 1))
+    step "rdmakit-cp sync vs rsync (node$SOFTROCE_NODE)" 150 "$(dirname "$0")/pair-apps.sh" sync "$build"
     # Unmodified iperf3 (-P 1, -R) and sockperf ping-pong under rdmakit-run
     # across the hosts: every connection upgraded to verbs, bytes matched
     # (tests/verbs/pair-preload.sh).

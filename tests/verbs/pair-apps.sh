@@ -7,6 +7,9 @@
 #   pair-apps.sh cp BUILD_DIR     rdmakit-cp: node1 pushes a small tree to
 #                                 node0's server and pulls it back; both
 #                                 copies byte-identical to the source
+#   pair-apps.sh sync BUILD_DIR   rdmakit-cp's sync across the hosts against a
+#                                 local rsync on node1: the same itemized
+#                                 changes and the same tree, round by round
 # Environment: SOFTROCE_NODE (0|1), SOFTROCE_IP (this host), SOFTROCE_PEER_IP,
 # SOFTROCE_PAIR_DIR (a directory both hosts see), PAIR_PROVIDER (default verbs),
 # PAIR_PORT (default 7990). Every wait is bounded.
@@ -123,7 +126,67 @@ case $mode in
       touch "$pair/cp.done.node1"
     fi
     ;;
-  *) echo "usage: pair-apps.sh mesh|cp BUILD_DIR" >&2; exit 2 ;;
+  sync)
+    bin=$(realpath "$build/apps/cp/rdmakit-cp")
+    export RDMAKIT_SECRET=rdmakit-verbs-pair-test-secret
+    rm -f "$pair/sync."*.node"$node"
+    rounds="first unchanged changes dry"
+    if [ "$node" = 0 ]; then
+      mkdir -p "$work/root"
+      "$bin" serve --root "$work/root" -p "$port" --bind "$self" --provider "$provider" \
+        --port-file "$work/port" 2>"$work/server.log" &
+      server_pid=$!
+      for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
+      [ -s "$work/port" ] || { fail "server did not start"; cat "$work/server.log"; exit 1; }
+      touch "$pair/sync.ready.node0"
+      # After each round: what the destination holds, for node1 to compare.
+      for r in $rounds; do
+        wait_for "$pair/sync.$r.node1" 120 || break
+        manifest "$work/root/src" >"$pair/sync.m-$r.node0.tmp" &&
+          mv "$pair/sync.m-$r.node0.tmp" "$pair/sync.m-$r.node0"
+      done
+      kill "$server_pid" 2>/dev/null
+      wait "$server_pid"
+      server_pid=
+    else
+      cd "$work" || exit 1
+      mkdir -p src/a/b r
+      for i in $(seq 1 20); do echo "file $i" >"src/a/f$i"; done
+      echo deep >src/a/b/d
+      head -c $((3 * 1024 * 1024)) /dev/urandom >src/big
+      ln -s a/f1 src/link
+      chmod 600 src/a/f2
+      ours() { timeout --kill-after=5 90 "$bin" --provider "$provider" -p "$port" -r -i "$@" src "$peer:."; }
+      theirs() { rsync -rlpt --modify-window=-1 -i "$@" src r/; }
+      round() {
+        local r=$1
+        shift
+        ours "$@" >ours.out 2>ours.err || fail "$r: rdmakit-cp exit $?"
+        theirs "$@" >rsync.out 2>&1 || fail "$r: rsync exit $?"
+        touch "$pair/sync.$r.node1"
+        sed 's/^</>/' ours.out | grep -v '^rdmakit-cp: ' | LC_ALL=C sort >ours.sorted
+        LC_ALL=C sort rsync.out >rsync.sorted
+        diff rsync.sorted ours.sorted >diff.out && pass "$r: the changes rsync lists" ||
+          { fail "$r: itemized changes differ"; cat diff.out ours.err; }
+        if wait_for "$pair/sync.m-$r.node0" 60; then
+          manifest r/src >want
+          diff want "$pair/sync.m-$r.node0" >diff.out && pass "$r: the tree rsync makes" ||
+            { fail "$r: trees differ"; head -20 diff.out; }
+        fi
+      }
+      if wait_for "$pair/sync.ready.node0" 60; then
+        round first --delete
+        round unchanged --delete
+        echo more >>src/a/f3
+        printf 'XXXX' | dd of=src/big bs=1 seek=1500000 conv=notrunc status=none
+        rm src/a/f4 && echo new >src/a/new && chmod 640 src/a/f5 && ln -sfn a/f2 src/link
+        round changes --delete
+        echo dry >>src/a/f6
+        round dry --delete -n
+      fi
+    fi
+    ;;
+  *) echo "usage: pair-apps.sh mesh|cp|sync BUILD_DIR" >&2; exit 2 ;;
 esac
 echo "pair-apps $mode (node$node): $([ $fails = 0 ] && echo PASS || echo "$fails failed")"
 exit $((fails > 0))
