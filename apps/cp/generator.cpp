@@ -65,7 +65,7 @@ void Generator::stop() {
 }
 
 bool Generator::failed() const {
-  std::lock_guard lock(const_cast<std::mutex&>(mu_));
+  std::lock_guard lock(mu_);
   return failed_;
 }
 
@@ -128,6 +128,10 @@ void Generator::loop() {
     }
     if (c_.sync & kSyncDelete) delete_extraneous();
     flush_deleted();
+    {
+      std::lock_guard lock(mu_);
+      finished_ = true;
+    }
     Writer done = message(Msg::kListed);
     done.put<uint64_t>(c_.report->files_deleted.load());
     (void)c_.channel->send(std::span<const std::byte>(done.data()));
@@ -488,6 +492,11 @@ void Generator::delete_extraneous() {
 
 void Generator::touch(const std::string& dest_dir) {
   if (!(c_.sync & kSyncDryRun)) touched_.insert(dest_dir);
+}
+
+bool Generator::finished() const {
+  std::lock_guard lock(mu_);
+  return finished_;
 }
 
 bool Generator::listed_file(const std::string& dest) const {

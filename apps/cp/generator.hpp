@@ -68,6 +68,10 @@ class Generator {
   void stop();
   // The generator failed (it told the peer); the transfer ends.
   bool failed() const;
+  // The generator ended its work (kListed sent). Only then may the writer
+  // read what follows; a sender that ends its stream before its list (a
+  // hostile one) leaves it unread.
+  bool finished() const;
   // After the list ended (kListed sent), for the writer's last pass:
   // directories answered "skip" (their attributes were right) whose mtime
   // must be set again if something in them changed, and the directories
@@ -114,13 +118,14 @@ class Generator {
 
   GeneratorConfig c_;
   MetaSync meta_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<std::byte>> queue_;
   uint64_t listed_ = 0;    // entries received (control thread)
   uint64_t answered_ = 0;  // entries answered (generator thread)
   bool list_end_ = false;
   bool stop_ = false;
+  bool finished_ = false;
   bool failed_ = false;
 
   // Generator thread only.

@@ -625,6 +625,7 @@ void Receiver::fix_dirs() {
   }
   // Directories that were right (not sent) but had something made or
   // removed in them: their mtime again.
+  if (!generator_->finished()) return;  // the stream ended before its list
   std::unordered_set<std::string> touched = std::move(touched_);
   touched.insert(generator_->touched_dirs().begin(), generator_->touched_dirs().end());
   for (const std::string& dir : touched) {

@@ -315,6 +315,13 @@ case "$mode" in
     done
     ;;
 esac
+# Sanitizer reports of the servers (clients fail their own exit code).
+for log in server.log hostile.log; do
+  if [ -f "$log" ] && grep -qE "Sanitizer|runtime error" "$log"; then
+    grep -E -A20 "Sanitizer|runtime error" "$log" | head -40
+    fail "sanitizer report in $log"
+  fi
+done
 [ $failures = 0 ] && echo "all passed" && exit 0
 echo "$failures failure(s)"
 exit 1
