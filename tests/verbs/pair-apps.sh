@@ -43,6 +43,16 @@ manifest() {
     find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
 }
 
+# node0's rdmakit-cp daemon on this host's address (cp and sync modes).
+start_cp_server() {
+  mkdir -p "$work/root"
+  "$bin" serve --root "$work/root" -p "$port" --bind "$self" --provider "$provider" \
+    --port-file "$work/port" 2>"$work/server.log" &
+  server_pid=$!
+  for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
+  [ -s "$work/port" ] || { fail "server did not start"; cat "$work/server.log"; exit 1; }
+}
+
 case $mode in
   mesh)
     bin=$build/apps/mesh/rdmakit-mesh
@@ -71,12 +81,7 @@ case $mode in
     export RDMAKIT_SECRET=rdmakit-verbs-pair-test-secret
     rm -f "$pair/cp."*.node"$node"
     if [ "$node" = 0 ]; then
-      mkdir -p "$work/root"
-      "$bin" serve --root "$work/root" -p "$port" --bind "$self" --provider "$provider" \
-        --port-file "$work/port" 2>"$work/server.log" &
-      server_pid=$!
-      for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
-      [ -s "$work/port" ] || { fail "server did not start"; cat "$work/server.log"; exit 1; }
+      start_cp_server
       touch "$pair/cp.ready.node0"
       # What arrived, for node1 to compare with its source.
       if wait_for "$pair/cp.pushed.node1" 120; then
@@ -132,12 +137,7 @@ case $mode in
     rm -f "$pair/sync."*.node"$node"
     rounds="first unchanged changes dry"
     if [ "$node" = 0 ]; then
-      mkdir -p "$work/root"
-      "$bin" serve --root "$work/root" -p "$port" --bind "$self" --provider "$provider" \
-        --port-file "$work/port" 2>"$work/server.log" &
-      server_pid=$!
-      for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
-      [ -s "$work/port" ] || { fail "server did not start"; cat "$work/server.log"; exit 1; }
+      start_cp_server
       touch "$pair/sync.ready.node0"
       # After each round: what the destination holds, for node1 to compare.
       for r in $rounds; do

@@ -311,7 +311,7 @@ TEST(CpFilterMatch, HostilePatternsStayFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
-TEST(CpFilterMatch, LongestPatternsOnLongestPathsStayUnder100ms) {
+TEST(CpFilterMatch, LongestPatternsOnLongestPathsDoNotBacktrack) {
   // kMaxFilterPattern bytes of hostile pattern against a 4096-byte path:
   // the matcher never backtracks, so each match is a bounded amount of work.
   auto fill = [](std::string_view unit, size_t len) {
@@ -360,7 +360,10 @@ TEST(CpFilterMatch, LongestPatternsOnLongestPathsStayUnder100ms) {
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(ex(c.pattern, c.path), c.want) << c.pattern.substr(0, 12);
     const auto took = std::chrono::steady_clock::now() - t0;
-    EXPECT_LT(took, std::chrono::milliseconds(100)) << c.pattern.substr(0, 12);
+    // A guard against backtracking, not a speed test: an exponential
+    // matcher takes minutes on these; a linear one milliseconds, under a
+    // sanitizer on a loaded machine tens of them.
+    EXPECT_LT(took, std::chrono::seconds(2)) << c.pattern.substr(0, 12);
     slowest = std::max(slowest, took);
   }
   RecordProperty(
