@@ -210,8 +210,10 @@ int Generator::parent_fd(const std::string& dir) {
 Generator::Decision Generator::decide(const EntryRecord& e, const std::string& dest) {
   Decision d;
   const auto kind = static_cast<Kind>(e.kind);
-  listed_paths_.insert(dest);
-  if (kind == Kind::kDir) listed_dirs_.emplace_back(e.path, dest);
+  if (c_.sync & kSyncDelete) {  // only deletions look at the whole list
+    listed_paths_.insert(dest);
+    if (kind == Kind::kDir) listed_dirs_.emplace_back(e.path, dest);
+  }
   auto [dir, name] = split_parent(dest);
   deciding_dir_ = dir;
   const int parent = parent_fd(dir);
@@ -279,10 +281,11 @@ Generator::Decision Generator::decide(const EntryRecord& e, const std::string& d
       d.want = Want::kSend;
       break;
     }
-    case Kind::kFile: {
-      std::lock_guard lock(files_mu_);
-      files_.insert(dest);
-    }
+    case Kind::kFile:
+      if (c_.sync & kSyncHardLinks) {  // what a hard link may name
+        std::lock_guard lock(files_mu_);
+        files_.insert(dest);
+      }
       decide_file(e, parent, name, exists ? &st : nullptr, &d);
       break;
   }

@@ -116,6 +116,9 @@ struct ChownPlan {
 };
 ChownPlan plan_chown(bool preserve_owner, bool preserve_group, uint32_t uid,
                      uint32_t gid);
+// The same with CAP_CHOWN known (a caller deciding for many files asks once).
+ChownPlan plan_chown(bool preserve_owner, bool preserve_group, uint32_t uid, uint32_t gid,
+                     bool can_chown);
 
 // Wire form, appended: u32 uid, u32 gid, u32 length + user, u32 length +
 // group. A name that may not be sent (over 255 bytes, with a NUL) is sent

@@ -1,6 +1,7 @@
 #include "metadata_sync.hpp"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@ MetaSync::MetaSync(uint32_t sync, bool trust_privileged)
   select_.xattrs = sync & kSyncXattrs;
   select_.acls = sync & kSyncAcls;
   select_.privileged = trust_privileged;
+  if (owner_ || group_) can_chown_ = have_capability(CAP_CHOWN);
 }
 
 std::string MetaSync::describe(const Entry& src, const SourceRoot& root, EntryRecord* e) {
@@ -80,7 +82,7 @@ std::string MetaSync::describe(const Entry& src, const SourceRoot& root, EntryRe
 ChownPlan MetaSync::plan(const EntryRecord& e) {
   if (!(e.flags & kEntryOwner) || (!owner_ && !group_)) return {};
   const Owner o{e.uid, e.gid, e.user, e.group};
-  return plan_chown(owner_, group_, ids_.uid(o), ids_.gid(o));
+  return plan_chown(owner_, group_, ids_.uid(o), ids_.gid(o), can_chown_);
 }
 
 // The peer's attributes this process applies: malformed lists and names

@@ -39,6 +39,7 @@ class MetaSync {
   bool wanted(const EntryRecord& e, std::vector<Xattr>* out) const;
 
   bool owner_, group_, numeric_;
+  bool can_chown_ = false;  // CAP_CHOWN, asked once
   XattrSelect select_;
   IdMapper ids_;
 };

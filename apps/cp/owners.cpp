@@ -137,10 +137,15 @@ uint32_t IdMapper::gid(const Owner& o) {
 
 ChownPlan plan_chown(bool preserve_owner, bool preserve_group, uint32_t uid,
                      uint32_t gid) {
+  return plan_chown(preserve_owner, preserve_group, uid, gid, have_capability(CAP_CHOWN));
+}
+
+ChownPlan plan_chown(bool preserve_owner, bool preserve_group, uint32_t uid, uint32_t gid,
+                     bool can_chown) {
   ChownPlan p;
   // The kernel's rule, not the uid: root without CAP_CHOWN (a container)
   // cannot give files away either.
-  if (have_capability(CAP_CHOWN)) {
+  if (can_chown) {
     if (preserve_owner) p.uid = uid;
     if (preserve_group) p.gid = gid;
     return p;
