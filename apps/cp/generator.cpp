@@ -142,16 +142,17 @@ void Generator::loop() {
 void Generator::check_batch(const std::vector<std::byte>& body) {
   Reader rd(body);
   const auto n = rd.get<uint32_t>();
-  uint32_t last_id = 0;
   for (uint32_t i = 0; i < n; ++i) {
     EntryRecord e;
     std::string why;
     const Parsed parsed = parse_entry(rd, &e, &why);
-    if (parsed == Parsed::kMalformed || e.id <= last_id) {
+    // Ids increase through the whole list: the sender matches the answers
+    // to its entries by them.
+    if (parsed == Parsed::kMalformed || e.id <= last_id_) {
       fail("protocol error: malformed entry list");
       return;
     }
-    last_id = e.id;
+    last_id_ = e.id;
     c_.report->files_listed++;
     if (e.kind == static_cast<uint8_t>(Kind::kFile)) c_.report->bytes_listed += e.size;
     if (e.kind == static_cast<uint8_t>(Kind::kDir)) c_.report->dirs_listed++;

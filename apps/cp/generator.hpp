@@ -129,6 +129,7 @@ class Generator {
   bool failed_ = false;
 
   // Generator thread only.
+  uint32_t last_id_ = 0;
   Writer wants_;
   uint32_t wants_count_ = 0;
   Writer deleted_;

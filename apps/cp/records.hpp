@@ -44,7 +44,9 @@ enum EntryFlags : uint8_t {
   kEntryKnown = 31,
 };
 inline constexpr uint32_t kMaxOwnerName = 255;
-inline constexpr uint32_t kMaxXattrBlob = 64 * 1024;
+// An entry with its attributes fits one list message (kMaxMessage) with
+// its two paths.
+inline constexpr uint32_t kMaxXattrBlob = 32 * 1024;
 
 // An entry's metadata, as listed (kCheck) and as sent before its data:
 //   u32 id, u8 kind, u32 mode, i64 mtime_sec, u32 mtime_nsec, u64 size,

@@ -486,11 +486,17 @@ void Sender::list_loop(EntryQueue* queue) {
       Listed l;
       if (!describe(e, id + 1, &l)) continue;
       ++id;
+      Writer one;
+      encode_entry(l.rec, &one);
+      // A batch stays within one message.
+      if (count > 0 && batch.data().size() + one.data().size() > kMaxMessage - 64 &&
+          !send_batch())
+        return;
       if (count == 0) {
         batch = message(Msg::kCheck);
         batch.put<uint32_t>(0);  // the count, patched when sent
       }
-      encode_entry(l.rec, &batch);
+      batch.bytes(one.data());
       ++count;
       c_.report->files_listed++;
       if (l.rec.kind == static_cast<uint8_t>(Kind::kDir)) c_.report->dirs_listed++;
