@@ -30,6 +30,9 @@ struct Upgraded {
   uint32_t events;
   epoll_data_t data;
   std::weak_ptr<Conn> conn;
+  // conn's address (its fd-table word): user_epoll_ctl's identity check
+  // compares it without locking conn.
+  uintptr_t word;
   bool in_user;
   bool in_kernel;
   uint32_t k_events;
