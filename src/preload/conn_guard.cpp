@@ -1,5 +1,8 @@
 #include "conn_guard.hpp"
 
+#include <algorithm>
+#include <new>
+
 #include "state.hpp"
 
 namespace rdmakit::preload {
@@ -17,6 +20,40 @@ std::atomic<int> g_records_used{0};  // high-water mark: a free scans below it
 
 // No record for this thread: all were taken, or it is exiting.
 __thread bool t_no_record __attribute__((tls_model("initial-exec"))) = false;
+// This thread has a ConnView open (a nested one is refused), and holds its
+// record's view_mu: a free on this thread (a signal handler's close) must
+// not wait for that lock, and reads the view directly.
+__thread bool t_view_open __attribute__((tls_model("initial-exec"))) = false;
+__thread bool t_view_busy __attribute__((tls_model("initial-exec"))) = false;
+
+void lock_view(HazardRecord& r) noexcept {
+  while (r.view_mu.exchange(true, std::memory_order_acquire)) {
+    while (r.view_mu.load(std::memory_order_relaxed)) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+}
+
+void unlock_view(HazardRecord& r) noexcept {
+  r.view_mu.store(false, std::memory_order_release);
+}
+
+// r's view holds the Conn of word w: its free is handed to r's owner, which
+// does it at ConnView::close. r.view_mu held (or r is this thread's own
+// record, interrupted inside its section).
+bool hand_to_view(HazardRecord& r, uintptr_t w) noexcept {
+  const uint32_t n = r.view_len.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (r.view[i].load(std::memory_order_relaxed) == w) {
+      r.view[i].store(w | kHandedOver, std::memory_order_relaxed);
+      r.view_handed.store(true, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
 
 // Gives the thread's record back when it exits.
 struct RecordOwner {
@@ -50,6 +87,19 @@ void free_unless_held(Conn* c) noexcept {
         return;
       }
     }
+  }
+  // Views: under each record's lock, which orders this scan against the
+  // owner's publication (ConnView::open) and its liveness check after it.
+  for (int i = 0; i < n; ++i) {
+    HazardRecord& r = g_records[i];
+    if (&r == t_hazards && t_view_busy) {
+      if (hand_to_view(r, w)) return;
+      continue;
+    }
+    lock_view(r);
+    const bool held = hand_to_view(r, w);
+    unlock_view(r);
+    if (held) return;
   }
   delete c;  // NOLINT(cppcoreguidelines-owning-memory): make_conn's allocation
 }
@@ -90,8 +140,80 @@ void hazards_after_fork_in_child() noexcept {
   for (int i = 0; i < n; ++i) {
     HazardRecord& r = g_records[i];
     for (auto& h : r.hz) h.store(0, std::memory_order_relaxed);
-    if (&r != t_hazards) r.claimed.store(false, std::memory_order_relaxed);
+    // A lock another parent thread held at the fork is nobody's here.
+    r.view_mu.store(false, std::memory_order_relaxed);
+    if (&r != t_hazards) {
+      r.claimed.store(false, std::memory_order_relaxed);
+      r.view_len.store(0, std::memory_order_relaxed);
+      r.view_handed.store(false, std::memory_order_relaxed);
+    }
   }
+}
+
+bool ConnView::open(const uintptr_t* words, size_t n) noexcept {
+  if (rec_ != nullptr || t_view_open || n > UINT32_MAX) return false;
+  HazardRecord* rec = t_hazards;
+  if (rec == nullptr) [[unlikely]] {
+    rec = claim_hazards();
+    if (rec == nullptr) return false;
+  }
+  // Grown outside the lock, only past the largest view so far.
+  std::atomic<uintptr_t>* fresh = nullptr;
+  uint32_t cap = rec->view_cap;
+  if (n > cap) [[unlikely]] {
+    cap = static_cast<uint32_t>(std::max<size_t>({n, 2 * static_cast<size_t>(cap), 16}));
+    fresh =
+        new (std::nothrow) std::atomic<uintptr_t>[cap];  // NOLINT: owned by the record
+    if (fresh == nullptr) return false;
+  }
+  t_view_open = true;
+  t_view_busy = true;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  lock_view(*rec);
+  std::atomic<uintptr_t>* old = nullptr;
+  if (fresh != nullptr) {
+    old = rec->view;
+    rec->view = fresh;
+    rec->view_cap = cap;
+  }
+  for (size_t i = 0; i < n; ++i) rec->view[i].store(words[i], std::memory_order_relaxed);
+  rec->view_len.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  unlock_view(*rec);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_view_busy = false;
+  delete[] old;  // NOLINT: no other thread reads it once the lock is let go
+  rec_ = rec;
+  return true;
+}
+
+void ConnView::close() noexcept {
+  HazardRecord* rec = rec_;
+  if (rec == nullptr) return;
+  rec_ = nullptr;
+  t_view_busy = true;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  lock_view(*rec);
+  const uint32_t n = rec->view_len.load(std::memory_order_relaxed);
+  rec->view_len.store(0, std::memory_order_relaxed);
+  // A free on this thread from here on finds no view; one before it set
+  // view_handed already.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const bool handed = rec->view_handed.load(std::memory_order_relaxed);
+  rec->view_handed.store(false, std::memory_order_relaxed);
+  unlock_view(*rec);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_view_busy = false;
+  // Nobody else writes the entries now (the view is empty); t_view_open
+  // keeps a nested view from reusing them until this loop is done.
+  if (handed) {
+    for (uint32_t i = 0; i < n; ++i) {
+      const uintptr_t w = rec->view[i].load(std::memory_order_relaxed);
+      if ((w & kHandedOver) == 0) continue;
+      rec->view[i].store(0, std::memory_order_relaxed);
+      take_handed(w);
+    }
+  }
+  t_view_open = false;
 }
 
 }  // namespace rdmakit::preload

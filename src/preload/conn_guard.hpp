@@ -30,6 +30,14 @@ constexpr unsigned kHazardDepth = 4;
 struct alignas(64) HazardRecord {
   std::atomic<uintptr_t> hz[kHazardDepth];
   std::atomic<bool> claimed;
+  // A wait's view (ConnView): many Conns at once, in an array the record
+  // keeps across calls. view_mu is a spin lock between the owner (two short
+  // sections per wait) and a thread freeing a Conn (free_unless_held).
+  std::atomic<bool> view_mu;
+  std::atomic<uint32_t> view_len;  // entries in force; 0: no view
+  std::atomic<bool> view_handed;   // some entry carries kHandedOver
+  std::atomic<uintptr_t>* view;    // view_cap entries (owner-grown)
+  uint32_t view_cap;
 };
 
 // This thread's record (nullptr until its first guarded call), and how
@@ -49,6 +57,31 @@ void take_handed(uintptr_t word) noexcept;
 void hazards_after_fork_in_child() noexcept;
 
 constexpr uintptr_t kHandedOver = 1;
+
+// A wait's view of many connections (a user-mode epoll_wait's registrations,
+// epoll_wait_user.cpp), protected as ConnGuard protects one, without a
+// locked instruction per connection: open() publishes the Conns' words in
+// the thread's record; a Conn whose owner reference the caller then still
+// finds alive (a weak_ptr not expired) stays allocated until close(), which
+// frees those whose last owner let go meanwhile (or hands them on). A
+// close() on another thread during the wait thus ends the stream when the
+// wait returns, as a per-call shared_ptr snapshot did. One view per thread;
+// a nested one (a signal handler's wait) is refused.
+class ConnView {
+ public:
+  ConnView() = default;
+  ConnView(const ConnView&) = delete;
+  ConnView& operator=(const ConnView&) = delete;
+  ~ConnView() { close(); }
+  // Publishes words[0..n); false (nothing published) without a record, in
+  // a nested view, or when the array cannot grow: the caller takes its
+  // locked path. Grows the array only past its largest use so far.
+  bool open(const uintptr_t* words, size_t n) noexcept;
+  void close() noexcept;
+
+ private:
+  HazardRecord* rec_ = nullptr;
+};
 
 // Protects the Conn a table slot named when the hook read it (word w),
 // if the slot still names it; empty otherwise (the slot changed, or no

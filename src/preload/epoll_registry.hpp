@@ -30,6 +30,9 @@ struct Upgraded {
   uint32_t events;
   epoll_data_t data;
   std::weak_ptr<Conn> conn;
+  // conn's address (its fd-table word): compared and published without
+  // locking conn (ConnView, the identity check of user_epoll_ctl).
+  uintptr_t word;
   bool in_user;
   bool in_kernel;
   uint32_t k_events;

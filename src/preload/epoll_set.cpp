@@ -180,7 +180,8 @@ void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
     }
   }
   s.regs.set(fd, Reg{ev.data.u64, static_cast<int>(s.ups.size())});
-  s.ups.push_back({fd, ev.events, ev.data, c, false, false, 0, 0});
+  s.ups.push_back({fd, ev.events, ev.data, c, reinterpret_cast<uintptr_t>(c.get()), false,
+                   false, 0, 0});
   Upgraded& u = s.ups.back();
   set_user(s, u, true, ev.events, ev.data);
   set_kernel(s, u, true, ev.events, ev.data.u64);
@@ -366,13 +367,25 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
   if (!is_conn(fd)) return false;
   EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return false;
-  auto c = find_conn(fd);
+  // The connection fd names now, by its table word: only its identity is
+  // needed (is it the registration's?), so an upgraded entry costs one load,
+  // no lock and no reference count. Any other entry is settled first (its
+  // first use), as find_conn does.
+  uintptr_t now = fd_word(fd);
+  std::shared_ptr<Conn> settled;
+  if (now < kConnWord) {
+    settled = find_conn(fd);
+    now = reinterpret_cast<uintptr_t>(settled.get());
+  }
   std::lock_guard lock(s->mu);
   const Reg* reg = s->regs.find(fd);
-  const bool ours = c && wait_may_spin() && s->user_mode() && s->sleepers == 0 &&
+  const bool ours = now != 0 && wait_may_spin() && s->user_mode() && s->sleepers == 0 &&
                     reg != nullptr && reg->up >= 0;
   Upgraded* u = ours ? &s->ups[static_cast<size_t>(reg->up)] : nullptr;
-  bool handled = u != nullptr && u->conn.lock() == c;
+  // Same address and the registration's connection still alive after the
+  // word was read: the same connection (the word's was alive when read, and
+  // two live objects never share an address).
+  bool handled = u != nullptr && u->word == now && !u->conn.expired();
   if (handled && op != EPOLL_CTL_DEL) {
     // What user mode cannot answer goes to the kernel: special flags, data
     // shared with a kernel registration, a missing event.

@@ -52,8 +52,11 @@ void find_own_code() noexcept {
 }
 
 namespace {
-thread_local int t_internal = 0;
-thread_local bool t_engine = false;
+// Initial-exec, as conn_guard.hpp's: a preloaded library's TLS is static,
+// and the wait hooks ask engine_thread() on every call (the default model
+// costs a __tls_get_addr call per read).
+__thread int t_internal __attribute__((tls_model("initial-exec"))) = 0;
+__thread bool t_engine __attribute__((tls_model("initial-exec"))) = false;
 }  // namespace
 
 void mark_engine_thread() noexcept { t_engine = true; }

@@ -9,6 +9,8 @@
 // brings every stream's readiness socket up to date, so a wait set needs one
 // call per engine (shm, cross-host), not one per connection; after it the
 // kernel's answer for the readiness sockets is current.
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
 
@@ -35,6 +37,15 @@ class EngineDrain {
   // (a copy only then: a wait's other connections cost no count update).
   // Returns whether c may be used here (a forked child's copy may not).
   bool add(const std::shared_ptr<Conn>& c) noexcept;
+  // The same for a live c known by its weak reference (a user-mode epoll
+  // view), for a caller in process `self`: ref is locked only when c's
+  // engine has no representative yet. Inline: called per registration.
+  bool add(const Conn& c, const std::weak_ptr<Conn>& ref, pid_t self) noexcept {
+    if (c.owner != self) return false;
+    auto& slot = c.remote ? remote_ : shm_;
+    if (!slot) slot = ref.lock();
+    return true;
+  }
   bool empty() const noexcept { return !shm_ && !remote_; }
   bool full() const noexcept { return shm_ && remote_; }
   // Spinning: collects arrivals on the caller's thread, no syscall.

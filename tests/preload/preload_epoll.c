@@ -12,6 +12,10 @@
  *   preload_epoll close-sleeping  a thread closes a connection while another
  *                           sleeps on its set (level, then edge-triggered):
  *                           the peer sees the end at once
+ *   preload_epoll close-spinning  the same while the wait spins (a long
+ *                           busy-poll): the closed connection stays usable
+ *                           to the spinning wait and ends when it sleeps or
+ *                           returns (its peer then sees the end)
  *   preload_epoll threads   one thread polls the set with a zero timeout
  *                           while another sleeps on it: the data wakes it
  *   preload_epoll drained   after a read that drained the stream, EPOLLIN
@@ -477,6 +481,56 @@ static void case_close_sleeping(void) {
   }
 }
 
+/* ---- close-spinning: as close-sleeping, but the close lands while the
+ * wait spins in user space (run with a 1 s busy-poll too, CMakeLists.txt),
+ * and the closed connection is not the first of the set (the one the wait
+ * keeps to drain the engine with): the wait's view of the set must keep it
+ * valid until the wait lets go of it, and then end it, so that its peer's
+ * pipe write wakes the wait before the timeout. */
+static void hold_client(int fd, const struct sockaddr_in* sa) {
+  (void)sa;
+  char c;
+  while (read(fd, &c, 1) > 0) {
+  }
+}
+
+static void case_close_spinning(void) {
+  int p[2];
+  CHECK(pipe2(p, O_NONBLOCK) == 0, "pipe");
+  eof_pipe = p[1];
+  int first;
+  pid_t first_pid = connect_child(&first, hold_client);
+  int fd;
+  pid_t pid = connect_child(&fd, eof_client);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 80};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, first, &ev) == 0, "add first");
+  ev = (struct epoll_event){.events = EPOLLIN, .data.u64 = 81};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "add conn");
+  ev = (struct epoll_event){.events = EPOLLIN, .data.u64 = 82};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &ev) == 0, "add pipe");
+  closer_fd = fd;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, closer, NULL) == 0, "pthread_create");
+  struct epoll_event got[3];
+  const int64_t t0 = now_ms();
+  int n = 0;
+  /* Until the pipe: neither connection's peer sends anything. */
+  while (n == 0 && now_ms() - t0 < 5000) n = epoll_wait(ep, got, 3, 5000);
+  const int64_t took = now_ms() - t0;
+  CHECK(n == 1 && got[0].data.u64 == 82,
+        "the peer did not see the close: %d (data %llu) after %lld ms", n,
+        n > 0 ? (unsigned long long)got[0].data.u64 : 0ULL, (long long)took);
+  CHECK(took < 4000, "woken after %lld ms", (long long)took);
+  CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+  reap(pid);
+  close(first);
+  reap(first_pid);
+  close(ep);
+  close(p[0]);
+  close(p[1]);
+}
+
 /* ---- threads: a second thread keeps calling epoll_wait on the set with a
  * zero timeout (it would take readiness from the streams and make their
  * readiness sockets lazy) while the main thread sleeps on the set; each
@@ -650,10 +704,10 @@ static void case_early_set(void) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(
-        stderr,
-        "usage: preload_epoll "
-        "mixed|mod|del-add|del-spinning|close-sleeping|dup|threads|drained|early-set\n");
+    fprintf(stderr,
+            "usage: preload_epoll "
+            "mixed|mod|del-add|del-spinning|close-sleeping|close-spinning|dup|threads|"
+            "drained|early-set\n");
     return 2;
   }
   case_name = argv[1];
@@ -672,6 +726,8 @@ int main(int argc, char** argv) {
     case_del_spinning();
   } else if (strcmp(case_name, "close-sleeping") == 0) {
     case_close_sleeping();
+  } else if (strcmp(case_name, "close-spinning") == 0) {
+    case_close_spinning();
   } else if (strcmp(case_name, "threads") == 0) {
     case_threads();
   } else if (strcmp(case_name, "drained") == 0) {
