@@ -279,12 +279,7 @@ int copy(const CopyOptions& o) {
       rc.partial_dir = o.partial_dir;
       // What the server may name: the last component of each source asked
       // for (a copy to a new name replaces the first component anyway).
-      for (const Remote& s : srcs) {
-        std::string p = s.path;
-        while (p.size() > 1 && p.back() == '/') p.pop_back();
-        rc.tops.push_back(
-            p.substr(p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1));
-      }
+      for (const Remote& s : srcs) rc.tops.push_back(source_name(s.path));
       rc.sync = o.sync;
       rc.side = ItemSide::kPull;
       if (!o.filters.empty())

@@ -30,14 +30,6 @@ bool same_time(const EntryRecord& e, const struct stat& st) {
          static_cast<uint32_t>(st.st_mtim.tv_nsec) == e.nsec;
 }
 
-std::vector<uint64_t> basis_hashes(int fd, uint64_t size, bool* io_error) {
-  std::vector<std::byte> scratch;
-  std::vector<uint64_t> hashes(block_count(size));
-  for (uint32_t b = 0; b < hashes.size() && !*io_error; ++b)
-    hashes[b] = hash_file_block(fd, size, b, &scratch, io_error);
-  return hashes;
-}
-
 void begin_batch(Writer* w, Msg type) {
   *w = message(type);
   w->put<uint32_t>(0);  // the count, patched when sent
@@ -320,7 +312,7 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
   } else {
     bool io_error = fd < 0;
     if ((c_.sync & kSyncChecksum) && fd >= 0) {
-      hashes = basis_hashes(fd, static_cast<uint64_t>(st->st_size), &io_error);
+      hashes = block_hashes(fd, static_cast<uint64_t>(st->st_size), &io_error);
       up_to_date = same_size && !io_error && file_hash(hashes) == e.checksum;
     }
     const uint16_t attrs = attr_changes(e, *st, fd, parent, name);
@@ -371,7 +363,7 @@ void Generator::decide_file(const EntryRecord& e, int parent, const std::string&
   if (basis >= 0 && block_count(basis_size) <= kMaxDeltaBlocks) {
     bool basis_error = false;
     if (hashes.empty() || d->basis == kEntryBasisPart)
-      hashes = basis_hashes(basis, basis_size, &basis_error);
+      hashes = block_hashes(basis, basis_size, &basis_error);
     if (!basis_error) {
       d->want = Want::kDelta;
       d->hashes = std::move(hashes);
@@ -430,11 +422,7 @@ bool Generator::remove(int parent, const std::string& name, const std::string& w
       if (fd >= 0) ::close(fd);
       return false;
     }
-    std::vector<std::string> names;
-    while (dirent* ent = ::readdir(d))
-      if (std::strcmp(ent->d_name, ".") != 0 && std::strcmp(ent->d_name, "..") != 0)
-        names.emplace_back(ent->d_name);
-    std::sort(names.begin(), names.end());
+    const std::vector<std::string> names = sorted_names(d);
     bool ok = true;
     for (const std::string& child : names) {
       struct stat st {};
@@ -466,14 +454,13 @@ void Generator::delete_extraneous() {
       if (fd >= 0) ::close(fd);
       continue;  // not made (dry run, or it failed and said so)
     }
-    std::vector<std::string> names;
-    while (dirent* ent = ::readdir(d))
-      if (std::strcmp(ent->d_name, ".") != 0 && std::strcmp(ent->d_name, "..") != 0)
-        names.emplace_back(ent->d_name);
-    std::sort(names.begin(), names.end());
+    const std::vector<std::string> names = sorted_names(d);
     for (const std::string& name : names) {
       const std::string child = dest + "/" + name;
-      if (listed_paths_.contains(child) || name == c_.partial_dir) continue;
+      // The writer's temporary hard link names (make_hardlink) are its own.
+      if (listed_paths_.contains(child) || name == c_.partial_dir ||
+          name.starts_with(".rdmakit-cp-link."))
+        continue;
       // A listed file's part file may be being written right now.
       constexpr std::string_view kPart = ".rdmakit-cp-part";
       if (name.size() > kPart.size() + 1 && name[0] == '.' && name.ends_with(kPart) &&

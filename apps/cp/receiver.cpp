@@ -265,19 +265,9 @@ bool Receiver::on_entry(Reader& rd) {
   return true;
 }
 
-// A symlink is made under the part name and renamed over the final one; a
-// hard link is linked to the earlier entry's destination the same way.
+// A symlink or a hard link to an earlier entry of this transfer.
 void Receiver::on_link(const EntryRecord& rec, int parent, Kind kind) {
-  ::unlinkat(parent, cur_.tmp.c_str(), 0);
-  if (kind == Kind::kSymlink) {
-    if (::symlinkat(rec.link.c_str(), parent, cur_.tmp.c_str()) != 0) {
-      fail_file(classify_errno(errno), errno_reason(errno));
-      return;
-    }
-    const std::string why =
-        meta_.apply(rec, -1, parent, cur_.tmp, kItemOwner | kItemGroup);
-    if (!why.empty()) c_.report->error(Failure::kFile, cur_.path, why);
-  } else {
+  if (kind == Kind::kHardlink) {
     std::string why;
     const std::string first = map_wire_path(c_.target, rec.link, &why);
     if (!first.empty() && !generator_->listed_file(first))
@@ -290,28 +280,37 @@ void Receiver::on_link(const EntryRecord& rec, int parent, Kind kind) {
     const int first_parent =
         first_dir == "." ? ::dup(c_.target.base)
                          : open_beneath(c_.target.base, first_dir, O_PATH | O_DIRECTORY);
-    // linkat without AT_SYMLINK_FOLLOW links the name itself, never a
-    // symlink's target; the parent was resolved beneath the target.
-    const int rc = first_parent < 0 ? -1
-                                    : ::linkat(first_parent, first_name.c_str(), parent,
-                                               cur_.tmp.c_str(), 0);
-    const int err = first_parent < 0 ? -first_parent : errno;
-    if (first_parent >= 0) ::close(first_parent);
-    if (rc != 0) {
-      fail_file(classify_errno(err),
-                "hard link to " + rec.link + ": " + errno_reason(err));
+    if (first_parent < 0) {
+      fail_file(classify_errno(-first_parent),
+                "hard link to " + rec.link + ": " + errno_reason(-first_parent));
       return;
     }
+    // Both parents were resolved beneath the target; the link is made
+    // under a temporary name, checked and renamed (metadata.hpp).
+    why = make_hardlink(first_parent, first_name.c_str(), parent, cur_.name.c_str());
+    ::close(first_parent);
+    if (!why.empty()) {
+      fail_file(Failure::kFile, why);
+      return;
+    }
+    c_.report->files_done++;
+    return;
   }
+  // A symlink is made under the part name and renamed over the final one.
+  ::unlinkat(parent, cur_.tmp.c_str(), 0);
+  if (::symlinkat(rec.link.c_str(), parent, cur_.tmp.c_str()) != 0) {
+    fail_file(classify_errno(errno), errno_reason(errno));
+    return;
+  }
+  const std::string why = meta_.apply(rec, -1, parent, cur_.tmp, kItemOwner | kItemGroup);
+  if (!why.empty()) c_.report->error(Failure::kFile, cur_.path, why);
   if (::renameat(parent, cur_.tmp.c_str(), parent, cur_.name.c_str()) != 0) {
     fail_file(classify_errno(errno), errno_reason(errno));
     ::unlinkat(parent, cur_.tmp.c_str(), 0);
     return;
   }
-  if (kind == Kind::kSymlink) {
-    const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
-    ::utimensat(parent, cur_.name.c_str(), times, AT_SYMLINK_NOFOLLOW);
-  }
+  const timespec times[2] = {{0, UTIME_OMIT}, {cur_.sec, static_cast<long>(cur_.nsec)}};
+  ::utimensat(parent, cur_.name.c_str(), times, AT_SYMLINK_NOFOLLOW);
   c_.report->files_done++;
 }
 

@@ -423,11 +423,8 @@ bool Sender::describe(const Entry& e, uint32_t id, Listed* out) {
       c_.report->error(classify_errno(-fd), e.open, std::strerror(-fd));
       return false;
     }
-    std::vector<std::byte> scratch;
     bool io_error = false;
-    out->hashes.resize(block_count(e.size));
-    for (uint32_t b = 0; b < out->hashes.size() && !io_error; ++b)
-      out->hashes[b] = hash_file_block(fd, e.size, b, &scratch, &io_error);
+    out->hashes = block_hashes(fd, e.size, &io_error);
     ::close(fd);
     if (io_error) {
       c_.report->error(Failure::kFile, e.open, "read error while hashing");
@@ -558,12 +555,12 @@ bool Sender::send_file(Listed& l, const Answer* delta) {
   if (delta != nullptr) {
     // Only the blocks whose hashes differ from the basis's are sent; the
     // receiver takes the others from the basis.
+    // The hashes --checksum read, unless the file changed since.
     const bool same = l.hashes.size() == nblocks && size == l.entry.size &&
                       rec.sec == l.entry.mtime_sec && rec.nsec == l.entry.mtime_nsec;
-    std::vector<std::byte> scratch;
     bool io_error = false;
+    hashes = same ? l.hashes : block_hashes(fd, size, &io_error);
     for (uint32_t b = 0; b < nblocks && !io_error; ++b) {
-      hashes[b] = same ? l.hashes[b] : hash_file_block(fd, size, b, &scratch, &io_error);
       if (b < delta->hashes.size() && hashes[b] == delta->hashes[b]) {
         needed[b] = false;
         c_.report->bytes_matched +=

@@ -14,7 +14,14 @@
 
 namespace rdmakit::cp {
 
-namespace {
+std::vector<std::string> sorted_names(DIR* dir) {
+  std::vector<std::string> names;
+  while (dirent* d = ::readdir(dir))
+    if (std::strcmp(d->d_name, ".") != 0 && std::strcmp(d->d_name, "..") != 0)
+      names.emplace_back(d->d_name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 std::string source_name(const std::string& source) {
   std::string s = source;
@@ -22,6 +29,8 @@ std::string source_name(const std::string& source) {
   const size_t slash = s.rfind('/');
   return slash == std::string::npos ? s : s.substr(slash + 1);
 }
+
+namespace {
 
 int open_at(const SourceRoot& root, const std::string& path, int flags) {
   if (root.confined) {
@@ -56,12 +65,7 @@ bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
     if (fd >= 0) ::close(fd);
     return true;
   }
-  std::vector<std::string> names;
-  while (dirent* d = ::readdir(dir)) {
-    if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
-    names.emplace_back(d->d_name);
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = sorted_names(dir);
   bool go_on = true;
   for (const std::string& name : names) {
     if (!go_on) break;
@@ -247,6 +251,14 @@ uint64_t hash_file_block(int fd, uint64_t size, uint32_t b,
   }
   const uint64_t h = XXH3_64bits(scratch->data(), end - start);
   return h == 0 ? 1 : h;
+}
+
+std::vector<uint64_t> block_hashes(int fd, uint64_t size, bool* io_error) {
+  std::vector<std::byte> scratch;
+  std::vector<uint64_t> hashes(block_count(size));
+  for (uint32_t b = 0; b < hashes.size() && !*io_error; ++b)
+    hashes[b] = hash_file_block(fd, size, b, &scratch, io_error);
+  return hashes;
 }
 
 uint64_t file_hash(const std::vector<uint64_t>& block_hashes) {

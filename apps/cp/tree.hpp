@@ -10,6 +10,7 @@
 // The running digest of a block (the xxh3 of its bytes so far) is what a data
 // record carries on the wire, so one pass over the bytes checks the transfer
 // and yields the block hash (records.hpp).
+#include <dirent.h>
 #include <xxhash.h>
 
 #include <cstdint>
@@ -102,6 +103,13 @@ class BlockHasher {
 // Hash of block b of an open file as it is on disk (for --resume).
 uint64_t hash_file_block(int fd, uint64_t size, uint32_t b,
                          std::vector<std::byte>* scratch, bool* io_error);
+// Every block's hash of an open file of `size` (a delta's basis, a source
+// under --checksum). *io_error on a read error.
+std::vector<uint64_t> block_hashes(int fd, uint64_t size, bool* io_error);
 uint64_t file_hash(const std::vector<uint64_t>& block_hashes);
+// The names in an open directory stream, without "." and "..", sorted.
+std::vector<std::string> sorted_names(DIR* dir);
+// The name a source is copied under: its last component.
+std::string source_name(const std::string& source);
 
 }  // namespace rdmakit::cp
