@@ -44,9 +44,12 @@ VM=$HERE/softroce-vm.sh
 # The VM script kills its qemu processes on exit, INT and TERM; pass ours on.
 child=
 trap '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null; wait; exit 130' INT TERM
+# The guests' step results, repeated at the end (CI shows a log's tail).
+results=$(mktemp /tmp/rdmakit-verbs-results.XXXXXX)
+trap 'rm -f "$results"' EXIT
 vm() {  # vm SECONDS ARGS...: one VM run in the background, so traps fire
   local secs=$1; shift
-  SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-$secs} "$VM" "$@" &
+  SOFTROCE_TIMEOUT=${SOFTROCE_TIMEOUT:-$secs} "$VM" "$@" > >(tee -a "$results") &
   child=$!
   wait "$child"
   local r=$?
@@ -69,5 +72,7 @@ if [ $RUN_TWO = 1 ]; then
   echo "######## two VMs: exit $r in $((SECONDS - t0)) s"
   [ $r = 0 ] || rc=1
 fi
+echo "######## step results:"
+grep -aE '==== .*(FAIL|step\(s\) failed|flaky)' "$results" || echo "(no step result: see above)"
 echo "######## verbs tests $([ $rc = 0 ] && echo PASSED || echo FAILED) in $((SECONDS - start)) s"
 exit $rc
