@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <new>
 
+#include "rdmakit/detail/spin.hpp"
 #include "state.hpp"
 
 namespace rdmakit::preload {
@@ -27,12 +28,9 @@ __thread bool t_view_open __attribute__((tls_model("initial-exec"))) = false;
 __thread bool t_view_busy __attribute__((tls_model("initial-exec"))) = false;
 
 void lock_view(HazardRecord& r) noexcept {
+  detail::SpinBackoff backoff;
   while (r.view_mu.exchange(true, std::memory_order_acquire)) {
-    while (r.view_mu.load(std::memory_order_relaxed)) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
+    while (r.view_mu.load(std::memory_order_relaxed)) backoff.pause();
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "fd_place.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/spin.hpp"
 
 namespace rdmakit::preload {
 
@@ -45,9 +46,7 @@ void spin_pause(unsigned tries) noexcept {
     (void)sched_yield();
     return;
   }
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
+  detail::cpu_relax();
 }
 
 int timeout_left(int timeout_ms, SpinClock::duration spent) noexcept {

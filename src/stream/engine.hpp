@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "rdmakit/detail/spin.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "rdmakit/stream/stream.hpp"
 #include "stream/stream_core.hpp"
@@ -141,9 +142,7 @@ bool EngineImpl::wait(std::unique_lock<std::mutex>& lock, StreamCore& s,
       // lands meanwhile waits for the rest of it.
       if (spins % 8 == 0) {
         lock.unlock();
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
+        rdmakit::detail::cpu_relax();
         lock.lock();
       }
     }

@@ -40,6 +40,17 @@ bool asymmetric_fence_available() noexcept {
   return available;
 }
 
+namespace {
+// Registered when the library is loaded rather than at the first CQ: the
+// kernel makes a process with more than one thread wait for an RCU grace
+// period to register (milliseconds, measured ~5 ms, paid by the first
+// connection of a preloaded server), and most processes load the library
+// while they have one thread.
+[[gnu::constructor]] void register_at_load() noexcept {
+  (void)asymmetric_fence_available();
+}
+}  // namespace
+
 void heavy_fence() noexcept { membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED); }
 
 }  // namespace rdmakit::shm

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <type_traits>
 #include <utility>
 
 #include "providers/shm/shm_asymmetric_fence.hpp"
 #include "providers/shm/shm_qp.hpp"
+#include "rdmakit/detail/spin.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
@@ -23,7 +25,12 @@ ShmCq::ShmCq(const CqOptions& options)
   if (options.capacity == 0) throw Error("create_cq", "shm", "", EINVAL, "capacity 0");
   budget_ = core::CqBudget(options.capacity);
   const uint64_t size = std::bit_ceil(static_cast<uint64_t>(options.capacity));
-  ring_.resize(size);
+  // An aggregate of trivial members: calloc's zeroed storage is a valid
+  // array of them (implicit object creation).
+  static_assert(std::is_trivially_copyable_v<Entry> &&
+                std::is_trivially_destructible_v<Entry>);
+  ring_.reset(static_cast<Entry*>(std::calloc(size, sizeof(Entry))));
+  if (!ring_) throw Error("create_cq", "shm", "", ENOMEM, "completion ring");
   mask_ = size - 1;
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   event_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -68,11 +75,7 @@ void ShmCq::wake_if_armed_after_queueing() noexcept {
 }
 
 void ShmCq::wait_gate_open() const noexcept {
-  while (gate_closed_.load(std::memory_order_acquire)) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  detail::spin_until([this] { return !gate_closed_.load(std::memory_order_acquire); });
 }
 
 void ShmCq::close_gate() noexcept {
@@ -86,11 +89,8 @@ void ShmCq::close_gate() noexcept {
                                                        : std::memory_order_acquire);
   if ((seen & 1) == 0) return;
   // The owner is inside poll() or arm(); neither blocks.
-  while (owner_epoch_.load(std::memory_order_acquire) == seen) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  detail::spin_until(
+      [this, seen] { return owner_epoch_.load(std::memory_order_acquire) != seen; });
 }
 
 // ------------------------------------------------------------ attach/detach
@@ -160,12 +160,9 @@ void ShmCq::detach(ShmQp* qp) noexcept {
 }
 
 void ShmCq::lock_ring() noexcept {
+  detail::SpinBackoff backoff;
   while (ring_lock_.exchange(true, std::memory_order_acquire)) {
-    while (ring_lock_.load(std::memory_order_relaxed)) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
+    while (ring_lock_.load(std::memory_order_relaxed)) backoff.pause();
   }
 }
 
@@ -256,7 +253,12 @@ int ShmCq::poll(std::span<Completion> out) noexcept {
 
 bool ShmCq::arm() noexcept {
   const OwnerSection section(*this);
-  if (!section.entered()) return false;  // poll again: the QP lists are changing
+  if (!section.entered()) {
+    // The QP lists are changing: poll again once they are. Waiting here
+    // (not in the caller's loop) lets a preempted attach() finish first.
+    wait_gate_open();
+    return false;
+  }
   uint64_t drained;
   while (::read(event_.get(), &drained, sizeof drained) > 0) {
   }

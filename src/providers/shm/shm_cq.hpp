@@ -1,5 +1,7 @@
 #pragma once
 #include <atomic>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -174,7 +176,13 @@ class ShmCq final : public CompletionQueue {
   void close_gate() noexcept;
   void open_gate() noexcept { gate_closed_.store(false, std::memory_order_release); }
 
-  std::vector<Entry> ring_;
+  struct FreeRing {
+    void operator()(Entry* p) const noexcept { std::free(p); }
+  };
+  // calloc'ed, not a vector: a CQ sized for a thousand streams is megabytes,
+  // and value-initializing them faulted in every page at creation (~5 ms on
+  // a process's first connection); zero pages fault in as the ring is used.
+  std::unique_ptr<Entry[], FreeRing> ring_;
   uint64_t mask_ = 0;
   uint64_t head_ = 0;
   // Written under the producer guard; atomic so that poll() can see an empty
