@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "conn_guard.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
+#include "mirror.hpp"
 #include "process.hpp"
 #include "relay.hpp"
 #include "rendezvous.hpp"
@@ -165,11 +167,24 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
   }
   std::string where = describe(fd);
   std::string reason;
+  // A connection to this process's own listener: its accepted end is
+  // settled alongside (mirror.hpp), or, not accepted yet, it stays on TCP.
+  std::optional<MirrorSettle> other_end;
+  if (connected && offer_listener_here(*offer) && !settling_for_mirror()) {
+    if (const int m = await_accepted_mirror(fd); m >= 0) {
+      other_end.emplace(m);
+    } else {
+      connected = false;
+      reason =
+          "the listener is in this process and has not accepted the connection (waiting "
+          "could be waiting for this very thread)";
+    }
+  }
   if (connected) {
     Upgrade up = finish_connect(std::move(offer), fd);
     if (up.stream != nullptr && adopt(fd, aliases, up, "connect", where)) return;
     reason = up.reason;
-  } else {
+  } else if (reason.empty()) {
     reason = "the kernel connect did not complete";
   }
   if (!reason.empty()) {
@@ -204,6 +219,9 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
     relay_or_dead("accept", fd, fd, owner, aliases, where);
     return;
   }
+  // The client end is this process's too: settled alongside (mirror.hpp).
+  std::optional<MirrorSettle> other_end;
+  if (const int m = find_mirror(fd, false); m >= 0) other_end.emplace(m);
   Upgrade up = upgrade_accepted(fd, deny_reason(fd));
   if (up.stream != nullptr) {
     if (!shared) marker.clear();

@@ -81,9 +81,9 @@ pid_t read_pid_file(const std::string& path) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
-bool listener_registered(uint16_t port) {
+pid_t registered_listener(uint16_t port) {
   const pid_t pid = read_pid_file(listener_path(port));
-  return pid > 0 && alive(pid);
+  return pid > 0 && alive(pid) ? pid : 0;
 }
 
 // Only a process of our own uid may take part (root is trusted by all).
@@ -163,6 +163,8 @@ pid_t adoption_owner(const std::string& path) {
 
 bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }
 
+bool offer_listener_here(const PendingOffer& offer) { return offer.listener_here; }
+
 void PendingOfferDelete::operator()(PendingOffer* p) const noexcept { delete p; }
 
 PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reason) {
@@ -177,7 +179,9 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   const uint16_t port = ntohs(t.server_port);
   // Our own user's listener (the private registry), else a preloaded
   // listener of another user (the host-wide one).
-  const bool same_user = cfg.dir_problem.empty() && listener_registered(port);
+  const pid_t listener = cfg.dir_problem.empty() ? registered_listener(port) : 0;
+  const bool same_user = listener != 0;
+  p->listener_here = listener == process_id();
   std::string other_why;
   if (!same_user && !other_user_listener(port, &other_why)) {
     *reason = !cfg.dir_problem.empty()

@@ -35,6 +35,10 @@ struct PendingOfferDelete {
 };
 using PendingOfferPtr = std::unique_ptr<PendingOffer, PendingOfferDelete>;
 bool offer_is_remote(const PendingOffer& offer);
+// This process has offers out (client ends not settled yet).
+bool offers_outstanding() noexcept;
+// The offer's listener is this process (mirror.hpp).
+bool offer_listener_here(const PendingOffer& offer);
 PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);
 Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
 // Passive side, on a socket the kernel accept returned. A non-empty `deny`

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -368,7 +369,18 @@ std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
 
 namespace rdmakit::preload {
 
+namespace {
+std::atomic<int> g_offers{0};
+}  // namespace
+
+bool offers_outstanding() noexcept {
+  return g_offers.load(std::memory_order_relaxed) > 0;
+}
+
+PendingOffer::PendingOffer() { g_offers.fetch_add(1, std::memory_order_relaxed); }
+
 PendingOffer::~PendingOffer() {
+  g_offers.fetch_sub(1, std::memory_order_relaxed);
   if (reserved_on != nullptr) reserve_stream(reserved_on, -1);
   if (usock >= 0) {
     if (!remote) unlink(path.c_str());

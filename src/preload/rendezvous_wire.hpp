@@ -205,10 +205,12 @@ struct PendingOffer {
   wire::Offer offer;
   std::unique_ptr<stream::StreamListener> listener;
   stream::Engine* reserved_on = nullptr;  // counted there until it ends
-  bool remote = false;      // rdv is a TCP connection to the peer host's rendezvous
-  bool other_user = false;  // same host, a listener of another user: abstract offer
-  std::string path;         // same host: the offer socket's path (removed with it)
-  int usock = -1;           // same host: listening unix socket; remote: the connection
+  bool remote = false;         // rdv is a TCP connection to the peer host's rendezvous
+  bool other_user = false;     // same host, a listener of another user: abstract offer
+  bool listener_here = false;  // the listener is this process's (mirror.hpp)
+  PendingOffer();
+  std::string path;  // same host: the offer socket's path (removed with it)
+  int usock = -1;    // same host: listening unix socket; remote: the connection
   ~PendingOffer();
 };
 
