@@ -13,11 +13,16 @@
 #   scp       MB/s of a 1 GiB file copied up with scp
 #   connrate  connections per second: redis-benchmark PING with a new
 #             connection per request (-k 0), one client
+#   setup     per-connection setup time (bench/preload_setup.c: connect, a
+#             1-byte request and answer, close; one at a time): p50, p99,
+#             max and the first connection's, in microseconds, and the rate
 #   idle      file descriptors and resident memory per idle connection, N
 #             connections held open between two Python processes
 # Usage: bench/preload_programs.sh [BUILD_DIR]   (default: build)
 #   RDMAKIT_BENCH_CPUS=0,1  RDMAKIT_BENCH_ROUNDS=3  RDMAKIT_BENCH_SECONDS=8
-#   RDMAKIT_BENCH_ROWS="pgbench ssh scp connrate idle"  RDMAKIT_BENCH_IDLE_CONNS=1000
+#   RDMAKIT_BENCH_ROWS="pgbench ssh scp connrate setup idle"  RDMAKIT_BENCH_IDLE_CONNS=1000
+#   RDMAKIT_BENCH_SETUP_CONNS=2000  RDMAKIT_BENCH_BASE_LIB=/path/librdmakit-preload.so
+#   (an earlier build: a "base" mode beside shm in the connrate and setup rows)
 # Writes bench/results/programs-<UTC time>.md (raw outputs in .log).
 set -u
 cd "$(dirname "$0")/.."
@@ -25,7 +30,11 @@ build=$(realpath "${1:-build}")
 cpus=${RDMAKIT_BENCH_CPUS:-0,1}
 rounds=${RDMAKIT_BENCH_ROUNDS:-3}
 secs=${RDMAKIT_BENCH_SECONDS:-8}
-rows=${RDMAKIT_BENCH_ROWS:-pgbench ssh scp connrate idle}
+rows=${RDMAKIT_BENCH_ROWS:-pgbench ssh scp connrate setup idle}
+setup_n=${RDMAKIT_BENCH_SETUP_CONNS:-2000}
+# An earlier build's library, for the rows run as root (connrate, setup):
+# before/after in the same run.
+base_lib=${RDMAKIT_BENCH_BASE_LIB:+$(realpath "$RDMAKIT_BENCH_BASE_LIB")}
 idle_n=${RDMAKIT_BENCH_IDLE_CONNS:-1000}
 run=$build/tools/rdmakit-run/rdmakit-run
 lib=$build/src/preload/librdmakit-preload.so
@@ -57,6 +66,7 @@ wait_listen() { for _ in $(seq 200); do ss -ltn "sport = :$1" | grep -q LISTEN &
 pre() {  # pre MODE USER: the wrapper for a mode
   P=()
   [ "$1" = shm ] && P=("$srun" --lib "$slib" --dir "$tmp/rdv-$2" ${RDMAKIT_BENCH_RUN_ARGS:-})
+  [ "$1" = base ] && P=("$srun" --lib "$base_lib" --dir "$tmp/rdv-$2" ${RDMAKIT_BENCH_RUN_ARGS:-})
   return 0
 }
 declare -A res
@@ -131,6 +141,19 @@ connrate_row() {  # MODE: connections/s
   echo "$o" | python3 -c 'import csv,sys; r=[x for x in csv.reader(sys.stdin)]; print(r[1][1] if len(r) > 1 else "nan")'
 }
 
+setup_row() {  # MODE: "rate p50_us p99_us max_us first_us"
+  mkdir -p -m 700 "$tmp/rdv-root"; pre "$1" root
+  [ -x "$tmp/setup" ] || cc -O2 -Wall -o "$tmp/setup" bench/preload_setup.c || { echo nan; return; }
+  rm -f "$tmp/setup.port"
+  taskset -c "$c_srv" "${P[@]}" "$tmp/setup" server "$tmp/setup.port" "$setup_n" >>"$out.log" 2>&1 &
+  local spid=$!
+  for _ in $(seq 200); do [ -s "$tmp/setup.port" ] && break; sleep 0.05; done
+  local o; o=$(taskset -c "$c_cli" "${P[@]}" "$tmp/setup" client "$(cat "$tmp/setup.port")" "$setup_n" 2>>"$out.log")
+  wait "$spid"
+  echo "== setup $1: $o" >>"$out.log"
+  echo "${o:-nan}"
+}
+
 idle_row() {  # MODE: "fds_per_conn KiB_per_conn" (server side)
   local port; port=$(free_port)
   mkdir -p -m 700 "$tmp/rdv-root"; pre "$1" root
@@ -172,12 +195,15 @@ PY
 
 for r in $(seq "$rounds"); do
   for row in $rows; do
-    for m in kernel shm; do
+    modes="kernel shm"
+    case $row in connrate | setup) [ -n "$base_lib" ] && modes+=" base" ;; esac
+    for m in $modes; do
       case $row in
         pgbench) res[pg_$m]+="$(pgbench_row $m);" ;;
         ssh) res[ssh_$m]+="$(ssh_row $m);" ;;
         scp) res[scp_$m]+="$(scp_row $m);" ;;
         connrate) res[cr_$m]+="$(connrate_row $m);" ;;
+        setup) res[setup_$m]+="$(setup_row $m);" ;;
         idle) [ "$r" = 1 ] && res[idle_$m]+="$(idle_row $m);" ;;
       esac
     done
@@ -186,9 +212,9 @@ for r in $(seq "$rounds"); do
 done
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 { for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
-python3 - "$out.md" "$stamp" "$cpus" "$rounds" "$load" "$tmp/res" "$idle_n" "$secs" <<'PY'
+python3 - "$out.md" "$stamp" "$cpus" "$rounds" "$load" "$tmp/res" "$idle_n" "$secs" "$setup_n" <<'PY'
 import math, statistics as st, sys
-md, stamp, cpus, rounds, load, resf, idle_n, secs = sys.argv[1:]
+md, stamp, cpus, rounds, load, resf, idle_n, secs, setup_n = sys.argv[1:]
 res = dict(l.rstrip("\n").split("=", 1) for l in open(resf) if "=" in l)
 def med(key, i=0):
     vals = []
@@ -210,6 +236,23 @@ for name, key, goal in rows:
     k, s = med(key + "_kernel"), med(key + "_shm")
     if math.isnan(k) and math.isnan(s): continue
     lines.append(f"| {name} | {k:,.1f} | {s:,.1f} | {ratio(s, k)} | {'>= %.1fx' % goal if goal else ''} |")
+    b = med(key + "_base")
+    if not math.isnan(b):
+        lines.append(f"| {name}, base library | {k:,.1f} | {b:,.1f} | {ratio(b, k)} | |")
+sk = [med("setup_kernel", i) for i in range(5)]
+ss = [med("setup_shm", i) for i in range(5)]
+sb = [med("setup_base", i) for i in range(5)]
+if not (math.isnan(sk[0]) and math.isnan(ss[0])):
+    lines += ["", f"Connection setup, one connection at a time ({setup_n} per run; connect, a 1-byte "
+              "request and answer, close; `bench/preload_setup.c`):", "",
+              "| | connections/s | p50 us | p99 us | max us | first connection us |",
+              "|---|---|---|---|---|---|",
+              "| kernel TCP | " + " | ".join(f"{v:,.0f}" for v in sk) + " |",
+              "| preload (shm) | " + " | ".join(f"{v:,.0f}" for v in ss) + " |"] + (
+              ["| preload, base library | " + " | ".join(f"{v:,.0f}" for v in sb) + " |"]
+              if not math.isnan(sb[0]) else []) + [
+              f"| preload - kernel | {ratio(ss[0], sk[0])} | " +
+              " | ".join(f"{a - b:+,.0f}" for a, b in zip(ss[1:], sk[1:])) + " |"]
 fk, fs = med("idle_kernel", 0), med("idle_shm", 0)
 mk, ms = med("idle_kernel", 1), med("idle_shm", 1)
 if not (math.isnan(fk) and math.isnan(fs)):
