@@ -9,8 +9,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "providers/shm/shm_layout.hpp"
@@ -22,22 +23,22 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Maps every receive-ring block this process created and returns the one
-// whose first slot holds a RECV for `buffer` (what a peer sees of it).
+// The receive-ring block (as mapped in this process: the QP's own mapping or
+// its in-process peer's, the same memory) whose first slot holds a RECV for
+// `buffer`: what a peer sees of it. The QPs close their descriptors once
+// mapped, so the mappings are what is left to find.
 InboundBlock* find_block_with_recv(const void* buffer) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
-    if (ec || target.find("memfd:rdmakit-shm-qp") == std::string::npos) continue;
-    const int fd = std::stoi(entry.path().filename().string());
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) continue;
-    void* mem = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE,
-                       MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) continue;
-    auto* block = static_cast<InboundBlock*>(mem);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:rdmakit-shm-qp") == std::string::npos) continue;
+    unsigned long start = 0;
+    unsigned long end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &start, &end, perms) != 3) continue;
+    if (perms[0] != 'r' || perms[1] != 'w' || end - start < sizeof(InboundBlock))
+      continue;
+    auto* block = reinterpret_cast<InboundBlock*>(start);  // NOLINT
     if (block->slots()[0].addr == reinterpret_cast<uint64_t>(buffer)) return block;
-    ::munmap(mem, static_cast<size_t>(st.st_size));
   }
   return nullptr;
 }

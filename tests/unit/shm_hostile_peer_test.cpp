@@ -13,8 +13,10 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -57,6 +59,34 @@ std::vector<std::pair<int, std::string>> open_memfds(const std::string& what) {
     if (!ec && link.find(what) != std::string::npos) {
       found.emplace_back(std::stoi(e.path().filename().string()), link);
     }
+  }
+  return found;
+}
+
+// Each memfd this process has mapped but holds no descriptor of (a QP
+// closes its own once mapped), opened again through /proc/self/map_files:
+// the same file a peer's descriptor names, read-write where the mapping is.
+std::vector<std::pair<int, std::string>> reopen_mapped_memfds(const std::string& what) {
+  std::vector<std::pair<int, std::string>> found;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (const auto& [fd, link] : open_memfds(what)) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0) seen.emplace(st.st_dev, st.st_ino);
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(what) == std::string::npos) continue;
+    const std::string range = line.substr(0, line.find(' '));
+    const bool writable = line.size() > range.size() + 2 && line[range.size() + 2] == 'w';
+    const std::string path = "/proc/self/map_files/" + range;
+    const int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) {
+      ::close(fd);
+      continue;
+    }
+    found.emplace_back(fd, line.substr(line.find('/')));
   }
   return found;
 }
@@ -216,7 +246,7 @@ TEST(ShmHostilePeerTest, SharedMemfdsCannotBeResized) {
   Pair p = connect_pair(*ctx, *ctx, {.send_cq = cq.get(), .recv_cq = cq.get()},
                         {.send_cq = cq.get(), .recv_cq = cq.get()});
   int memfds = 0;
-  for (const auto& [fd, link] : open_memfds("memfd:rdmakit-shm")) {
+  auto check = [&](int fd, const std::string& link) {
     ++memfds;
     EXPECT_NE(::ftruncate(fd, 0), 0) << link << " could be truncated";
     const int err = errno;
@@ -224,6 +254,11 @@ TEST(ShmHostilePeerTest, SharedMemfdsCannotBeResized) {
     if ((::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR) {
       EXPECT_EQ(err, EPERM) << link;
     }
+  };
+  for (const auto& [fd, link] : open_memfds("memfd:rdmakit-shm")) check(fd, link);
+  for (const auto& [fd, link] : reopen_mapped_memfds("memfd:rdmakit-shm")) {
+    check(fd, link);
+    ::close(fd);
   }
   EXPECT_GE(memfds, 5);  // region table, region, SRQ, two receive blocks
   EXPECT_TRUE(
@@ -341,7 +376,9 @@ TEST(ShmHostilePeerTest, ForgedSrqClaimCompletesNothing) {
   // The server QP's receive block: its slots start as SRQ credits 1, 2, ...
   InboundBlock* block = nullptr;
   size_t block_bytes = 0;
-  for (const auto& [fd, link] : open_memfds("memfd:rdmakit-shm-qp")) {
+  // Mapped only (a QP closes its descriptors once mapped): reopened.
+  const auto blocks = reopen_mapped_memfds("memfd:rdmakit-shm-qp");
+  for (const auto& [fd, link] : blocks) {
     struct stat st {};
     ::fstat(fd, &st);
     auto* b =
@@ -354,6 +391,7 @@ TEST(ShmHostilePeerTest, ForgedSrqClaimCompletesNothing) {
     }
     if (b != nullptr) ::munmap(b, static_cast<size_t>(st.st_size));
   }
+  for (const auto& [fd, link] : blocks) ::close(fd);
   ASSERT_NE(block, nullptr);
   RecvSlot& slot = block->slots()[0];
   std::atomic_ref<uint64_t>(slot.srq_entry).store(0 + 1);  // entry 0: wr_id 10, unclaimed

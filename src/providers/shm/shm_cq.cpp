@@ -33,15 +33,15 @@ ShmCq::ShmCq(const CqOptions& options)
   if (!ring_) throw Error("create_cq", "shm", "", ENOMEM, "completion ring");
   mask_ = size - 1;
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-  event_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  event_ = std::make_shared<const Fd>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   int wake[2];
   if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, wake) != 0)
     throw Error("create_cq", "shm", "", errno, "socketpair(wake)");
   wake_rx_.reset(wake[0]);
   wake_tx_.reset(wake[1]);
-  if (!epoll_ || !event_ || !timer_) throw Error("create_cq", "shm", "", errno, "fds");
-  for (int fd : {event_.get(), timer_.get(), wake_rx_.get()}) {
+  if (!epoll_ || !*event_ || !timer_) throw Error("create_cq", "shm", "", errno, "fds");
+  for (int fd : {event_->get(), timer_.get(), wake_rx_.get()}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -60,7 +60,7 @@ void ShmCq::reserve(uint32_t depth) { budget_.charge(depth, "create_qp", "shm", 
 void ShmCq::wake_if_armed() noexcept {
   if (!armed_.load(std::memory_order_acquire)) return;
   const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(event_->get(), &one, sizeof one);
 }
 
 void ShmCq::wake_if_armed_after_queueing() noexcept {
@@ -71,7 +71,7 @@ void ShmCq::wake_if_armed_after_queueing() noexcept {
   armed_.compare_exchange_strong(armed, false, std::memory_order_seq_cst);
   if (!armed) return;
   const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(event_->get(), &one, sizeof one);
 }
 
 void ShmCq::wait_gate_open() const noexcept {
@@ -117,7 +117,7 @@ void ShmCq::attach(ShmQp* qp, uint32_t depth, bool send) {
   if (!send && armed_.load(std::memory_order_relaxed)) {
     // The owner sleeps armed, but not on this QP: wake it to re-arm.
     const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+    [[maybe_unused]] ssize_t n = ::write(event_->get(), &one, sizeof one);
   }
   open_gate();
 }
@@ -260,7 +260,7 @@ bool ShmCq::arm() noexcept {
     return false;
   }
   uint64_t drained;
-  while (::read(event_.get(), &drained, sizeof drained) > 0) {
+  while (::read(event_->get(), &drained, sizeof drained) > 0) {
   }
   while (::read(timer_.get(), &drained, sizeof drained) > 0) {
   }

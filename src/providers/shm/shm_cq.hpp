@@ -26,7 +26,10 @@ class ShmCq final : public CompletionQueue {
   int fd() const noexcept override { return epoll_.get(); }
   bool arm() noexcept override;
 
-  int wake_fd() const noexcept { return event_.get(); }
+  int wake_fd() const noexcept { return event_->get(); }
+  // The same eventfd, kept open by each holder: a QP's link wakes this CQ's
+  // sleepers when its peer dies, even while the CQ is being destroyed.
+  std::shared_ptr<const Fd> shared_wake() const noexcept { return event_; }
   // What a peer of another user gets to wake us: the sending end of a
   // datagram socket (its readable end is in fd()'s set). Never our eventfd,
   // whose file status flags and counter a holder controls: a peer could make
@@ -218,7 +221,7 @@ class ShmCq final : public CompletionQueue {
   std::atomic<bool> gate_closed_{false};
   const bool strong_gate_;  // no asymmetric fence: seq_cst on both sides
   Fd epoll_;
-  Fd event_;
+  std::shared_ptr<const Fd> event_;
   Fd timer_;
   Fd wake_rx_, wake_tx_;  // see peer_wake_socket()
 };

@@ -352,8 +352,8 @@ void ShmQp::set_up() {
   mapping_mask_ = kInitialMappings - 1;
 
   local_.link->other_user = peer_.other_user;
-  local_.link->send_cq_wake.reset(::fcntl(send_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
-  local_.link->recv_cq_wake.reset(::fcntl(recv_cq_->wake_fd(), F_DUPFD_CLOEXEC, 0));
+  local_.link->send_cq_wake = send_cq_->shared_wake();
+  local_.link->recv_cq_wake = recv_cq_->shared_wake();
   // The progress thread watches the link from here on; a failure below
   // removes it again, and no CQ keeps a pointer to a QP that never was.
   context_.progress().add_link(local_.link);
@@ -373,6 +373,13 @@ void ShmQp::set_up() {
   // ours) is seen as a hang-up by the other side's progress thread.
   local_.peer_request_end.reset();
   local_.peer_payload_end.reset();
+  // Mapped, checked and (ours) handed over: the mappings stay, the
+  // descriptors are not needed again and would count against the process's
+  // open-file limit per connection.
+  local_.block_fd.reset();
+  peer_.table_fd.reset();
+  peer_.block_fd.reset();
+  peer_.srq_fd.reset();
 }
 
 void ShmQp::unmap_peer() noexcept {

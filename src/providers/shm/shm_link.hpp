@@ -3,6 +3,7 @@
 // thread: the socket on which the peer's requests arrive, and liveness.
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "providers/shm/shm_unix_socket.hpp"
 
@@ -10,8 +11,10 @@ namespace rdmakit::shm {
 
 struct Link {
   Fd serve_socket;  // peer -> us: requests served by the progress thread
-  Fd send_cq_wake;  // dups of the QP's CQ eventfds, so a dead peer
-  Fd recv_cq_wake;  // wakes sleepers even mid-teardown
+  // The QP's CQ eventfds (shared with the CQs, not one dup per QP), so a
+  // dead peer wakes sleepers even mid-teardown.
+  std::shared_ptr<const Fd> send_cq_wake;
+  std::shared_ptr<const Fd> recv_cq_wake;
   std::atomic<bool> peer_gone{false};
   uint64_t id = 0;
   // The peer runs as another uid (SO_PEERCRED): the progress thread grants
