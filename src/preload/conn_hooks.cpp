@@ -18,6 +18,7 @@
 #include "handoff.hpp"
 #include "hook.hpp"
 #include "libc.hpp"
+#include "mirror.hpp"
 #include "relay.hpp"
 #include "remote.hpp"
 #include "rendezvous.hpp"
@@ -177,6 +178,9 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
     if (s >= 0) forget_stale(s);
     return s;
   }
+  // Until the accepted end is in the table: a client of this process may
+  // wait for it (mirror.hpp).
+  const AcceptWatch watch(fd);
   const int s = real().accept4(fd, addr, len, flags);
   if (s < 0) return s;
   forget_stale(s);

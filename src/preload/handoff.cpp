@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -144,6 +145,17 @@ std::vector<int> aliases_of(const std::shared_ptr<Pending>& p) {
   return out;
 }
 
+constexpr const char* kClosedMeanwhile =
+    "the application closed the connection while it was being upgraded";
+
+// After a rendezvous: fd still names this connection (a helper settles an
+// end nobody is using, which the application may close meanwhile and its
+// number be reused); *now gets the numbers that do.
+bool still_held(int fd, const std::shared_ptr<Pending>& p, std::vector<int>* now) {
+  *now = aliases_of(p);
+  return std::find(now->begin(), now->end(), fd) != now->end();
+}
+
 // The client's end: the kernel connect done (or failed), the server's
 // answer taken up within the budget, else kernel TCP.
 void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
@@ -171,18 +183,23 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
   // settled alongside (mirror.hpp), or, not accepted yet, it stays on TCP.
   std::optional<MirrorSettle> other_end;
   if (connected && offer_listener_here(*offer) && !settling_for_mirror()) {
-    if (const int m = await_accepted_mirror(fd); m >= 0) {
-      other_end.emplace(m);
-    } else {
+    if (Mirror m = await_accepted_mirror(fd); !m) {
       connected = false;
       reason =
           "the listener is in this process and has not accepted the connection (waiting "
           "could be waiting for this very thread)";
+    } else if (m.pending) {
+      other_end.emplace(std::move(m));
     }
   }
   if (connected) {
     Upgrade up = finish_connect(std::move(offer), fd);
-    if (up.stream != nullptr && adopt(fd, aliases, up, "connect", where)) return;
+    std::vector<int> now;
+    if (up.stream != nullptr && !still_held(fd, p, &now)) {
+      up.reason = kClosedMeanwhile;
+    } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where)) {
+      return;
+    }
     reason = up.reason;
   } else if (reason.empty()) {
     reason = "the kernel connect did not complete";
@@ -221,12 +238,17 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   }
   // The client end is this process's too: settled alongside (mirror.hpp).
   std::optional<MirrorSettle> other_end;
-  if (const int m = find_mirror(fd, false); m >= 0) other_end.emplace(m);
+  if (Mirror m = find_mirror(fd, false); m.pending) other_end.emplace(std::move(m));
   Upgrade up = upgrade_accepted(fd, deny_reason(fd));
+  std::vector<int> now;
+  if (up.stream != nullptr && !still_held(fd, p, &now)) {
+    up.stream.reset();
+    up.reason = kClosedMeanwhile;
+  }
   if (up.stream != nullptr) {
     if (!shared) marker.clear();
     write_adoption_marker(marker);
-    if (adopt(fd, aliases, up, "accept", where, marker)) return;
+    if (adopt(fd, now, up, "accept", where, marker)) return;
     if (!marker.empty()) unlink(marker.c_str());
   } else {
     log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(),
@@ -442,6 +464,18 @@ void relay_foreign_in_child() noexcept {
     }
   } catch (...) {
     // Out of memory: the connections are relayed at their first use.
+  }
+}
+
+void settle_mirror(int fd, const std::shared_ptr<Pending>& p) {
+  try {
+    // Whoever holds it is settling this end (against ours): nothing to do.
+    std::unique_lock lock(p->mu, std::try_to_lock);
+    if (!lock.owns_lock() || pending_of(fd) != p || entry_of(fd) != Entry::kPending)
+      return;
+    settle_pending(fd, p);
+  } catch (...) {
+    (void)remove_conn(fd);
   }
 }
 

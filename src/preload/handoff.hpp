@@ -9,6 +9,8 @@
 // (relay.hpp).
 #include <sys/socket.h>
 
+#include <memory>
+
 #include "rendezvous.hpp"
 
 namespace rdmakit::preload {
@@ -38,5 +40,10 @@ void relay_foreign_in_child() noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);
+// fd (pending entry p) is the other end of a connection this process is
+// settling on another thread (mirror.hpp): settled here unless someone
+// else is settling it already.
+struct Pending;
+void settle_mirror(int fd, const std::shared_ptr<Pending>& p);
 
 }  // namespace rdmakit::preload

@@ -6,28 +6,60 @@
 // that would make it: the end used first settles the other on a short-lived
 // helper thread, so both halves of the rendezvous run at once and no first
 // use waits out the budget (docs/preload.md, "Process shapes").
+#include <cstdint>
+#include <memory>
 #include <thread>
+
+#include "state.hpp"
 
 namespace rdmakit::preload {
 
-// The other end of fd's connection when it is a pending entry of this
-// process, else -1. client: fd is the connect()ed end. Always -1 on a
-// helper thread (the end that started it is being settled).
-int find_mirror(int fd, bool client);
+// The other end of a connection. pending is null when another thread is
+// settling that end already (which is all the rendezvous needs).
+struct Mirror {
+  int fd = -1;
+  std::shared_ptr<Pending> pending;
+  explicit operator bool() const noexcept { return fd >= 0; }
+};
 
-// A client end whose listener is this process: the accepted end, given
-// another thread's accept() about a millisecond to return it; -1 when it
-// has not (waiting longer could be waiting for this very thread).
-int await_accepted_mirror(int fd);
+// The other end of fd's connection, when it is an unsettled end this
+// process made itself (accepted here, since the last fork; or connected to
+// a listener of this process). client: fd is the connect()ed end. Nothing
+// on a helper thread (the end that started it is being settled).
+Mirror find_mirror(int fd, bool client);
+
+// A client end whose listener is this process: its accepted end, given
+// another thread's accept() about a millisecond to return it, or up to the
+// budget while a thread of this process is inside accept() on that port;
+// nothing when it has not (waiting longer could be waiting for this very
+// thread).
+Mirror await_accepted_mirror(int fd);
+
+// Held by the accept() hook while it waits in the kernel's accept on a
+// listener of this process: its clients in this process may wait for it.
+class AcceptWatch {
+ public:
+  explicit AcceptWatch(int listen_fd) noexcept;
+  ~AcceptWatch();
+  AcceptWatch(const AcceptWatch&) = delete;
+  AcceptWatch& operator=(const AcceptWatch&) = delete;
+
+ private:
+  uint16_t port_;
+};
 
 // This thread is a helper settling the other end for the thread that
 // settles this one.
 bool settling_for_mirror() noexcept;
 
-// Settles `fd` on a helper thread, joined when this is destroyed.
+// Settles the other end on a helper thread (signals blocked), joined when
+// this is destroyed. The helper only takes an end nobody else is settling:
+// whoever is, is settling it against us, which is all the rendezvous needs.
+// Without a thread (none could be made) the caller goes on alone.
 class MirrorSettle {
  public:
-  explicit MirrorSettle(int fd);
+  // other.pending must be set.
+  explicit MirrorSettle(Mirror other) noexcept;
   ~MirrorSettle();
   MirrorSettle(const MirrorSettle&) = delete;
   MirrorSettle& operator=(const MirrorSettle&) = delete;

@@ -181,7 +181,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   // listener of another user (the host-wide one).
   const pid_t listener = cfg.dir_problem.empty() ? registered_listener(port) : 0;
   const bool same_user = listener != 0;
-  p->listener_here = listener == process_id();
+  if (listener == process_id()) p->mark_listener_here();
   std::string other_why;
   if (!same_user && !other_user_listener(port, &other_why)) {
     *reason = !cfg.dir_problem.empty()

@@ -35,8 +35,9 @@ struct PendingOfferDelete {
 };
 using PendingOfferPtr = std::unique_ptr<PendingOffer, PendingOfferDelete>;
 bool offer_is_remote(const PendingOffer& offer);
-// This process has offers out (client ends not settled yet).
-bool offers_outstanding() noexcept;
+// This process has offers out to a listener of its own (client ends not
+// settled yet; mirror.hpp).
+bool offers_to_this_process() noexcept;
 // The offer's listener is this process (mirror.hpp).
 bool offer_listener_here(const PendingOffer& offer);
 PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);

@@ -370,17 +370,20 @@ std::string bind_unbound(int fd, const in_addr& v4, const in6_addr& v6,
 namespace rdmakit::preload {
 
 namespace {
-std::atomic<int> g_offers{0};
+std::atomic<int> g_offers_here{0};  // offers to a listener of this process
 }  // namespace
 
-bool offers_outstanding() noexcept {
-  return g_offers.load(std::memory_order_relaxed) > 0;
+bool offers_to_this_process() noexcept {
+  return g_offers_here.load(std::memory_order_relaxed) > 0;
 }
 
-PendingOffer::PendingOffer() { g_offers.fetch_add(1, std::memory_order_relaxed); }
+void PendingOffer::mark_listener_here() noexcept {
+  if (!listener_here) g_offers_here.fetch_add(1, std::memory_order_relaxed);
+  listener_here = true;
+}
 
 PendingOffer::~PendingOffer() {
-  g_offers.fetch_sub(1, std::memory_order_relaxed);
+  if (listener_here) g_offers_here.fetch_sub(1, std::memory_order_relaxed);
   if (reserved_on != nullptr) reserve_stream(reserved_on, -1);
   if (usock >= 0) {
     if (!remote) unlink(path.c_str());

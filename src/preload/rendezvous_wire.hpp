@@ -208,7 +208,7 @@ struct PendingOffer {
   bool remote = false;         // rdv is a TCP connection to the peer host's rendezvous
   bool other_user = false;     // same host, a listener of another user: abstract offer
   bool listener_here = false;  // the listener is this process's (mirror.hpp)
-  PendingOffer();
+  void mark_listener_here() noexcept;
   std::string path;  // same host: the offer socket's path (removed with it)
   int usock = -1;    // same host: listening unix socket; remote: the connection
   ~PendingOffer();

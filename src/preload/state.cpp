@@ -365,6 +365,13 @@ void add_listener(int fd, uint16_t port) {
   set_kind(fd, Entry::kListener);
 }
 
+uint16_t listener_port(int fd) {
+  if (!is_listener(fd)) return 0;
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  return entry_of(fd) == Entry::kListener ? t.ports[fd] : 0;
+}
+
 void remove_listener(int fd) {
   if (!is_listener(fd)) return;
   Table& t = table();

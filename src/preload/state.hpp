@@ -212,6 +212,8 @@ void count_pushback(int delta) noexcept;
 bool is_listener(int fd) noexcept;
 void add_listener(int fd, uint16_t port);
 void remove_listener(int fd);
+// The port a listener of this process was registered for; 0: not one.
+uint16_t listener_port(int fd);
 
 // One line per connection decision ("path=shm" or "path=kernel reason=...").
 void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

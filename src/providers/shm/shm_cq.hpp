@@ -126,12 +126,12 @@ class ShmCq final : public CompletionQueue {
   // The owner gate. poll(), arm() and the owner's unlocked pushes run inside
   // an owner section; attach and detach (any thread) close the gate, wait
   // until the owner is outside, change the QP lists and open it again. A
-  // poll() or arm() that finds the gate closed does nothing (0, false); a
-  // push waits for it to open. The owner pays two plain stores and a load per
-  // outermost section: the store-load order both sides need (Dekker) is a
-  // membarrier() on the rare, control-path side (shm_asymmetric_fence.hpp), or
-  // sequentially consistent operations on both where that is unavailable or
-  // invisible (TSan). Sections nest; only the outermost pays.
+  // poll() that finds the gate closed does nothing (0), an arm() waits for
+  // it to open and returns false (poll again); a push waits for it to open. The owner
+  // pays two plain stores and a load per outermost section: the store-load order both
+  // sides need (Dekker) is a membarrier() on the rare, control-path side
+  // (shm_asymmetric_fence.hpp), or sequentially consistent operations on both where that
+  // is unavailable or invisible (TSan). Sections nest; only the outermost pays.
   bool enter_owner() noexcept {
     if (owner_depth_ != 0) {
       ++owner_depth_;

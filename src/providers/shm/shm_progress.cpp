@@ -54,9 +54,10 @@ void ShmProgress::remove_link(const std::shared_ptr<Link>& link) {
 void ShmProgress::mark_gone(Link& link) {
   link.peer_gone.store(true, std::memory_order_release);
   const uint64_t one = 1;
-  for (const auto& wake : {link.send_cq_wake, link.recv_cq_wake}) {
-    if (wake) [[maybe_unused]]
-      ssize_t n = ::write(wake->get(), &one, sizeof one);
+  for (const auto* wake : {&link.send_cq_wake, &link.recv_cq_wake}) {
+    if (*wake) {
+      [[maybe_unused]] const ssize_t n = ::write((*wake)->get(), &one, sizeof one);
+    }
   }
 }
 

@@ -9,6 +9,10 @@ thread makes next):
   server-first   accept, then the server writes first (a banner)
   nonblocking    non-blocking sockets in one select() loop
   thread         a server thread blocked in accept(), the client in main
+  thread-race    30 connections: a server thread that reads as soon as it
+                 has accepted, while the main thread writes as soon as it
+                 has connected (both ends settled at once, each thread
+                 finding the other's end)
   many           20 connections opened, then all accepted, then used
   write-before-accept
                  the client writes before the connection is accepted (it
@@ -166,6 +170,36 @@ def threaded():
     return 1
 
 
+def thread_race(n=30):
+    l = listener()
+    errors = []
+
+    def serve():
+        try:
+            for i in range(n):
+                s, _ = l.accept()
+                with s:
+                    up = timed(recv_exact, s, 4096)  # the first use, at once
+                    if up != pattern(f"race{i}", 4096):
+                        raise RuntimeError(f"connection {i}: bytes differ")
+                    s.sendall(up[::-1])
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    for i in range(n):
+        with socket.create_connection(l.getsockname()) as c:
+            up = pattern(f"race{i}", 4096)
+            timed(c.sendall, up)  # the first use, at once
+            if recv_exact(c, 4096) != up[::-1]:
+                raise RuntimeError(f"connection {i}: answer differs")
+    t.join()
+    if errors:
+        raise errors[0]
+    return n
+
+
 def many(n=20):
     l = listener()
     clients = [socket.create_connection(l.getsockname()) for _ in range(n)]
@@ -196,6 +230,7 @@ def main():
         "server-first": lambda: blocking(False),
         "nonblocking": nonblocking,
         "thread": threaded,
+        "thread-race": thread_race,
         "many": many,
         "write-before-accept": write_before_accept,
     }[shape]()
