@@ -3,15 +3,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <rdmakit/stream/stream.hpp>
 #include <string>
+#include <thread>
 
 int stream_echo() {
   using namespace rdmakit::stream;
   auto engine = Engine::create();
   auto listener = engine->listen("127.0.0.1:0");
-  auto client = engine->connect("127.0.0.1:" + std::to_string(listener->port()));
+  // connect() waits for the accepting side's handshake: from another thread.
+  std::unique_ptr<Stream> client;
+  std::thread connecting(
+      [&] { client = engine->connect("127.0.0.1:" + std::to_string(listener->port())); });
   auto server = listener->accept(std::chrono::seconds(5));
+  connecting.join();
   const char text[] = "stream bytes";
   char buf[sizeof text] = {};
   if (client->write(text, sizeof text) != ssize_t(sizeof text) ||
