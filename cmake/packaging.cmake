@@ -1,8 +1,9 @@
 # Debian packages with CPack (scripts/package.sh; docs/packaging.md), one per
 # install component:
-#   librdmakit0     (runtime) librdmakit.so.0 and librdmakit-preload.so
-#   librdmakit-dev  (dev)     headers, librdmakit.so, the session and stream
-#                             archives, CMake package config, pkg-config files
+#   librdmakit0     (runtime) librdmakit.so.0, librdmakit-session.so.0,
+#                             librdmakit-stream.so.0, librdmakit-preload.so
+#   librdmakit-dev  (dev)     headers, the .so links of the three libraries,
+#                             CMake package config, pkg-config files
 #   rdmakit-tools   (tools)   every binary tools/ and apps/ install (a rule
 #                             without COMPONENT lands here), man pages,
 #                             systemd units, config files
@@ -21,15 +22,17 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # Depends on shared libraries from dpkg-shlibdeps; librdmakit0 ships a
 # shlibs file so that the other two find it.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# librdmakit.so.0 of this build (not yet installed): the Depends on
-# librdmakit0 itself is the explicit one below.
+# The libraries of this build (not yet installed; all three in the build
+# directory's top): the Depends on librdmakit0 itself is the explicit one
+# below.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${PROJECT_BINARY_DIR})
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(rdmakit_deb_version ${PROJECT_VERSION})
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME librdmakit0)
-# A shlibs file (librdmakit 0 librdmakit0 (= VERSION)) and the ldconfig
-# trigger (lintian: no-shlibs, lacks-ldconfig-trigger).
+# A shlibs file (librdmakit 0, librdmakit-session 0, librdmakit-stream 0:
+# librdmakit0 (= VERSION)) and the ldconfig trigger (lintian: no-shlibs,
+# lacks-ldconfig-trigger).
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY "=")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${PROJECT_SOURCE_DIR}/packaging/debian/triggers)
@@ -37,8 +40,9 @@ string(CONCAT CPACK_COMPONENT_RUNTIME_DESCRIPTION
     "C++20 RDMA communication stack: shared libraries\n"
     "rdmakit gives verbs semantics (queue pairs, one-sided READ/WRITE, atomics)\n"
     "over RDMA NICs (verbs), shared memory (shm) and TCP. This package holds\n"
-    "librdmakit.so.0 and librdmakit-preload.so, which runs unmodified socket\n"
-    "programs over rdmakit streams (see rdmakit-run(1)).")
+    "librdmakit.so.0 (the core), librdmakit-session.so.0 (sessions),\n"
+    "librdmakit-stream.so.0 (byte streams) and librdmakit-preload.so, which\n"
+    "runs unmodified socket programs over rdmakit streams (see rdmakit-run(1)).")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME librdmakit-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)

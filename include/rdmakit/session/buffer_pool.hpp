@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <span>
 #include <vector>
@@ -17,7 +18,7 @@ namespace rdmakit::session {
 class BufferPool;
 
 // A buffer from a pool; returns itself to the pool when destroyed.
-class Buffer {
+class RDMAKIT_API Buffer {
  public:
   Buffer() = default;
   Buffer(Buffer&& other) noexcept { *this = std::move(other); }
@@ -55,7 +56,7 @@ struct SizeClass {
   uint32_t count;  // buffers in the class
 };
 
-class BufferPool {
+class RDMAKIT_API BufferPool {
  public:
   // Allocates and registers one slab per class (Context::allocate, so shm
   // peers map it directly). Throws Error if registration fails.

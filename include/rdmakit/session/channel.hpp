@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/buffer_pool.hpp>
 #include <rdmakit/session/options.hpp>
@@ -33,7 +34,7 @@ struct Delivery;
 // A received message or notification. Its buffer is lent by the channel and
 // re-posted (and the credit returned) when the Message is destroyed, so keep
 // it only as long as needed. Handlers may move it out to keep it longer.
-class Message {
+class RDMAKIT_API Message {
  public:
   Message() = default;
   // Made only by the channel that lends the buffer (defined, inline, with
@@ -114,7 +115,7 @@ class RemoteBuffer {
 
 // Every Channel is a detail::ChannelCore (src/session/channel_core.hpp),
 // made and destroyed by its Endpoint: this class holds no state of its own.
-class Channel {
+class RDMAKIT_API Channel {
  public:
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;

@@ -3,6 +3,7 @@
 // handshake with backoff for up to connect_timeout) and yields one endpoint.
 #include <chrono>
 #include <memory>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/buffer_pool.hpp>
 #include <rdmakit/session/endpoint.hpp>
@@ -15,7 +16,7 @@ namespace detail {
 class Engine;
 }
 
-class Client {
+class RDMAKIT_API Client {
  public:
   // Opens a context on options.provider. Nothing is connected yet.
   explicit Client(SessionOptions options, Handlers handlers = {});

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/options.hpp>
@@ -39,7 +40,7 @@ class Engine;
 class Worker;
 }  // namespace detail
 
-class Endpoint : public std::enable_shared_from_this<Endpoint> {
+class RDMAKIT_API Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;

@@ -2,6 +2,7 @@
 // Options, modes and results shared by the session layer's classes.
 #include <chrono>
 #include <cstdint>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <string>
 #include <vector>
@@ -25,12 +26,12 @@ enum class EventMode : uint8_t {
   kEpollFd,   // an fd for epoll with the arm rule (library threads use it too)
 };
 
-const char* thread_mode_name(ThreadMode mode) noexcept;
-const char* event_mode_name(EventMode mode) noexcept;
+RDMAKIT_API const char* thread_mode_name(ThreadMode mode) noexcept;
+RDMAKIT_API const char* event_mode_name(EventMode mode) noexcept;
 // "poller" / "workers" / "app" and "busy" / "blocking" / "epoll"; throw Error
 // on anything else.
-ThreadMode parse_thread_mode(const std::string& name);
-EventMode parse_event_mode(const std::string& name);
+RDMAKIT_API ThreadMode parse_thread_mode(const std::string& name);
+RDMAKIT_API EventMode parse_event_mode(const std::string& name);
 
 struct SessionOptions {
   ProviderKind provider = ProviderKind::kAuto;
@@ -65,7 +66,7 @@ enum class DisconnectReason : uint8_t {
   kTransportError,  // a work request failed (peer killed, link cut, ...)
   kPeerSilent,      // no heartbeat within SessionOptions::liveness
 };
-const char* disconnect_reason_name(DisconnectReason reason) noexcept;
+RDMAKIT_API const char* disconnect_reason_name(DisconnectReason reason) noexcept;
 
 struct DisconnectInfo {
   DisconnectReason reason = DisconnectReason::kLocalClose;
@@ -85,7 +86,7 @@ enum class Errc : uint8_t {
   kTimeout,       // *_sync(): no completion within op_timeout
   kInvalid,       // bad argument (empty buffer, local memory not registered)
 };
-const char* errc_name(Errc code) noexcept;
+RDMAKIT_API const char* errc_name(Errc code) noexcept;
 
 struct OpResult {
   Errc code = Errc::kOk;

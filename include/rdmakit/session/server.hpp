@@ -3,6 +3,7 @@
 // own, so an accept never blocks the data path), and runs the handlers.
 #include <chrono>
 #include <memory>
+#include <rdmakit/export.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/buffer_pool.hpp>
 #include <rdmakit/session/endpoint.hpp>
@@ -15,7 +16,7 @@ namespace detail {
 class Engine;
 }
 
-class Server {
+class RDMAKIT_API Server {
  public:
   // Opens a context on options.provider and listens on `address` ("host:port",
   // port 0 picks one). Throws Error. Peers are accepted after start().

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 
+#include "rdmakit/export.hpp"
 #include "rdmakit/rdmakit.hpp"
 
 namespace rdmakit::stream {
@@ -80,7 +81,7 @@ struct EngineOptions {
 class Stream;
 class StreamListener;
 
-class Engine {
+class RDMAKIT_API Engine {
  public:
   // Throws Error (provider unavailable, options out of range).
   static std::shared_ptr<Engine> create(const EngineOptions& options = {});
@@ -110,7 +111,7 @@ class Engine {
   std::shared_ptr<detail::EngineImpl> impl_;
 };
 
-class StreamListener {
+class RDMAKIT_API StreamListener {
  public:
   ~StreamListener();
   StreamListener(const StreamListener&) = delete;
@@ -152,7 +153,7 @@ class StreamListener {
   std::unique_ptr<detail::Acceptor> acceptor_;
 };
 
-class Stream {
+class RDMAKIT_API Stream {
  public:
   // Flags for read/write (the MSG_* values of <sys/socket.h>).
   static constexpr int kPeek = MSG_PEEK;
