@@ -38,6 +38,21 @@ std::mutex g_foreign_mu;  // one foreign or inherited settle at a time
 // connections of its parent; beyond that, relays are made at first use.
 constexpr size_t kDormantAtFork = 16;
 
+// Calls fn(fd) for each descriptor a message passes (SCM_RIGHTS).
+template <typename Fn>
+void for_each_passed_fd(const msghdr* msg, Fn fn) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {  // NOLINT: glibc's signature
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      fn(fd);
+    }
+  }
+}
+
 uint16_t local_port(int fd) {
   sockaddr_storage ss{};
   socklen_t l = sizeof ss;
@@ -392,16 +407,7 @@ void scan_inherited() noexcept {
 void note_received(const msghdr* msg) noexcept {
   try {
     std::vector<Seen> seen;
-    for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr;
-         c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {  // NOLINT: glibc's signature
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < n; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        classify(fd, &seen);
-      }
-    }
+    for_each_passed_fd(msg, [&](int fd) { classify(fd, &seen); });
   } catch (...) {
     // Out of memory: the descriptors stay plain kernel sockets.
   }
@@ -418,19 +424,12 @@ void settle_before_close(int fd) {
 }
 
 void note_sent(const msghdr* msg) noexcept {
-  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr;
-       c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {  // NOLINT: glibc's signature
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < n; ++i) {
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (auto p = pending_of(fd)) p->inherited = true;
-      if (entry_of(fd) == Entry::kConn) {
-        if (auto conn = entry_conn(fd)) conn->adopt_gen = ~uint64_t{0};
-      }
+  for_each_passed_fd(msg, [](int fd) {
+    if (auto p = pending_of(fd)) p->inherited = true;
+    if (entry_of(fd) == Entry::kConn) {
+      if (auto conn = entry_conn(fd)) conn->adopt_gen = ~uint64_t{0};
     }
-  }
+  });
 }
 
 void relay_foreign_in_child() noexcept {

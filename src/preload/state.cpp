@@ -225,7 +225,10 @@ std::shared_ptr<Conn> entry_conn(int fd) {
   return t.conns[fd];
 }
 
-void install_conn(int fd, std::shared_ptr<Conn> conn) {
+namespace {
+// fd names conn now, as an entry of kind e; the Conn it named before is
+// released after the table lock.
+void put_conn(int fd, std::shared_ptr<Conn> conn, Entry e) {
   Table& t = table();
   std::shared_ptr<Conn> old;
   {
@@ -233,8 +236,13 @@ void install_conn(int fd, std::shared_ptr<Conn> conn) {
     drop_pending_locked(fd);
     old = std::move(t.conns[fd]);
     t.conns[fd] = std::move(conn);
-    set_kind(fd, Entry::kConn);
+    set_kind(fd, e);
   }
+}
+}  // namespace
+
+void install_conn(int fd, std::shared_ptr<Conn> conn) {
+  put_conn(fd, std::move(conn), Entry::kConn);
 }
 
 void wake_relayed(int fd) {
@@ -250,15 +258,7 @@ void wake_relayed(int fd) {
 }
 
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry e) {
-  Table& t = table();
-  std::shared_ptr<Conn> old;
-  {
-    std::lock_guard lock(t.mu);
-    drop_pending_locked(fd);
-    old = std::move(t.conns[fd]);
-    t.conns[fd] = std::move(tcp_only);
-    set_kind(fd, e);
-  }
+  put_conn(fd, std::move(tcp_only), e);
 }
 
 void install_pending(int fd, std::shared_ptr<Pending> p, Entry e) {
