@@ -347,6 +347,23 @@ int copy(const CopyOptions& o) {
       }
     }
     info.lanes = granted;
+    // Test hook: RDMAKIT_CP_TEST_DROP_LANE=L closes lane L 400 ms into the
+    // copy (a lane lost on its own).
+    std::thread dropper;
+    struct DropperJoin {
+      std::thread& t;
+      ~DropperJoin() {
+        if (t.joinable()) t.join();
+      }
+    } dropper_join{dropper};
+    if (const char* v = std::getenv("RDMAKIT_CP_TEST_DROP_LANE"); v && *v) {
+      const unsigned long l = std::strtoul(v, nullptr, 10);
+      if (l >= 1 && l <= lanes.size())
+        dropper = std::thread([e = lanes[l - 1].ep] {
+          std::this_thread::sleep_for(400ms);
+          e->close();
+        });
+    }
 
     ProgressMode mode = ProgressMode::kTerminal;
     if (o.progress_files) mode = ProgressMode::kPerFile;
@@ -405,6 +422,7 @@ int copy(const CopyOptions& o) {
     // The endpoint's goodbye is posted by close(); the session (staging,
     // slots, client) is torn down when this scope ends, which waits for
     // its progress thread but no longer for a fixed linger.
+    if (dropper.joinable()) dropper.join();
     for (ClientLane& c : lanes) c.ep->close();
     ep.close();
   } catch (const Error& e) {

@@ -157,8 +157,10 @@ struct CopyLanes {
       if (group->wait_joined(100ms)) return true;
       if (control.closed()) break;
     }
-    const std::string why = "lane " + std::to_string(group->missing()) + " of " +
-                            std::to_string(granted) + " did not join within 10 s";
+    const std::string why =
+        "lane " + std::to_string(group->missing()) + " of " + std::to_string(granted) +
+        (control.closed() ? " did not join before the client left"
+                          : " did not join within 10 s");
     report.error(Failure::kPeer, control.peer(), why);
     Writer w = message(Msg::kFatal);
     w.put<uint8_t>(static_cast<uint8_t>(Failure::kPeer)).str(why);
