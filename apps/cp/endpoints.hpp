@@ -47,14 +47,15 @@ struct ServerState {
   std::atomic<uint32_t> connected{0};  // connections so far
   std::atomic<int> active{0};          // handler threads (admitted or not)
   // Lanes (lanes.hpp): every lane of every copy holds kLaneBytes of
-  // registered memory; at most lane_budget lanes are granted at once.
+  // registered memory. Each admitted copy has its first lane; the lanes
+  // past the first come from a budget of extra_lanes, shared by all.
   LaneRegistry lanes;
-  uint32_t lane_budget = 2 * kDefaultMaxClients;
-  std::atomic<uint32_t> lanes_used{0};
+  uint32_t extra_lanes = kDefaultMaxClients;
+  std::atomic<uint32_t> extra_lanes_used{0};
 };
-// Lanes a server grants at once for max_clients copies: twice as many
-// (docs/cp.md, "Lanes").
-inline uint32_t lane_budget_for(uint32_t max_clients) { return 2 * max_clients; }
+// Lanes past the first a server grants at once for max_clients copies: as
+// many as the copies (docs/cp.md, "Lanes").
+inline uint32_t extra_lanes_for(uint32_t max_clients) { return max_clients; }
 // A server's session options for up to max_clients clients at once.
 session::SessionOptions server_session_options(const std::string& provider,
                                                uint32_t max_clients);

@@ -237,11 +237,10 @@ void Sender::post_loop(uint32_t lane) {
       slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(restore_at)] ^=
           std::byte{0xff};
     if (c_.bwlimit > 0) {
-      // --bwlimit: each slot waits until the bytes before it (on every
-      // lane) fit the rate.
+      // --bwlimit: each slot waits until the bytes before it in the stream
+      // (on every lane) fit the rate.
       std::unique_lock lock(mu_);
-      const uint64_t before = paced_bytes_;
-      paced_bytes_ += slots_[s].len;
+      const uint64_t before = slots_[s].pace_at;
       const auto due =
           start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(static_cast<double>(before) /
@@ -350,6 +349,8 @@ bool Sender::flush() {
   c_.report->chunks++;
   std::lock_guard lock(mu_);
   slots_[s] = Slot{State::kFilling, seq, cur_len_, 0, corrupt_at};
+  slots_[s].pace_at = paced_bytes_;
+  paced_bytes_ += cur_len_;
   queue_post(s);
   cv_.notify_all();
   return !dead();

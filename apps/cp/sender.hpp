@@ -90,6 +90,7 @@ class Sender {
     // can come first (through the peer), but the slot is refilled only
     // after the post returned, so no thread writes bytes a post still reads.
     bool posting = false;
+    uint64_t pace_at = 0;  // --bwlimit: the stream's bytes before this slot
   };
   // Slots are numbered across lanes: slot s is lane s / kSlots's slot
   // s % kSlots.
@@ -153,7 +154,7 @@ class Sender {
   };
   Ready ready_[kMaxLanes];
   uint32_t ready_count_ = 0;  // slots in all rings
-  uint64_t paced_bytes_ = 0;  // --bwlimit: bytes let through so far, all lanes
+  uint64_t paced_bytes_ = 0;  // --bwlimit: the stream's bytes so far, all lanes
   uint32_t posting_ = 0;      // popped from the ring, being posted
   uint32_t in_flight_ = 0;
   bool final_ = false;

@@ -82,14 +82,15 @@ void reply(session::Channel& ch, bool ok, uint32_t lanes, Failure kind,
   ::sodium_memzero(w.data().data(), w.data().size());
 }
 
-// Lanes for a copy that asked for `want`: as many as the budget has left
-// (at least one, else 0: refused).
+// Lanes for a copy that asked for `want`: its first, and as many more as
+// the extra lanes' budget has left.
 uint32_t take_lanes(ServerState& s, uint32_t want) {
-  uint32_t used = s.lanes_used.load();
+  uint32_t used = s.extra_lanes_used.load();
   for (;;) {
-    if (used >= s.lane_budget) return 0;
-    const uint32_t n = std::min(want, s.lane_budget - used);
-    if (s.lanes_used.compare_exchange_weak(used, used + n)) return n;
+    const uint32_t left = s.extra_lanes > used ? s.extra_lanes - used : 0;
+    const uint32_t n = std::min(want - 1, left);
+    if (n == 0) return 1;
+    if (s.extra_lanes_used.compare_exchange_weak(used, used + n)) return n + 1;
   }
 }
 
@@ -138,7 +139,7 @@ struct CopyLanes {
     if (granted > 1) {
       group = s.lanes.open(granted, &tokens);
       if (!group) {  // no randomness for tokens: one lane
-        s.lanes_used -= granted - 1;
+        s.extra_lanes_used -= granted - 1;
         granted = 1;
       }
     }
@@ -147,7 +148,7 @@ struct CopyLanes {
     s.lanes.close(group);
     for (uint32_t l = 1; l < granted; ++l)
       if (auto ep = group->endpoint(l)) wait_for_close(*ep);
-    s.lanes_used -= granted;
+    s.extra_lanes_used -= granted - 1;
   }
   // Every lane joined; else the copy is told why and false.
   bool joined(Report& report) {
@@ -157,10 +158,10 @@ struct CopyLanes {
       if (group->wait_joined(100ms)) return true;
       if (control.closed()) break;
     }
-    const std::string why =
-        "lane " + std::to_string(group->missing()) + " of " + std::to_string(granted) +
-        (control.closed() ? " did not join before the client left"
-                          : " did not join within 10 s");
+    const std::string why = "lane " + std::to_string(group->missing()) + " of " +
+                            std::to_string(granted) +
+                            (control.closed() ? " did not join before the client left"
+                                              : " did not join within 10 s");
     report.error(Failure::kPeer, control.peer(), why);
     Writer w = message(Msg::kFatal);
     w.put<uint8_t>(static_cast<uint8_t>(Failure::kPeer)).str(why);
@@ -274,17 +275,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     return;
   }
   const uint32_t granted = take_lanes(s, req.lanes);
-  if (granted == 0) {
-    s.copying--;
-    const std::string why = "server busy: its " + std::to_string(s.lane_budget) +
-                            " lanes are in use (twice --max-clients); try again later";
-    reply(ch, false, 0, Failure::kPeer, why);
-    std::fprintf(s.log, "rdmakit-cp serve: %s: refused: %s\n", ep->peer().c_str(),
-                 why.c_str());
-    wait_for_close(*ep);
-    return;
-  }
-  std::fprintf(s.log, "rdmakit-cp serve: %s: %s admitted (%u copying, %u lane%s)\n",
+  std::fprintf(s.log, "rdmakit-cp serve: %s: %s admitted (%u copying) over %u lane%s\n",
                ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying, granted,
                granted == 1 ? "" : "s");
   CopyLanes lanes(s, *ep, granted);
@@ -427,7 +418,7 @@ session::SessionOptions server_session_options(const std::string& provider,
   // Lane connections count: each copy's lanes past the first, up to the
   // lane budget.
   so.max_endpoints =
-      std::max(so.max_endpoints, 2 * max_clients + lane_budget_for(max_clients));
+      std::max(so.max_endpoints, 2 * max_clients + extra_lanes_for(max_clients));
   return so;
 }
 
@@ -448,7 +439,7 @@ session::Handlers client_handlers(ServerState& s) {
 int serve(const ServeOptions& o) {
   ServerState s;
   s.max_clients = o.max_clients;
-  s.lane_budget = lane_budget_for(o.max_clients);
+  s.extra_lanes = extra_lanes_for(o.max_clients);
   s.read_only = o.read_only;
   s.write_only = o.write_only;
   s.preserve_special = o.preserve_special;

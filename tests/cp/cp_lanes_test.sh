@@ -26,10 +26,10 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 pass() { echo "ok: $*"; }
 cp_() { timeout --kill-after=5 60 "$bin" -q --provider "$provider" -p "$port" "$@"; }
-start_server() {
+start_server() {  # start_server [SERVE OPTION...]
   rm -f "$work/port"
   "$bin" serve --root "$work/root" -p 0 --port-file "$work/port" --provider "$provider" \
-    --bind "$host" 2>>"$work/server.log" &
+    --bind "$host" "$@" 2>>"$work/server.log" &
   server_pid=$!
   for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
   port=$(cat "$work/port" 2>/dev/null) || { fail "server did not start"; exit 1; }
@@ -74,6 +74,18 @@ case $mode in
     cp_ --lanes 4 -r "$host:first/tree" "$work/pulled" 2>"$work/err" &&
       diff -r "$src" "$work/pulled/tree" >/dev/null &&
       pass "a genuine 4-lane pull after the refusals" || fail "pull after the refusals"
+    grep -q "lane join refused" "$work/server.log" && [ -z "$(ls -A "$work/root" | grep -v first)" ] &&
+      pass "the refused joins are logged, nothing but the genuine copy in the root" ||
+      fail "server log or root after the refusals"
+    # The bound: --max-clients 1 gives one extra lane; a copy asking for 4
+    # gets 2, and a copy meanwhile still gets its first.
+    kill "$server_pid"; wait "$server_pid"; server_pid=
+    start_server --max-clients 1
+    out=$(cp_ --lanes 4 --json -r "$src" "$host:bounded" 2>"$work/err")
+    if echo "$out" | grep -q '"lanes": 2' && diff -r "$src" "$work/root/bounded" >/dev/null &&
+       grep -q "push admitted (1 copying) over 2 lanes" "$work/server.log"; then
+      pass "--max-clients 1: a copy asking for 4 lanes gets 2"
+    else fail "lane bound: $out"; cat "$work/err"; fi
     ;;
   drop)
     # --bwlimit stretches the copy so that lane 1 closes in the middle of it.

@@ -162,6 +162,14 @@ case $mode in
     cp_ -r "$at:tree" "$work/pulled" && same_tree "$src/tree" "$work/pulled/tree" &&
       pass "pull -r: tree identical" || fail "pull -r"
     no_server_left && pass "pull: the remote server exited" || fail "pull: a remote server is left"
+    # Over three lanes (the remote server grants up to 8 to its one client).
+    out=$(cp_ --lanes 3 --json -r "$src/tree" "$at:lanes")
+    if echo "$out" | grep -q '"lanes": 3' && same_tree "$src/tree" "$home/lanes"; then
+      pass "push over 3 lanes: tree identical"
+    else fail "push over 3 lanes: $out"; fi
+    cp_ --lanes 3 -r "$at:lanes" "$work/pulled-lanes" && same_tree "$src/tree" "$work/pulled-lanes" &&
+      pass "pull over 3 lanes: tree identical" || fail "pull over 3 lanes"
+    no_server_left && pass "lanes: the remote server exited" || fail "lanes: a remote server is left"
     # An absolute path, and a single file to a new name.
     cp_ -r "$src/tree" "$at:$home/abs" && same_tree "$src/tree" "$home/abs" &&
       pass "push to an absolute path" || fail "push to an absolute path"
