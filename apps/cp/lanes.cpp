@@ -94,8 +94,11 @@ size_t LaneRegistry::open_groups() {
 }
 
 uint32_t default_lanes(const std::string& provider, unsigned cpus) {
-  if (provider == "shm") return 1;
-  return std::clamp<uint32_t>(cpus / 2, 1, 4);
+  // shm copies memory on this host's CPUs: more lanes add threads, not
+  // bandwidth. A connection is one progress thread's work (tcp) or one
+  // QP (verbs): two lanes already gain on two CPUs (docs/cp.md, "Lanes").
+  if (provider == "shm" || cpus <= 1) return 1;
+  return std::clamp<uint32_t>(cpus / 2, 2, 4);
 }
 
 }  // namespace rdmakit::cp

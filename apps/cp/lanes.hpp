@@ -73,8 +73,9 @@ class LaneRegistry {
   std::vector<std::shared_ptr<LaneGroup>> groups_;
 };
 
-// Lanes a client asks for by default (docs/cp.md, "Lanes"): one per two
-// online CPUs on tcp and verbs, at most 4; one on shm.
+// Lanes a client asks for by default (docs/cp.md, "Lanes"): on tcp and
+// verbs one per two online CPUs, at least 2 and at most 4 (1 on a single
+// CPU); one on shm.
 uint32_t default_lanes(const std::string& provider, unsigned cpus);
 
 }  // namespace rdmakit::cp
