@@ -240,7 +240,7 @@ case $mode in
     at=$tuser@10.203.0.2
     nscp() { in_a timeout --kill-after=5 30 "$bin" -e "$rsh" --rdmakit-path "$prog" --provider tcp "$@"; }
     nscp -r "$src/tree" "$at:." >"$work/out" && same_tree "$src/tree" "$home/tree" &&
-      grep -q "push to 10.203.0.2:[0-9]* (tcp)" "$work/out" &&
+      grep -qE "push to 10.203.0.2:[0-9]* \(tcp(, [0-9] lanes)?\)" "$work/out" &&
       pass "two hosts: push over tcp to the address ssh came in on" || { fail "two hosts: push"; cat "$work/out"; }
     others=$(find "$home/tree" ! -user "$tuser" | wc -l)
     [ "$others" = 0 ] && pass "two hosts: owned by $tuser" || fail "two hosts: $others entries not owned by $tuser"
