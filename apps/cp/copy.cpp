@@ -326,16 +326,26 @@ int copy(const CopyOptions& o) {
       return report.exit_code();
     }
 
-    // The other lanes join (sequentially: a connect is a millisecond or so).
+    // The other lanes join, each on a thread of its own: a lane's session
+    // setup (its memory, connect, join) is a few milliseconds.
     std::vector<ClientLane> lanes(tokens.size());
+    std::vector<std::string> lane_whys(tokens.size());
+    {
+      std::vector<std::thread> openers;
+      for (uint32_t l = 1; l <= tokens.size(); ++l)
+        openers.emplace_back([&, l] {
+          try {
+            lane_whys[l - 1] =
+                open_lane(so, address, push, l, tokens[l - 1], &lanes[l - 1]);
+          } catch (const Error& e) {
+            lane_whys[l - 1] = e.what();
+          }
+          ::sodium_memzero(tokens[l - 1].data(), kJoinTokenBytes);
+        });
+      for (std::thread& t : openers) t.join();
+    }
     for (uint32_t l = 1; l <= tokens.size(); ++l) {
-      std::string lane_why;
-      try {
-        lane_why = open_lane(so, address, push, l, tokens[l - 1], &lanes[l - 1]);
-      } catch (const Error& e) {
-        lane_why = e.what();
-      }
-      ::sodium_memzero(tokens[l - 1].data(), kJoinTokenBytes);
+      const std::string& lane_why = lane_whys[l - 1];
       if (!lane_why.empty()) {
         report.error(Failure::kPeer, address,
                      "lane " + std::to_string(l) + " of " + std::to_string(granted) +

@@ -764,8 +764,10 @@ void Receiver::lane_loop(uint32_t lane) {
       std::lock_guard lock(mu_);
       if (writer_done_ || abort_) return;
     }
+    // A recv cannot be woken: short waits, so that the copy's end (joined
+    // on this thread) is not late by a long one begun before it.
     session::Message m;
-    const session::OpResult r = ch->recv(&m, std::chrono::milliseconds(100));
+    const session::OpResult r = ch->recv(&m, std::chrono::milliseconds(5));
     if (r.code == session::Errc::kTimeout) continue;
     if (!r.ok()) {
       {
