@@ -95,10 +95,11 @@ size_t LaneRegistry::open_groups() {
 
 uint32_t default_lanes(const std::string& provider, unsigned cpus) {
   // shm copies memory on this host's CPUs: more lanes add threads, not
-  // bandwidth. A connection is one progress thread's work (tcp) or one
-  // QP (verbs): two lanes already gain on two CPUs (docs/cp.md, "Lanes").
-  if (provider == "shm" || cpus <= 1) return 1;
-  return std::clamp<uint32_t>(cpus / 2, 2, 4);
+  // bandwidth. A connection is one progress thread's work (tcp) or one QP
+  // (verbs), and the receiver needs a CPU of its own besides: a lane per
+  // two CPUs (on two, one lane copied a tree fastest; docs/cp.md, "Lanes").
+  if (provider == "shm") return 1;
+  return std::clamp<uint32_t>(cpus / 2, 1, 4);
 }
 
 }  // namespace rdmakit::cp

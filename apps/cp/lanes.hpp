@@ -74,8 +74,7 @@ class LaneRegistry {
 };
 
 // Lanes a client asks for by default (docs/cp.md, "Lanes"): on tcp and
-// verbs one per two online CPUs, at least 2 and at most 4 (1 on a single
-// CPU); one on shm.
+// verbs one per two online CPUs, 1 to 4; one on shm.
 uint32_t default_lanes(const std::string& provider, unsigned cpus);
 
 }  // namespace rdmakit::cp

@@ -172,7 +172,8 @@ TEST(CpLanes, HelloCarriesLanesWithinTheBound) {
 TEST(CpLanes, DefaultFollowsProviderAndCpus) {
   EXPECT_EQ(default_lanes("shm", 64), 1u);
   EXPECT_EQ(default_lanes("tcp", 1), 1u);
-  EXPECT_EQ(default_lanes("tcp", 2), 2u);
+  EXPECT_EQ(default_lanes("tcp", 2), 1u);
+  EXPECT_EQ(default_lanes("tcp", 4), 2u);
   EXPECT_EQ(default_lanes("tcp", 6), 3u);
   EXPECT_EQ(default_lanes("tcp", 8), 4u);
   EXPECT_EQ(default_lanes("verbs", 64), 4u);
