@@ -108,7 +108,7 @@ Receiver::Receiver(ReceiverConfig config)
       // the writer waits for on (acks run ahead of it by a little).
       window_(2 * kSlots *
               static_cast<uint32_t>(std::min<size_t>(c_.lanes.size() + 1, kMaxLanes))) {
-  lanes_.push_back({c_.channel, c_.slots, "lane 0"});
+  lanes_.push_back({c_.channel, c_.slots, c_.channel->endpoint().peer()});
   for (const ReceiverLane& l : c_.lanes)
     if (lanes_.size() < kMaxLanes) lanes_.push_back(l);
 }

@@ -22,7 +22,8 @@ constexpr size_t kListBatchBytes = 48 * 1024;
 }  // namespace
 
 Sender::Sender(SenderConfig config) : c_(std::move(config)), meta_(c_.sync, true) {
-  lanes_.push_back({c_.channel, c_.staging, c_.remote_offset, "lane 0"});
+  lanes_.push_back(
+      {c_.channel, c_.staging, c_.remote_offset, c_.channel->endpoint().peer()});
   for (const SenderLane& l : c_.lanes)
     if (lanes_.size() < kMaxLanes) lanes_.push_back(l);
   nslots_ = static_cast<uint32_t>(lanes_.size()) * kSlots;
