@@ -36,6 +36,10 @@
 # CP_BENCH_TREE_MIN entries; default "/usr/share/locale /usr/lib/python3",
 # 30000), CP_BENCH_CHANGE_PCT (1), CP_BENCH_SEED (1), CP_BENCH_SSH=0 (no ssh
 # rows), CP_BENCH_TIMEOUT (seconds one command may take, 600).
+# CP_BENCH_LANES (default "1 4"): rdmakit-cp rows with --lanes N besides the
+# default ones (rdmakit-cp-shm-lanesN, rdmakit-cp-tcp-lanesN; the big, small
+# and tree sets); "" leaves them out. CP_BENCH_NAME (default cp) names the
+# results.
 # Results: bench/results/cp-<date>.md (with `uptime` before and after: figures
 # taken with a load above the number of CPUs are marked as such) and .csv
 # (every round).
@@ -53,6 +57,8 @@ change_pct=${CP_BENCH_CHANGE_PCT:-1}
 seed=${CP_BENCH_SEED:-1}
 ssh_on=${CP_BENCH_SSH:-1}
 tmo=${CP_BENCH_TIMEOUT:-600}
+lane_counts=${CP_BENCH_LANES-1 4}
+result_name=${CP_BENCH_NAME:-cp}
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 uptime_before=$(uptime)
 if [ ! -x "$build/apps/cp/rdmakit-cp" ]; then
@@ -155,6 +161,10 @@ for set in big small; do
   for round in $(seq "$repeat"); do
     run rdmakit-cp-shm $set "$round" "$server_shm" "$bin" -q --provider shm -p "$port_shm" $flag "$src" 127.0.0.1:.
     run rdmakit-cp-tcp $set "$round" "$server_tcp" "$bin" -q --provider tcp -p "$port_tcp" $flag "$src" 127.0.0.1:.
+    for n in $lane_counts; do
+      run rdmakit-cp-shm-lanes$n $set "$round" "$server_shm" "$bin" -q --provider shm -p "$port_shm" --lanes $n $flag "$src" 127.0.0.1:.
+      run rdmakit-cp-tcp-lanes$n $set "$round" "$server_tcp" "$bin" -q --provider tcp -p "$port_tcp" --lanes $n $flag "$src" 127.0.0.1:.
+    done
     run rsync-daemon $set "$round" "$rsync_pid" rsync -a "$src" "rsync://127.0.0.1:$rsync_port/dst/"
     run cp $set "$round" - cp -a "$src" "$work/dst/"
     # The destination's floor: only the writing of the file into tmpfs (page
@@ -307,6 +317,7 @@ EOF
   fi
   [ -n "$ssh_note" ] && echo "$ssh_note"
   tree_tools=(rdmakit-cp-shm rdmakit-cp-tcp)
+  for n in $lane_counts; do tree_tools+=(rdmakit-cp-shm-lanes$n rdmakit-cp-tcp-lanes$n); done
   [ -z "$ssh_note" ] && tree_tools+=(rdmakit-cp-ssh)
   tree_tools+=(rsync-daemon)
   [ -z "$ssh_note" ] && tree_tools+=(rsync-ssh)
@@ -321,6 +332,10 @@ EOF
         cmd=("$bin" -a -q --provider shm -p "$port_shm" "$s" "127.0.0.1:$d") ;;
       rdmakit-cp-tcp) spid=$server_tcp
         cmd=("$bin" -a -q --provider tcp -p "$port_tcp" "$s" "127.0.0.1:$d") ;;
+      rdmakit-cp-shm-lanes*) spid=$server_shm
+        cmd=("$bin" -a -q --provider shm -p "$port_shm" --lanes "${t##*lanes}" "$s" "127.0.0.1:$d") ;;
+      rdmakit-cp-tcp-lanes*) spid=$server_tcp
+        cmd=("$bin" -a -q --provider tcp -p "$port_tcp" --lanes "${t##*lanes}" "$s" "127.0.0.1:$d") ;;
       rdmakit-cp-ssh) spid=$sshd_pid
         cmd=("$bin" -a -q --provider tcp -e "$rsh" --rdmakit-path "$bin" "$s" "$ssh_user@127.0.0.1:$work/dst/$d") ;;
       rsync-daemon) spid=$rsync_pid
@@ -499,7 +514,9 @@ fi
 # the median wall time of the rounds.
 results=()
 for set in big small; do
-  tools="rdmakit-cp-shm rdmakit-cp-tcp rsync-daemon cp"
+  tools="rdmakit-cp-shm rdmakit-cp-tcp"
+  for n in $lane_counts; do tools="$tools rdmakit-cp-shm-lanes$n rdmakit-cp-tcp-lanes$n"; done
+  tools="$tools rsync-daemon cp"
   [ $set = big ] && tools="$tools floor-write"
   for tool in $tools; do
     walls=$(printf '%s\n' "${rows[@]}" | awk -F, -v s=$set -v t=$tool '$1==s && $2==t {print $4}' | sort -g)
@@ -511,8 +528,8 @@ for set in big small; do
 done
 stamp=$(date -u +%Y%m%d-%H%M%S)
 mkdir -p bench/results
-csv=bench/results/cp-$stamp.csv
-md=bench/results/cp-$stamp.md
+csv=bench/results/$result_name-$stamp.csv
+md=bench/results/$result_name-$stamp.md
 {
   echo "set,tool,round,wall_s,client_user_s,client_sys_s,server_user_s,server_sys_s,status,phases_ms,check"
   for r in "${rows[@]}"; do
@@ -591,11 +608,13 @@ def phases(s, t):
                 k, v = kv.split("=")
                 acc.setdefault(k, []).append(float(v))
     return ", ".join("%s %.0f" % (k, statistics.median(v)) for k, v in acc.items())
-tools = [t for t in ["rdmakit-cp-shm", "rdmakit-cp-tcp", "rdmakit-cp-ssh", "rsync-daemon", "rsync-ssh", "cp"]
-         if walls("tree-first", t)]
+lane_tools = sorted({r["tool"] for r in rows if "-lanes" in r["tool"]})
+tools = [t for t in ["rdmakit-cp-shm", "rdmakit-cp-tcp"] + lane_tools +
+         ["rdmakit-cp-ssh", "rsync-daemon", "rsync-ssh", "cp"] if walls("tree-first", t)]
 sets = [("tree-first", "tree: first copy", 4.0), ("tree-nochange", "tree: nothing changed", 5.0),
         ("tree-1pct", "tree: 1% changed", 3.0)]
 peer = {"rdmakit-cp-shm": "rsync-daemon", "rdmakit-cp-tcp": "rsync-daemon", "rdmakit-cp-ssh": "rsync-ssh"}
+peer.update({t: "rsync-daemon" for t in lane_tools})
 out = []
 p = out.append
 p("## Real tree")

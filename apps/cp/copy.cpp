@@ -1,6 +1,7 @@
 // The copying client: push (local sources -> HOST:DST) or pull
 // (HOST:sources -> local DST) over one session endpoint.
 #include <fcntl.h>
+#include <sodium.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +16,7 @@
 
 #include "auth.hpp"
 #include "endpoints.hpp"
+#include "lanes.hpp"
 #include "progress.hpp"
 #include "protocol.hpp"
 #include "receiver.hpp"
@@ -41,6 +43,67 @@ struct PhaseClock {
     last = now;
   }
 };
+
+// A lane past the first: a session client of its own (on tcp a connection
+// of its own, served by its own progress thread).
+struct ClientLane {
+  std::unique_ptr<session::Client> client;
+  MemoryRegion* slots = nullptr;
+  std::unique_ptr<MemoryRegion> staging;
+  session::Endpoint* ep = nullptr;
+};
+
+// Test hooks: RDMAKIT_CP_TEST_SAVE_TOKEN=FILE keeps lane 1's join token in
+// FILE; RDMAKIT_CP_TEST_LANE_TOKEN=FILE joins lane 1 with the token in FILE
+// instead (a replayed token), =zero with zeros (a wrong one).
+void test_token_hooks(uint32_t lane, JoinToken* token) {
+  if (lane != 1) return;
+  if (const char* save = std::getenv("RDMAKIT_CP_TEST_SAVE_TOKEN"); save && *save) {
+    if (FILE* f = std::fopen(save, "wb")) {
+      std::fwrite(token->data(), 1, token->size(), f);
+      std::fclose(f);
+    }
+  }
+  const char* use = std::getenv("RDMAKIT_CP_TEST_LANE_TOKEN");
+  if (use == nullptr || *use == '\0') return;
+  if (std::strcmp(use, "zero") == 0) {
+    token->fill(std::byte{0});
+    return;
+  }
+  if (FILE* f = std::fopen(use, "rb")) {
+    if (std::fread(token->data(), 1, token->size(), f) != token->size())
+      token->fill(std::byte{0});
+    std::fclose(f);
+  }
+}
+
+// Opens lane `lane` and joins it to the copy with its token; "" or why not.
+std::string open_lane(const session::SessionOptions& so, const std::string& address,
+                      bool push, uint32_t lane, JoinToken token, ClientLane* out) {
+  test_token_hooks(lane, &token);
+  out->client = std::make_unique<session::Client>(so);
+  out->slots = &out->client->expose(kSlotsBuffer, push ? 4096 : kLaneBytes, kAccessAll);
+  out->staging =
+      out->client->context().allocate(push ? kLaneBytes : 4096, kAccessLocalWrite);
+  out->ep = &out->client->connect(address);
+  Writer join = message(Msg::kLaneJoin);
+  join.put<uint32_t>(lane).bytes(token);
+  session::Channel& ch = out->ep->channel();
+  session::OpResult r = ch.send(std::span<const std::byte>(join.data()));
+  ::sodium_memzero(join.data().data(), join.data().size());
+  ::sodium_memzero(token.data(), token.size());
+  session::Message m;
+  if (r.ok()) r = ch.recv(&m, 10s);
+  if (!r.ok()) return "no answer to its join: " + r.detail;
+  Reader rd(m.data());
+  const auto type = static_cast<Msg>(rd.get<uint8_t>());
+  const auto ok = rd.get<uint8_t>();
+  const std::string why = rd.str(4096);
+  m.release();
+  if (!rd.ok() || type != Msg::kLaneReply) return "protocol error: bad join reply";
+  if (!ok) return "server refused its join: " + why;
+  return "";
+}
 
 struct Remote {
   bool remote = false;
@@ -217,6 +280,13 @@ int copy(const CopyOptions& o) {
     req.filters = o.filters.encode();
     req.partial_dir = o.partial_dir;
     req.bwlimit = o.bwlimit;
+    // The default follows the provider the session picked ("auto": verbs or tcp).
+    const uint32_t want_lanes = std::clamp<uint32_t>(
+        o.lanes != 0 ? o.lanes
+                     : default_lanes(info.provider,
+                                     std::max(1u, std::thread::hardware_concurrency())),
+        1, kMaxLanes);
+    req.lanes = static_cast<uint8_t>(want_lanes);
     Writer hello = message(Msg::kHello);
     encode_request(req, &hello);
     session::OpResult r = ch.send(std::span<const std::byte>(hello.data()));
@@ -230,13 +300,22 @@ int copy(const CopyOptions& o) {
     Reader rd(m.data());
     const auto type = static_cast<Msg>(rd.get<uint8_t>());
     const auto ok = rd.get<uint8_t>();
-    // Where our slots start in the server's buffer: 0 now that each client
-    // has a buffer of its own (servers before that cut lanes from one).
-    const auto lane = rd.get<uint32_t>();
+    // The lanes granted (at most those asked for), a join token each past
+    // the first.
+    const auto granted = rd.get<uint32_t>();
     const auto kind = static_cast<Failure>(rd.get<uint8_t>());
     const std::string why = rd.str();
+    std::vector<JoinToken> tokens;
+    if (rd.ok() && ok && granted >= 1 && granted <= want_lanes) {
+      tokens.resize(granted - 1);
+      for (JoinToken& t : tokens) {
+        const auto raw = rd.take(kJoinTokenBytes);
+        if (rd.ok()) std::memcpy(t.data(), raw.data(), t.size());
+      }
+    }
     m.release();
-    if (!rd.ok() || type != Msg::kHelloReply) {
+    if (!rd.ok() || type != Msg::kHelloReply ||
+        (ok && (granted < 1 || granted > want_lanes))) {
       report.error(Failure::kPeer, address, "protocol error: bad reply");
       return report.exit_code();
     }
@@ -245,6 +324,55 @@ int copy(const CopyOptions& o) {
           kind > Failure::kPeer || kind == Failure::kNone ? Failure::kPeer : kind,
           address, "server refused: " + why);
       return report.exit_code();
+    }
+
+    // The other lanes join, each on a thread of its own: a lane's session
+    // setup (its memory, connect, join) is a few milliseconds.
+    std::vector<ClientLane> lanes(tokens.size());
+    std::vector<std::string> lane_whys(tokens.size());
+    {
+      std::vector<std::thread> openers;
+      for (uint32_t l = 1; l <= tokens.size(); ++l)
+        openers.emplace_back([&, l] {
+          try {
+            lane_whys[l - 1] =
+                open_lane(so, address, push, l, tokens[l - 1], &lanes[l - 1]);
+          } catch (const Error& e) {
+            lane_whys[l - 1] = e.what();
+          }
+          ::sodium_memzero(tokens[l - 1].data(), kJoinTokenBytes);
+        });
+      for (std::thread& t : openers) t.join();
+    }
+    for (uint32_t l = 1; l <= tokens.size(); ++l) {
+      const std::string& lane_why = lane_whys[l - 1];
+      if (!lane_why.empty()) {
+        report.error(Failure::kPeer, address,
+                     "lane " + std::to_string(l) + " of " + std::to_string(granted) +
+                         ": " + lane_why);
+        for (ClientLane& c : lanes)
+          if (c.ep != nullptr) c.ep->close();
+        ep.close();
+        return report.exit_code();
+      }
+    }
+    info.lanes = granted;
+    // Test hook: RDMAKIT_CP_TEST_DROP_LANE=L closes lane L 400 ms into the
+    // copy (a lane lost on its own).
+    std::thread dropper;
+    struct DropperJoin {
+      std::thread& t;
+      ~DropperJoin() {
+        if (t.joinable()) t.join();
+      }
+    } dropper_join{dropper};
+    if (const char* v = std::getenv("RDMAKIT_CP_TEST_DROP_LANE"); v && *v) {
+      const unsigned long l = std::strtoul(v, nullptr, 10);
+      if (l >= 1 && l <= lanes.size())
+        dropper = std::thread([e = lanes[l - 1].ep] {
+          std::this_thread::sleep_for(400ms);
+          e->close();
+        });
     }
 
     ProgressMode mode = ProgressMode::kTerminal;
@@ -256,8 +384,13 @@ int copy(const CopyOptions& o) {
     if (push) {
       SenderConfig sc;
       sc.channel = &ch;
-      sc.remote_offset = uint64_t{lane} * kLaneBytes;
+      sc.remote_offset = 0;
       sc.staging = {staging->data(), staging->length(), staging->lkey()};
+      for (ClientLane& c : lanes)
+        sc.lanes.push_back({&c.ep->channel(),
+                            {c.staging->data(), c.staging->length(), c.staging->lkey()},
+                            0,
+                            c.ep->peer()});
       sc.root = {AT_FDCWD, false};
       sc.sync = o.sync;
       sc.side = ItemSide::kPush;
@@ -274,6 +407,8 @@ int copy(const CopyOptions& o) {
       ReceiverConfig rc;
       rc.channel = &ch;
       rc.slots = slots.data();
+      for (ClientLane& c : lanes)
+        rc.lanes.push_back({&c.ep->channel(), c.slots->data(), c.ep->peer()});
       rc.target = target;
       rc.resume = o.resume;
       rc.partial_dir = o.partial_dir;
@@ -297,6 +432,8 @@ int copy(const CopyOptions& o) {
     // The endpoint's goodbye is posted by close(); the session (staging,
     // slots, client) is torn down when this scope ends, which waits for
     // its progress thread but no longer for a fixed linger.
+    if (dropper.joinable()) dropper.join();
+    for (ClientLane& c : lanes) c.ep->close();
     ep.close();
   } catch (const Error& e) {
     report.error(Failure::kPeer, address, e.what());

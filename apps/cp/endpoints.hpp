@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "filter.hpp"
+#include "lanes.hpp"
 #include "protocol.hpp"
 
 namespace rdmakit::cp {
@@ -45,7 +46,16 @@ struct ServerState {
   std::atomic<uint32_t> served{0};     // admitted transfers that ended
   std::atomic<uint32_t> connected{0};  // connections so far
   std::atomic<int> active{0};          // handler threads (admitted or not)
+  // Lanes (lanes.hpp): every lane of every copy holds kLaneBytes of
+  // registered memory. Each admitted copy has its first lane; the lanes
+  // past the first come from a budget of extra_lanes, shared by all.
+  LaneRegistry lanes;
+  uint32_t extra_lanes = kDefaultMaxClients;
+  std::atomic<uint32_t> extra_lanes_used{0};
 };
+// Lanes past the first a server grants at once for max_clients copies: as
+// many as the copies (docs/cp.md, "Lanes").
+inline uint32_t extra_lanes_for(uint32_t max_clients) { return max_clients; }
 // A server's session options for up to max_clients clients at once.
 session::SessionOptions server_session_options(const std::string& provider,
                                                uint32_t max_clients);
@@ -75,6 +85,7 @@ struct CopyOptions {
   bool progress_total = false;    // --info=progress2
   bool stats = false;             // --stats
   std::string partial_dir;        // --partial-dir
+  uint32_t lanes = 0;             // --lanes; 0: default_lanes() for the provider
   uint64_t bwlimit = 0;           // --bwlimit, bytes per second
   FilterRules filters;            // --exclude, --include, ... in order
   // -e COMMAND: start the server over this remote shell (empty: a daemon).

@@ -167,6 +167,10 @@ int main(int argc, char** argv) {
     app.add_flag("-q,--quiet", o.quiet, "no progress line");
     app.add_option("-p,--port", o.port, "server port");
     app.add_option("--provider", o.provider, "shm, tcp, verbs or auto");
+    app.add_option("--lanes", o.lanes,
+                   "connections the data is striped over (1-8; the server may grant "
+                   "fewer). Default on tcp/verbs: one per two CPUs, 1 to 4; 1 on shm")
+        ->check(CLI::Range(1u, rdmakit::cp::kMaxLanes));
     app.add_option(
         "--secret-file", o.secret_file,
         "shared secret (0600 file); else RDMAKIT_SECRET_FILE or RDMAKIT_SECRET. "

@@ -112,6 +112,7 @@ void print_summary(const Report& report, const SummaryInfo& info, bool json) {
     j["direction"] = info.direction;
     j["provider"] = info.provider;
     j["peer"] = info.peer;
+    j["lanes"] = info.lanes;
     j["files"] = report.files_done.load();
     j["files_total"] = report.total_files.load();
     j["files_skipped"] = report.files_skipped.load();
@@ -128,9 +129,11 @@ void print_summary(const Report& report, const SummaryInfo& info, bool json) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("rdmakit-cp: %s %s %s (%s): %lu files, %s in %.2f s (%s/s)",
+  const std::string lanes =
+      info.lanes > 1 ? ", " + std::to_string(info.lanes) + " lanes" : std::string();
+  std::printf("rdmakit-cp: %s %s %s (%s%s): %lu files, %s in %.2f s (%s/s)",
               info.direction.c_str(), info.direction == "push" ? "to" : "from",
-              info.peer.c_str(), info.provider.c_str(),
+              info.peer.c_str(), info.provider.c_str(), lanes.c_str(),
               static_cast<unsigned long>(report.files_done.load()),
               human_bytes(bytes).c_str(), info.seconds, human_bytes(rate).c_str());
   if (report.files_skipped.load() > 0)

@@ -44,6 +44,7 @@ struct SummaryInfo {
   std::string direction;  // push / pull
   std::string provider;
   std::string peer;
+  uint32_t lanes = 1;  // connections the data went over (--lanes)
   double seconds = 0;
 };
 

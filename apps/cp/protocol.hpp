@@ -27,7 +27,9 @@ static_assert(std::endian::native == std::endian::little,
 // 2: the slot hash covers the records only; data records carry block digests.
 // 3: sync: the sender lists entries first (kCheck), the receiver's generator
 //    answers what to send (kWant), with delta blocks and deletions.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: lanes: the hello asks for lanes, its reply grants them with a join
+//    token each; acks name the lane; lane connections join with kLaneJoin.
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kSlotMagic = 0x52434b53;  // "SKCR"
 inline constexpr uint32_t kSlots = 8;               // chunks in flight
 inline constexpr uint32_t kSlotSize = 1u << 20;     // bytes per slot (header included)
@@ -39,6 +41,10 @@ inline constexpr uint32_t kMaxResends = 5;
 inline constexpr uint32_t kListWindow = 8192;
 inline constexpr const char* kSlotsBuffer = "slots";
 inline constexpr uint64_t kLaneBytes = uint64_t{kSlots} * kSlotSize;
+// Lanes (lanes.hpp): connections one copy stripes its slots over, each with
+// a slots buffer of its own (kLaneBytes). kMaxLanes bounds a copy's lanes.
+inline constexpr uint32_t kMaxLanes = 8;
+inline constexpr size_t kJoinTokenBytes = 32;
 // Concurrent transfers a server admits by default (--max-clients); each holds
 // kLaneBytes of registered memory on the server.
 inline constexpr uint32_t kDefaultMaxClients = 16;
@@ -75,6 +81,9 @@ enum class Msg : uint8_t {
   kWant = 16,     // receiver -> sender: per listed entry, skip / send / delta
   kDeleted = 17,  // receiver -> sender: paths deleted (--delete), for -i and --stats
   kListed = 18,   // receiver -> sender: every listed entry answered, deletions done
+  // Lanes: the first message of a lane connection (a join token), its answer.
+  kLaneJoin = 19,   // client -> server: u32 lane, join token
+  kLaneReply = 20,  // server -> client: u8 ok, str reason
 };
 
 enum class Rec : uint8_t { kEntry = 1, kData = 2, kEnd = 3, kAbort = 4 };

@@ -102,7 +102,16 @@ bool resolve_target(int root, const std::string& dst_in, bool confined, uint32_t
 }
 
 Receiver::Receiver(ReceiverConfig config)
-    : c_(std::move(config)), meta_(c_.sync, c_.preserve_special) {}
+    : c_(std::move(config)),
+      meta_(c_.sync, c_.preserve_special),
+      // A sender has at most kSlots slots in flight per lane, from the one
+      // the writer waits for on (acks run ahead of it by a little).
+      window_(2 * kSlots *
+              static_cast<uint32_t>(std::min<size_t>(c_.lanes.size() + 1, kMaxLanes))) {
+  lanes_.push_back({c_.channel, c_.slots, c_.channel->endpoint().peer()});
+  for (const ReceiverLane& l : c_.lanes)
+    if (lanes_.size() < kMaxLanes) lanes_.push_back(l);
+}
 
 Receiver::~Receiver() {
   close_file();
@@ -574,8 +583,8 @@ void Receiver::on_abort(Reader& rd) {
   close_file();
 }
 
-Receiver::Applied Receiver::apply_slot(uint32_t slot, uint32_t* at) {
-  const std::byte* mem = c_.slots + uint64_t{slot} * kSlotSize;
+Receiver::Applied Receiver::apply_slot(ReorderWindow::Place where, uint32_t* at) {
+  const std::byte* mem = slot_mem(where.lane, where.slot);
   SlotHeader h;
   std::memcpy(&h, mem, sizeof h);
   if (*at > h.payload_len) return Applied::kMalformed;
@@ -643,20 +652,20 @@ void Receiver::fix_dirs() {
 void Receiver::writer_loop() {
   uint32_t resume_at = 0;  // where to continue a slot that comes again
   while (true) {
-    uint32_t slot = 0, seq = 0;
+    ReorderWindow::Place where;
+    uint32_t seq = 0;
     {
       std::unique_lock lock(mu_);
+      bool got = false;
       cv_.wait(lock, [&] {
-        return abort_ || ready_.contains(next_seq_) ||
-               (total_seqs_ >= 0 && next_seq_ == total_seqs_);
+        got = !abort_ && window_.take(&where);
+        return abort_ || got || (total_seqs_ >= 0 && window_.next() == total_seqs_);
       });
       if (abort_) return;
-      if (!ready_.contains(next_seq_)) break;  // stream complete
-      seq = next_seq_;
-      slot = ready_[seq];
-      ready_.erase(seq);
+      if (!got) break;  // stream complete
+      seq = window_.next();
     }
-    const Applied applied = apply_slot(slot, &resume_at);
+    const Applied applied = apply_slot(where, &resume_at);
     if (applied == Applied::kMalformed) {
       fatal(Failure::kPeer,
             "protocol error: malformed records in chunk " + std::to_string(seq), true);
@@ -672,15 +681,21 @@ void Receiver::writer_loop() {
                    "digest); asking again\n",
                    seq);
       Writer nack = message(Msg::kAck);
-      nack.put<uint32_t>(slot).put<uint32_t>(seq).put<uint8_t>(0);
+      nack.put<uint32_t>(where.lane)
+          .put<uint32_t>(where.slot)
+          .put<uint32_t>(seq)
+          .put<uint8_t>(0);
       send(nack);
       continue;
     }
     Writer ack = message(Msg::kAck);
-    ack.put<uint32_t>(slot).put<uint32_t>(seq).put<uint8_t>(1);
+    ack.put<uint32_t>(where.lane)
+        .put<uint32_t>(where.slot)
+        .put<uint32_t>(seq)
+        .put<uint8_t>(1);
     send(ack);
     std::lock_guard lock(mu_);
-    next_seq_++;
+    window_.advance();
   }
   close_file();
   fix_dirs();
@@ -707,6 +722,9 @@ bool Receiver::run() {
   gc.report = c_.report;
   generator_ = std::make_unique<Generator>(std::move(gc));
   std::thread writer([this] { writer_loop(); });
+  std::vector<std::thread> lane_threads;
+  for (uint32_t l = 1; l < lanes_.size(); ++l)
+    lane_threads.emplace_back([this, l] { lane_loop(l); });
   bool ok = true;
   while (true) {
     // Once the sender is done, only re-sent chunks and errors can still
@@ -742,45 +760,7 @@ bool Receiver::run() {
     if (m.is_notification()) {
       const uint32_t slot = m.imm();
       m.release();
-      SlotHeader h{};
-      if (slot < kSlots) std::memcpy(&h, c_.slots + uint64_t{slot} * kSlotSize, sizeof h);
-      if (slot >= kSlots || h.magic != kSlotMagic || h.payload_len > kSlotPayload) {
-        fatal(Failure::kPeer, "protocol error: malformed chunk header", true);
-        ok = false;
-        break;
-      }
-      const std::byte* payload = c_.slots + uint64_t{slot} * kSlotSize + sizeof h;
-      // The records only (no file data): the writer checks the data, once,
-      // as it writes it.
-      bool parsed = false;
-      const uint64_t records =
-          records_hash(std::span<const std::byte>(payload, h.payload_len), &parsed);
-      if (!parsed || records != h.records_hash) {
-        c_.report->chunks_resent++;
-        std::fprintf(
-            stderr,
-            "rdmakit-cp: chunk %u: records failed verification (xxh3); asking again\n",
-            h.seq);
-        Writer nack = message(Msg::kAck);
-        nack.put<uint32_t>(slot).put<uint32_t>(h.seq).put<uint8_t>(0);
-        send(nack);
-        continue;
-      }
-      c_.report->chunks++;
-      bool in_window = false;
-      {
-        std::lock_guard lock(mu_);
-        // A sender has at most kSlots chunks in flight, from the one the
-        // writer waits for on (acks run ahead of next_seq_ by a little): any
-        // other sequence number is a lying peer, which could grow ready_.
-        in_window = h.seq >= next_seq_ && h.seq - next_seq_ < 2 * kSlots;
-        if (in_window) ready_[h.seq] = slot;
-        cv_.notify_all();
-      }
-      if (!in_window) {
-        fatal(Failure::kPeer,
-              "protocol error: chunk sequence " + std::to_string(h.seq) + " out of order",
-              true);
+      if (!on_chunk(0, slot)) {
         ok = false;
         break;
       }
@@ -840,6 +820,7 @@ bool Receiver::run() {
     cv_.notify_all();
   }
   writer.join();
+  for (std::thread& t : lane_threads) t.join();
   generator_->stop();
   return ok && !generator_->failed();
 }

@@ -24,6 +24,7 @@
 #include "generator.hpp"
 #include "metadata_sync.hpp"
 #include "protocol.hpp"
+#include "reorder.hpp"
 #include "report.hpp"
 #include "tree.hpp"
 
@@ -50,9 +51,19 @@ bool resolve_target(int root, const std::string& dst, bool confined, uint32_t ns
 // Maps a wire path to a path beneath the target; "" + reason if refused.
 std::string map_wire_path(const Target& target, const std::string& rel, std::string* why);
 
-struct ReceiverConfig {
+// A lane past the first (lanes.hpp): a connection of its own whose slots
+// buffer the sender WRITEs into; its notifications are taken by a thread of
+// its own and filed in the reorder window with the others.
+struct ReceiverLane {
   session::Channel* channel = nullptr;
-  std::byte* slots = nullptr;  // this transfer's slots (kLaneBytes)
+  std::byte* slots = nullptr;  // kLaneBytes
+  std::string peer;            // for errors
+};
+
+struct ReceiverConfig {
+  session::Channel* channel = nullptr;  // control messages, and lane 0's slots
+  std::byte* slots = nullptr;           // this transfer's slots (kLaneBytes)
+  std::vector<ReceiverLane> lanes;      // lanes 1.. (empty: one lane)
   Target target;
   bool resume = false;
   uint32_t sync = 0;        // SyncFlags
@@ -105,7 +116,14 @@ class Receiver {
   void writer_loop();
   // Applies the records of a slot from payload offset *at; on kDamaged *at
   // is the record to continue with when the slot comes again.
-  Applied apply_slot(uint32_t slot, uint32_t* at);
+  Applied apply_slot(ReorderWindow::Place where, uint32_t* at);
+  // A slot arrived on a lane: check its records, file it for the writer
+  // (or nack it). False: the transfer cannot go on (fatal already said).
+  bool on_chunk(uint32_t lane, uint32_t slot);
+  void lane_loop(uint32_t lane);  // takes an extra lane's notifications
+  std::byte* slot_mem(uint32_t lane, uint32_t slot) const {
+    return lanes_[lane].slots + uint64_t{slot} * kSlotSize;
+  }
   bool on_entry(Reader& rd);
   // Opens the part file of a file entry (from a basis when it has one).
   void open_part(const EntryRecord& rec, int parent);
@@ -124,6 +142,7 @@ class Receiver {
   void fatal(Failure kind, const std::string& reason, bool tell_peer);
 
   ReceiverConfig c_;
+  std::vector<ReceiverLane> lanes_;  // lane 0 (the control connection) first
   MetaSync meta_;
   std::unique_ptr<Generator> generator_;
   std::vector<std::byte> scratch_;  // one block, copied from a basis
@@ -136,8 +155,7 @@ class Receiver {
 
   std::mutex mu_;  // below: shared by the two threads
   std::condition_variable cv_;
-  std::map<uint32_t, uint32_t> ready_;  // seq -> slot
-  uint32_t next_seq_ = 0;
+  ReorderWindow window_;  // slots arrived, by sequence number
   int64_t total_seqs_ = -1;
   bool writer_done_ = false;
   bool abort_ = false;

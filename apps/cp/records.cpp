@@ -202,7 +202,10 @@ Parsed parse_request(std::span<const std::byte> msg, Request* r) {
   r->filters.assign(filters.begin(), filters.end());
   r->partial_dir = rd.str(255);
   r->bwlimit = rd.get<uint64_t>();
-  if (!rd.ok() || !valid_partial_dir(r->partial_dir)) return Parsed::kMalformed;
+  r->lanes = rd.get<uint8_t>();
+  if (!rd.ok() || !valid_partial_dir(r->partial_dir) || r->lanes == 0 ||
+      r->lanes > kMaxLanes)
+    return Parsed::kMalformed;
   return rd.at_end() ? Parsed::kOk : Parsed::kMalformed;
 }
 
@@ -213,7 +216,7 @@ void encode_request(const Request& r, Writer* w) {
   w->put<uint32_t>(r.sync).put<uint32_t>(static_cast<uint32_t>(r.filters.size()));
   w->bytes(r.filters);
   w->str(r.partial_dir);
-  w->put<uint64_t>(r.bwlimit);
+  w->put<uint64_t>(r.bwlimit).put<uint8_t>(r.lanes);
 }
 
 bool valid_partial_dir(const std::string& name) {

@@ -1,5 +1,5 @@
 #pragma once
-// The records inside a slot (protocol version 3) and the hash that guards
+// The records inside a slot (protocol version 4) and the hash that guards
 // them. A slot's payload is a sequence of records:
 //   entry: u8 type, then the entry's metadata (encode_entry below)
 //   data:  u8 type, u32 id, u64 offset, u32 len, u64 block digest, len bytes
@@ -98,6 +98,7 @@ struct Request {
   std::vector<std::byte> filters;  // encoded include/exclude rules
   std::string partial_dir;         // --partial-dir (one name) or ""
   uint64_t bwlimit = 0;  // --bwlimit: data bytes per second the sender posts, 0 any
+  uint8_t lanes = 1;     // lanes asked for (1..kMaxLanes); the reply grants some
 };
 inline constexpr uint32_t kMaxFilterBlob = 1u << 20;
 // A client's hello: the fields above after the message type.

@@ -21,7 +21,13 @@ namespace {
 constexpr size_t kListBatchBytes = 48 * 1024;
 }  // namespace
 
-Sender::Sender(SenderConfig config) : c_(config), meta_(c_.sync, true) {}
+Sender::Sender(SenderConfig config) : c_(std::move(config)), meta_(c_.sync, true) {
+  lanes_.push_back(
+      {c_.channel, c_.staging, c_.remote_offset, c_.channel->endpoint().peer()});
+  for (const SenderLane& l : c_.lanes)
+    if (lanes_.size() < kMaxLanes) lanes_.push_back(l);
+  nslots_ = static_cast<uint32_t>(lanes_.size()) * kSlots;
+}
 
 Sender::~Sender() { stop_threads(); }
 
@@ -32,12 +38,13 @@ void Sender::stop_threads() {
     cv_.notify_all();
   }
   if (lister_.joinable()) lister_.join();
-  if (poster_.joinable()) poster_.join();
+  for (std::thread& t : posters_)
+    if (t.joinable()) t.join();
   if (acker_.joinable()) acker_.join();
 }
 
 std::byte* Sender::slot_mem(uint32_t s) const {
-  return c_.staging.addr + uint64_t{s} * kSlotSize;
+  return lanes_[s / kSlots].staging.addr + uint64_t{s % kSlots} * kSlotSize;
 }
 
 bool Sender::fatal(Failure kind, const std::string& reason) {
@@ -83,7 +90,7 @@ void Sender::ack_loop() {
       bool waiting = false;
       {
         std::lock_guard lock(mu_);
-        waiting = in_flight_ > 0 || posting_ > 0 || ready_head_ != ready_tail_ ||
+        waiting = in_flight_ > 0 || posting_ > 0 || ready_count_ > 0 ||
                   !listed_.empty() ||
                   waiting_since_ != std::chrono::steady_clock::time_point{};
       }
@@ -116,11 +123,14 @@ bool Sender::handle(session::Message& m) {
   const auto type = static_cast<Msg>(rd.get<uint8_t>());
   switch (type) {
     case Msg::kAck: {
-      const auto s = rd.get<uint32_t>();
+      const auto lane = rd.get<uint32_t>();
+      const auto in_lane = rd.get<uint32_t>();
       const auto seq = rd.get<uint32_t>();
       const auto ok = rd.get<uint8_t>();
+      const uint32_t s =
+          lane < lanes_.size() && in_lane < kSlots ? lane * kSlots + in_lane : nslots_;
       std::unique_lock lock(mu_);
-      if (!rd.ok() || s >= kSlots || slots_[s].state != State::kInFlight ||
+      if (!rd.ok() || s >= nslots_ || slots_[s].state != State::kInFlight ||
           slots_[s].seq != seq) {
         lock.unlock();
         return fatal(Failure::kPeer, "protocol error: bad acknowledgement");
@@ -198,21 +208,25 @@ bool Sender::handle(session::Message& m) {
 
 void Sender::queue_post(uint32_t s) {
   slots_[s].state = State::kReady;
-  ready_[ready_tail_++ % kSlots] = s;
+  Ready& r = ready_[s / kSlots];
+  r.ring[r.tail++ % kSlots] = s;
+  ready_count_++;
 }
 
-// The posting thread: WRITEs full slots in the order they were filled.
-void Sender::post_loop() {
+// A lane's posting thread: WRITEs its full slots in the order they were
+// filled (lanes post in parallel: on tcp each is a connection of its own).
+void Sender::post_loop(uint32_t lane) {
   const auto start = std::chrono::steady_clock::now();
-  uint64_t posted = 0;
+  Ready& ready = ready_[lane];
   for (;;) {
     uint32_t s = 0;
     int32_t restore_at = -1;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || dead() || ready_head_ != ready_tail_; });
+      cv_.wait(lock, [&] { return stop_ || dead() || ready.head != ready.tail; });
       if (stop_ || dead()) return;
-      s = ready_[ready_head_++ % kSlots];
+      s = ready.ring[ready.head++ % kSlots];
+      ready_count_--;
       // In flight before the WRITE: its acknowledgement may come at once.
       slots_[s].state = State::kInFlight;
       restore_at = std::exchange(slots_[s].restore_at, -1);
@@ -224,14 +238,15 @@ void Sender::post_loop() {
       slot_mem(s)[sizeof(SlotHeader) + static_cast<uint32_t>(restore_at)] ^=
           std::byte{0xff};
     if (c_.bwlimit > 0) {
-      // --bwlimit: each slot waits until the bytes before it fit the rate.
+      // --bwlimit: each slot waits until the bytes before it in the stream
+      // (on every lane) fit the rate.
+      std::unique_lock lock(mu_);
+      const uint64_t before = slots_[s].pace_at;
       const auto due =
           start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(static_cast<double>(posted) /
+                      std::chrono::duration<double>(static_cast<double>(before) /
                                                     static_cast<double>(c_.bwlimit)));
-      std::unique_lock lock(mu_);
       cv_.wait_until(lock, due, [&] { return stop_ || dead(); });
-      posted += slots_[s].len;
     }
     const bool ok = post(s);
     std::lock_guard lock(mu_);
@@ -242,21 +257,19 @@ void Sender::post_loop() {
   }
 }
 
-bool Sender::wait_posted() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return dead() || (ready_head_ == ready_tail_ && posting_ == 0); });
-  return !dead();
-}
-
 bool Sender::acquire() {
   std::unique_lock lock(mu_);
   for (;;) {
     if (dead()) return false;
-    for (uint32_t i = 0; i < kSlots; ++i) {
-      const uint32_t s = (next_slot_ + i) % kSlots;
+    // Round robin over the lanes: consecutive slots of the stream go out
+    // on consecutive lanes.
+    const auto nlanes = static_cast<uint32_t>(lanes_.size());
+    for (uint32_t i = 0; i < nslots_; ++i) {
+      const uint32_t k = (next_slot_ + i) % nslots_;
+      const uint32_t s = (k % nlanes) * kSlots + k / nlanes;
       if (slots_[s].state == State::kFree && !slots_[s].posting) {
         slots_[s].state = State::kFilling;
-        next_slot_ = (s + 1) % kSlots;
+        next_slot_ = (k + 1) % nslots_;
         cur_ = static_cast<int>(s);
         cur_len_ = 0;
         first_data_ = -1;
@@ -284,16 +297,24 @@ bool Sender::post(uint32_t s) {
     std::lock_guard lock(error_mu_);
     if (!post_error_.empty()) return fatal(Failure::kPeer, post_error_);
   }
-  const session::Local src{slot_mem(s), kSlotSize, c_.staging.lkey};
-  const session::OpResult r = c_.channel->write_with_imm(
-      kSlotsBuffer, c_.remote_offset + uint64_t{s} * kSlotSize, src,
-      sizeof(SlotHeader) + slots_[s].len, s, [this](const session::OpResult& res) {
+  const uint32_t l = s / kSlots;
+  const SenderLane& ln = lanes_[l];
+  const session::Local src{slot_mem(s), kSlotSize, ln.staging.lkey};
+  // Errors name the lane and its peer: a lane can die alone.
+  const std::string where = lanes_.size() == 1
+                                ? std::string()
+                                : "lane " + std::to_string(l) + " (" + ln.peer + "): ";
+  const session::OpResult r = ln.channel->write_with_imm(
+      kSlotsBuffer, ln.remote_offset + uint64_t{s % kSlots} * kSlotSize, src,
+      sizeof(SlotHeader) + slots_[s].len, s % kSlots,
+      [this, where](const session::OpResult& res) {
         if (res.ok()) return;
         std::lock_guard lock(error_mu_);
-        if (post_error_.empty()) post_error_ = "chunk WRITE failed: " + res.detail;
+        if (post_error_.empty())
+          post_error_ = where + "chunk WRITE failed: " + res.detail;
       });
   if (!r.ok())
-    return fatal(Failure::kPeer, std::string("chunk WRITE failed: ") +
+    return fatal(Failure::kPeer, where + "chunk WRITE failed: " +
                                      session::errc_name(r.code) + ": " + r.detail);
   return true;
 }
@@ -329,6 +350,8 @@ bool Sender::flush() {
   c_.report->chunks++;
   std::lock_guard lock(mu_);
   slots_[s] = Slot{State::kFilling, seq, cur_len_, 0, corrupt_at};
+  slots_[s].pace_at = paced_bytes_;
+  paced_bytes_ += cur_len_;
   queue_post(s);
   cv_.notify_all();
   return !dead();
@@ -676,7 +699,8 @@ bool Sender::send_file(Listed& l, const Answer* delta) {
 
 bool Sender::run(EntryQueue& queue) {
   acker_ = std::thread([this] { ack_loop(); });
-  poster_ = std::thread([this] { post_loop(); });
+  for (uint32_t l = 0; l < lanes_.size(); ++l)
+    posters_.emplace_back([this, l] { post_loop(l); });
   lister_ = std::thread([this, &queue] { list_loop(&queue); });
   for (;;) {
     Listed l;

@@ -27,10 +27,20 @@
 
 namespace rdmakit::cp {
 
-struct SenderConfig {
+// A lane past the first (lanes.hpp): a connection of its own, with its own
+// staging and the receiver's slots buffer of that connection.
+struct SenderLane {
   session::Channel* channel = nullptr;
-  uint64_t remote_offset = 0;  // where this transfer's slots start in the receiver's
   session::Local staging;      // kLaneBytes of registered local memory
+  uint64_t remote_offset = 0;  // where the slots start in the receiver's buffer
+  std::string peer;            // for errors
+};
+
+struct SenderConfig {
+  session::Channel* channel = nullptr;  // control messages, and lane 0's slots
+  uint64_t remote_offset = 0;     // where this transfer's slots start in the receiver's
+  session::Local staging;         // kLaneBytes of registered local memory
+  std::vector<SenderLane> lanes;  // lanes 1.. (empty: one lane)
   SourceRoot root{};
   uint32_t sync = 0;  // SyncFlags
   ItemSide side = ItemSide::kPush;
@@ -80,14 +90,17 @@ class Sender {
     // can come first (through the peer), but the slot is refilled only
     // after the post returned, so no thread writes bytes a post still reads.
     bool posting = false;
+    uint64_t pace_at = 0;  // --bwlimit: the stream's bytes before this slot
   };
+  // Slots are numbered across lanes: slot s is lane s / kSlots's slot
+  // s % kSlots.
   std::byte* slot_mem(uint32_t s) const;
+  const SenderLane& lane(uint32_t l) const { return lanes_[l]; }
   bool send_message(Writer& w);
   bool handle(session::Message& m);  // one control message (ack thread)
   void ack_loop();
-  void post_loop();
-  void queue_post(uint32_t s);  // under mu_
-  bool wait_posted();           // every ready slot handed to the provider
+  void post_loop(uint32_t lane);  // one posting thread per lane
+  void queue_post(uint32_t s);    // under mu_
   bool acquire();
   bool ensure(size_t n);
   bool flush();
@@ -122,7 +135,9 @@ class Sender {
   void stop_threads();
 
   SenderConfig c_;
-  Slot slots_[kSlots];
+  std::vector<SenderLane> lanes_;  // lane 0 (the control connection) first
+  uint32_t nslots_ = kSlots;       // kSlots per lane
+  Slot slots_[kMaxLanes * kSlots];
   int cur_ = -1;  // the slot being filled (reading thread only)
   uint32_t cur_len_ = 0;
   int32_t first_data_ = -1;  // payload offset of the current slot's first data byte
@@ -133,9 +148,14 @@ class Sender {
   // Shared by the three threads, under mu_.
   std::mutex mu_;
   std::condition_variable cv_;
-  uint32_t ready_[kSlots] = {};  // ring of slots waiting to be posted
-  uint32_t ready_head_ = 0, ready_tail_ = 0;
-  uint32_t posting_ = 0;  // popped from the ring, being posted
+  struct Ready {  // per lane: ring of its slots waiting to be posted
+    uint32_t ring[kSlots] = {};
+    uint32_t head = 0, tail = 0;
+  };
+  Ready ready_[kMaxLanes];
+  uint32_t ready_count_ = 0;  // slots in all rings
+  uint64_t paced_bytes_ = 0;  // --bwlimit: the stream's bytes so far, all lanes
+  uint32_t posting_ = 0;      // popped from the ring, being posted
   uint32_t in_flight_ = 0;
   bool final_ = false;
   bool stop_ = false;
@@ -153,7 +173,7 @@ class Sender {
   std::mutex error_mu_;
   std::string post_error_;
   std::thread acker_;
-  std::thread poster_;
+  std::vector<std::thread> posters_;
   std::thread lister_;
 };
 

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <rdmakit/session/session.hpp>
 #include <thread>
+#include <vector>
 
 #include "auth.hpp"
 #include "confine.hpp"
@@ -67,16 +69,123 @@ void wait_for_close(session::Endpoint& ep) {
   for (int i = 0; i < 100 && !ep.closed(); ++i) std::this_thread::sleep_for(10ms);
 }
 
-void reply(session::Channel& ch, bool ok, uint32_t lane, Failure kind,
-           const std::string& why) {
+void reply(session::Channel& ch, bool ok, uint32_t lanes, Failure kind,
+           const std::string& why, const std::vector<JoinToken>& tokens = {}) {
   if (!ok) return refuse_hello(ch, static_cast<uint8_t>(kind), why);
   Writer w = message(Msg::kHelloReply);
   w.put<uint8_t>(ok)
-      .put<uint32_t>(lane)
+      .put<uint32_t>(lanes)
       .put<uint8_t>(static_cast<uint8_t>(kind))
       .str(why);
+  for (const JoinToken& t : tokens) w.bytes(t);
   (void)ch.send(std::span<const std::byte>(w.data()));
+  ::sodium_memzero(w.data().data(), w.data().size());
 }
+
+// Lanes for a copy that asked for `want`: its first, and as many more as
+// the extra lanes' budget has left.
+uint32_t take_lanes(ServerState& s, uint32_t want) {
+  uint32_t used = s.extra_lanes_used.load();
+  for (;;) {
+    const uint32_t left = s.extra_lanes > used ? s.extra_lanes - used : 0;
+    const uint32_t n = std::min(want - 1, left);
+    if (n == 0) return 1;
+    if (s.extra_lanes_used.compare_exchange_weak(used, used + n)) return n + 1;
+  }
+}
+
+// A lane connection: its first message is a join with a token the server
+// gave an admitted copy. Refused (and closed, nothing read from its
+// buffer) unless the token is an open copy's, for that lane, not used.
+void join_lane(ServerState& s, const std::shared_ptr<session::Endpoint>& ep,
+               session::Message&& first) {
+  Reader rd(first.data());
+  (void)rd.get<uint8_t>();
+  const auto lane = rd.get<uint32_t>();
+  const auto raw = rd.take(kJoinTokenBytes);
+  std::string why;
+  const MemoryRegion* own = ep->local_buffer(kSlotsBuffer);
+  if (!rd.ok() || !rd.at_end()) {
+    why = "malformed lane join";
+  } else if (own == nullptr || own->length() < kLaneBytes) {
+    why = "server error: no slots buffer for this lane";
+  } else {
+    JoinToken token;
+    std::memcpy(token.data(), raw.data(), token.size());
+    why = s.lanes.join(lane, token, ep);
+    ::sodium_memzero(token.data(), token.size());
+  }
+  first.release();
+  Writer w = message(Msg::kLaneReply);
+  w.put<uint8_t>(why.empty() ? 1 : 0).str(why);
+  (void)ep->channel().send(std::span<const std::byte>(w.data()));
+  if (why.empty()) return;  // the copy it joined owns it now
+  std::fprintf(s.log, "rdmakit-cp serve: %s: lane join refused: %s\n", ep->peer().c_str(),
+               why.c_str());
+  wait_for_close(*ep);
+}
+
+// An admitted copy's extra lanes: granted in the reply, joined within 10 s
+// (or the copy fails with the lane named), closed when the copy ends.
+struct CopyLanes {
+  ServerState& s;
+  session::Endpoint& control;
+  uint32_t granted = 1;
+  std::shared_ptr<LaneGroup> group;
+  std::vector<JoinToken> tokens;
+
+  CopyLanes(ServerState& st, session::Endpoint& ep, uint32_t want)
+      : s(st), control(ep), granted(want) {
+    if (granted > 1) {
+      group = s.lanes.open(granted, &tokens);
+      if (!group) {  // no randomness for tokens: one lane
+        s.extra_lanes_used -= granted - 1;
+        granted = 1;
+      }
+    }
+  }
+  ~CopyLanes() {
+    s.lanes.close(group);
+    for (uint32_t l = 1; l < granted; ++l)
+      if (auto ep = group->endpoint(l)) wait_for_close(*ep);
+    s.extra_lanes_used -= granted - 1;
+  }
+  // Every lane joined; else the copy is told why and false.
+  bool joined(Report& report) {
+    ::sodium_memzero(tokens.data(), tokens.size() * sizeof(JoinToken));
+    if (granted == 1) return true;
+    for (int i = 0; i < 100; ++i) {
+      if (group->wait_joined(100ms)) return true;
+      if (control.closed()) break;
+    }
+    const std::string why = "lane " + std::to_string(group->missing()) + " of " +
+                            std::to_string(granted) +
+                            (control.closed() ? " did not join before the client left"
+                                              : " did not join within 10 s");
+    report.error(Failure::kPeer, control.peer(), why);
+    Writer w = message(Msg::kFatal);
+    w.put<uint8_t>(static_cast<uint8_t>(Failure::kPeer)).str(why);
+    (void)control.channel().send(std::span<const std::byte>(w.data()));
+    return false;
+  }
+  std::vector<SenderLane> sender_lanes() {
+    std::vector<SenderLane> out;
+    for (uint32_t l = 1; l < granted; ++l) {
+      auto ep = group->endpoint(l);
+      out.push_back({&ep->channel(), session::Local::of(*ep->local_buffer(kSlotsBuffer)),
+                     0, ep->peer()});
+    }
+    return out;
+  }
+  std::vector<ReceiverLane> receiver_lanes() {
+    std::vector<ReceiverLane> out;
+    for (uint32_t l = 1; l < granted; ++l) {
+      auto ep = group->endpoint(l);
+      out.push_back({&ep->channel(), ep->local_buffer(kSlotsBuffer)->data(), ep->peer()});
+    }
+    return out;
+  }
+};
 
 void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
   session::Channel& ch = ep->channel();
@@ -88,6 +197,11 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     ep->close();
     return;
   }
+  // A lane of a copy: its token is its proof (given on the copy's
+  // authenticated channel).
+  if (!first.is_notification() && !first.data().empty() &&
+      static_cast<Msg>(first.data()[0]) == Msg::kLaneJoin)
+    return join_lane(s, ep, std::move(first));
   // Nothing of the request is read before the client is authenticated.
   session::Message m;
   std::string auth_why;
@@ -160,8 +274,11 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     wait_for_close(*ep);
     return;
   }
-  std::fprintf(s.log, "rdmakit-cp serve: %s: %s admitted (%u copying)\n",
-               ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying);
+  const uint32_t granted = take_lanes(s, req.lanes);
+  std::fprintf(s.log, "rdmakit-cp serve: %s: %s admitted (%u copying) over %u lane%s\n",
+               ep->peer().c_str(), op == Op::kPush ? "push" : "pull", copying, granted,
+               granted == 1 ? "" : "s");
+  CopyLanes lanes(s, *ep, granted);
   hold_if_asked(ep->peer());
   Report report;
   const bool resume = flags & kFlagResume;
@@ -177,21 +294,24 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
                    paths[0].c_str(), why.c_str());
       reply(ch, false, 0, kind, paths[0] + ": " + why);
     } else {
-      reply(ch, true, 0, Failure::kNone, "");
+      reply(ch, true, lanes.granted, Failure::kNone, "", lanes.tokens);
       ReceiverConfig rc;
       rc.channel = &ch;
       rc.slots = own->data();
-      rc.target = target;
-      rc.resume = resume;
-      rc.partial_dir = req.partial_dir;
-      rc.sync = req.sync;
-      rc.side = ItemSide::kPush;
-      rc.excluded = excluded;
-      rc.report = &report;
-      rc.preserve_special = s.preserve_special;
-      rc.max_bytes = s.max_client_bytes;
-      Receiver rx(rc);
-      rx.run();
+      if (lanes.joined(report)) {
+        rc.lanes = lanes.receiver_lanes();
+        rc.target = target;
+        rc.resume = resume;
+        rc.partial_dir = req.partial_dir;
+        rc.sync = req.sync;
+        rc.side = ItemSide::kPush;
+        rc.excluded = excluded;
+        rc.report = &report;
+        rc.preserve_special = s.preserve_special;
+        rc.max_bytes = s.max_client_bytes;
+        Receiver rx(rc);
+        rx.run();
+      }
       ::close(target.base);
     }
   } else {
@@ -204,7 +324,7 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     walk.excluded = excluded;
     for (const std::string& p : paths) walk_source(root, p, walk, &entries, &report);
     entries.finish();
-    reply(ch, true, 0, Failure::kNone, "");
+    reply(ch, true, lanes.granted, Failure::kNone, "", lanes.tokens);
     for (const FileError& e : report.errors()) {
       Writer w = message(Msg::kFileError);
       w.put<uint8_t>(static_cast<uint8_t>(e.kind)).str(e.path).str(e.reason);
@@ -223,7 +343,10 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     if (const char* v = std::getenv("RDMAKIT_CP_TEST_TOP"); v && *v) sc.test_top = v;
     if (const char* v = std::getenv("RDMAKIT_CP_TEST_LINK_TO"); v && *v) sc.test_link = v;
     sc.corrupt_records = corrupt_records_from_env();
-    Sender(sc).run(entries);
+    if (lanes.joined(report)) {
+      sc.lanes = lanes.sender_lanes();
+      Sender(sc).run(entries);
+    }
   }
   // Then its place is free (its buffer goes with the endpoint).
   wait_for_close(*ep);
@@ -292,7 +415,10 @@ session::SessionOptions server_session_options(const std::string& provider,
   // Room for the admitted clients and as many being refused at the same
   // time: past max_endpoints the session rejects a peer before it could be
   // told why.
-  so.max_endpoints = std::max(so.max_endpoints, 2 * max_clients);
+  // Lane connections count: each copy's lanes past the first, up to the
+  // lane budget.
+  so.max_endpoints =
+      std::max(so.max_endpoints, 2 * max_clients + extra_lanes_for(max_clients));
   return so;
 }
 
@@ -313,6 +439,7 @@ session::Handlers client_handlers(ServerState& s) {
 int serve(const ServeOptions& o) {
   ServerState s;
   s.max_clients = o.max_clients;
+  s.extra_lanes = extra_lanes_for(o.max_clients);
   s.read_only = o.read_only;
   s.write_only = o.write_only;
   s.preserve_special = o.preserve_special;

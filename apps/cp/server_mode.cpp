@@ -138,6 +138,7 @@ int server_mode(int argc, char** argv) {
   s.write_only = push;
   s.preserve_special = preserve_special;
   s.max_clients = 1;
+  s.extra_lanes = kMaxLanes - 1;  // the one copy may have all its lanes
   // Per-client lines would repeat on the user's terminal what the client
   // already says (every refusal reaches it).
   FILE* quiet = std::fopen("/dev/null", "w");

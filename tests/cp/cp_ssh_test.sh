@@ -162,6 +162,14 @@ case $mode in
     cp_ -r "$at:tree" "$work/pulled" && same_tree "$src/tree" "$work/pulled/tree" &&
       pass "pull -r: tree identical" || fail "pull -r"
     no_server_left && pass "pull: the remote server exited" || fail "pull: a remote server is left"
+    # Over three lanes (the remote server grants up to 8 to its one client).
+    out=$(cp_ --lanes 3 --json -r "$src/tree" "$at:lanes")
+    if echo "$out" | grep -q '"lanes": 3' && same_tree "$src/tree" "$home/lanes"; then
+      pass "push over 3 lanes: tree identical"
+    else fail "push over 3 lanes: $out"; fi
+    cp_ --lanes 3 -r "$at:lanes" "$work/pulled-lanes" && same_tree "$src/tree" "$work/pulled-lanes" &&
+      pass "pull over 3 lanes: tree identical" || fail "pull over 3 lanes"
+    no_server_left && pass "lanes: the remote server exited" || fail "lanes: a remote server is left"
     # An absolute path, and a single file to a new name.
     cp_ -r "$src/tree" "$at:$home/abs" && same_tree "$src/tree" "$home/abs" &&
       pass "push to an absolute path" || fail "push to an absolute path"
@@ -232,7 +240,7 @@ case $mode in
     at=$tuser@10.203.0.2
     nscp() { in_a timeout --kill-after=5 30 "$bin" -e "$rsh" --rdmakit-path "$prog" --provider tcp "$@"; }
     nscp -r "$src/tree" "$at:." >"$work/out" && same_tree "$src/tree" "$home/tree" &&
-      grep -q "push to 10.203.0.2:[0-9]* (tcp)" "$work/out" &&
+      grep -qE "push to 10.203.0.2:[0-9]* \(tcp(, [0-9] lanes)?\)" "$work/out" &&
       pass "two hosts: push over tcp to the address ssh came in on" || { fail "two hosts: push"; cat "$work/out"; }
     others=$(find "$home/tree" ! -user "$tuser" | wc -l)
     [ "$others" = 0 ] && pass "two hosts: owned by $tuser" || fail "two hosts: $others entries not owned by $tuser"

@@ -4,6 +4,7 @@
 # read as '>') and the same resulting tree (rsync -n --checksum between the
 # two destinations reports nothing).
 #   cp_sync_test.sh RDMAKIT_CP PROVIDER [push|pull|kill|hostile][-netns]
+# RDMAKIT_CP_TEST_LANES=N runs every copy with --lanes N.
 # With -netns the server runs on a second host (a network namespace joined
 # to the client's by a veth pair; root only, else exit 77).
 set -u
@@ -63,9 +64,11 @@ fi
 server=$!
 for _ in $(seq 100); do [ -s port ] && break; sleep 0.05; done
 port=$(cat port)
-ours() { "${on_client[@]}" timeout 120 "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "$@"; }
+# RDMAKIT_CP_TEST_LANES=N: every copy over N lanes (--lanes N).
+lanes=(${RDMAKIT_CP_TEST_LANES:+--lanes "$RDMAKIT_CP_TEST_LANES"})
+ours() { "${on_client[@]}" timeout 120 "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "${lanes[@]}" "$@"; }
 # The same, replacing the calling (sub)shell: $! is then the copy itself.
-ours_exec() { exec "${on_client[@]}" "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "$@"; }
+ours_exec() { exec "${on_client[@]}" "$cp_bin" --provider "$provider" -p "$port" "${auth[@]}" "${lanes[@]}" "$@"; }
 
 # A source tree with what a sync must tell apart: sizes around the 1 MiB
 # block, nested and empty directories, symlinks, odd names, modes.

@@ -10,6 +10,8 @@
 #   cp_test.sh BINARY netns             two hosts (network namespaces, tcp); root only
 # RDMAKIT_CP_TEST_HOST: the server's address (default 127.0.0.1; the rxe IP on verbs).
 # RDMAKIT_CP_KILL_RUNS: number of kill runs (default 20).
+# RDMAKIT_CP_TEST_LANES=N: every copy with --lanes N, and the trees gain 500
+# small files (a stream of many slots striped over the lanes).
 set -u
 bin=${1:?binary}
 mode=${2:?mode}
@@ -38,7 +40,8 @@ esac
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 pass() { echo "ok: $*"; }
-cp_() { timeout --kill-after=5 60 "$bin" -q --provider "$provider" -p "$port" "$@"; }
+lanes=(${RDMAKIT_CP_TEST_LANES:+--lanes "$RDMAKIT_CP_TEST_LANES"})
+cp_() { timeout --kill-after=5 60 "$bin" -q --provider "$provider" -p "$port" "${lanes[@]}" "$@"; }
 
 start_server() {  # start_server ROOT [ENV...]
   local root=$1; shift
@@ -79,6 +82,11 @@ make_tree() {
   echo ro >"$t/ro/file"; chmod 555 "$t/ro"
   touch -h -d '2001-02-03 04:05:06.123456789' "$t/link" "$t/sub/f2" "$t/empty"
   touch -d '1999-12-31 23:59:59' "$t/sub/deeper" "$t/empty dir"
+  if [ ${#lanes[@]} -gt 0 ]; then
+    mkdir -p "$t/many"
+    for i in $(seq 1 500); do echo "small $i" >"$t/many/s$i"; done
+    head -c $((5 * 1024 * 1024 + 3)) /dev/urandom >"$t/five-mib"
+  fi
 }
 
 # Same names, kinds, modes, sizes, mtimes (ns), link targets and bytes.
@@ -243,7 +251,7 @@ case $mode in
     RDMAKIT_CP_HELLO_VERSION=1 cp_ -r "$src" "$host:v1" 2>"$work/err"
     rc=$?
     if [ $rc = 5 ] && [ ! -e "$work/root/v1" ] &&
-       grep -q "protocol version mismatch: the client speaks version 1, this server 3" "$work/err" &&
+       grep -q "protocol version mismatch: the client speaks version 1, this server 4" "$work/err" &&
        grep -q "protocol version mismatch" "$work/server.log"; then
       pass "a protocol 1 client is refused, versions named (exit 5)"
     else fail "protocol 1 client: exit $rc"; cat "$work/err"; fi
@@ -284,9 +292,9 @@ case $mode in
       if [ $dir = pull ]; then cp -a "$src" "$work/root/tree"; dest=$work/local/tree
       else dest=$work/root/tree; fi
       if [ $dir = push ]; then
-        "$bin" -q --provider "$provider" -p "$port" -r "$src" "$host:." 2>/dev/null &
+        "$bin" -q --provider "$provider" -p "$port" "${lanes[@]}" -r "$src" "$host:." 2>/dev/null &
       else
-        "$bin" -q --provider "$provider" -p "$port" -r "$host:tree" "$work/local" 2>/dev/null &
+        "$bin" -q --provider "$provider" -p "$port" "${lanes[@]}" -r "$host:tree" "$work/local" 2>/dev/null &
       fi
       client=$!
       if [ $dir = pull ]; then check_tree=$work/local/tree; else check_tree=$work/root/tree; fi
@@ -373,7 +381,7 @@ case $mode in
     server_pid=$!
     for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
     port=$(cat "$work/port")
-    nscp() { ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" --secret-file "$work/key" "$@"; }
+    nscp() { ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" --secret-file "$work/key" "${lanes[@]}" "$@"; }
     ip netns exec $b timeout 60 "$bin" -q --provider tcp -p "$port" "$work/src" 10.201.0.1:x 2>"$work/err"
     [ $? = 4 ] && grep -q "requires a secret" "$work/err" && pass "two hosts: a client without the secret is refused" ||
       fail "two hosts: a client without the secret"

@@ -5,8 +5,9 @@
 #   pair-apps.sh mesh BUILD_DIR   rdmakit-mesh, 2 ranks (standalone bootstrap),
 #                                 rank 0 on node0, rank 1 on node1
 #   pair-apps.sh cp BUILD_DIR     rdmakit-cp: node1 pushes a small tree to
-#                                 node0's server and pulls it back; both
-#                                 copies byte-identical to the source
+#                                 node0's server and pulls it back (also
+#                                 over --lanes 2); every copy byte-identical
+#                                 to the source
 #   pair-apps.sh sync BUILD_DIR   rdmakit-cp's sync across the hosts against a
 #                                 local rsync on node1: the same itemized
 #                                 changes and the same tree, round by round
@@ -127,6 +128,16 @@ case $mode in
         diff "$work/want" "$work/got" >"$work/diff" &&
           pass "pull: the tree back on node1 is identical" ||
           { fail "pull: trees differ"; head -20 "$work/diff"; }
+        # Over two lanes (two connections, each with its own slots): pushed
+        # to a new name and pulled back, identical to the source.
+        out=$(cp_ --lanes 2 --json -r "$src" "$peer:lanes2") && echo "$out" | grep -q '"lanes": 2' &&
+          pass "push --lanes 2: exit 0, 2 lanes" || fail "push --lanes 2: $out"
+        cp_ --lanes 2 -r "$peer:lanes2" "$work/pulled-lanes2" &&
+          pass "pull --lanes 2 exit 0" || fail "pull --lanes 2 exit $?"
+        manifest "$work/pulled-lanes2" >"$work/got-lanes2"
+        diff "$work/want" "$work/got-lanes2" >"$work/diff" &&
+          pass "--lanes 2: pushed and pulled back, identical" ||
+          { fail "--lanes 2: trees differ"; head -20 "$work/diff"; }
       fi
       touch "$pair/cp.done.node1"
     fi
