@@ -123,10 +123,11 @@ class Worker {
   // a nested pass (a handler's send waiting for a credit) uses its own.
   std::array<Completion, kBatch> batch_{};
   uint32_t depth_ = 0;
-  // Endpoints whose QP flushed a request: the flush is a consequence, and
-  // the completion that names the cause (a failed WRITE's
-  // REMOTE_ACCESS_ERROR) may come later in the batch or in the next poll.
-  // Killed with the flush as reason only if nothing better came.
+  // Endpoints whose QP flushed a request, or found the peer gone
+  // (RETRY_EXCEEDED): a consequence, and the completion that names the
+  // cause (a failed WRITE's REMOTE_ACCESS_ERROR, the peer's goodbye) may
+  // come later in the batch or in the next poll. Killed with this as reason
+  // only if nothing better came.
   struct FlushSeen {
     Endpoint* endpoint;
     std::string detail;

@@ -129,7 +129,9 @@ void Worker::fail_endpoint(Endpoint& ep, DisconnectReason reason, std::string de
 }
 
 void Worker::fail_endpoint_after(const Completion& c, Endpoint& ep, std::string detail) {
-  if (c.status != Status::kWrFlushError) {
+  // A flush, or a peer found gone (its QP destroyed after it said goodbye,
+  // which may still wait in our receive queue): the goodbye gets its grace.
+  if (c.status != Status::kWrFlushError && c.status != Status::kRetryExceeded) {
     kill(ep, {DisconnectReason::kTransportError, std::move(detail)});
     return;
   }
