@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -19,8 +20,10 @@ namespace {
 
 thread_local bool t_mirror_helper = false;
 
-// Threads of this process inside accept() on a listener, per port.
+// Per port of a listener of this process: the threads inside accept() on
+// it now, and the last thread that called accept() on it.
 std::atomic<uint16_t> g_accepting[65536];
+std::atomic<pid_t> g_last_acceptor[65536];
 
 // How long a client end waits for another thread of this process to accept
 // it: an accept() already blocked in another thread returns within
@@ -81,17 +84,25 @@ Mirror await_accepted_mirror(int fd) {
   if (!wire::socket_tuple(fd, true, &t, &where).empty()) return {};
   const uint16_t port = ntohs(t.server_port);
   const auto start = wire::Clock::now();
+  const pid_t self = gettid();
   for (;;) {
     if (Mirror m = find_mirror(fd, true)) return m;
     const auto now = wire::Clock::now();
-    const bool accepting = g_accepting[port].load(std::memory_order_relaxed) > 0;
-    if (now >= start + (accepting ? config().timeout : kAcceptWait)) return {};
+    // Another thread accepts on this port (inside accept() now, or the one
+    // that called it last): wait for it as for another process. Otherwise
+    // this thread may be the one that accepts: a millisecond only.
+    const pid_t last = g_last_acceptor[port].load(std::memory_order_relaxed);
+    const bool other_acceptor = g_accepting[port].load(std::memory_order_relaxed) > 0 ||
+                                (last != 0 && last != self);
+    if (now >= start + (other_acceptor ? config().timeout : kAcceptWait)) return {};
     std::this_thread::sleep_for(kAcceptPoll);
   }
 }
 
 AcceptWatch::AcceptWatch(int listen_fd) noexcept : port_(listener_port(listen_fd)) {
-  if (port_ != 0) g_accepting[port_].fetch_add(1, std::memory_order_relaxed);
+  if (port_ == 0) return;
+  g_last_acceptor[port_].store(gettid(), std::memory_order_relaxed);
+  g_accepting[port_].fetch_add(1, std::memory_order_relaxed);
 }
 
 AcceptWatch::~AcceptWatch() {

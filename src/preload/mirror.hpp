@@ -28,11 +28,11 @@ struct Mirror {
 // on a helper thread (the end that started it is being settled).
 Mirror find_mirror(int fd, bool client);
 
-// A client end whose listener is this process: its accepted end, given
-// another thread's accept() about a millisecond to return it, or up to the
-// budget while a thread of this process is inside accept() on that port;
-// nothing when it has not (waiting longer could be waiting for this very
-// thread).
+// A client end whose listener is this process: its accepted end, waited
+// for up to the budget when another thread accepts on that port (inside
+// accept() now, or the last to call it), as for another process; else for
+// about a millisecond (this thread may be the one that accepts: waiting
+// longer would wait for itself). Nothing when it has not come.
 Mirror await_accepted_mirror(int fd);
 
 // Held by the accept() hook while it waits in the kernel's accept on a

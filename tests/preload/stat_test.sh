@@ -37,13 +37,13 @@ case "$case_name" in
     iport=$(free_port); rport=$(free_port)
     "${pre[@]}" timeout 60 iperf3 -s -p "$iport" >"$work/is.out" 2>&1 &
     pids+=($!)
-    "${pre[@]}" timeout 80 redis-server --port "$rport" --bind 127.0.0.1 --save "" \
+    "${pre[@]}" timeout 150 redis-server --port "$rport" --bind 127.0.0.1 --save "" \
       --appendonly no --dir "$work" --daemonize no >"$work/rs.out" 2>&1 &
     pids+=($!)
     wait_listen "$iport"; wait_listen "$rport"
     "${pre[@]}" timeout 40 iperf3 -c 127.0.0.1 -p "$iport" -P 2 -t 4 -J >"$work/ic.json" 2>"$work/ic.err" &
     iperf_pid=$!
-    "${pre[@]}" timeout 60 redis-benchmark -p "$rport" -t set,get -n 200000 -c 10 -q \
+    "${pre[@]}" timeout 130 redis-benchmark -p "$rport" -t set,get -n 200000 -c 10 -q \
       >"$work/rb.out" 2>&1 &
     bench_pid=$!
     # A sample every 0.2 s until both clients are done (the iperf3 client's

@@ -12,7 +12,8 @@ thread makes next):
   thread-race    30 connections: a server thread that reads as soon as it
                  has accepted, while the main thread writes as soon as it
                  has connected (both ends settled at once, each thread
-                 finding the other's end)
+                 finding the other's end); every other time the server
+                 thread is away from accept() for 5 ms
   many           20 connections opened, then all accepted, then used
   write-before-accept
                  the client writes before the connection is accepted (it
@@ -183,6 +184,10 @@ def thread_race(n=30):
                     if up != pattern(f"race{i}", 4096):
                         raise RuntimeError(f"connection {i}: bytes differ")
                     s.sendall(up[::-1])
+                if i % 2:
+                    # Busy elsewhere when the next client comes: the client
+                    # must wait for this thread, which accepted last.
+                    time.sleep(0.005)
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
