@@ -78,17 +78,21 @@ void test_token_hooks(uint32_t lane, JoinToken* token) {
 }
 
 // Opens lane `lane` and joins it to the copy with its token; "" or why not.
+// With a secret the lane authenticates first, as lane 0 did: the token, sent
+// on lane 0 in the clear, is not enough to join.
 std::string open_lane(const session::SessionOptions& so, const std::string& address,
-                      bool push, uint32_t lane, JoinToken token, ClientLane* out) {
+                      bool push, uint32_t lane, JoinToken token,
+                      const std::optional<auth::Secret>& secret, ClientLane* out) {
   test_token_hooks(lane, &token);
   out->client = std::make_unique<session::Client>(so);
   out->slots = &out->client->expose(kSlotsBuffer, push ? 4096 : kLaneBytes, kAccessAll);
   out->staging =
       out->client->context().allocate(push ? kLaneBytes : 4096, kAccessLocalWrite);
   out->ep = &out->client->connect(address);
+  session::Channel& ch = out->ep->channel();
+  if (std::string why = authenticate_to_server(ch, secret, 10s); !why.empty()) return why;
   Writer join = message(Msg::kLaneJoin);
   join.put<uint32_t>(lane).bytes(token);
-  session::Channel& ch = out->ep->channel();
   session::OpResult r = ch.send(std::span<const std::byte>(join.data()));
   ::sodium_memzero(join.data().data(), join.data().size());
   ::sodium_memzero(token.data(), token.size());
@@ -336,9 +340,11 @@ int copy(const CopyOptions& o) {
         openers.emplace_back([&, l] {
           try {
             lane_whys[l - 1] =
-                open_lane(so, address, push, l, tokens[l - 1], &lanes[l - 1]);
-          } catch (const Error& e) {
+                open_lane(so, address, push, l, tokens[l - 1], secret, &lanes[l - 1]);
+          } catch (const std::exception& e) {
             lane_whys[l - 1] = e.what();
+          } catch (...) {
+            lane_whys[l - 1] = "unknown failure";
           }
           ::sodium_memzero(tokens[l - 1].data(), kJoinTokenBytes);
         });

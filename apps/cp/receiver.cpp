@@ -587,7 +587,9 @@ Receiver::Applied Receiver::apply_slot(ReorderWindow::Place where, uint32_t* at)
   const std::byte* mem = slot_mem(where.lane, where.slot);
   SlotHeader h;
   std::memcpy(&h, mem, sizeof h);
-  if (*at > h.payload_len) return Applied::kMalformed;
+  // Read again from memory the sender can still write: bounded again (the
+  // check when the slot arrived says nothing about this copy of it).
+  if (h.payload_len > kSlotPayload || *at > h.payload_len) return Applied::kMalformed;
   // Records before *at were applied when this slot came before.
   Reader rd(std::span<const std::byte>(mem + sizeof h + *at, h.payload_len - *at));
   while (!rd.at_end()) {

@@ -197,12 +197,9 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     ep->close();
     return;
   }
-  // A lane of a copy: its token is its proof (given on the copy's
-  // authenticated channel).
-  if (!first.is_notification() && !first.data().empty() &&
-      static_cast<Msg>(first.data()[0]) == Msg::kLaneJoin)
-    return join_lane(s, ep, std::move(first));
-  // Nothing of the request is read before the client is authenticated.
+  // Nothing of the request is read before the client is authenticated; a
+  // lane of a copy authenticates too (its token alone crossed lane 0 in the
+  // clear), then joins with its token.
   session::Message m;
   std::string auth_why;
   if (!authenticate_client(ch, s.secret, std::move(first), &m, &auth_why)) {
@@ -211,6 +208,9 @@ void handle(ServerState& s, const std::shared_ptr<session::Endpoint>& ep) {
     wait_for_close(*ep);
     return;
   }
+  if (!m.is_notification() && !m.data().empty() &&
+      static_cast<Msg>(m.data()[0]) == Msg::kLaneJoin)
+    return join_lane(s, ep, std::move(m));
   Request req;
   const Parsed parsed = parse_request(m.data(), &req);
   m.release();
