@@ -35,7 +35,7 @@ case "$case_name" in
   live)
     need iperf3; need redis-server; need redis-benchmark; need redis-cli
     iport=$(free_port); rport=$(free_port)
-    "${pre[@]}" timeout 60 iperf3 -s -p "$iport" >"$work/is.out" 2>&1 &
+    "${pre[@]}" timeout 150 iperf3 -s -p "$iport" >"$work/is.out" 2>&1 &
     pids+=($!)
     "${pre[@]}" timeout 150 redis-server --port "$rport" --bind 127.0.0.1 --save "" \
       --appendonly no --dir "$work" --daemonize no >"$work/rs.out" 2>&1 &
