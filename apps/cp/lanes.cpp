@@ -1,23 +1,14 @@
 #include "lanes.hpp"
 
 #include <sodium.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <rdmakit/auth.hpp>
 
 namespace rdmakit::cp {
 
-bool fresh_token(JoinToken* out) {
-  size_t got = 0;
-  while (got < out->size()) {
-    const ssize_t n = ::getrandom(out->data() + got, out->size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    got += static_cast<size_t>(n);
-  }
-  return true;
-}
+static_assert(kJoinTokenBytes == auth::kNonceBytes, "a token is one fresh nonce");
 
 bool LaneGroup::wait_joined(std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
@@ -46,7 +37,7 @@ std::shared_ptr<LaneGroup> LaneRegistry::open(uint32_t lanes,
   auto group = std::make_shared<LaneGroup>(lanes - 1);
   tokens->clear();
   for (LaneGroup::Lane& l : group->lanes_) {
-    if (!fresh_token(&l.token)) return nullptr;
+    l.token = auth::fresh_nonce();
     tokens->push_back(l.token);
   }
   std::lock_guard lock(mu_);

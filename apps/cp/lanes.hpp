@@ -25,9 +25,6 @@ namespace rdmakit::cp {
 
 using JoinToken = std::array<std::byte, kJoinTokenBytes>;
 
-// A fresh random token; false if the kernel has no randomness to give.
-bool fresh_token(JoinToken* out);
-
 // One copy's extra lanes (1 .. lanes-1), as they join.
 class LaneGroup {
  public:
@@ -57,7 +54,7 @@ class LaneGroup {
 class LaneRegistry {
  public:
   // A group for a copy of `lanes` lanes (2 .. kMaxLanes) with a token each
-  // for lanes 1 .. lanes-1 in *tokens; nullptr if no randomness.
+  // for lanes 1 .. lanes-1 in *tokens; nullptr for another lane count.
   std::shared_ptr<LaneGroup> open(uint32_t lanes, std::vector<JoinToken>* tokens);
   // A lane connection's join: "" when the token is lane `lane`'s of an open
   // group that it did not join yet (the endpoint is the group's from now

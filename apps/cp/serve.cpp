@@ -138,7 +138,7 @@ struct CopyLanes {
       : s(st), control(ep), granted(want) {
     if (granted > 1) {
       group = s.lanes.open(granted, &tokens);
-      if (!group) {  // no randomness for tokens: one lane
+      if (!group) {  // a count open() does not take: one lane
         s.extra_lanes_used -= granted - 1;
         granted = 1;
       }

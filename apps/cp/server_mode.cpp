@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <rdmakit/auth.hpp>
 #include <sstream>
 #include <thread>
 
@@ -53,16 +53,7 @@ std::string arrival_address() {
   return server;
 }
 
-bool fresh_secret(std::array<std::byte, kBootstrapSecretBytes>* out) {
-  size_t got = 0;
-  while (got < out->size()) {
-    const ssize_t n = ::getrandom(out->data() + got, out->size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    got += static_cast<size_t>(n);
-  }
-  return true;
-}
+static_assert(kBootstrapSecretBytes == auth::kNonceBytes, "a secret is one fresh nonce");
 
 bool write_all(int fd, const std::string& s) {
   size_t done = 0;
@@ -125,10 +116,7 @@ int server_mode(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", kMe, e.what());
     return usage;
   }
-  if (!fresh_secret(&boot.secret)) {
-    std::fprintf(stderr, "%s: getrandom: %s\n", kMe, std::strerror(errno));
-    return peer;
-  }
+  boot.secret = auth::fresh_nonce();
   // Declared before the server: handler threads use it until the server is gone.
   ServerState s;
   s.root = AT_FDCWD;
