@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Preloaded programs against kernel TCP, in one run, pinned, as ratios
 # (docs/preload.md). Both ends on loopback; rounds alternate the modes so
-# load changes hit all of them alike. Modes:
+# load changes hit all of them alike; each round starts with the next mode, so
+# no mode always runs first. Modes:
 #   kernel    plain programs (the baseline)
 #   shm       both ends under rdmakit-run at its defaults: connections upgraded
 #             to shm streams; blocking calls and poll/epoll_wait/select take
@@ -178,19 +179,24 @@ PY
 
 modes=${RDMAKIT_BENCH_MODES:-kernel shm nospin $base fallback}
 declare -A res
+read -r -a mode_list <<<"$modes"
 for r in $(seq "$rounds"); do
+  # Each round starts with the next mode, so no mode always runs first.
+  k=$(( (r - 1) % ${#mode_list[@]} ))
+  order="${mode_list[*]:k} ${mode_list[*]:0:k}"
   for row in $rows; do
     case $row in
-      pp) for m in $modes; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
-      iperf) for m in $modes; do res[bw_$m]+="$(iperf $m);"; done ;;
-      redis) for m in $modes; do res[rd_$m]+="$(redis $m);"; done ;;
-      nginx) for m in $modes; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
+      pp) for m in $order; do res[pp_$m]+="$(sockperf_pp $m);"; done ;;
+      iperf) for m in $order; do res[bw_$m]+="$(iperf $m);"; done ;;
+      redis) for m in $order; do res[rd_$m]+="$(redis $m);"; done ;;
+      nginx) for m in $order; do res[ng_$m]+="$(nginx_wrk $m);"; done ;;
     esac
   done
   echo "round $r done" >&2
 done
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 { for k in "${!res[@]}"; do echo "$k=${res[$k]}"; done; } >"$tmp/res"
+{ echo "== per-round values"; cat "$tmp/res"; } >>"$out.log"
 python3 - "$out.md" "$stamp" "$cpus" "$secs" "$rounds" "$load" "$note" "$tmp/res" "$base_lib" \
   "${RDMAKIT_BENCH_BASE_ARGS:-}" <<'PY'
 import math, os, statistics as st, sys
@@ -206,6 +212,24 @@ def med(key):
     return out
 ref = os.environ.get("RDMAKIT_BENCH_REF") or ("kernel" if any(k.endswith("_kernel") for k in res) else "base")
 def ratio(a, b): return f"{a / b:.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+def rounds_of(key, i):
+    return [float(r.split()[i]) if len(r.split()) > i and r.split()[i] != "nan" else math.nan
+            for r in res.get(key, "").split(";") if r.strip()]
+# Per-round ratios: the modes of one round ran back to back, so a ratio
+# within a round cancels the load drift that moves the medians above.
+def paired(key, m, i):
+    a, b = rounds_of(key + m, i), rounds_of(key + ref, i)
+    q = sorted(x / y for x, y in zip(a, b) if y and not math.isnan(x) and not math.isnan(y))
+    if len(q) < 2: return None
+    return st.median(q), q[len(q) // 4], q[(3 * len(q)) // 4], len(q)
+pairs = []
+for key, i, what in (("pp_", 2, "sockperf half RTT avg (lower is better)"), ("bw_", 0, "iperf3 Gbit/s"),
+                     ("rd_", 0, "redis SET req/s"), ("rd_", 3, "redis GET req/s"),
+                     ("ng_", 0, "nginx+wrk req/s")):
+    for m in ("kernel", "shm", "nostat", "nospin", "base", "fallback"):
+        if m == ref: continue
+        v = paired(key, m, i)
+        if v: pairs.append(f"| {what} | {m} / {ref} | {v[0]:.3f}x | {v[1]:.3f}x .. {v[2]:.3f}x | {v[3]} |")
 lines = [f"# Preload vs kernel TCP on loopback, {stamp} UTC", "",
          f"Pinned to CPUs {cpus} (server, client), {secs} s per run, median of {rounds} alternating rounds.",
          f"Load average at the end: {load}. " + (note or ""),
@@ -249,6 +273,9 @@ if k:
         v = med("ng_" + m)
         if v: lines.append(f"| {names[m]} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.1f} | {ratio(v[0], k[0])} |")
     lines.append("")
+if pairs:
+    lines += ["Per-round ratios (each round's modes ran back to back): median and quartiles.", "",
+              "| row | ratio | median | quartiles | rounds |", "|---|---|---|---|---|"] + pairs + [""]
 lines += ["Goals (issue 14): ping-pong at most 0.1x kernel; iperf3 at least 2x; redis GET and SET at least 1.5x;",
           "nginx+wrk at least 1.3x; fallback within 5% of kernel TCP."]
 open(md, "w").write("\n".join(lines) + "\n")
