@@ -1,7 +1,6 @@
 #include "adopt.hpp"
 
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +8,7 @@
 #include <memory>
 
 #include "conn_guard.hpp"
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
@@ -59,14 +59,8 @@ void publish_fallback(int fd, const char* side, const std::string& reason,
 bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* side,
            const std::string& where, const std::string& marker) {
   const int fl_flags = real().fcntl(fd, F_GETFL);
-  rlimit lim{};
-  int low = 0;
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128 &&
-      lim.rlim_cur != RLIM_INFINITY) {
-    low = static_cast<int>(lim.rlim_cur / 2);
-  }
-  int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, low);
-  if (tcp < 0) tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // Above the application's numbers (fd_place.hpp), in the fd table.
+  const int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, high_base());
   const int ready = up.stream->fd();
   if (tcp < 0 || ready < 0 || tcp >= kMaxFd) {
     if (tcp >= 0) real().close(tcp);

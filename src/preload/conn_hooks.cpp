@@ -85,7 +85,7 @@ void finish_upgrade(PendingOfferPtr offer, int fd) {
 
 EXPORT int socket(int domain, int type, int protocol) {
   int fd = real().socket(domain, type, protocol);
-  if (fd >= 0 && internal_caller(CALLER)) fd = place_high(fd);
+  fd = internal_caller(CALLER) ? place_high(fd) : app_fd(fd);
   if (fd >= 0) forget_stale(fd);
   return fd;
 }
@@ -181,7 +181,7 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
   // Until the accepted end is in the table: a client of this process may
   // wait for it (mirror.hpp).
   const AcceptWatch watch(fd);
-  const int s = real().accept4(fd, addr, len, flags);
+  const int s = app_fd(real().accept4(fd, addr, len, flags));
   if (s < 0) return s;
   forget_stale(s);
   // Every accepted TCP connection looks for an offer, not only those of
@@ -279,7 +279,7 @@ EXPORT int shutdown(int fd, int how) {
 }
 
 EXPORT int dup(int fd) {
-  const int r = real().dup(fd);
+  const int r = internal_caller(CALLER) ? real().dup(fd) : app_fd(real().dup(fd));
   if (r < 0) return r;
   forget_stale(r);
   epoll_seen_by_kernel(fd);  // an epoll set now also answers under another number
@@ -288,6 +288,10 @@ EXPORT int dup(int fd) {
 }
 
 EXPORT int dup3(int oldfd, int newfd, int flags) {
+  if (!app_number(newfd) && !internal_caller(CALLER)) {
+    errno = EBADF;  // as the application's own limit has it
+    return -1;
+  }
   const int r = real().dup3(oldfd, newfd, flags);
   if (r < 0) return r;
   // newfd was closed by the kernel: drop what it was, keep the old alias.
@@ -302,6 +306,10 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
 
 EXPORT int dup2(int oldfd, int newfd) {
   if (oldfd == newfd) return real().dup2(oldfd, newfd);
+  if (!app_number(newfd) && !internal_caller(CALLER)) {
+    errno = EBADF;
+    return -1;
+  }
   const int r = dup3(oldfd, newfd, 0);
   if (r < 0 && errno == EINVAL) return real().dup2(oldfd, newfd);
   return r;

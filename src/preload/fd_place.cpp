@@ -4,10 +4,17 @@
 #include <link.h>
 #include <sys/resource.h>
 
+#include <atomic>
+#include <cerrno>
+#include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "libc.hpp"
+#include "state.hpp"
 
 namespace rdmakit::preload {
 
@@ -20,7 +27,14 @@ struct Range {
 constexpr int kMaxRanges = 8;
 Range g_ranges[kMaxRanges];
 int g_nranges = 0;
-int g_base = 0;
+// Library descriptors go to [g_far, limit), else [g_base, limit). g_far is
+// past the fd table (state.hpp) when the real limit leaves room there, so
+// that the kernel TCP sockets of upgraded connections, which must stay in
+// the table, keep [g_base, kMaxFd) to themselves.
+std::atomic<int> g_base{0};
+std::atomic<int> g_far{0};
+// The first number the application's soft limit forbids (INT_MAX: none).
+std::atomic<int> g_app_end{INT_MAX};
 
 int collect(dl_phdr_info* info, size_t /*size*/, void* /*data*/) {
   const char* name = info->dlpi_name;
@@ -42,13 +56,6 @@ int collect(dl_phdr_info* info, size_t /*size*/, void* /*data*/) {
 void find_own_code() noexcept {
   g_nranges = 0;
   dl_iterate_phdr(collect, nullptr);
-  rlimit lim{};
-  // Half the descriptor limit, as the kernel TCP socket of an upgraded
-  // connection; a small limit leaves no room and nothing moves.
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur > 128) {
-    const rlim_t half = lim.rlim_cur == RLIM_INFINITY ? 8192 : lim.rlim_cur / 2;
-    g_base = static_cast<int>(half < 8192 ? half : 8192);
-  }
 }
 
 namespace {
@@ -74,14 +81,122 @@ bool internal_caller(const void* ret) noexcept {
   return false;
 }
 
-int high_base() noexcept { return g_base; }
+int high_base() noexcept { return g_base.load(std::memory_order_relaxed); }
 
 int place_high(int fd) noexcept {
-  if (fd < 0 || g_base == 0 || fd >= g_base) return fd;
-  const int moved = real().fcntl(fd, F_DUPFD_CLOEXEC, g_base);
-  if (moved < 0) return fd;
+  const int base = g_base.load(std::memory_order_relaxed);
+  if (fd < 0 || base == 0 || fd >= base) return fd;
+  const int far = g_far.load(std::memory_order_relaxed);
+  int moved = real().fcntl(fd, F_DUPFD_CLOEXEC, far);
+  if (moved < 0 && far != base) moved = real().fcntl(fd, F_DUPFD_CLOEXEC, base);
   real().close(fd);
+  if (moved < 0) errno = EMFILE;
   return moved;
+}
+
+int app_fd(int fd) noexcept {
+  if (fd < g_app_end.load(std::memory_order_relaxed)) return fd;
+  real().close(fd);
+  errno = EMFILE;
+  return -1;
+}
+
+bool app_number(int fd) noexcept {
+  return fd < g_app_end.load(std::memory_order_relaxed);
+}
+
+namespace {
+
+// Room for the library: an upgraded connection holds 9 descriptors of which
+// one is the application's, and the library's engines hold a few more.
+constexpr rlim_t kRoomPerFd = 9;
+constexpr rlim_t kRoomSlack = 4096;
+constexpr rlim_t kSmallLimit = 128;  // at or below: nothing moves
+// Tells a preloaded child (exec inherits the raised limit) what its parent's
+// application had: "APP:REAL", believed while the real soft limit is still REAL.
+constexpr const char* kLimitEnv = "RDMAKIT_PRELOAD_APP_NOFILE";
+
+std::mutex g_limit_mu;
+rlim_t g_app_soft = 0;  // what the application set and sees; 0: never read
+
+rlim_t room_for(rlim_t app, rlim_t hard) {
+  if (app == RLIM_INFINITY || app >= hard || hard <= kRoomSlack) return hard;
+  const rlim_t want =
+      app > (hard - kRoomSlack) / kRoomPerFd ? hard : app * kRoomPerFd + kRoomSlack;
+  return want < hard ? want : hard;
+}
+
+// Caller holds g_limit_mu; real_soft is the limit now in force.
+void set_bases(rlim_t app, rlim_t real_soft) noexcept {
+  int base = 0;
+  int far = 0;
+  if (real_soft != RLIM_INFINITY && app != RLIM_INFINITY && real_soft > kSmallLimit) {
+    if (real_soft >= app + kRoomSlack) {
+      base = static_cast<int>(app);  // room above the application's numbers
+    } else {
+      // No room to raise into (soft = hard): the top half of the numbers
+      // (within the fd table, for the kernel TCP sockets); past it the
+      // library's calls fail and connections stay on kernel TCP.
+      const rlim_t half = real_soft / 2;
+      base = static_cast<int>(half < kMaxFd / 2 ? half : kMaxFd / 2);
+    }
+    far = real_soft > static_cast<rlim_t>(kMaxFd) + kRoomSlack && base < kMaxFd ? kMaxFd
+                                                                                : base;
+  }
+  g_base.store(base, std::memory_order_relaxed);
+  g_far.store(far, std::memory_order_relaxed);
+  const bool raised = real_soft != app && app < static_cast<rlim_t>(INT_MAX);
+  g_app_end.store(raised ? static_cast<int>(app) : INT_MAX, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void reserve_fd_room() noexcept {
+  const std::lock_guard lock(g_limit_mu);
+  rlimit lim{};
+  if (real().getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  rlim_t app = lim.rlim_cur;
+  if (const char* v = std::getenv(kLimitEnv)) {
+    unsigned long long a = 0;
+    unsigned long long r = 0;
+    if (std::sscanf(v, "%llu:%llu", &a, &r) == 2 && r == lim.rlim_cur && a <= r) app = a;
+  }
+  g_app_soft = app;
+  rlimit raised{room_for(app, lim.rlim_max), lim.rlim_max};
+  if (raised.rlim_cur != lim.rlim_cur && real().setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+    lim = raised;
+  }
+  set_bases(app, lim.rlim_cur);
+  // At load only: setenv races with getenv in other threads.
+  char value[48];
+  std::snprintf(value, sizeof value, "%llu:%llu", static_cast<unsigned long long>(app),
+                static_cast<unsigned long long>(lim.rlim_cur));
+  setenv(kLimitEnv, value, 1);
+}
+
+void show_app_fd_limit(rlimit* lim) noexcept {
+  const std::lock_guard lock(g_limit_mu);
+  if (g_app_soft != 0 && g_app_soft < lim->rlim_cur) lim->rlim_cur = g_app_soft;
+}
+
+int set_app_fd_limit(const rlimit& want) noexcept {
+  const std::lock_guard lock(g_limit_mu);
+  if (want.rlim_cur > want.rlim_max) {
+    errno = EINVAL;
+    return -1;
+  }
+  const rlimit raised{room_for(want.rlim_cur, want.rlim_max), want.rlim_max};
+  if (real().setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    // The application's own request as it made it: the kernel's answer
+    // (EPERM raising the hard limit, EINVAL past fs.nr_open) is its.
+    if (real().setrlimit(RLIMIT_NOFILE, &want) != 0) return -1;
+    g_app_soft = want.rlim_cur;
+    set_bases(want.rlim_cur, want.rlim_cur);
+    return 0;
+  }
+  g_app_soft = want.rlim_cur;
+  set_bases(want.rlim_cur, raised.rlim_cur);
+  return 0;
 }
 
 }  // namespace rdmakit::preload

@@ -5,6 +5,8 @@
 // by connection count, select() users by FD_SETSIZE. The stream API offers
 // no way to choose its descriptors' numbers, so the creating libc calls are
 // interposed here and recognised by their caller's address.
+#include <sys/resource.h>
+
 namespace rdmakit::preload {
 
 // Finds the address ranges of the library and of librdmakit (load time).
@@ -29,9 +31,32 @@ class InternalScope {
 // tell (with a sanitizer runtime preloaded first it is the interceptor's).
 void mark_engine_thread() noexcept;
 bool engine_thread() noexcept;
-// fd moved to the high range (close-on-exec); fd itself when no room.
+// fd moved to the high range (close-on-exec). With no room there it is
+// closed and -1 returned (EMFILE): the numbers below belong to the
+// application, so the library's call fails and its connection stays on
+// kernel TCP. fd itself when there is no high range (a limit of 128 or less).
 int place_high(int fd) noexcept;
 // The lowest fd number the high range starts at (0: no high range).
 int high_base() noexcept;
+
+// A descriptor the application's own call created: past the application's
+// soft limit (the library's room) it is closed and -1 returned (EMFILE), as
+// the kernel would have refused it; select() users count on that.
+int app_fd(int fd) noexcept;
+// Whether fd is a number the application's limit allows (dup2 targets).
+bool app_number(int fd) noexcept;
+
+// The descriptor limit (docs/preload.md, "Descriptors"). The application
+// keeps the soft RLIMIT_NOFILE it was started with or set, and sees it; the
+// real soft limit is raised within the hard one so that the library's
+// descriptors live above the application's numbers instead of taking them.
+// Called once at load.
+void reserve_fd_room() noexcept;
+// getrlimit/prlimit of RLIMIT_NOFILE for this process: the real limit with
+// the application's soft limit shown.
+void show_app_fd_limit(rlimit* lim) noexcept;
+// setrlimit/prlimit of RLIMIT_NOFILE for this process: the application's
+// new limit, with room above it. 0, or -1 with errno.
+int set_app_fd_limit(const rlimit& want) noexcept;
 
 }  // namespace rdmakit::preload

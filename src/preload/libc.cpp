@@ -60,6 +60,9 @@ void resolve_libc() noexcept {
   bind(l.memfd_create, "memfd_create");
   bind(l.timerfd_create, "timerfd_create");
   bind(l.open, "open");
+  bind(l.getrlimit, "getrlimit");
+  bind(l.setrlimit, "setrlimit");
+  bind(l.prlimit, "prlimit");
   bind(l.poll, "poll");
   bind(l.epoll_wait, "epoll_wait");
   bind(l.select, "select");

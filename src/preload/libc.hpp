@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -59,6 +60,9 @@ struct Libc {
   int (*memfd_create)(const char*, unsigned);
   int (*timerfd_create)(int, int);
   int (*open)(const char*, int, ...);
+  int (*getrlimit)(__rlimit_resource_t, rlimit*);
+  int (*setrlimit)(__rlimit_resource_t, const rlimit*);
+  int (*prlimit)(pid_t, __rlimit_resource, const rlimit*, rlimit*);
   int (*poll)(pollfd*, nfds_t, int);
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);

@@ -55,7 +55,8 @@ int kernel_fcntl(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
                  const void* caller) {
   int r = libc_fcntl(fd, cmd, arg);
   if (r < 0 || !dupfd(cmd)) return r;
-  if (internal_caller(caller)) r = place_high(r);
+  r = internal_caller(caller) ? place_high(r) : app_fd(r);
+  if (r < 0) return r;  // no room above the application's numbers, or past its limit
   forget_stale(r);
   epoll_seen_by_kernel(fd);  // an epoll set now also answers under another number
   copy_entry(fd, r);

@@ -102,6 +102,7 @@ void on_exit() {
 __attribute__((constructor)) void on_load() {
   resolve_libc();
   find_own_code();
+  reserve_fd_room();
   if (program_invocation_short_name != nullptr) {
     std::strncpy(g_launch_name, program_invocation_short_name, sizeof g_launch_name - 1);
   }

@@ -231,7 +231,8 @@ void serve(const std::shared_ptr<RemoteListener>& l) {
     if (pfds[0].revents == 0) continue;
     // A bounded batch per round, so the entries above keep their turn.
     for (int k = 0; k < 16 && !l->stop.load(); ++k) {
-      const int c = real().accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      const int c = place_high(
+          real().accept4(l->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (c < 0) {
         if (errno == EINVAL || errno == EBADF) l->stop = true;
         if (errno == EMFILE || errno == ENFILE) {

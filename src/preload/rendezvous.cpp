@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "remote.hpp"
@@ -238,7 +239,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     *reason = "rendezvous path too long: " + p->path;
     return nullptr;
   }
-  const int us = real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int us = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (us < 0) {
     *reason = std::string("rendezvous socket: ") + std::strerror(errno);
     return nullptr;
@@ -273,7 +274,8 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
     do {
       ready = poll(&pfd, 1, remaining_ms(deadline));
     } while (ready < 0 && errno == EINTR);
-    Fd c(ready > 0 ? real().accept4(p->usock, nullptr, nullptr, SOCK_CLOEXEC) : -1);
+    Fd c(ready > 0 ? place_high(real().accept4(p->usock, nullptr, nullptr, SOCK_CLOEXEC))
+                   : -1);
     // One-shot: a late peer finds nothing and stays on TCP.
     unlink(p->path.c_str());
     real().close(p->usock);
@@ -333,7 +335,8 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     const std::string path = tuple_path(t, 'o');
     bool fits = false;
     const sockaddr_un sa = unix_address(path, &fits);
-    offer_fd = fits ? real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    offer_fd =
+        fits ? place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) : -1;
     if (offer_fd >= 0 && real().connect(offer_fd, reinterpret_cast<const sockaddr*>(&sa),
                                         sizeof sa) != 0) {  // NOLINT
       real().close(offer_fd);

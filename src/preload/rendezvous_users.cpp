@@ -179,7 +179,7 @@ std::string listen_other_user_offer(PendingOffer* p) {
   p->offer.tuple = p->tuple;
   socklen_t len = 0;
   const sockaddr_un sa = offer_address(p->tuple, &len);
-  p->usock = real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  p->usock = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (p->usock < 0) return std::string("rendezvous socket: ") + std::strerror(errno);
   if (bind(p->usock, reinterpret_cast<const sockaddr*>(&sa), len) != 0 ||  // NOLINT
       real().listen(p->usock, 1) != 0) {

@@ -1,0 +1,65 @@
+// RLIMIT_NOFILE as the application set it (fd_place.hpp): the real soft
+// limit has room above it for the library's descriptors. Other resources,
+// and other processes' limits, pass straight through.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "fd_place.hpp"
+#include "hook.hpp"
+#include "libc.hpp"
+
+using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
+
+static_assert(sizeof(rlimit) == sizeof(rlimit64), "one layout for both");
+
+namespace {
+bool own_nofile(pid_t pid, int resource) {
+  return resource == RLIMIT_NOFILE && (pid == 0 || pid == getpid());
+}
+
+int get_limit(pid_t pid, int resource, rlimit* lim) {
+  const int r =
+      real().prlimit(pid, static_cast<__rlimit_resource>(resource), nullptr, lim);
+  if (r == 0 && own_nofile(pid, resource)) show_app_fd_limit(lim);
+  return r;
+}
+
+int set_limit(pid_t pid, int resource, const rlimit* want, rlimit* old) {
+  if (!own_nofile(pid, resource)) {
+    return real().prlimit(pid, static_cast<__rlimit_resource>(resource), want, old);
+  }
+  rlimit before{};
+  if (old != nullptr && get_limit(0, resource, &before) != 0) return -1;
+  if (want != nullptr && set_app_fd_limit(*want) != 0) return -1;
+  if (old != nullptr) *old = before;
+  return 0;
+}
+}  // namespace
+
+EXPORT int getrlimit(__rlimit_resource_t resource, rlimit* lim) {
+  return get_limit(0, resource, lim);
+}
+
+EXPORT int getrlimit64(__rlimit_resource_t resource, rlimit64* lim) {
+  return get_limit(0, resource, reinterpret_cast<rlimit*>(lim));  // NOLINT
+}
+
+EXPORT int setrlimit(__rlimit_resource_t resource, const rlimit* lim) {
+  return set_limit(0, resource, lim, nullptr);
+}
+
+EXPORT int setrlimit64(__rlimit_resource_t resource, const rlimit64* lim) {
+  return set_limit(0, resource, reinterpret_cast<const rlimit*>(lim), nullptr);  // NOLINT
+}
+
+EXPORT int prlimit(pid_t pid, __rlimit_resource resource, const rlimit* want,
+                   rlimit* old) {
+  if (want == nullptr) return get_limit(pid, resource, old);
+  return set_limit(pid, resource, want, old);
+}
+
+EXPORT int prlimit64(pid_t pid, __rlimit_resource resource, const rlimit64* want,
+                     rlimit64* old) {
+  return prlimit(pid, resource, reinterpret_cast<const rlimit*>(want),  // NOLINT
+                 reinterpret_cast<rlimit*>(old));                       // NOLINT
+}
