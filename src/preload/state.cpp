@@ -138,13 +138,18 @@ void set_kind(int fd, Entry e) noexcept {
 }
 
 std::atomic<uint64_t> g_fork_gen{0};
-std::atomic<int> g_pending{0};  // kPending and kInherited entries
+// Entries whose first use must settle them: kPending, kInherited, kForeign
+// and kDormant. A wait whose fds are all plain skips every lookup while it is 0.
+std::atomic<int> g_pending{0};
+
+// Entries counted in g_pending by their kind (the others by their Pending).
+bool settled_by_use(Entry e) { return e == Entry::kForeign || e == Entry::kDormant; }
 
 // Table lock held, before fd's kind changes: fd's pending alias (if any)
 // is forgotten.
 void drop_pending_locked(int fd) {
   Table& t = table();
-  if (kind(fd) == Entry::kForeign) g_pending.fetch_sub(1, std::memory_order_relaxed);
+  if (settled_by_use(kind(fd))) g_pending.fetch_sub(1, std::memory_order_relaxed);
   if (auto& p = t.pendings[fd]) {
     std::erase(p->fds, fd);
     p.reset();
@@ -237,6 +242,7 @@ void put_conn(int fd, std::shared_ptr<Conn> conn, Entry e) {
     old = std::move(t.conns[fd]);
     t.conns[fd] = std::move(conn);
     set_kind(fd, e);
+    if (settled_by_use(e)) g_pending.fetch_add(1, std::memory_order_relaxed);
   }
 }
 }  // namespace
@@ -253,7 +259,10 @@ void wake_relayed(int fd) {
   Table& t = table();
   std::lock_guard lock(t.mu);
   for (const int a : c->relay_aliases) {
-    if (kind(a) == Entry::kDormant && t.conns[a] == c) set_kind(a, Entry::kRelayed);
+    if (kind(a) == Entry::kDormant && t.conns[a] == c) {
+      set_kind(a, Entry::kRelayed);
+      g_pending.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -304,7 +313,7 @@ void copy_entry(int oldfd, int newfd) {
     g_pending.fetch_add(1, std::memory_order_relaxed);
   } else {
     t.conns[newfd] = t.conns[oldfd];
-    if (e == Entry::kForeign) g_pending.fetch_add(1, std::memory_order_relaxed);
+    if (settled_by_use(e)) g_pending.fetch_add(1, std::memory_order_relaxed);
   }
   set_kind(newfd, e);
 }
@@ -411,6 +420,7 @@ std::vector<std::shared_ptr<Conn>> take_conns(Entry e) {
   std::lock_guard lock(t.mu);
   for (int fd = 0; fd < kMaxFd; ++fd) {
     if (kind(fd) == e) {
+      if (settled_by_use(e)) g_pending.fetch_sub(1, std::memory_order_relaxed);
       set_kind(fd, Entry::kNone);
       out.push_back(std::move(t.conns[fd]));
     }

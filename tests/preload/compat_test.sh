@@ -16,6 +16,8 @@
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
 #   mariadb      mariadbd (a thread per connection), a blob through the
 #                mariadb client both ways, sysbench oltp_read_write
+#   rsyncd       rsync's daemon (a fork per connection): a tree pulled, a file
+#                pushed (the client forks a receiver that waits first)
 # Every connection must take the shm path on both ends; the bytes that moved
 # are checked against what was sent.
 set -euo pipefail
@@ -375,6 +377,27 @@ CFG
     [ "$(count "mariadbd\]: accept fd=.*path=shm")" = 9 ] || fail "mariadbd did not accept 9 on shm"
     expect_shm 9 9
     echo "OK mariadb: a 300 kB blob both ways, sysbench oltp_read_write 1000 transactions, 9 shm connections"
+    ;;
+  rsyncd)
+    # rsync's daemon forks per connection; its client forks a receiver that
+    # waits (poll) on its copy of the connection before it reads, while the
+    # parent writes: the child's first use is that wait.
+    need rsync
+    mkdir -p "$work/mod/tree" "$work/pulled" "$work/up"
+    head -c 5000000 /dev/urandom >"$work/mod/big"
+    for i in $(seq 200); do head -c $((i * 97)) /dev/urandom >"$work/mod/tree/f$i"; done
+    head -c 3000000 /dev/urandom >"$work/up/g"
+    printf 'use chroot = no\nuid = %s\ngid = %s\n[m]\npath = %s\nread only = no\n' \
+      "$(id -u)" "$(id -g)" "$work/mod" >"$work/rsyncd.conf"
+    port=$(free_port)
+    bg rsync --daemon --no-detach --address=127.0.0.1 --port="$port" --config="$work/rsyncd.conf"
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 rsync -a "rsync://127.0.0.1:$port/m/" "$work/pulled/" || fail "rsync pull"
+    diff -r "$work/mod" "$work/pulled" >/dev/null || fail "the pulled tree differs"
+    "${pre[@]}" timeout 30 rsync -a "$work/up/" "rsync://127.0.0.1:$port/m/up/" || fail "rsync push"
+    cmp -s "$work/up/g" "$work/mod/up/g" || fail "the pushed file differs"
+    expect_shm 2 2
+    echo "OK rsyncd: a 202-file tree pulled, a file pushed, 2 shm connections"
     ;;
   *) fail "unknown case" ;;
 esac
