@@ -63,6 +63,10 @@ uint16_t local_port(int fd) {
                    : reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);  // NOLINT
 }
 
+// Set while settle_for_plain_exec() settles: the new image will not
+// carry the connection, so its offer is refused for this reason.
+thread_local const char* t_exec_reason = nullptr;
+
 std::string deny_reason(int fd) {
   if (!process_denied().empty()) return process_denied();
   sockaddr_storage peer{};
@@ -254,7 +258,9 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   // The client end is this process's too: settled alongside (mirror.hpp).
   std::optional<MirrorSettle> other_end;
   if (Mirror m = find_mirror(fd, false); m.pending) other_end.emplace(std::move(m));
-  Upgrade up = upgrade_accepted(fd, deny_reason(fd));
+  Upgrade up = t_exec_reason != nullptr
+                   ? upgrade_accepted(fd, t_exec_reason, wire::kNotCarried)
+                   : upgrade_accepted(fd, deny_reason(fd));
   std::vector<int> now;
   if (up.stream != nullptr && !still_held(fd, p, &now)) {
     up.stream.reset();
@@ -503,6 +509,47 @@ void settle(int fd) {
     // Out of memory while settling: the entry is dropped, the fd is what
     // the kernel says (a pending connection stays on kernel TCP).
     (void)remove_conn(fd);
+  }
+}
+
+void settle_for_plain_exec(const char* why) {
+  std::vector<int> fds;
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    const Entry e = entry_of(fd);
+    if (e == Entry::kNone || e == Entry::kListener || e == Entry::kRelayed) continue;
+    const int fd_flags = real().fcntl(fd, F_GETFD);
+    if (fd_flags >= 0 && (fd_flags & FD_CLOEXEC) == 0) fds.push_back(fd);
+  }
+  for (const int fd : fds) {
+    switch (entry_of(fd)) {
+      case Entry::kPending: {
+        auto p = pending_of(fd);
+        if (p && p->offer) {
+          // Our offer goes with this image: withdrawn, the server stays on
+          // kernel TCP at once.
+          log_line("connect fd=%d %s path=kernel reason=%s", fd, describe(fd).c_str(),
+                   why);
+          for (const int a : aliases_of(p)) (void)remove_conn(a);
+          break;
+        }
+        t_exec_reason = why;
+        settle(fd);
+        t_exec_reason = nullptr;
+        break;
+      }
+      case Entry::kInherited:
+      case Entry::kForeign:
+      case Entry::kDormant:
+        settle(fd);  // a relay socket: bytes a plain program can read and write
+        break;
+      case Entry::kConn:
+        log_line(
+            "fd=%d %s: an upgraded connection passed across exec to %s; it ends with "
+            "this image",
+            fd, describe(fd).c_str(), why);
+        break;
+      default: break;
+    }
   }
 }
 

@@ -40,6 +40,13 @@ void relay_foreign_in_child() noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);
+// Before an exec whose new image will not load this library (its
+// environment drops LD_PRELOAD, or the kernel ignores it for a setuid or
+// file-capability program): each connection that survives the exec is
+// settled so that the plain program can use the kernel socket or relay it
+// gets, and no client waits for a process that will never answer. `why`
+// is logged as the reason.
+void settle_for_plain_exec(const char* why);
 // fd (pending entry p) is the other end of a connection this process is
 // settling on another thread (mirror.hpp): settled here unless someone
 // else is settling it already.

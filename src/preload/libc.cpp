@@ -63,6 +63,11 @@ void resolve_libc() noexcept {
   bind(l.getrlimit, "getrlimit");
   bind(l.setrlimit, "setrlimit");
   bind(l.prlimit, "prlimit");
+  bind(l.execve, "execve");
+  bind(l.execv, "execv");
+  bind(l.execvp, "execvp");
+  bind(l.execvpe, "execvpe");
+  bind(l.fexecve, "fexecve");
   bind(l.poll, "poll");
   bind(l.epoll_wait, "epoll_wait");
   bind(l.select, "select");

@@ -63,6 +63,11 @@ struct Libc {
   int (*getrlimit)(__rlimit_resource_t, rlimit*);
   int (*setrlimit)(__rlimit_resource_t, const rlimit*);
   int (*prlimit)(pid_t, __rlimit_resource, const rlimit*, rlimit*);
+  int (*execve)(const char*, char* const*, char* const*);
+  int (*execv)(const char*, char* const*);
+  int (*execvp)(const char*, char* const*);
+  int (*execvpe)(const char*, char* const*, char* const*);
+  int (*fexecve)(int, char* const*, char* const*);
   int (*poll)(pollfd*, nfds_t, int);
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);

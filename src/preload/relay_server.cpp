@@ -531,6 +531,17 @@ class Server {
     parked_.push_back(std::move(c));
   }
 
+  // Parked a moment ago, and no other process holds it: it closes, unless a
+  // holder asked for a relay meanwhile.
+  void unpark_unless_relayed(const std::shared_ptr<Conn>& c) {
+    const std::lock_guard relays(registry_mu_);  // relays_ changes under it
+    const std::lock_guard lock(parked_mu_);
+    for (auto& r : relays_) {
+      if (r->conn == c) return;
+    }
+    std::erase(parked_, c);
+  }
+
  private:
   std::shared_ptr<Conn> parked_by_inode(dev_t dev, ino_t ino) {
     std::lock_guard lock(parked_mu_);
@@ -631,15 +642,27 @@ void flush_relays(Conn& c) {
 void release_conn(std::shared_ptr<Conn> c) {
   if (!c || c.use_count() != 1 || !c->stream || c->owner != process_id()) return;
   if (c->adopt_gen == fork_generation() && c->marker.empty()) return;  // never shared
-  if (!held_elsewhere(*c)) return;
-  std::lock_guard lock(g_mu);
-  if (g_server == nullptr) {
-    log_line(
-        "close: the connection is still held by another process, but this one serves "
-        "no relays: it closes now");
+  Server* s = nullptr;
+  {
+    // Parked before the look at other processes (it reads /proc, which takes
+    // milliseconds on a busy host): a holder that asks for a relay meanwhile,
+    // a forked child at once, finds the connection.
+    std::lock_guard lock(g_mu);
+    s = g_server;
+    if (s != nullptr) s->park(c);
+  }
+  const bool held = held_elsewhere(*c);
+  if (s == nullptr) {
+    if (held) {
+      log_line(
+          "close: the connection is still held by another process, but this one serves "
+          "no relays: it closes now");
+    }
     return;
   }
-  g_server->park(std::move(c));
+  if (held) return;
+  std::lock_guard lock(g_mu);
+  if (g_server == s) s->unpark_unless_relayed(c);
 }
 
 }  // namespace rdmakit::preload

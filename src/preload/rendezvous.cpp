@@ -316,7 +316,7 @@ bool peer_closed(int tcp_fd) {
 
 }  // namespace
 
-Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
+Upgrade upgrade_accepted(int tcp_fd, const std::string& deny, uint32_t deny_status) {
   Upgrade up;
   const Config& cfg = config();
   Tuple t;
@@ -345,7 +345,7 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
   }
   Fd c(offer_fd);
   if (c.get() < 0) {
-    if (answer_other_user(tcp_fd, t, deny, &up)) return up;
+    if (answer_other_user(tcp_fd, t, deny, deny_status, &up)) return up;
     // A client that closed its end before using it withdrew its offer.
     up.reason = !deny.empty()         ? deny
                 : peer_closed(tcp_fd) ? kClosedBeforeUse
@@ -376,7 +376,7 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny) {
     return refused("rendezvous: offer names another connection: refused");
   }
   if (!deny.empty()) {
-    refuse(c.get(), kDeniedByRules, deadline);
+    refuse(c.get(), deny_status, deadline);
     up.reason = deny + " (offer refused)";
     return up;
   }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "rdmakit/stream/stream.hpp"
+#include "rendezvous_wire.hpp"
 
 namespace rdmakit::preload {
 
@@ -45,7 +46,10 @@ Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
 // Passive side, on a socket the kernel accept returned. A non-empty `deny`
 // (the rules keep this connection on TCP) refuses a waiting offer at once,
 // so the client does not spend its budget waiting.
-Upgrade upgrade_accepted(int tcp_fd, const std::string& deny);
+// `deny_status` is the refusal the client reads (wire::kDeniedByRules or
+// wire::kNotCarried).
+Upgrade upgrade_accepted(int tcp_fd, const std::string& deny,
+                         uint32_t deny_status = wire::kDeniedByRules);
 
 // Adoption markers: a connection adopted by a process other than the one
 // that accepted it (after fork, exec or SCM_RIGHTS) is named in the

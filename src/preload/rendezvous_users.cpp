@@ -238,6 +238,10 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
     up.reason = "the server's rules keep this connection on kernel TCP";
     return up;
   }
+  if (hello.status == kNotCarried) {
+    up.reason = "the server passes the connection to a program that is not preloaded";
+    return up;
+  }
   up.reason = check_proof(held.get(), p.tuple);
   if (!up.reason.empty()) {
     up.reason = "rendezvous peer " + who(cred) + ": " + up.reason + ": refused";
@@ -260,7 +264,8 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
   return up;
 }
 
-bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny, Upgrade* up) {
+bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny,
+                       uint32_t deny_status, Upgrade* up) {
   if (!other_users_enabled()) return false;
   const InternalScope internal;  // as in finish_other_user
   socklen_t len = 0;
@@ -288,7 +293,7 @@ bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny, Upgr
   OwnerProof hello;
   hello.tuple = t;
   if (!deny.empty()) {
-    hello.status = kDeniedByRules;
+    hello.status = deny_status;
     (void)relay_wire::send_with_fds(c.get(), &hello, sizeof hello, nullptr, 0);
     up->reason = deny + " (offer refused)";
     return true;

@@ -30,6 +30,6 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd);
 // Server, at first use: false when no client of another user offers this
 // connection; else *up holds the stream or why not.
 bool answer_other_user(int tcp_fd, const wire::Tuple& t, const std::string& deny,
-                       Upgrade* up);
+                       uint32_t deny_status, Upgrade* up);
 
 }  // namespace rdmakit::preload

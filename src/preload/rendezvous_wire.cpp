@@ -224,6 +224,10 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
     *reason = "the peer's allow/deny rules keep this connection on kernel TCP";
     return nullptr;
   }
+  if (answer.status == kNotCarried) {
+    *reason = "the peer passes the connection to a program that is not preloaded";
+    return nullptr;
+  }
   if (answer.status != 0) {
     *reason = "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
     return nullptr;

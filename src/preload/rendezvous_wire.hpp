@@ -21,6 +21,9 @@ constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
 constexpr uint32_t kVersion = 2;         // 2: in-band proof between hosts (Token)
 constexpr size_t kNonce = 16;
 constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
+// Answer status: the server's process passes the connection to a program
+// that will not carry it (an exec without this library).
+constexpr uint32_t kNotCarried = 5;
 using Nonce = std::array<uint8_t, kNonce>;
 
 // The TCP connection as both sides name it: client end, server end.

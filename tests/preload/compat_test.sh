@@ -16,6 +16,9 @@
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
 #   mariadb      mariadbd (a thread per connection), a blob through the
 #                mariadb client both ways, sysbench oltp_read_write
+#   socket-activate  systemd-socket-activate --inetd: its service runs with a
+#                fresh environment (not preloaded); clients stay on kernel
+#                TCP, told at once
 #   rsyncd       rsync's daemon (a fork per connection): a tree pulled, a file
 #                pushed (the client forks a receiver that waits first)
 # Every connection must take the shm path on both ends; the bytes that moved
@@ -398,6 +401,26 @@ CFG
     cmp -s "$work/up/g" "$work/mod/up/g" || fail "the pushed file differs"
     expect_shm 2 2
     echo "OK rsyncd: a 202-file tree pulled, a file pushed, 2 shm connections"
+    ;;
+  socket-activate)
+    # systemd-socket-activate accepts, forks and execs its service with a
+    # fresh environment (no LD_PRELOAD): each client must learn at once that
+    # the program serving it is not preloaded and stay on kernel TCP.
+    need systemd-socket-activate
+    head -c 4000000 /dev/urandom >"$work/up"
+    want=$(sha "$work/up")
+    port=$(free_port)
+    bg systemd-socket-activate --inetd -a -l "127.0.0.1:$port" sha256sum
+    wait_listen "$port"
+    for i in 1 2 3; do
+      got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") ||
+        fail "client $i"
+      [ "${got%% *}" = "$want" ] || fail "client $i: digest $got"
+    done
+    told=$(count "connect fd=[0-9]+ .*path=kernel reason=the peer passes the connection to a program that is not preloaded")
+    [ "$told" = 3 ] || fail "expected 3 clients told the service is not preloaded, found $told"
+    [ "$(count 'path=shm|path=none|within [0-9]+ ms')" = 0 ] || fail "unexpected paths or waits"
+    echo "OK socket-activate: 3 connections to a service without the library, no client waited"
     ;;
   *) fail "unknown case" ;;
 esac

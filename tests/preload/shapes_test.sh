@@ -2,7 +2,8 @@
 # Process shapes of real servers, preloaded at both ends on loopback:
 #   shapes_test.sh SHAPE RUN
 # SHAPE is one of tests/preload/shapes/server.py's: fork, double-fork,
-# keep-copy, fork-after-use, exec, exec-after-use, scm-rights, signals.
+# keep-copy, fork-after-use, exec, exec-after-use, exec-plain,
+# exec-plain-after-use, scm-rights, signals.
 # Every connection's bytes are checked (digest and echo), and the log must
 # show how each one was carried: adopted (path=shm) by the process that
 # serves it, or relayed through the process that carries it (path=relay).
@@ -38,6 +39,17 @@ expect() {  # N PATTERN WHAT
   local n; n=$(count "$2")
   [ "$n" = "$1" ] || fail "expected $1 $3, found $n"
 }
+if [ "$shape" = exec-plain ]; then
+  # The program that serves is not preloaded: each client is told at once
+  # and stays on kernel TCP, never waiting its rendezvous budget.
+  expect $conns "connect fd=[0-9]+ .*path=kernel reason=the peer passes the connection to a program that is not preloaded" \
+    "client connections told the server's program is not preloaded"
+  expect $conns "accept fd=[0-9]+ .*path=kernel reason=passed across exec to a program whose environment has no LD_PRELOAD" \
+    "server connections settled before the exec"
+  expect 0 "path=shm|path=none|EOPNOTSUPP" "other paths"
+  echo "OK $shape: $conns connections on kernel TCP, each client told at once"
+  exit 0
+fi
 expect $conns "connect fd=[0-9]+ .*path=shm" "client connections on shm"
 expect 0 "path=kernel|path=none|EOPNOTSUPP" "connections off the fast path"
 # Who served each connection (client.py prints SHAPE:PID per connection).
@@ -46,7 +58,7 @@ servers=$(grep -oE '^[a-z]+:[0-9]+' "$work/c.out" | sort -u)
 for who in $servers; do
   pid=${who#*:} role=${who%%:*}
   case $shape in
-    fork-after-use|exec-after-use)  # the parent read first: it carries, the child relays
+    fork-after-use|exec-after-use|exec-plain-after-use)  # the parent read first: it carries, the child relays
       grep -qE "^rdmakit-preload\[$pid [^]]*\]: (use|inherited|fork) fd=[0-9]+ .*path=relay owner=[0-9]+" "$log" ||
         fail "$role $pid did not relay"
       ;;

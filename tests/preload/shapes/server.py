@@ -88,12 +88,17 @@ for i in range(conns):
             ls.close(); serve_half(c, "child", first, n); os._exit(0)
         os.waitpid(pid, 0)
         c.sendall(b"parent:%d\n" % os.getpid()); c.close()
-    elif shape in ("exec", "exec-after-use"):  # inetd: the connection becomes fds 0 and 1
-        head = exact(c, 4) if shape == "exec-after-use" else b""
+    elif shape in ("exec", "exec-after-use", "exec-plain", "exec-plain-after-use"):
+        # inetd: the connection becomes fds 0 and 1; "plain": of a program
+        # whose environment has no LD_PRELOAD (systemd-socket-activate's)
+        head = exact(c, 4) if shape.endswith("after-use") else b""
         pid = os.fork()
         if pid == 0:
             os.dup2(c.fileno(), 0); os.dup2(c.fileno(), 1)
-            os.execvp(sys.executable, [sys.executable, os.path.join(os.path.dirname(__file__), "stdio_serve.py"), head.hex()])
+            argv = [sys.executable, os.path.join(os.path.dirname(__file__), "stdio_serve.py"), head.hex()]
+            if "plain" in shape:
+                os.execve(sys.executable, argv, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+            os.execvp(sys.executable, argv)
         c.close(); os.waitpid(pid, 0)
     elif shape == "scm-rights":
         socket.send_fds(a, [b"x"], [c.fileno()]); c.close()
