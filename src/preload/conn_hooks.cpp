@@ -243,7 +243,8 @@ EXPORT int close(int fd) {
     const int saved = errno;
     // Last alias: the stream closes (queued data still delivered), unless
     // another process still holds the connection (relay.hpp).
-    release_conn(std::move(c));
+    release_conn(c);
+    c.reset();
     pending.reset();
     errno = saved;
     return r;

@@ -30,7 +30,7 @@ void forget_relay_server_in_child();
 // another process holds it, as a kernel socket stays open until its last
 // copy closes; otherwise it closes now.
 struct Conn;
-void release_conn(std::shared_ptr<Conn> c);
+void release_conn(const std::shared_ptr<Conn>& c);
 
 // A relayed process lets go of c (its last copy closes, or it exits): what
 // arrived and was never read goes back to the owner.

@@ -639,7 +639,7 @@ void flush_relays(Conn& c) {
   if (s != nullptr) s->flush(c);
 }
 
-void release_conn(std::shared_ptr<Conn> c) {
+void release_conn(const std::shared_ptr<Conn>& c) {
   if (!c || c.use_count() != 1 || !c->stream || c->owner != process_id()) return;
   if (c->adopt_gen == fork_generation() && c->marker.empty()) return;  // never shared
   Server* s = nullptr;
