@@ -1,4 +1,3 @@
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -25,6 +24,7 @@
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
+#include "relay_holders.hpp"
 #include "relay_wire.hpp"
 #include "state.hpp"
 
@@ -37,59 +37,6 @@ namespace {
 using namespace relay_wire;  // NOLINT(google-build-using-namespace)
 
 std::atomic<int> g_relay_count{0};  // relays this process serves
-
-// Whether a process other than this one has a descriptor for either inode
-// (the readiness socket or the kernel TCP socket of a connection). Reads
-// /proc: only when a shared connection's last local copy closes.
-bool held_elsewhere(ino_t a, ino_t b) {
-  char want_a[40];
-  char want_b[40];
-  std::snprintf(want_a, sizeof want_a, "socket:[%lu]", static_cast<unsigned long>(a));
-  std::snprintf(want_b, sizeof want_b, "socket:[%lu]", static_cast<unsigned long>(b));
-  DIR* procs = opendir("/proc");
-  if (procs == nullptr) return false;
-  bool found = false;
-  const pid_t self = getpid();
-  while (!found) {
-    dirent* e = readdir(procs);
-    if (e == nullptr) break;
-    char* end = nullptr;
-    const long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0 || pid == self) continue;
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%ld/fd", pid);
-    DIR* fds = opendir(path);
-    if (fds == nullptr) continue;  // gone, or another user's
-    while (dirent* f = readdir(fds)) {
-      if (f->d_name[0] == '.') continue;
-      char link[320];
-      char target[64];
-      std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, f->d_name);
-      const ssize_t n = readlink(link, target, sizeof target - 1);
-      if (n <= 0) continue;
-      target[n] = '\0';
-      if (std::strcmp(target, want_a) == 0 || std::strcmp(target, want_b) == 0) {
-        found = true;
-        break;
-      }
-    }
-    closedir(fds);
-  }
-  closedir(procs);
-  return found;
-}
-
-// Copies of the readiness socket are what processes that got the
-// connection after its upgrade hold (forked children, exec'd images,
-// receivers of SCM_RIGHTS): they relay it. A copy of the kernel TCP socket
-// alone is a process that never used it (a listener's copy from before the
-// fork): it does not keep the connection open here.
-bool held_elsewhere(Conn& c) {
-  struct stat ready {};
-  const int rfd = c.stream ? c.stream->fd() : -1;
-  if (rfd < 0 || fstat(rfd, &ready) != 0) return false;
-  return held_elsewhere(ready.st_ino, ready.st_ino);
-}
 
 struct Relay {
   std::mutex mu;  // the pumping (server thread) vs flush and reclaim (owner's threads)

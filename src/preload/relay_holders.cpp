@@ -1,0 +1,74 @@
+// Whether another process holds a connection this one carries
+// (relay_holders.hpp).
+#include "relay_holders.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "state.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+// Whether a process other than this one has a descriptor for either inode
+// (the readiness socket or the kernel TCP socket of a connection). Reads
+// /proc: only when a shared connection's last local copy closes.
+bool held_by_other_process(ino_t a, ino_t b) {
+  char want_a[40];
+  char want_b[40];
+  std::snprintf(want_a, sizeof want_a, "socket:[%lu]", static_cast<unsigned long>(a));
+  std::snprintf(want_b, sizeof want_b, "socket:[%lu]", static_cast<unsigned long>(b));
+  DIR* procs = opendir("/proc");
+  if (procs == nullptr) return false;
+  bool found = false;
+  const pid_t self = getpid();
+  while (!found) {
+    dirent* e = readdir(procs);
+    if (e == nullptr) break;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == self) continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%ld/fd", pid);
+    DIR* fds = opendir(path);
+    if (fds == nullptr) continue;  // gone, or another user's
+    while (dirent* f = readdir(fds)) {
+      if (f->d_name[0] == '.') continue;
+      char link[320];
+      char target[64];
+      std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, f->d_name);
+      const ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      if (std::strcmp(target, want_a) == 0 || std::strcmp(target, want_b) == 0) {
+        found = true;
+        break;
+      }
+    }
+    closedir(fds);
+  }
+  closedir(procs);
+  return found;
+}
+
+}  // namespace
+
+// Copies of the readiness socket are what processes that got the
+// connection after its upgrade hold (forked children, exec'd images,
+// receivers of SCM_RIGHTS): they relay it. A copy of the kernel TCP socket
+// alone is a process that never used it (a listener's copy from before the
+// fork): it does not keep the connection open here.
+bool held_elsewhere(Conn& c) {
+  struct stat ready {};
+  const int rfd = c.stream ? c.stream->fd() : -1;
+  if (rfd < 0 || fstat(rfd, &ready) != 0) return false;
+  return held_by_other_process(ready.st_ino, ready.st_ino);
+}
+
+}  // namespace rdmakit::preload
