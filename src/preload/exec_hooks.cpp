@@ -11,20 +11,21 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdarg>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "handoff.hpp"
 #include "hook.hpp"
 #include "libc.hpp"
+#include "process.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
-constexpr size_t kMaxExecArgs = 4096;  // execl* arguments collected
+constexpr size_t kMaxExecArgs = 1024;  // execl* arguments, on the stack
 
 bool preloaded(char* const envp[]) {
   if (envp == nullptr) return false;
@@ -63,6 +64,11 @@ std::string resolve(const char* file) {
   return {};
 }
 
+// A vfork child (no fork handlers ran, so the pid differs) shares the
+// parent's memory: it must not allocate or touch the tables. Its
+// connections reach the new image as they are.
+bool vfork_child() { return getpid() != process_id(); }
+
 void before_exec(const std::string& program, char* const envp[]) {
   if (!preloaded(envp)) {
     settle_for_plain_exec(
@@ -74,65 +80,81 @@ void before_exec(const std::string& program, char* const envp[]) {
   }
 }
 
-// execl's arguments, up to the terminating null pointer.
-std::vector<char*> collect(const char* arg0, va_list ap) {
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(arg0));  // NOLINT: exec's own signature
-  while (argv.back() != nullptr && argv.size() < kMaxExecArgs) {
-    argv.push_back(va_arg(ap, char*));
+// execl's arguments, up to the terminating null pointer, on the stack (the
+// caller may be a vfork child): false if there are more than fit.
+bool collect(const char* arg0, va_list ap, char** argv, size_t room) {
+  size_t n = 0;
+  argv[n++] = const_cast<char*>(arg0);  // NOLINT: exec's own signature
+  while (argv[n - 1] != nullptr) {
+    if (n == room) return false;
+    argv[n++] = va_arg(ap, char*);
   }
-  if (argv.back() != nullptr) argv.push_back(nullptr);
-  return argv;
+  return true;
 }
 
 }  // namespace
 
 EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
-  before_exec(path, envp);
+  if (!vfork_child()) before_exec(path, envp);
   return real().execve(path, argv, envp);
 }
 
 EXPORT int execv(const char* path, char* const argv[]) {
-  before_exec(path, environ);
+  if (!vfork_child()) before_exec(path, environ);
   return real().execv(path, argv);
 }
 
 EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  before_exec(resolve(file), envp);
+  if (!vfork_child()) before_exec(resolve(file), envp);
   return real().execvpe(file, argv, envp);
 }
 
 EXPORT int execvp(const char* file, char* const argv[]) {
-  before_exec(resolve(file), environ);
+  if (!vfork_child()) before_exec(resolve(file), environ);
   return real().execvp(file, argv);
 }
 
 EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
-  before_exec("", envp);
+  if (!vfork_child()) before_exec("", envp);
   return real().fexecve(fd, argv, envp);
 }
 
 EXPORT int execl(const char* path, const char* arg, ...) {
+  char* argv[kMaxExecArgs];
   va_list ap;
   va_start(ap, arg);
-  std::vector<char*> argv = collect(arg, ap);
+  const bool fits = collect(arg, ap, argv, kMaxExecArgs);
   va_end(ap);
-  return execv(path, argv.data());
+  if (!fits) {
+    errno = E2BIG;
+    return -1;
+  }
+  return execv(path, argv);
 }
 
 EXPORT int execlp(const char* file, const char* arg, ...) {
+  char* argv[kMaxExecArgs];
   va_list ap;
   va_start(ap, arg);
-  std::vector<char*> argv = collect(arg, ap);
+  const bool fits = collect(arg, ap, argv, kMaxExecArgs);
   va_end(ap);
-  return execvp(file, argv.data());
+  if (!fits) {
+    errno = E2BIG;
+    return -1;
+  }
+  return execvp(file, argv);
 }
 
 EXPORT int execle(const char* path, const char* arg, ...) {
+  char* argv[kMaxExecArgs];
   va_list ap;
   va_start(ap, arg);
-  std::vector<char*> argv = collect(arg, ap);
-  char* const* envp = va_arg(ap, char* const*);
+  const bool fits = collect(arg, ap, argv, kMaxExecArgs);
+  char* const* envp = fits ? va_arg(ap, char* const*) : nullptr;
   va_end(ap);
-  return execve(path, argv.data(), envp);
+  if (!fits) {
+    errno = E2BIG;
+    return -1;
+  }
+  return execve(path, argv, envp);
 }
