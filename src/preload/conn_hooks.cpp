@@ -181,7 +181,9 @@ int accept_hook(int fd, sockaddr* addr, socklen_t* len, int flags, const void* c
   // Until the accepted end is in the table: a client of this process may
   // wait for it (mirror.hpp).
   const AcceptWatch watch(fd);
-  const int s = app_fd(real().accept4(fd, addr, len, flags));
+  // Not refused past the application's limit (app_fd): the connection would
+  // leave the backlog and be reset; a number above it is the lesser harm.
+  const int s = real().accept4(fd, addr, len, flags);
   if (s < 0) return s;
   forget_stale(s);
   // Every accepted TCP connection looks for an offer, not only those of

@@ -82,5 +82,7 @@ EXPORT int open(const char* path, int flags, ...) {
     va_end(ap);
   }
   const int fd = real().open(path, flags, mode);
-  return internal_caller(CALLER) ? place_high(fd) : app_fd(fd);
+  // Not refused past the application's limit (app_fd): O_CREAT and O_TRUNC
+  // have done their work by then.
+  return internal_caller(CALLER) ? place_high(fd) : fd;
 }

@@ -116,8 +116,9 @@ constexpr rlim_t kSmallLimit = 128;  // at or below: nothing moves
 // application had: "APP:REAL", believed while the real soft limit is still REAL.
 constexpr const char* kLimitEnv = "RDMAKIT_PRELOAD_APP_NOFILE";
 
-std::mutex g_limit_mu;
-rlim_t g_app_soft = 0;  // what the application set and sees; 0: never read
+std::mutex g_limit_mu;               // setters; readers load g_app_soft alone
+std::atomic<rlim_t> g_app_soft{0};   // what the application set and sees; 0: never read
+constexpr rlim_t kMinAppLimit = 16;  // an inherited claim below it is not believed
 
 rlim_t room_for(rlim_t app, rlim_t hard) {
   if (app == RLIM_INFINITY || app >= hard || hard <= kRoomSlack) return hard;
@@ -131,12 +132,14 @@ void set_bases(rlim_t app, rlim_t real_soft) noexcept {
   int base = 0;
   int far = 0;
   if (real_soft != RLIM_INFINITY && app != RLIM_INFINITY && real_soft > kSmallLimit) {
-    if (real_soft >= app + kRoomSlack) {
+    if (real_soft > app && app + kRoomSlack <= static_cast<rlim_t>(kMaxFd)) {
       base = static_cast<int>(app);  // room above the application's numbers
     } else {
-      // No room to raise into (soft = hard): the top half of the numbers
-      // (within the fd table, for the kernel TCP sockets); past it the
-      // library's calls fail and connections stay on kernel TCP.
+      // No room to raise into (soft = hard), or an application limit past
+      // the fd table: the top half of the numbers within the table (the
+      // kernel TCP sockets of upgraded connections must be in it), the rest
+      // past it when the real limit allows; once full, the library's calls
+      // fail and connections stay on kernel TCP.
       const rlim_t half = real_soft / 2;
       base = static_cast<int>(half < kMaxFd / 2 ? half : kMaxFd / 2);
     }
@@ -151,7 +154,7 @@ void set_bases(rlim_t app, rlim_t real_soft) noexcept {
 
 }  // namespace
 
-void reserve_fd_room() noexcept {
+void reserve_fd_room(bool at_load) noexcept {
   const std::lock_guard lock(g_limit_mu);
   rlimit lim{};
   if (real().getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
@@ -159,14 +162,18 @@ void reserve_fd_room() noexcept {
   if (const char* v = std::getenv(kLimitEnv)) {
     unsigned long long a = 0;
     unsigned long long r = 0;
-    if (std::sscanf(v, "%llu:%llu", &a, &r) == 2 && r == lim.rlim_cur && a <= r) app = a;
+    if (std::sscanf(v, "%llu:%llu", &a, &r) == 2 && r == lim.rlim_cur && a <= r &&
+        a >= kMinAppLimit) {
+      app = a;
+    }
   }
-  g_app_soft = app;
+  g_app_soft.store(app, std::memory_order_relaxed);
   rlimit raised{room_for(app, lim.rlim_max), lim.rlim_max};
   if (raised.rlim_cur != lim.rlim_cur && real().setrlimit(RLIMIT_NOFILE, &raised) == 0) {
     lim = raised;
   }
   set_bases(app, lim.rlim_cur);
+  if (!at_load) return;
   // At load only: setenv races with getenv in other threads.
   char value[48];
   std::snprintf(value, sizeof value, "%llu:%llu", static_cast<unsigned long long>(app),
@@ -175,8 +182,18 @@ void reserve_fd_room() noexcept {
 }
 
 void show_app_fd_limit(rlimit* lim) noexcept {
-  const std::lock_guard lock(g_limit_mu);
-  if (g_app_soft != 0 && g_app_soft < lim->rlim_cur) lim->rlim_cur = g_app_soft;
+  // No lock: a forked child of a threaded program may find it held.
+  const rlim_t app = g_app_soft.load(std::memory_order_relaxed);
+  if (app != 0 && app < lim->rlim_cur) lim->rlim_cur = app;
+}
+
+void restore_app_fd_limit() noexcept {
+  const rlim_t app = g_app_soft.load(std::memory_order_relaxed);
+  rlimit lim{};
+  if (app == 0 || real().getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur <= app)
+    return;
+  lim.rlim_cur = app;
+  (void)real().setrlimit(RLIMIT_NOFILE, &lim);
 }
 
 int set_app_fd_limit(const rlimit& want) noexcept {
@@ -190,11 +207,11 @@ int set_app_fd_limit(const rlimit& want) noexcept {
     // The application's own request as it made it: the kernel's answer
     // (EPERM raising the hard limit, EINVAL past fs.nr_open) is its.
     if (real().setrlimit(RLIMIT_NOFILE, &want) != 0) return -1;
-    g_app_soft = want.rlim_cur;
+    g_app_soft.store(want.rlim_cur, std::memory_order_relaxed);
     set_bases(want.rlim_cur, want.rlim_cur);
     return 0;
   }
-  g_app_soft = want.rlim_cur;
+  g_app_soft.store(want.rlim_cur, std::memory_order_relaxed);
   set_bases(want.rlim_cur, raised.rlim_cur);
   return 0;
 }

@@ -50,8 +50,12 @@ bool app_number(int fd) noexcept;
 // keeps the soft RLIMIT_NOFILE it was started with or set, and sees it; the
 // real soft limit is raised within the hard one so that the library's
 // descriptors live above the application's numbers instead of taking them.
-// Called once at load.
-void reserve_fd_room() noexcept;
+// At load (at_load: also tells preloaded children the application's limit
+// through the environment), and again after an exec that failed.
+void reserve_fd_room(bool at_load = true) noexcept;
+// Before an exec: the real soft limit back to the application's, which the
+// new image inherits.
+void restore_app_fd_limit() noexcept;
 // getrlimit/prlimit of RLIMIT_NOFILE for this process: the real limit with
 // the application's soft limit shown.
 void show_app_fd_limit(rlimit* lim) noexcept;

@@ -66,6 +66,10 @@ uint16_t local_port(int fd) {
 // Set while settle_for_plain_exec() settles: the new image will not
 // carry the connection, so its offer is refused for this reason.
 thread_local const char* t_exec_reason = nullptr;
+// Set by settle_for_plain_exec(): a lock held (by a thread that did not
+// survive a fork, or by an interrupted one) skips the entry rather than
+// waiting inside exec.
+thread_local bool t_no_wait = false;
 
 std::string deny_reason(int fd) {
   if (!process_denied().empty()) return process_denied();
@@ -297,7 +301,8 @@ void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
 }
 
 void settle_foreign(int fd) {
-  std::lock_guard lock(g_foreign_mu);
+  std::unique_lock lock(g_foreign_mu, std::defer_lock);
+  if (t_no_wait ? !lock.try_lock() : (lock.lock(), false)) return;
   if (entry_of(fd) != Entry::kForeign) return;
   const int tcp = kernel_socket(fd);
   struct stat mine {};
@@ -497,10 +502,12 @@ void settle(int fd) {
     }
     auto p = pending_of(fd);
     if (!p) return;
-    std::lock_guard lock(p->mu);
+    std::unique_lock lock(p->mu, std::defer_lock);
+    if (t_no_wait ? !lock.try_lock() : (lock.lock(), false)) return;
     if (pending_of(fd) != p) return;  // another thread settled it meanwhile
     if (e == Entry::kInherited) {
-      std::lock_guard flock(g_foreign_mu);
+      std::unique_lock flock(g_foreign_mu, std::defer_lock);
+      if (t_no_wait ? !flock.try_lock() : (flock.lock(), false)) return;
       settle_inherited(fd, p);
     } else {
       settle_pending(fd, p);
@@ -512,14 +519,19 @@ void settle(int fd) {
   }
 }
 
-void settle_for_plain_exec(const char* why) {
+void settle_for_plain_exec(const char* why, int handed_fds) {
+  // Only the descriptors handed to the new program (stdin, stdout, stderr
+  // and systemd's LISTEN_FDS from 3 on): any other that survives the exec
+  // was left open by accident, and waking its relay would let the plain
+  // program take bytes its parent reads.
   std::vector<int> fds;
-  for (int fd = 0; fd < kMaxFd; ++fd) {
+  for (int fd = 0; fd < 3 + handed_fds && fd < kMaxFd; ++fd) {
     const Entry e = entry_of(fd);
     if (e == Entry::kNone || e == Entry::kListener || e == Entry::kRelayed) continue;
     const int fd_flags = real().fcntl(fd, F_GETFD);
     if (fd_flags >= 0 && (fd_flags & FD_CLOEXEC) == 0) fds.push_back(fd);
   }
+  t_no_wait = true;
   for (const int fd : fds) {
     switch (entry_of(fd)) {
       case Entry::kPending: {
@@ -543,14 +555,18 @@ void settle_for_plain_exec(const char* why) {
         settle(fd);  // a relay socket: bytes a plain program can read and write
         break;
       case Entry::kConn:
+        // The stream lives in this image's memory: the plain program would
+        // read the readiness socket. Reads end, writes fail instead.
         log_line(
-            "fd=%d %s: an upgraded connection passed across exec to %s; it ends with "
-            "this image",
+            "fd=%d %s path=none reason=an upgraded connection %s; it ends with this "
+            "image (reads end, writes fail with EPIPE)",
             fd, describe(fd).c_str(), why);
+        install_dead({fd});
         break;
       default: break;
     }
   }
+  t_no_wait = false;
 }
 
 }  // namespace rdmakit::preload

@@ -42,11 +42,12 @@ void relay_foreign_in_child() noexcept;
 void settle(int fd);
 // Before an exec whose new image will not load this library (its
 // environment drops LD_PRELOAD, or the kernel ignores it for a setuid or
-// file-capability program): each connection that survives the exec is
+// file-capability program): each connection handed to the new program
+// (fds 0-2, and 3 .. 3 + handed_fds - 1 as systemd's LISTEN_FDS says) is
 // settled so that the plain program can use the kernel socket or relay it
 // gets, and no client waits for a process that will never answer. `why`
-// is logged as the reason.
-void settle_for_plain_exec(const char* why);
+// is logged as the reason. Never waits for a lock.
+void settle_for_plain_exec(const char* why, int handed_fds);
 // fd (pending entry p) is the other end of a connection this process is
 // settling on another thread (mirror.hpp): settled here unless someone
 // else is settling it already.

@@ -53,6 +53,11 @@ int stream_fcntl(int (*libc_fcntl)(int, int, ...), Conn& c, int fd, int cmd, voi
 // alias, an epoll set under another number).
 int kernel_fcntl(int (*libc_fcntl)(int, int, ...), int fd, int cmd, void* arg,
                  const void* caller) {
+  if (dupfd(cmd) && !internal_caller(caller) &&
+      !app_number(static_cast<int>(reinterpret_cast<intptr_t>(arg)))) {  // NOLINT
+    errno = EINVAL;  // as the kernel says of a lowest number past the limit
+    return -1;
+  }
   int r = libc_fcntl(fd, cmd, arg);
   if (r < 0 || !dupfd(cmd)) return r;
   r = internal_caller(caller) ? place_high(r) : app_fd(r);

@@ -254,16 +254,21 @@ void install_conn(int fd, std::shared_ptr<Conn> conn) {
 void wake_relayed(int fd) {
   const auto c = entry_conn(fd);
   if (!c) return;
-  const int w = c->wake_fd.load();
-  if (w >= 0) (void)real().write(w, "w", 1);
   Table& t = table();
-  std::lock_guard lock(t.mu);
-  for (const int a : c->relay_aliases) {
-    if (kind(a) == Entry::kDormant && t.conns[a] == c) {
-      set_kind(a, Entry::kRelayed);
-      g_pending.fetch_sub(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(t.mu);
+    if (kind(fd) != Entry::kDormant || t.conns[fd] != c) return;  // woken already
+    // Every alias, those made by dup2 after the fork included: none stays
+    // dormant to wake it again.
+    for (int a = 0; a < kMaxFd; ++a) {
+      if (kind(a) == Entry::kDormant && t.conns[a] == c) {
+        set_kind(a, Entry::kRelayed);
+        g_pending.fetch_sub(1, std::memory_order_relaxed);
+      }
     }
   }
+  const int w = c->wake_fd.load();
+  if (w >= 0) (void)real().write(w, "w", 1);  // a write: sandboxed children may make it
 }
 
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry e) {

@@ -12,7 +12,8 @@
 #             one: EMFILE below its limit, as without the library
 #   no-room   soft = hard = 1,024: the library keeps to the top half of the
 #             numbers; 300 connections all work (the first upgraded, the
-#             rest on kernel TCP with the reason), every byte checked
+#             rest on kernel TCP with the reason), every byte checked, and
+#             the programs' own numbers stay below 512
 set -euo pipefail
 run=$(realpath "$1") case_name=$2
 work=$(mktemp -d /tmp/rdmakit-fdlimit.XXXXXX)
@@ -94,6 +95,12 @@ case $case_name in
     [ "$up" -ge 10 ] || fail "only $up connections upgraded"
     kernel=$(grep -cE "\]: connect fd=[0-9]+ .*path=kernel reason=." "$log" || true)
     [ $((up + kernel)) = 300 ] || fail "$up upgraded and $kernel on kernel TCP of 300"
+    # The library kept to the top half: the programs' own numbers were not
+    # pushed up by its descriptors.
+    for who in s c; do
+      top=$(field "$work/$who.out" top)
+      [ "$top" -lt 512 ] || fail "$who: the program's descriptors reach $top (the library took lower numbers)"
+    done
     ;;
   over)
     if [ "$hard" != unlimited ] && [ "$hard" -lt 16384 ]; then
