@@ -63,9 +63,10 @@ uint16_t local_port(int fd) {
                    : reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);  // NOLINT
 }
 
-// Set while settle_for_plain_exec() settles: the new image will not
-// carry the connection, so its offer is refused for this reason.
-thread_local const char* t_exec_reason = nullptr;
+// Set while settle_on_kernel() settles: the connection stays on kernel
+// TCP, its offer refused with this reason and wire status.
+thread_local const char* t_forced_reason = nullptr;
+thread_local uint32_t t_forced_status = 0;
 // Set by settle_for_plain_exec(): a lock held (by a thread that did not
 // survive a fork, or by an interrupted one) skips the entry rather than
 // waiting inside exec.
@@ -262,8 +263,8 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   // The client end is this process's too: settled alongside (mirror.hpp).
   std::optional<MirrorSettle> other_end;
   if (Mirror m = find_mirror(fd, false); m.pending) other_end.emplace(std::move(m));
-  Upgrade up = t_exec_reason != nullptr
-                   ? upgrade_accepted(fd, t_exec_reason, wire::kNotCarried)
+  Upgrade up = t_forced_reason != nullptr
+                   ? upgrade_accepted(fd, t_forced_reason, t_forced_status)
                    : upgrade_accepted(fd, deny_reason(fd));
   std::vector<int> now;
   if (up.stream != nullptr && !still_held(fd, p, &now)) {
@@ -519,6 +520,13 @@ void settle(int fd) {
   }
 }
 
+void settle_on_kernel(int fd, const char* why, uint32_t status) {
+  t_forced_reason = why;
+  t_forced_status = status;
+  settle(fd);
+  t_forced_reason = nullptr;
+}
+
 void settle_for_plain_exec(const char* why, int handed_fds) {
   // Only the descriptors handed to the new program (stdin, stdout, stderr
   // and systemd's LISTEN_FDS from 3 on): any other that survives the exec
@@ -544,9 +552,7 @@ void settle_for_plain_exec(const char* why, int handed_fds) {
           for (const int a : aliases_of(p)) (void)remove_conn(a);
           break;
         }
-        t_exec_reason = why;
-        settle(fd);
-        t_exec_reason = nullptr;
+        settle_on_kernel(fd, why, wire::kNotCarried);
         break;
       }
       case Entry::kInherited:

@@ -9,6 +9,7 @@
 // (relay.hpp).
 #include <sys/socket.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "rendezvous.hpp"
@@ -48,6 +49,10 @@ void settle(int fd);
 // gets, and no client waits for a process that will never answer. `why`
 // is logged as the reason. Never waits for a lock.
 void settle_for_plain_exec(const char* why, int handed_fds);
+// Settles an accepted connection no process has used yet on kernel TCP:
+// its client's offer is refused with `status` (wire::kNotCarried or
+// wire::kUsedOutside) and `why` is logged.
+void settle_on_kernel(int fd, const char* why, uint32_t status);
 // fd (pending entry p) is the other end of a connection this process is
 // settling on another thread (mirror.hpp): settled here unless someone
 // else is settling it already.

@@ -12,6 +12,7 @@
 #include "conn_guard.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
+#include "use_watch.hpp"
 #include "handoff.hpp"
 #include "libc.hpp"
 #include "relay.hpp"
@@ -109,6 +110,7 @@ __attribute__((constructor)) void on_load() {
   g_pid = getpid();
   pthread_atfork(on_prepare, on_parent, on_child);
   scan_inherited();
+  watch_inherited_use();
 }
 
 }  // namespace

@@ -242,6 +242,10 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
     up.reason = "the server passes the connection to a program that is not preloaded";
     return up;
   }
+  if (hello.status == kUsedOutside) {
+    up.reason = "the server reads the connection outside the library (stdio or a raw system call)";
+    return up;
+  }
   up.reason = check_proof(held.get(), p.tuple);
   if (!up.reason.empty()) {
     up.reason = "rendezvous peer " + who(cred) + ": " + up.reason + ": refused";

@@ -228,6 +228,10 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
     *reason = "the peer passes the connection to a program that is not preloaded";
     return nullptr;
   }
+  if (answer.status == kUsedOutside) {
+    *reason = "the peer reads the connection outside the library (stdio or a raw system call)";
+    return nullptr;
+  }
   if (answer.status != 0) {
     *reason = "peer refused the upgrade (status " + std::to_string(answer.status) + ")";
     return nullptr;

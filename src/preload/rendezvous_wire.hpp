@@ -24,6 +24,9 @@ constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say
 // Answer status: the server's process passes the connection to a program
 // that will not carry it (an exec without this library).
 constexpr uint32_t kNotCarried = 5;
+// Answer status: the server's program reads the connection where the
+// library does not see it (stdio, a raw system call).
+constexpr uint32_t kUsedOutside = 6;
 using Nonce = std::array<uint8_t, kNonce>;
 
 // The TCP connection as both sides name it: client end, server end.

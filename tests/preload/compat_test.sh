@@ -16,6 +16,8 @@
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
 #   mariadb      mariadbd (a thread per connection), a blob through the
 #                mariadb client both ways, sysbench oltp_read_write
+#   socat-stdio  socat hands each connection to sha256sum (EXEC, nofork),
+#                which reads it through stdio: clients told at once
 #   socket-activate  systemd-socket-activate --inetd: its service runs with a
 #                fresh environment (not preloaded); clients stay on kernel
 #                TCP, told at once
@@ -401,6 +403,27 @@ CFG
     cmp -s "$work/up/g" "$work/mod/up/g" || fail "the pushed file differs"
     expect_shm 2 2
     echo "OK rsyncd: a 202-file tree pulled, a file pushed, 2 shm connections"
+    ;;
+  socat-stdio)
+    # socat hands each connection to sha256sum as its stdin and stdout
+    # (EXEC ... nofork); sha256sum reads it through stdio, where the library
+    # sees no use: each client must be told at once (no budget waited), the
+    # connection stays on kernel TCP, and every digest is right.
+    need socat
+    head -c 4000000 /dev/urandom >"$work/up"
+    want=$(sha "$work/up")
+    port=$(free_port)
+    bg socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" EXEC:sha256sum,nofork
+    wait_listen "$port"
+    for i in 1 2 3; do
+      got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") ||
+        fail "client $i"
+      [ "${got%% *}" = "$want" ] || fail "client $i: digest $got"
+    done
+    told=$(count "connect fd=[0-9]+ .*path=kernel reason=the peer reads the connection outside the library")
+    [ "$told" = 3 ] || fail "expected 3 clients told the server reads outside the library, found $told"
+    [ "$(count 'path=shm|path=none|within [0-9]+ ms')" = 0 ] || fail "unexpected paths or waits"
+    echo "OK socat-stdio: 3 connections read through stdio, no client waited"
     ;;
   socket-activate)
     # systemd-socket-activate accepts, forks and execs its service with a
