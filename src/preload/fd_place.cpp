@@ -116,6 +116,12 @@ constexpr rlim_t kSmallLimit = 128;  // at or below: nothing moves
 // application had: "APP:REAL", believed while the real soft limit is still REAL.
 constexpr const char* kLimitEnv = "RDMAKIT_PRELOAD_APP_NOFILE";
 
+}  // namespace
+
+bool g_fd_limits_ready = false;
+
+namespace {
+
 std::mutex g_limit_mu;               // setters; readers load g_app_soft alone
 std::atomic<rlim_t> g_app_soft{0};   // what the application set and sees; 0: never read
 constexpr rlim_t kMinAppLimit = 16;  // an inherited claim below it is not believed
@@ -157,7 +163,7 @@ void set_bases(rlim_t app, rlim_t real_soft) noexcept {
 void reserve_fd_room(bool at_load) noexcept {
   const std::lock_guard lock(g_limit_mu);
   rlimit lim{};
-  if (real().getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (sys_getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   rlim_t app = lim.rlim_cur;
   if (const char* v = std::getenv(kLimitEnv)) {
     unsigned long long a = 0;
@@ -169,10 +175,11 @@ void reserve_fd_room(bool at_load) noexcept {
   }
   g_app_soft.store(app, std::memory_order_relaxed);
   rlimit raised{room_for(app, lim.rlim_max), lim.rlim_max};
-  if (raised.rlim_cur != lim.rlim_cur && real().setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+  if (raised.rlim_cur != lim.rlim_cur && sys_setrlimit(RLIMIT_NOFILE, &raised) == 0) {
     lim = raised;
   }
   set_bases(app, lim.rlim_cur);
+  g_fd_limits_ready = true;
   if (!at_load) return;
   // At load only: setenv races with getenv in other threads.
   char value[48];
@@ -190,10 +197,9 @@ void show_app_fd_limit(rlimit* lim) noexcept {
 void restore_app_fd_limit() noexcept {
   const rlim_t app = g_app_soft.load(std::memory_order_relaxed);
   rlimit lim{};
-  if (app == 0 || real().getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur <= app)
-    return;
+  if (app == 0 || sys_getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur <= app) return;
   lim.rlim_cur = app;
-  (void)real().setrlimit(RLIMIT_NOFILE, &lim);
+  (void)sys_setrlimit(RLIMIT_NOFILE, &lim);
 }
 
 int set_app_fd_limit(const rlimit& want) noexcept {
@@ -203,10 +209,10 @@ int set_app_fd_limit(const rlimit& want) noexcept {
     return -1;
   }
   const rlimit raised{room_for(want.rlim_cur, want.rlim_max), want.rlim_max};
-  if (real().setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+  if (sys_setrlimit(RLIMIT_NOFILE, &raised) != 0) {
     // The application's own request as it made it: the kernel's answer
     // (EPERM raising the hard limit, EINVAL past fs.nr_open) is its.
-    if (real().setrlimit(RLIMIT_NOFILE, &want) != 0) return -1;
+    if (sys_setrlimit(RLIMIT_NOFILE, &want) != 0) return -1;
     g_app_soft.store(want.rlim_cur, std::memory_order_relaxed);
     set_bases(want.rlim_cur, want.rlim_cur);
     return 0;

@@ -53,6 +53,10 @@ bool app_number(int fd) noexcept;
 // At load (at_load: also tells preloaded children the application's limit
 // through the environment), and again after an exec that failed.
 void reserve_fd_room(bool at_load = true) noexcept;
+// Set once reserve_fd_room() has run at load: before that (a sanitizer
+// runtime sets its limits while it starts, before this library's code may
+// run) the limit hooks pass straight to the system call.
+extern bool g_fd_limits_ready;
 // Before an exec: the real soft limit back to the application's, which the
 // new image inherits.
 void restore_app_fd_limit() noexcept;

@@ -60,9 +60,6 @@ void resolve_libc() noexcept {
   bind(l.memfd_create, "memfd_create");
   bind(l.timerfd_create, "timerfd_create");
   bind(l.open, "open");
-  bind(l.getrlimit, "getrlimit");
-  bind(l.setrlimit, "setrlimit");
-  bind(l.prlimit, "prlimit");
   bind(l.execve, "execve");
   bind(l.execv, "execv");
   bind(l.execvp, "execvp");

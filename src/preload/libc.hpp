@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -60,9 +61,6 @@ struct Libc {
   int (*memfd_create)(const char*, unsigned);
   int (*timerfd_create)(int, int);
   int (*open)(const char*, int, ...);
-  int (*getrlimit)(__rlimit_resource_t, rlimit*);
-  int (*setrlimit)(__rlimit_resource_t, const rlimit*);
-  int (*prlimit)(pid_t, __rlimit_resource, const rlimit*, rlimit*);
   int (*execve)(const char*, char* const*, char* const*);
   int (*execv)(const char*, char* const*);
   int (*execvp)(const char*, char* const*);
@@ -80,6 +78,20 @@ struct Libc {
   int (*poll_chk)(pollfd*, nfds_t, int, size_t);
   int (*ppoll_chk)(pollfd*, nfds_t, const timespec*, const sigset_t*, size_t);
 };
+
+// The prlimit system call itself: the limit hooks run before this table is
+// resolved (a sanitizer runtime reads the limits while it starts, when
+// dlsym cannot run yet). 0, or -1 with errno.
+inline int sys_prlimit(pid_t pid, int resource, const rlimit* want,
+                       rlimit* old) noexcept {
+  return static_cast<int>(syscall(SYS_prlimit64, pid, resource, want, old));
+}
+inline int sys_getrlimit(int resource, rlimit* lim) noexcept {
+  return sys_prlimit(0, resource, nullptr, lim);
+}
+inline int sys_setrlimit(int resource, const rlimit* lim) noexcept {
+  return sys_prlimit(0, resource, lim, nullptr);
+}
 
 // Filled by resolve_libc() (library constructor; also called by a hook that
 // runs before it, e.g. from another library's constructor).

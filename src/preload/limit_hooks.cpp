@@ -18,15 +18,14 @@ bool own_nofile(pid_t pid, int resource) {
 }
 
 int get_limit(pid_t pid, int resource, rlimit* lim) {
-  const int r =
-      real().prlimit(pid, static_cast<__rlimit_resource>(resource), nullptr, lim);
+  const int r = sys_prlimit(pid, resource, nullptr, lim);
   if (r == 0 && own_nofile(pid, resource)) show_app_fd_limit(lim);
   return r;
 }
 
 int set_limit(pid_t pid, int resource, const rlimit* want, rlimit* old) {
   if (!own_nofile(pid, resource)) {
-    return real().prlimit(pid, static_cast<__rlimit_resource>(resource), want, old);
+    return sys_prlimit(pid, resource, want, old);
   }
   rlimit before{};
   if (old != nullptr && get_limit(0, resource, &before) != 0) return -1;
@@ -36,30 +35,43 @@ int set_limit(pid_t pid, int resource, const rlimit* want, rlimit* old) {
 }
 }  // namespace
 
-EXPORT int getrlimit(__rlimit_resource_t resource, rlimit* lim) {
+// Before the library has loaded (a sanitizer runtime preloaded first sets
+// its limits while it starts, before this library's code, instrumented,
+// may run): straight to the system call. The hooks themselves are not
+// instrumented for that moment.
+#define RDMAKIT_EARLY __attribute__((no_sanitize("address", "undefined")))
+
+EXPORT RDMAKIT_EARLY int getrlimit(__rlimit_resource_t resource, rlimit* lim) {
+  if (!g_fd_limits_ready) return sys_prlimit(0, resource, nullptr, lim);
   return get_limit(0, resource, lim);
 }
 
-EXPORT int getrlimit64(__rlimit_resource_t resource, rlimit64* lim) {
-  return get_limit(0, resource, reinterpret_cast<rlimit*>(lim));  // NOLINT
+EXPORT RDMAKIT_EARLY int getrlimit64(__rlimit_resource_t resource, rlimit64* lim) {
+  auto* l = reinterpret_cast<rlimit*>(lim);  // NOLINT: one layout (above)
+  if (!g_fd_limits_ready) return sys_prlimit(0, resource, nullptr, l);
+  return get_limit(0, resource, l);
 }
 
-EXPORT int setrlimit(__rlimit_resource_t resource, const rlimit* lim) {
+EXPORT RDMAKIT_EARLY int setrlimit(__rlimit_resource_t resource, const rlimit* lim) {
+  if (!g_fd_limits_ready) return sys_prlimit(0, resource, lim, nullptr);
   return set_limit(0, resource, lim, nullptr);
 }
 
-EXPORT int setrlimit64(__rlimit_resource_t resource, const rlimit64* lim) {
-  return set_limit(0, resource, reinterpret_cast<const rlimit*>(lim), nullptr);  // NOLINT
+EXPORT RDMAKIT_EARLY int setrlimit64(__rlimit_resource_t resource, const rlimit64* lim) {
+  const auto* l = reinterpret_cast<const rlimit*>(lim);  // NOLINT: one layout (above)
+  if (!g_fd_limits_ready) return sys_prlimit(0, resource, l, nullptr);
+  return set_limit(0, resource, l, nullptr);
 }
 
-EXPORT int prlimit(pid_t pid, __rlimit_resource resource, const rlimit* want,
-                   rlimit* old) {
+EXPORT RDMAKIT_EARLY int prlimit(pid_t pid, __rlimit_resource resource,
+                                 const rlimit* want, rlimit* old) {
+  if (!g_fd_limits_ready) return sys_prlimit(pid, resource, want, old);
   if (want == nullptr) return get_limit(pid, resource, old);
   return set_limit(pid, resource, want, old);
 }
 
-EXPORT int prlimit64(pid_t pid, __rlimit_resource resource, const rlimit64* want,
-                     rlimit64* old) {
+EXPORT RDMAKIT_EARLY int prlimit64(pid_t pid, __rlimit_resource resource,
+                                   const rlimit64* want, rlimit64* old) {
   return prlimit(pid, resource, reinterpret_cast<const rlimit*>(want),  // NOLINT
                  reinterpret_cast<rlimit*>(old));                       // NOLINT
 }

@@ -12,6 +12,10 @@ if(RDMAKIT_SANITIZE MATCHES "address")
   # indexes) did not finish within the case's 60 s (measured once); mariadb
   # and sysbench run in the release stage.
   list(REMOVE_ITEM compat_cases mariadb)
+  # systemd-socket-activate links libcap-ng, whose constructor calls open()
+  # before the ASan runtime has started; the ASan build of this library's
+  # open() hook then faults (measured: `--help` alone, under rdmakit-run).
+  list(REMOVE_ITEM compat_cases socket-activate)
 endif()
 foreach(c ${compat_cases})
   add_test(NAME preload_compat_${c}
