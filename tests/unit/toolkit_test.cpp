@@ -1,10 +1,13 @@
 // The core's internal toolkit (include/rdmakit/detail/): the bit-field codec
-// of work request ids.
+// of work request ids, the conditional lock.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <mutex>
+#include <thread>
 
 #include "rdmakit/detail/bit_fields.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
 
 namespace rdmakit::detail {
 namespace {
@@ -36,6 +39,58 @@ TEST(BitFieldsTest, RunTimeValuesKeepTheirFieldsLowBits) {
   EXPECT_EQ(Layout::decode<0>(word), 0xFFFFFFu);
   EXPECT_EQ((Layout::decode<2, Kind>(word)), Kind::kA);
   EXPECT_EQ(Layout::decode<1>(word), 0u);
+}
+
+struct CountingMutex {
+  void lock() { ++locks; }
+  void unlock() { ++unlocks; }
+  int locks = 0;
+  int unlocks = 0;
+};
+
+TEST(ConditionalLockTest, TakesTheMutexOnlyWhenAsked) {
+  CountingMutex mu;
+  {
+    ConditionalLock lock(mu, true);
+    EXPECT_TRUE(lock.owns_lock());
+    EXPECT_EQ(mu.locks, 1);
+    lock.unlock();
+    EXPECT_FALSE(lock.owns_lock());
+    EXPECT_EQ(mu.unlocks, 1);
+  }
+  EXPECT_EQ(mu.unlocks, 1);  // released once
+  { const ConditionalLock lock(mu, true); }
+  EXPECT_EQ(mu.unlocks, 2);  // released on scope exit
+  {
+    const ConditionalLock lock(mu, false);
+    EXPECT_FALSE(lock.owns_lock());
+  }
+  EXPECT_EQ(mu.locks, 2);
+  EXPECT_EQ(mu.unlocks, 2);
+}
+
+// Whether another thread could take it now.
+bool free_elsewhere(ConditionalMutex& mu) {
+  bool taken = false;
+  std::thread([&] {
+    taken = mu.try_lock();
+    if (taken) mu.unlock();
+  }).join();
+  return taken;
+}
+
+TEST(ConditionalMutexTest, LocksOnlyWhenShared) {
+  ConditionalMutex shared;
+  EXPECT_TRUE(shared.shared());
+  {
+    const std::lock_guard lock(shared);
+    EXPECT_FALSE(free_elsewhere(shared));
+  }
+  EXPECT_TRUE(free_elsewhere(shared));
+  ConditionalMutex owned;
+  owned.set_shared(false);
+  const std::lock_guard lock(owned);
+  EXPECT_TRUE(free_elsewhere(owned));
 }
 
 }  // namespace

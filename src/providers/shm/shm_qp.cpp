@@ -106,8 +106,7 @@ PostResult ShmQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 // Out of line, so the fast path above does not pay this one's stack frame.
 [[gnu::noinline]] PostResult ShmQp::post_send_general(
     std::span<const SendWr> wrs) noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   uint32_t accepted = 0;
   bool queued = false;
   // Nothing waiting and a healthy peer: execute straight from the caller's
@@ -171,8 +170,7 @@ PostResult ShmQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 
 PostResult ShmQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};  // post to the SRQ
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   PostResult result;
   RecvSlot* slots = local_.block->slots();
   for (const RecvWr& wr : wrs) {

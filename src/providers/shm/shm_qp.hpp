@@ -17,6 +17,7 @@
 #include "providers/shm/shm_posted_recv.hpp"
 #include "providers/shm/shm_small_copy.hpp"
 #include "providers/shm/shm_unix_socket.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::shm {
