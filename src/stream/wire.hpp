@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 
+#include "rdmakit/detail/small_copy.hpp"
 #include "rdmakit/memory.hpp"
 
 namespace rdmakit::stream::wire {
@@ -237,25 +238,6 @@ struct Flow {
   }
 };
 
-// memcpy of a run-time length without a libc call up to 32 bytes (a record,
-// a small read): two calls per 16-byte message showed in its profile.
-// Non-overlapping buffers; n <= Max (a bound the optimizer can use).
-template <size_t Max = SIZE_MAX>
-inline void copy_short(std::byte* dst, const std::byte* src, size_t n) noexcept {
-  if (n > Max) __builtin_unreachable();
-  if (n > 32) {
-    std::memcpy(dst, src, n);
-  } else if (n >= 16) {
-    std::memcpy(dst, src, 16);
-    std::memcpy(dst + n - 16, src + n - 16, 16);
-  } else if (n >= 8) {
-    std::memcpy(dst, src, 8);
-    std::memcpy(dst + n - 8, src + n - 8, 8);
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = src[i];
-  }
-}
-
 // Copies a record's bytes (already accepted by Flow::on_message, which
 // advanced rx_written by len from `at`) into the ring at the receiver's own
 // position, split at the ring's end. len <= rx_record_max <= kRecordData <=
@@ -265,8 +247,9 @@ inline void place_record(std::byte* ring, uint32_t ring_size, uint64_t at,
   const auto off = static_cast<uint32_t>(at % ring_size);
   const uint32_t first = len < ring_size - off ? len : ring_size - off;
   // Flow::on_message bounded len by rx_record_max <= kRecordData.
-  copy_short<kRecordData>(ring + off, src, first);
-  if (first < len) copy_short<kRecordData>(ring, src + first, len - first);
+  rdmakit::detail::small_copy<kRecordData>(ring + off, src, first);
+  if (first < len)
+    rdmakit::detail::small_copy<kRecordData>(ring, src + first, len - first);
 }
 static_assert(kRecordData <= kMinRing);
 

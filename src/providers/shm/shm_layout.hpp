@@ -90,7 +90,7 @@ inline bool in_range(const EntryView& view, uint64_t addr, uint64_t length) noex
 // A QP on a shared receive queue keeps this ring for its completions only:
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
 // the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
-inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (shm_small_copy.hpp)
+inline constexpr uint32_t kSlotInline = 20;  // <= detail::kSmallCopyMax (small_copy.hpp)
 // done_seq = (n+1) | kSlotFilling: a sender is writing a payload straight
 // into the buffer of RECV n. A receiver entering the error state does not
 // flush that RECV until the sender published it (or died).
