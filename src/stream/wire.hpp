@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 
+#include "rdmakit/detail/hello_frame.hpp"
 #include "rdmakit/detail/small_copy.hpp"
 #include "rdmakit/memory.hpp"
 
@@ -93,6 +94,8 @@ struct Hello {
   // Byte 5: features; a peer without them sends 0 there.
   static constexpr uint8_t kFeatureRewind = 1;  // sends and accepts kRewind
   static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
+  static constexpr rdmakit::detail::HelloFrame<uint8_t> kFrame{
+      kMagic, kVersion, kSize, rdmakit::detail::HelloSize::kAtLeast};
   uint16_t recv_credits = 0;
   uint8_t features = kFeatureRewind;
   // Byte 8: the largest DATA record the sender of the hello accepts (its
@@ -102,9 +105,7 @@ struct Hello {
 
   void serialize(std::span<std::byte, kSize> out) const noexcept {
     std::memset(out.data(), 0, kSize);
-    const uint32_t magic = kMagic;
-    std::memcpy(out.data(), &magic, 4);
-    out[4] = std::byte{kVersion};
+    kFrame.put(out.data());
     out[5] = std::byte{features};
     std::memcpy(out.data() + 6, &recv_credits, 2);
     out[8] = std::byte{record_max};
@@ -112,10 +113,7 @@ struct Hello {
   }
   // nullopt for anything that is not a well-formed hello within limits.
   static std::optional<Hello> parse(std::span<const std::byte> in) noexcept {
-    if (in.size() < kSize) return std::nullopt;
-    uint32_t magic = 0;
-    std::memcpy(&magic, in.data(), 4);
-    if (magic != kMagic || in[4] != std::byte{kVersion}) return std::nullopt;
+    if (!kFrame.check(in)) return std::nullopt;
     Hello h;
     std::memcpy(&h.recv_credits, in.data() + 6, 2);
     h.features = static_cast<uint8_t>(in[5]);

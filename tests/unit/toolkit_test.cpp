@@ -1,13 +1,19 @@
 // The core's internal toolkit (include/rdmakit/detail/): the bit-field codec
-// of work request ids, the conditional lock.
+// of work request ids, the conditional lock, the hellos' framing.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "rdmakit/detail/bit_fields.hpp"
 #include "rdmakit/detail/conditional_lock.hpp"
+#include "rdmakit/detail/hello_frame.hpp"
 
 namespace rdmakit::detail {
 namespace {
@@ -91,6 +97,54 @@ TEST(ConditionalMutexTest, LocksOnlyWhenShared) {
   owned.set_shared(false);
   const std::lock_guard lock(owned);
   EXPECT_TRUE(free_elsewhere(owned));
+}
+
+template <size_t N>
+std::array<std::byte, N> bytes(std::initializer_list<int> values) {
+  std::array<std::byte, N> out{};
+  size_t i = 0;
+  for (const int v : values) out[i++] = static_cast<std::byte>(v);
+  return out;
+}
+
+TEST(HelloFrameTest, WritesMagicThenVersionLittleEndian) {
+  constexpr HelloFrame<uint16_t> frame{0x43544b52, 1, 8, HelloSize::kAtLeast};
+  std::array<std::byte, 8> out{};
+  frame.put(out.data());
+  EXPECT_EQ(out, (bytes<8>({0x52, 0x4b, 0x54, 0x43, 0x01, 0x00})));
+  constexpr HelloFrame<uint8_t> small{0x314b5352, 2, 5, HelloSize::kAtLeast};
+  std::array<std::byte, 5> one{};
+  small.put(one.data());
+  EXPECT_EQ(one, (bytes<5>({0x52, 0x53, 0x4b, 0x31, 0x02})));
+  constexpr HelloFrame<uint32_t, std::endian::big> big{0x01020304, 5, 8,
+                                                       HelloSize::kExactly};
+  big.put(out.data());
+  EXPECT_EQ(out, (bytes<8>({1, 2, 3, 4, 0, 0, 0, 5})));
+  EXPECT_TRUE(big.check(out));
+}
+
+TEST(HelloFrameTest, ChecksMagicThenVersionThenSize) {
+  constexpr HelloFrame<uint16_t> exact{0x53534b52, 2, 8, HelloSize::kExactly};
+  std::array<std::byte, 9> in{};
+  exact.put(in.data());
+  const std::span<const std::byte> all(in);
+  EXPECT_TRUE(exact.check(all.first(8)));
+  EXPECT_EQ(exact.check(all.first(8)).version, 2);
+  EXPECT_EQ(exact.check(all).fault, HelloFault::kSize);
+  EXPECT_EQ(exact.check(all.first(7)).fault, HelloFault::kSize);
+  EXPECT_STREQ(exact.check(all.first(7)).why(), "wrong size");
+  EXPECT_EQ(exact.check(all.first(3)).fault, HelloFault::kMagic);
+  EXPECT_EQ(exact.check(all.first(5)).fault, HelloFault::kVersion);
+  EXPECT_EQ(exact.check(all.first(5)).version, 0);
+  in[4] = std::byte{3};
+  EXPECT_EQ(exact.check(all.first(8)).fault, HelloFault::kVersion);
+  EXPECT_EQ(exact.check(all.first(8)).version, 3);
+  in[0] = std::byte{0};
+  EXPECT_EQ(exact.check(all.first(8)).fault, HelloFault::kMagic);
+  EXPECT_STREQ(exact.check(all.first(8)).why(), "bad magic");
+  constexpr HelloFrame<uint16_t> at_least{0x53534b52, 2, 6, HelloSize::kAtLeast};
+  at_least.put(in.data());
+  EXPECT_TRUE(at_least.check(all));
 }
 
 }  // namespace

@@ -3,8 +3,11 @@
 // processes. Every cross-process field is a lock-free atomic or is published
 // by a release store of a counter and read after its acquire load.
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+
+#include "rdmakit/detail/hello_frame.hpp"
 
 namespace rdmakit::shm {
 
@@ -213,6 +216,9 @@ struct Hello {
   uint32_t payload_socket = 0;
   uint8_t private_data[192] = {};
 };
+// A host struct, sent whole over a SEQPACKET socket: exactly its size.
+inline constexpr detail::HelloFrame<uint16_t, std::endian::native> kHelloFrame{
+    kLayoutMagic, kProtocolVersion, sizeof(Hello), detail::HelloSize::kExactly};
 inline constexpr size_t kHelloFds = 4;
 inline constexpr size_t kHelloMaxFds = 6;
 
