@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <rdmakit/detail/conditional_lock.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <rdmakit/session/channel.hpp>
 #include <rdmakit/session/endpoint.hpp>
@@ -27,23 +28,7 @@ namespace rdmakit::session::detail {
 // has one owner at a time (the thread that drives progress(), as the core's
 // QPs there are single-owner), so locking is a predictable branch and no
 // atomic instruction on the data path.
-class DatapathMutex {
- public:
-  void lock() {
-    if (shared_) mu_.lock();
-  }
-  void unlock() {
-    if (shared_) mu_.unlock();
-  }
-  bool try_lock() { return !shared_ || mu_.try_lock(); }
-  // Set once, before the channel carries traffic.
-  void set_shared(bool shared) noexcept { shared_ = shared; }
-  bool shared() const noexcept { return shared_; }
-
- private:
-  std::mutex mu_;
-  bool shared_ = true;
-};
+using DatapathMutex = rdmakit::detail::ConditionalMutex;
 
 // What a channel lends a Message: a receive slot and what arrived in it.
 struct Delivery {

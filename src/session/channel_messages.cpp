@@ -213,8 +213,7 @@ void ChannelCore::on_recv(const Completion& c) {
     waiting_ = nullptr;
     return;
   }
-  std::unique_lock lock(inbox_mu_, std::defer_lock);
-  if (mu_.shared()) lock.lock();
+  const rdmakit::detail::ConditionalLock lock(inbox_mu_, mu_.shared());
   if (inbox_count_ == inbox_.size()) return;  // cannot happen: one slot per RECV
   size_t tail = inbox_head_ + inbox_count_;
   if (tail >= inbox_.size()) tail -= inbox_.size();

@@ -1,15 +1,26 @@
 #include "wire.hpp"
 
 #include <cstring>
+#include <rdmakit/detail/hello_frame.hpp>
 
 namespace rdmakit::session::detail {
 namespace {
+
+// Every handshake message (hello, reply, buffer table) starts with it.
+constexpr rdmakit::detail::HelloFrame<uint16_t> kFrame{
+    kMagic, kVersion, rdmakit::detail::HelloFrame<uint16_t>::kPrefix,
+    rdmakit::detail::HelloSize::kAtLeast};
 
 class Writer {
  public:
   template <typename T>
   void put(const T& v) {
     append(&v, sizeof(T));
+  }
+  void put_frame() {
+    std::byte prefix[kFrame.kPrefix];
+    kFrame.put(prefix);
+    append(prefix, sizeof prefix);
   }
   void put_string(const std::string& s) {
     put(static_cast<uint8_t>(s.size()));
@@ -37,6 +48,8 @@ class Writer {
 class Reader {
  public:
   explicit Reader(std::span<const std::byte> in) : in_(in) {}
+  std::span<const std::byte> rest() const noexcept { return in_.subspan(pos_); }
+  void skip(size_t n) noexcept { pos_ += n; }
   template <typename T>
   bool get(T* v) {
     if (in_.size() - pos_ < sizeof(T)) return false;
@@ -67,17 +80,17 @@ class Reader {
 };
 
 bool check_magic(Reader& r, std::string* why) {
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  if (!r.get(&magic) || magic != kMagic) {
+  const auto check = kFrame.check(r.rest());
+  if (check.fault == rdmakit::detail::HelloFault::kMagic) {
     *why = "not a session handshake (bad magic)";
     return false;
   }
-  if (!r.get(&version) || version != kVersion) {
-    *why = "session protocol version " + std::to_string(version) + ", expected " +
+  if (!check) {
+    *why = "session protocol version " + std::to_string(check.version) + ", expected " +
            std::to_string(kVersion);
     return false;
   }
+  r.skip(kFrame.kPrefix);
   return true;
 }
 
@@ -85,8 +98,7 @@ bool check_magic(Reader& r, std::string* why) {
 
 std::vector<std::byte> encode(const Hello& h) {
   Writer w;
-  w.put(kMagic);
-  w.put(kVersion);
+  w.put_frame();
   w.put(h.endpoint_id);
   w.put(h.channel);
   w.put(h.channels);
@@ -117,8 +129,7 @@ std::optional<Hello> decode_hello(std::span<const std::byte> in, std::string* wh
 
 std::vector<std::byte> encode(const Reply& reply) {
   Writer w;
-  w.put(kMagic);
-  w.put(kVersion);
+  w.put_frame();
   w.put(reply.depth);
   w.put(reply.max_message);
   w.put(reply.channel_port);
@@ -139,8 +150,7 @@ std::optional<Reply> decode_reply(std::span<const std::byte> in, std::string* wh
 
 std::vector<std::byte> encode(const Table& t) {
   Writer w;
-  w.put(kMagic);
-  w.put(kVersion);
+  w.put_frame();
   w.put_region(t.ctrl);
   w.put(static_cast<uint8_t>(t.channel_names.size()));
   for (const auto& name : t.channel_names) w.put_string(name);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <rdmakit/detail/bit_fields.hpp>
 #include <rdmakit/rdmakit.hpp>
 #include <span>
 #include <string>
@@ -110,27 +111,22 @@ enum class WrKind : uint8_t {
 // signaled completion retires them well before the queue (max_send_wr >= 72)
 // fills.
 constexpr uint32_t kSignalEvery = 16;
+using WrId = rdmakit::detail::BitFields<16, 16, 8, 8, 16>;
 constexpr uint64_t make_wr_id(uint32_t slot, uint16_t gen, uint32_t channel, WrKind kind,
                               uint32_t index) noexcept {
-  return (uint64_t{slot & 0xffffu} << 48) | (uint64_t{gen} << 32) |
-         (uint64_t{channel & 0xffu} << 24) |
-         (uint64_t{static_cast<uint8_t>(kind)} << 16) | (index & 0xffffu);
+  return WrId::encode(slot, gen, channel, kind, index);
 }
-constexpr uint32_t wr_slot(uint64_t id) noexcept {
-  return static_cast<uint32_t>(id >> 48);
-}
-constexpr uint16_t wr_gen(uint64_t id) noexcept {
-  return static_cast<uint16_t>(id >> 32);
-}
+constexpr uint32_t wr_slot(uint64_t id) noexcept { return WrId::decode<0, uint32_t>(id); }
+constexpr uint16_t wr_gen(uint64_t id) noexcept { return WrId::decode<1, uint16_t>(id); }
 constexpr uint32_t wr_channel(uint64_t id) noexcept {
-  return static_cast<uint32_t>((id >> 24) & 0xff);
+  return WrId::decode<2, uint32_t>(id);
 }
-constexpr WrKind wr_kind(uint64_t id) noexcept {
-  return static_cast<WrKind>((id >> 16) & 0xff);
-}
+constexpr WrKind wr_kind(uint64_t id) noexcept { return WrId::decode<3, WrKind>(id); }
 constexpr uint32_t wr_index(uint64_t id) noexcept {
-  return static_cast<uint32_t>(id & 0xffff);
+  return WrId::decode<4, uint32_t>(id);
 }
+static_assert(kMaxChannels - 1 <= WrId::max<2>() && kMaxDepth - 1 <= WrId::max<4>());
+static_assert(make_wr_id(513, 7, 3, WrKind::kOp, 65535) == 0x020100070304ffff);
 static_assert(wr_slot(make_wr_id(513, 7, 3, WrKind::kOp, 65535)) == 513);
 static_assert(wr_gen(make_wr_id(513, 7, 3, WrKind::kOp, 65535)) == 7);
 static_assert(wr_channel(make_wr_id(513, 7, 3, WrKind::kOp, 65535)) == 3);

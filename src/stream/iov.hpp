@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "rdmakit/detail/small_copy.hpp"
 #include "stream/wire.hpp"
 
 namespace rdmakit::stream::detail {
@@ -59,7 +60,7 @@ inline void ring_to_iov(const std::byte* ring, uint64_t size, uint64_t pos,
   while (n > 0) {
     const uint64_t at = pos % size;
     auto [dst, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    wire::copy_short(dst, ring + at, len);
+    rdmakit::detail::copy_bytes(dst, ring + at, len);
     cur.advance(len);
     pos += len;
     n -= len;
@@ -72,7 +73,7 @@ inline void iov_to_ring(std::byte* ring, uint64_t size, uint64_t pos, IovCursor&
   while (n > 0) {
     const uint64_t at = pos % size;
     auto [src, len] = cur.piece(std::min<uint64_t>(n, size - at));
-    wire::copy_short(ring + at, src, len);
+    rdmakit::detail::copy_bytes(ring + at, src, len);
     cur.advance(len);
     pos += len;
     n -= len;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 
+#include "rdmakit/detail/bit_fields.hpp"
 #include "rdmakit/rdmakit.hpp"
 #include "rdmakit/stream/stream.hpp"
 #include "stream/iov.hpp"
@@ -33,20 +34,21 @@ using Clock = std::chrono::steady_clock;
 // unsignaled inline sends before it) and frees `bytes` of the send buffer.
 enum WrKind : uint64_t { kWrSend = 1, kWrRecv = 2 };
 constexpr uint32_t kSignalEvery = 16;  // inline data sends per signaled one
-static_assert(kSignalEvery < 128, "count fits its 7 bits");
+using WrId = rdmakit::detail::BitFields<24, 8, 4, 7, 21>;
+static_assert(kSignalEvery <= WrId::max<3>(), "count fits its 7 bits");
 constexpr uint64_t make_wr_id(uint32_t slot, uint8_t gen, WrKind kind, uint32_t bytes,
                               uint32_t count = 1) {
-  return (static_cast<uint64_t>(slot) << 40) | (static_cast<uint64_t>(gen) << 32) |
-         (static_cast<uint64_t>(kind) << 28) |
-         (static_cast<uint64_t>(count & 0x7F) << 21) | (bytes & 0x1FFFFFu);
+  return WrId::encode(slot, gen, kind, count, bytes);
 }
-constexpr uint32_t wr_slot(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 40); }
-constexpr uint8_t wr_gen(uint64_t wr_id) { return static_cast<uint8_t>(wr_id >> 32); }
-constexpr uint64_t wr_kind(uint64_t wr_id) { return (wr_id >> 28) & 0xF; }
-constexpr uint32_t wr_bytes(uint64_t wr_id) { return wr_id & 0x1FFFFFu; }
-constexpr uint32_t wr_count(uint64_t wr_id) { return (wr_id >> 21) & 0x7F; }
+constexpr uint32_t wr_slot(uint64_t wr_id) { return WrId::decode<0, uint32_t>(wr_id); }
+constexpr uint8_t wr_gen(uint64_t wr_id) { return WrId::decode<1, uint8_t>(wr_id); }
+constexpr uint64_t wr_kind(uint64_t wr_id) { return WrId::decode<2>(wr_id); }
+constexpr uint32_t wr_count(uint64_t wr_id) { return WrId::decode<3, uint32_t>(wr_id); }
+constexpr uint32_t wr_bytes(uint64_t wr_id) { return WrId::decode<4, uint32_t>(wr_id); }
+static_assert(make_wr_id(0xABCDEF, 0x5A, kWrRecv, 0x1FFFFF, 127) == 0xABCDEF5A2FFFFFFF);
 // One WRITE from the send buffer; < 2^22 (imm value) and < 2^21 (wr_id bytes).
 constexpr uint32_t kMaxChunk = 1u << 20;
+static_assert(kMaxChunk <= WrId::max<4>());
 // Receives re-posted together: at most 1/8 of the credits wait (so the
 // peer keeps its reserves), at most kMaxRepostBatch per post.
 constexpr uint32_t kMaxRepostBatch = 16;

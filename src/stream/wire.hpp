@@ -24,6 +24,8 @@
 #include <optional>
 #include <span>
 
+#include "rdmakit/detail/hello_frame.hpp"
+#include "rdmakit/detail/small_copy.hpp"
 #include "rdmakit/memory.hpp"
 
 namespace rdmakit::stream::wire {
@@ -92,6 +94,8 @@ struct Hello {
   // Byte 5: features; a peer without them sends 0 there.
   static constexpr uint8_t kFeatureRewind = 1;  // sends and accepts kRewind
   static constexpr size_t kSize = 16 + RemoteRegion::kSerializedSize;
+  static constexpr rdmakit::detail::HelloFrame<uint8_t> kFrame{
+      kMagic, kVersion, kSize, rdmakit::detail::HelloSize::kAtLeast};
   uint16_t recv_credits = 0;
   uint8_t features = kFeatureRewind;
   // Byte 8: the largest DATA record the sender of the hello accepts (its
@@ -101,9 +105,7 @@ struct Hello {
 
   void serialize(std::span<std::byte, kSize> out) const noexcept {
     std::memset(out.data(), 0, kSize);
-    const uint32_t magic = kMagic;
-    std::memcpy(out.data(), &magic, 4);
-    out[4] = std::byte{kVersion};
+    kFrame.put(out.data());
     out[5] = std::byte{features};
     std::memcpy(out.data() + 6, &recv_credits, 2);
     out[8] = std::byte{record_max};
@@ -111,10 +113,7 @@ struct Hello {
   }
   // nullopt for anything that is not a well-formed hello within limits.
   static std::optional<Hello> parse(std::span<const std::byte> in) noexcept {
-    if (in.size() < kSize) return std::nullopt;
-    uint32_t magic = 0;
-    std::memcpy(&magic, in.data(), 4);
-    if (magic != kMagic || in[4] != std::byte{kVersion}) return std::nullopt;
+    if (!kFrame.check(in)) return std::nullopt;
     Hello h;
     std::memcpy(&h.recv_credits, in.data() + 6, 2);
     h.features = static_cast<uint8_t>(in[5]);
@@ -237,25 +236,6 @@ struct Flow {
   }
 };
 
-// memcpy of a run-time length without a libc call up to 32 bytes (a record,
-// a small read): two calls per 16-byte message showed in its profile.
-// Non-overlapping buffers; n <= Max (a bound the optimizer can use).
-template <size_t Max = SIZE_MAX>
-inline void copy_short(std::byte* dst, const std::byte* src, size_t n) noexcept {
-  if (n > Max) __builtin_unreachable();
-  if (n > 32) {
-    std::memcpy(dst, src, n);
-  } else if (n >= 16) {
-    std::memcpy(dst, src, 16);
-    std::memcpy(dst + n - 16, src + n - 16, 16);
-  } else if (n >= 8) {
-    std::memcpy(dst, src, 8);
-    std::memcpy(dst + n - 8, src + n - 8, 8);
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = src[i];
-  }
-}
-
 // Copies a record's bytes (already accepted by Flow::on_message, which
 // advanced rx_written by len from `at`) into the ring at the receiver's own
 // position, split at the ring's end. len <= rx_record_max <= kRecordData <=
@@ -265,8 +245,9 @@ inline void place_record(std::byte* ring, uint32_t ring_size, uint64_t at,
   const auto off = static_cast<uint32_t>(at % ring_size);
   const uint32_t first = len < ring_size - off ? len : ring_size - off;
   // Flow::on_message bounded len by rx_record_max <= kRecordData.
-  copy_short<kRecordData>(ring + off, src, first);
-  if (first < len) copy_short<kRecordData>(ring, src + first, len - first);
+  rdmakit::detail::small_copy<kRecordData>(ring + off, src, first);
+  if (first < len)
+    rdmakit::detail::small_copy<kRecordData>(ring, src + first, len - first);
 }
 static_assert(kRecordData <= kMinRing);
 

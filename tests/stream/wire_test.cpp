@@ -1,36 +1,16 @@
-// src/stream/wire.hpp on its own: the ring copies (wire::copy_short
-// against memcpy for every short length and alignment, and a record placed
-// across the ring's end; bytes outside the target must stay untouched) and
-// the record size each side announces in its hello.
+// src/stream/wire.hpp on its own: a record placed across the ring's end
+// (bytes outside the target must stay untouched; the copy itself is the
+// toolkit's, tests/unit/small_copy_test.cpp) and the record size each side
+// announces in its hello.
 #include "stream/wire.hpp"
 
 #include <gtest/gtest.h>
 
 #include <array>
-#include <cstring>
 #include <vector>
 
 namespace rdmakit::stream::wire {
 namespace {
-
-TEST(WireCopy, CopyShortMatchesMemcpyForEveryShortLengthAndAlignment) {
-  std::array<std::byte, 128> src{};
-  for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i * 7 + 1);
-  for (size_t n = 0; n <= 40; ++n) {
-    for (size_t s_off = 0; s_off < 8; ++s_off) {
-      for (size_t d_off = 0; d_off < 8; ++d_off) {
-        std::array<std::byte, 128> got;
-        std::array<std::byte, 128> want;
-        got.fill(std::byte{0xEE});
-        want.fill(std::byte{0xEE});
-        copy_short(got.data() + 16 + d_off, src.data() + s_off, n);
-        std::memcpy(want.data() + 16 + d_off, src.data() + s_off, n);
-        ASSERT_EQ(got, want) << "n " << n << " src offset " << s_off << " dst offset "
-                             << d_off;
-      }
-    }
-  }
-}
 
 TEST(WireCopy, RecordsSplitAtTheRingEnd) {
   constexpr uint32_t kRing = kMinRing;

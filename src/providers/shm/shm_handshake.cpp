@@ -172,9 +172,11 @@ PeerEnd receive_handshake(int sock, const char* operation, const std::string& pe
   if (got < 0) throw setup_error(operation, peer, static_cast<int>(-got), "handshake");
   if (got == 0)
     throw setup_error(operation, peer, ECONNRESET, "peer closed during handshake");
-  if (got != sizeof hello || hello.magic != kLayoutMagic ||
-      hello.version != kProtocolVersion) {
-    throw setup_error(operation, peer, EPROTO, "malformed handshake");
+  if (const auto check = kHelloFrame.check(
+          {reinterpret_cast<const std::byte*>(&hello), static_cast<size_t>(got)});
+      !check) {
+    throw setup_error(operation, peer, EPROTO,
+                      std::string("malformed handshake (") + check.why() + ")");
   }
   const PeerPolicy& policy = context.peer_policy();
   if (hello.accepted == 0) {

@@ -3,8 +3,11 @@
 // processes. Every cross-process field is a lock-free atomic or is published
 // by a release store of a counter and read after its acquire load.
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+
+#include "rdmakit/detail/hello_frame.hpp"
 
 namespace rdmakit::shm {
 
@@ -90,7 +93,7 @@ inline bool in_range(const EntryView& view, uint64_t addr, uint64_t length) noex
 // A QP on a shared receive queue keeps this ring for its completions only:
 // post_seq is a credit the receiver renews as it polls, the buffer comes from
 // the SRQ, and the sender records the SRQ entry it claimed in srq_entry.
-inline constexpr uint32_t kSlotInline = 20;  // <= kSmallCopyMax (shm_small_copy.hpp)
+inline constexpr uint32_t kSlotInline = 20;  // <= detail::kSmallCopyMax (small_copy.hpp)
 // done_seq = (n+1) | kSlotFilling: a sender is writing a payload straight
 // into the buffer of RECV n. A receiver entering the error state does not
 // flush that RECV until the sender published it (or died).
@@ -213,6 +216,9 @@ struct Hello {
   uint32_t payload_socket = 0;
   uint8_t private_data[192] = {};
 };
+// A host struct, sent whole over a SEQPACKET socket: exactly its size.
+inline constexpr detail::HelloFrame<uint16_t, std::endian::native> kHelloFrame{
+    kLayoutMagic, kProtocolVersion, sizeof(Hello), detail::HelloSize::kExactly};
 inline constexpr size_t kHelloFds = 4;
 inline constexpr size_t kHelloMaxFds = 6;
 

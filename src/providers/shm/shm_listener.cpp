@@ -108,8 +108,7 @@ std::unique_ptr<QueuePair> ShmListener::accept(const QpOptions& options,
     for (size_t i = 0; i < pending_.size(); ++i) {
       const bool readable = pfds[i].revents != 0;
       if (!readable && now < pending_[i].deadline) continue;
-      Pending p = std::move(pending_[i]);
-      pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+      Pending p = pending_.take(i);
       pfds.erase(pfds.begin() + static_cast<ptrdiff_t>(i));
       --i;
       if (!readable) {
@@ -188,13 +187,13 @@ void ShmListener::accept_queued() {
       }
       continue;
     }
-    if (pending_.size() >= kMaxPendingHandshakes) {
+    if (pending_.full()) {
       core::log().warn("shm: {}: {} handshakes pending, dropping the oldest (from {})",
                        address(), pending_.size(), pending_.front().peer);
-      pending_.erase(pending_.begin());
     }
-    pending_.push_back({std::move(conn), fmt::format("pid {} uid {}", cred.pid, cred.uid),
-                        cred, core::Clock::now() + kHandshakeTimeout});
+    pending_.emplace(Pending{std::move(conn),
+                             fmt::format("pid {} uid {}", cred.pid, cred.uid), cred,
+                             core::Clock::now() + kHandshakeTimeout});
   }
 }
 

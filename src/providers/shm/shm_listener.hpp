@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "core/handshake_backlog.hpp"
 #include "providers/shm/shm_unix_socket.hpp"
 #include "rdmakit/context.hpp"
 
@@ -13,10 +14,9 @@ namespace rdmakit::shm {
 class ShmContext;
 
 // How long a connected client may take to send its Hello (it sends it right
-// after connect), and how many such clients may wait at once; one more
-// drops the oldest.
+// after connect); core::kMaxPendingHandshakes such clients may wait at once,
+// and one more drops the oldest.
 inline constexpr std::chrono::milliseconds kHandshakeTimeout{5000};
-inline constexpr size_t kMaxPendingHandshakes = 64;
 
 // Listens on the abstract Unix socket "rdmakit-shm:<port>": shm peers meet
 // by port on the same host (the host part is only checked for syntax).
@@ -49,7 +49,7 @@ class ShmListener final : public Listener {
   uint16_t port_ = 0;
   Fd socket_;
   std::mutex mu_;  // guards pending_ (accept() may run in several threads)
-  std::vector<Pending> pending_;
+  core::HandshakeBacklog<Pending> pending_;
   uint64_t refused_ = 0;  // connections of users we do not admit
 };
 

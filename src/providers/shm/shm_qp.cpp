@@ -38,7 +38,8 @@ namespace {
 
 using core::is_sink;
 
-static_assert(kSlotInline <= kSmallCopyMax, "inline slot payloads use small_copy");
+static_assert(kSlotInline <= detail::kSmallCopyMax,
+              "inline slot payloads use small_copy");
 
 // Requests a line in exclusive state without waiting for it, so a later
 // store to it does not stall on the transfer from the other core.
@@ -76,7 +77,7 @@ inline bool ShmQp::try_small_send(const SendWr& wr) noexcept {
         !recv_buffer_writable(slot.lkey, slot.addr, wr.length)) {
       return false;
     }
-    small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
+    detail::small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
   }
   slot.data_inline = wr.length != 0 ? kPayloadInSlot : kPayloadInBuffer;
   publish_recv(slot, wr, Opcode::kRecv, Status::kSuccess);
@@ -106,8 +107,7 @@ PostResult ShmQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 // Out of line, so the fast path above does not pay this one's stack frame.
 [[gnu::noinline]] PostResult ShmQp::post_send_general(
     std::span<const SendWr> wrs) noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   uint32_t accepted = 0;
   bool queued = false;
   // Nothing waiting and a healthy peer: execute straight from the caller's
@@ -146,7 +146,7 @@ PostResult ShmQp::do_post_send(std::span<const SendWr> wrs) noexcept {
     stored = wr;
     if (inline_payload) {
       std::byte* copy = &inline_data_[slot * options_.max_inline];
-      copy_bytes(copy, wr.local_addr, wr.length);
+      detail::copy_bytes(copy, wr.local_addr, wr.length);
       stored.local_addr = copy;
     }
     ++sq_posted_;
@@ -171,8 +171,7 @@ PostResult ShmQp::do_post_send(std::span<const SendWr> wrs) noexcept {
 
 PostResult ShmQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   if (srq_ != nullptr) return {PostStatus::kInvalidArgument, 0};  // post to the SRQ
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   PostResult result;
   RecvSlot* slots = local_.block->slots();
   for (const RecvWr& wr : wrs) {
@@ -318,7 +317,7 @@ ShmQp::Exec ShmQp::deliver(const SendWr& wr, Opcode recv_opcode, bool carry_payl
       } else if (wr.length <= kSlotInline) {
         // Small payloads ride in the slot's cache line; the receiver copies
         // them into its buffer when it polls.
-        small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
+        detail::small_copy<kSlotInline>(slot.data, wr.local_addr, wr.length);
         slot.data_inline = kPayloadInSlot;
       } else if (peer_.payload_socket) {
         // The receiver reads the payload into its buffer when it polls.

@@ -15,8 +15,9 @@
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_link.hpp"
 #include "providers/shm/shm_posted_recv.hpp"
-#include "providers/shm/shm_small_copy.hpp"
 #include "providers/shm/shm_unix_socket.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
+#include "rdmakit/detail/small_copy.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::shm {
@@ -261,7 +262,7 @@ inline void ShmQp::fill_recv_completion(const RecvSlot& slot, const PostedRecv& 
       status = Status::kLocalQpOperationError;
     } else if (where == kPayloadInSlot) {
       if (byte_len <= kSlotInline) {
-        small_copy<kSlotInline>(posted.addr, slot.data, byte_len);
+        detail::small_copy<kSlotInline>(posted.addr, slot.data, byte_len);
       } else {
         status = Status::kLocalQpOperationError;
       }

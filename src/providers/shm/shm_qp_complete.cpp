@@ -14,8 +14,7 @@
 namespace rdmakit::shm {
 
 void ShmQp::progress() noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   if (state_ == QpState::kConnected &&
       (peer_gone() ||
        peer_block_->owner_state.load(std::memory_order_acquire) != kSideOpen ||
@@ -90,14 +89,12 @@ void ShmQp::enter_error() noexcept {
 }
 
 bool ShmQp::rnr_waiting() const noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   return rnr_deadline_set_;
 }
 
 bool ShmQp::send_ready() const noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   if (state_ == QpState::kConnected && peer_gone()) return true;
   return sq_executed_ != sq_posted_ && !rnr_deadline_set_;
 }

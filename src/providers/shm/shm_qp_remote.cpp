@@ -11,6 +11,7 @@
 
 #include "core/work_request.hpp"
 #include "providers/shm/shm_qp.hpp"
+#include "rdmakit/detail/small_copy.hpp"
 
 namespace rdmakit::shm {
 
@@ -118,7 +119,7 @@ Status ShmQp::copy_to_peer(const Target& target, const void* src,
                            size_t length) noexcept {
   if (length == 0) return Status::kSuccess;
   if (target.mapped != nullptr) {
-    copy_bytes(target.mapped, src, length);
+    detail::copy_bytes(target.mapped, src, length);
     return Status::kSuccess;
   }
   if (peer_.other_user) return Status::kRemoteAccessError;
@@ -132,7 +133,7 @@ Status ShmQp::copy_to_peer(const Target& target, const void* src,
 Status ShmQp::copy_from_peer(const Target& target, void* dst, size_t length) noexcept {
   if (length == 0) return Status::kSuccess;
   if (target.mapped != nullptr) {
-    copy_bytes(dst, target.mapped, length);
+    detail::copy_bytes(dst, target.mapped, length);
     return Status::kSuccess;
   }
   if (peer_.other_user) return Status::kRemoteAccessError;

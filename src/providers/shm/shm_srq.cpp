@@ -37,8 +37,7 @@ ShmSrq::ShmSrq(ShmContext& context, const SrqOptions& options)
 ShmSrq::~ShmSrq() { ::munmap(block_, block_bytes_); }
 
 PostResult ShmSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
-  std::unique_lock lock(post_mutex_, std::defer_lock);
-  if (options_.thread_safe) lock.lock();
+  detail::ConditionalLock lock(post_mutex_, options_.thread_safe);
   PostResult result;
   for (const RecvWr& wr : wrs) {
     if (posted_count_ - released_.load(std::memory_order_acquire) >= options_.max_wr) {

@@ -6,6 +6,7 @@
 #include "providers/shm/shm_layout.hpp"
 #include "providers/shm/shm_posted_recv.hpp"
 #include "providers/shm/shm_unix_socket.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
 
 namespace rdmakit::shm {

@@ -21,10 +21,9 @@ namespace rdmakit::tcp {
 
 // Per accepted client: its handshake (sent right after its connect) and our
 // answer must make it within this. Handshakes are served concurrently, at
-// most kMaxPendingHandshakes at a time per listener (each holds one socket
-// and a 268-byte buffer); a full backlog drops its oldest client.
+// most core::kMaxPendingHandshakes at a time per listener (each holds one
+// socket and a 268-byte buffer); a full backlog drops its oldest client.
 inline constexpr std::chrono::milliseconds kHandshakeTimeout{1000};
-inline constexpr size_t kMaxPendingHandshakes = 64;
 
 int io_all(int fd, std::byte* buf, size_t len, bool write,
            core::Clock::time_point deadline);

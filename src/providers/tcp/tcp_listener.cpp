@@ -93,7 +93,7 @@ std::unique_ptr<QueuePair> TcpListener::accept(const QpOptions& requested,
     last_err = err;
     last_why = why;
     last_peer = pending_[i].peer;
-    pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    pending_.erase(i);
   };
   for (;;) {
     accept_queued();
@@ -130,8 +130,7 @@ std::unique_ptr<QueuePair> TcpListener::accept(const QpOptions& requested,
         drop(i, werr, "could not answer the handshake");
         continue;
       }
-      PendingHandshake done = std::move(p);
-      pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+      PendingHandshake done = pending_.take(i);
       tune_socket(done.fd.get(), options);
       core::log().debug("tcp: accepted {} on {}", done.peer, address_);
       std::vector<std::byte> pdata(done.buf.begin() + kHeaderSize + kHelloBodySize,
@@ -179,12 +178,11 @@ void TcpListener::accept_queued() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       throw Error("accept", "tcp", address_, errno, "accept failed");
     }
-    if (pending_.size() >= kMaxPendingHandshakes) {
+    if (pending_.full()) {
       core::log().warn("tcp: {}: {} handshakes pending, dropping the oldest (from {})",
                        address_, pending_.size(), pending_.front().peer);
-      pending_.erase(pending_.begin());
     }
-    PendingHandshake& p = pending_.emplace_back();
+    PendingHandshake& p = pending_.emplace();
     p.fd = std::move(fd);
     p.peer = core::sockaddr_string(reinterpret_cast<const sockaddr*>(&ss));
     p.deadline = Clock::now() + kHandshakeTimeout;

@@ -12,6 +12,7 @@
 
 #include "core/deadline.hpp"
 #include "core/fd.hpp"
+#include "core/handshake_backlog.hpp"
 #include "providers/tcp/tcp_progress.hpp"
 #include "providers/tcp/tcp_wire.hpp"
 #include "rdmakit/context.hpp"
@@ -56,7 +57,7 @@ class TcpListener final : public Listener {
   std::string address_;
   uint16_t port_;
   std::mutex mu_;  // guards pending_ (accept() may run in several threads)
-  std::vector<PendingHandshake> pending_;
+  core::HandshakeBacklog<PendingHandshake> pending_;
 };
 
 }  // namespace rdmakit::tcp

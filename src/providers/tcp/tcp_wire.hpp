@@ -24,6 +24,7 @@
 #include <span>
 
 #include "core/little_endian.hpp"
+#include "rdmakit/detail/hello_frame.hpp"
 #include "rdmakit/status.hpp"
 
 namespace rdmakit::tcp {
@@ -151,11 +152,13 @@ struct Hello {
   uint32_t private_len = 0;
 };
 inline constexpr size_t kHelloBodySize = 28;
+// Magic and version first; the private data after the body is bounded below.
+inline constexpr detail::HelloFrame<uint16_t> kHelloFrame{
+    kHelloMagic, kWireVersion, kHelloBodySize, detail::HelloSize::kAtLeast};
 inline constexpr uint32_t kMaxWr = 1u << 16;
 
 inline void encode_hello(const Hello& h, std::byte* out) noexcept {
-  core::put_le<uint32_t>(out + 0, kHelloMagic);
-  core::put_le<uint16_t>(out + 4, kWireVersion);
+  kHelloFrame.put(out);
   core::put_le<uint16_t>(out + 6, 0);
   core::put_le<uint32_t>(out + 8, h.max_send_wr);
   core::put_le<uint32_t>(out + 12, h.max_recv_wr);
@@ -167,10 +170,8 @@ inline void encode_hello(const Hello& h, std::byte* out) noexcept {
 // max_private bounds the private data so a peer cannot make us allocate.
 inline std::optional<Hello> decode_hello(std::span<const std::byte> in,
                                          size_t max_private) noexcept {
-  if (in.size() < kHelloBodySize) return std::nullopt;
+  if (!kHelloFrame.check(in)) return std::nullopt;
   const std::byte* p = in.data();
-  if (core::get_le<uint32_t>(p) != kHelloMagic) return std::nullopt;
-  if (core::get_le<uint16_t>(p + 4) != kWireVersion) return std::nullopt;
   Hello h;
   h.max_send_wr = core::get_le<uint32_t>(p + 8);
   h.max_recv_wr = core::get_le<uint32_t>(p + 12);

@@ -169,12 +169,12 @@ void VerbsListener::on_request(CmEvent& event) {
     return;
   }
   p->hello = std::move(*hello);
-  if (pending_.size() >= kMaxPendingHandshakes) {
+  if (pending_.full()) {
     core::log().warn("verbs: listener {}: {} handshakes pending, dropping the oldest",
                      address(), pending_.size());
     fail(0, ECONNABORTED, "dropped: too many handshakes pending on this listener");
   }
-  pending_.push_back(std::move(p));
+  pending_.emplace(std::move(p));
 }
 
 void VerbsListener::answer_requests(const QpOptions& options,
@@ -322,8 +322,7 @@ std::unique_ptr<QueuePair> VerbsListener::take_done(const QpOptions& options,
     if (best == pending_.size() || p.done_order < pending_[best]->done_order) best = i;
   }
   if (best == pending_.size()) return nullptr;
-  Pending done = std::move(pending_[best]);
-  pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(best));
+  Pending done = pending_.take(best);
   log_connected(*device_, "accepted", done->peer, done->parts, done->negotiated,
                 done->hello.mtu);
   auto conn = std::make_shared<ConnState>();
@@ -345,7 +344,7 @@ void VerbsListener::fail(size_t i, int err, const std::string& why) {
                    p.peer, stage_name(p.stage), why);
   if (!failure_) failure_.emplace("accept", kProvider, p.peer, err, why);
   // Destroying the id rejects the request or, once answered, tells the peer.
-  pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+  pending_.erase(i);
 }
 
 size_t VerbsListener::find(const rdma_cm_id* id) const {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "core/handshake_backlog.hpp"
 #include "providers/verbs/verbs_cm.hpp"
 #include "providers/verbs/verbs_cq.hpp"
 #include "providers/verbs/verbs_handshake.hpp"
@@ -30,9 +31,6 @@ namespace rdmakit::verbs {
 // handshake still open after this long is taken for a stalled peer, and the
 // request is answered anyway.
 inline constexpr std::chrono::milliseconds kAnswerHold{1000};
-// Handshakes (answered or not) per listener; a new request beyond it drops
-// the oldest, which has had the most time.
-inline constexpr size_t kMaxPendingHandshakes = 64;
 
 // One connection request and its handshake, from CONNECT_REQUEST to the
 // accept() that returns it.
@@ -120,7 +118,8 @@ class VerbsListener final : public Listener {
   uint16_t port_;
   std::mutex mu_;  // accept() may run in several threads
   // Destroyed before channel_ and id_: rdma_destroy_id writes to the channel.
-  std::vector<Pending> pending_;
+  // Answered or not; a new request beyond its bound drops the oldest.
+  core::HandshakeBacklog<Pending> pending_;
   uint64_t next_done_order_ = 0;
   // The first failure not reported yet (dropped when a connection is returned:
   // it was logged).

@@ -129,20 +129,14 @@ QpState VerbsQp::state() const noexcept {
 }
 
 PostResult VerbsQp::do_post_send(std::span<const SendWr> wrs) noexcept {
-  if (options().thread_safe) {
-    std::lock_guard lock(post_mutex_);
-    return post_send_locked(wrs);
-  }
+  const detail::ConditionalLock lock(post_mutex_, options().thread_safe);
   return post_send_locked(wrs);
 }
 
 PostResult VerbsQp::do_post_recv(std::span<const RecvWr> wrs) noexcept {
   // Its receives come from the SRQ (SharedReceiveQueue::post_recv).
   if (srq_) return {PostStatus::kInvalidArgument, 0};
-  if (options().thread_safe) {
-    std::lock_guard lock(post_mutex_);
-    return post_recv_locked(wrs);
-  }
+  const detail::ConditionalLock lock(post_mutex_, options().thread_safe);
   return post_recv_locked(wrs);
 }
 

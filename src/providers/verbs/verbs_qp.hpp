@@ -15,6 +15,7 @@
 #include "providers/verbs/verbs_device.hpp"
 #include "providers/verbs/verbs_objects.hpp"
 #include "providers/verbs/verbs_progress.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
 #include "rdmakit/queue_pair.hpp"
 
 namespace rdmakit::verbs {

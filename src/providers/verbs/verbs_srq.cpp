@@ -67,10 +67,7 @@ VerbsSrq::VerbsSrq(std::shared_ptr<Device> device, const SrqOptions& options)
 VerbsSrq::~VerbsSrq() = default;  // ibv_destroy_srq logs EBUSY if QPs remain
 
 PostResult VerbsSrq::do_post_recv(std::span<const RecvWr> wrs) noexcept {
-  if (options().thread_safe) {
-    std::lock_guard lock(post_mutex_);
-    return post_locked(wrs);
-  }
+  const detail::ConditionalLock lock(post_mutex_, options().thread_safe);
   return post_locked(wrs);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "providers/verbs/verbs_qp.hpp"
+#include "rdmakit/detail/conditional_lock.hpp"
 #include "rdmakit/shared_receive_queue.hpp"
 
 namespace rdmakit::verbs {
