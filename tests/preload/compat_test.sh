@@ -60,6 +60,20 @@ expect_shm() {
     fail "connections off the fast path: $(grep -E 'path=kernel|path=none' "$log")"
 }
 sha() { sha256sum <"$1" | cut -d' ' -f1; }
+# three_digests_told REASON: three socat clients send $work/up to the server
+# on $port, which answers its sha256sum; each digest must be right and each
+# client must have been told REASON at once (kernel TCP, no budget waited).
+three_digests_told() {
+  local i got told want; want=$(sha "$work/up")
+  for i in 1 2 3; do
+    got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") ||
+      fail "client $i"
+    [ "${got%% *}" = "$want" ] || fail "client $i: digest $got"
+  done
+  told=$(count "connect fd=[0-9]+ .*path=kernel reason=$1")
+  [ "$told" = 3 ] || fail "expected 3 clients told '$1', found $told"
+  [ "$(count 'path=shm|path=none|within [0-9]+ ms')" = 0 ] || fail "unexpected paths or waits"
+}
 
 case "$case_name" in
   socat)
@@ -411,18 +425,10 @@ CFG
     # connection stays on kernel TCP, and every digest is right.
     need socat
     head -c 4000000 /dev/urandom >"$work/up"
-    want=$(sha "$work/up")
     port=$(free_port)
     bg socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" EXEC:sha256sum,nofork
     wait_listen "$port"
-    for i in 1 2 3; do
-      got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") ||
-        fail "client $i"
-      [ "${got%% *}" = "$want" ] || fail "client $i: digest $got"
-    done
-    told=$(count "connect fd=[0-9]+ .*path=kernel reason=the peer reads the connection outside the library")
-    [ "$told" = 3 ] || fail "expected 3 clients told the server reads outside the library, found $told"
-    [ "$(count 'path=shm|path=none|within [0-9]+ ms')" = 0 ] || fail "unexpected paths or waits"
+    three_digests_told "the peer reads the connection outside the library"
     echo "OK socat-stdio: 3 connections read through stdio, no client waited"
     ;;
   socket-activate)
@@ -431,18 +437,10 @@ CFG
     # the program serving it is not preloaded and stay on kernel TCP.
     need systemd-socket-activate
     head -c 4000000 /dev/urandom >"$work/up"
-    want=$(sha "$work/up")
     port=$(free_port)
     bg systemd-socket-activate --inetd -a -l "127.0.0.1:$port" sha256sum
     wait_listen "$port"
-    for i in 1 2 3; do
-      got=$("${pre[@]}" timeout 30 socat -t 20 - "TCP:127.0.0.1:$port" <"$work/up") ||
-        fail "client $i"
-      [ "${got%% *}" = "$want" ] || fail "client $i: digest $got"
-    done
-    told=$(count "connect fd=[0-9]+ .*path=kernel reason=the peer passes the connection to a program that is not preloaded")
-    [ "$told" = 3 ] || fail "expected 3 clients told the service is not preloaded, found $told"
-    [ "$(count 'path=shm|path=none|within [0-9]+ ms')" = 0 ] || fail "unexpected paths or waits"
+    three_digests_told "the peer passes the connection to a program that is not preloaded"
     echo "OK socket-activate: 3 connections to a service without the library, no client waited"
     ;;
   *) fail "unknown case" ;;
