@@ -12,12 +12,12 @@
 #include "conn_guard.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
-#include "use_watch.hpp"
 #include "handoff.hpp"
 #include "libc.hpp"
 #include "relay.hpp"
 #include "stat.hpp"
 #include "state.hpp"
+#include "use_watch.hpp"
 
 extern char* program_invocation_short_name;  // glibc
 

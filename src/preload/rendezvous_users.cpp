@@ -243,7 +243,9 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
     return up;
   }
   if (hello.status == kUsedOutside) {
-    up.reason = "the server reads the connection outside the library (stdio or a raw system call)";
+    up.reason =
+        "the server reads the connection outside the library (stdio or a raw system "
+        "call)";
     return up;
   }
   up.reason = check_proof(held.get(), p.tuple);

@@ -229,7 +229,8 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
     return nullptr;
   }
   if (answer.status == kUsedOutside) {
-    *reason = "the peer reads the connection outside the library (stdio or a raw system call)";
+    *reason =
+        "the peer reads the connection outside the library (stdio or a raw system call)";
     return nullptr;
   }
   if (answer.status != 0) {
