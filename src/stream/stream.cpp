@@ -39,6 +39,145 @@ Clock::time_point deadline_after(std::chrono::milliseconds t) {
   return t.count() > 0 ? Clock::now() + t : Clock::time_point::max();
 }
 
+// Stream::readv and Stream::writev under the engine lock: `total` bytes (0
+// included) in the `iovcnt` entries of `iov`.
+using LockedIo = ssize_t (*)(EngineImpl& e, StreamCore& s,
+                             std::unique_lock<std::mutex>& lock, const iovec* iov,
+                             int iovcnt, size_t total, int flags) noexcept;
+
+ssize_t read_locked(EngineImpl& e, StreamCore& s, std::unique_lock<std::mutex>& lock,
+                    const iovec* iov, int iovcnt, size_t total, int flags) noexcept {
+  if (total == 0) return 0;
+  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
+  const bool peek = (flags & MSG_PEEK) != 0;
+  const bool waitall = (flags & MSG_WAITALL) != 0 && !peek;
+  const auto deadline = deadline_after(s.read_timeout);
+  size_t got = 0;
+  for (;;) {
+    if (s.read_shut()) return static_cast<ssize_t>(got);
+    const uint64_t avail = s.available();
+    if (avail > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, total - got));
+      IovCursor cur(iov, iovcnt, got);
+      s.copy_unread(cur, n);
+      got += n;
+      if (!peek) {
+        s.consume(n);
+        e.pump(s);
+        s.update();
+      }
+      if (!waitall || got == total) return static_cast<ssize_t>(got);
+      continue;
+    }
+    if (s.fin_received()) return static_cast<ssize_t>(got);
+    if (s.error() != 0) return got > 0 ? static_cast<ssize_t>(got) : -s.error();
+    if (dontwait) {
+      e.before_would_block();
+      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
+    }
+    if (!e.wait(lock, s, deadline, [&s] { return s.readable(); }))
+      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
+  }
+}
+
+ssize_t write_locked(EngineImpl& e, StreamCore& s, std::unique_lock<std::mutex>& lock,
+                     const iovec* iov, int iovcnt, size_t total, int flags) noexcept {
+  if (s.error() != 0) return -s.error();
+  if (s.write_shut()) return -EPIPE;
+  if (total == 0) return 0;
+  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
+  const auto deadline = deadline_after(s.write_timeout);
+  const uint32_t max_inline = s.max_inline();
+  const uint32_t record_max = s.record_max();
+  size_t done = 0;
+  bool room_wait = true;
+  while (done < total) {
+    if (s.error() != 0) break;
+    // Nothing queued: small pieces go out straight from the caller's memory.
+    IovCursor cur(iov, iovcnt, done);
+    while (!s.send_queued() && done < total && total - done <= max_inline &&
+           s.can_post_data()) {
+      const StreamCore::DataTarget at = s.data_target();
+      // The last few bytes of a write ride in the message itself (a DATA
+      // record: the peer places them in its ring, wrapping as needed).
+      const bool record = total - done <= record_max;
+      auto [src, len] =
+          cur.piece(record ? std::min<uint64_t>(at.room, record_max)
+                           : std::min<uint64_t>({at.room, at.to_end, max_inline}));
+      if (len == 0) break;
+      const auto kind = record ? StreamCore::DataKind::kInlineRecord
+                               : StreamCore::DataKind::kInlineWrite;
+      // Not posted: the buffered path below reports errors.
+      if (!s.post_data(at, kind, src, static_cast<uint32_t>(len)).ok()) break;
+      cur.advance(len);
+      done += len;
+    }
+    if (done == total) break;
+    // A busy-polling writer with nothing queued whose rest would go out
+    // inline, short of ring room or credits: wait (briefly) for the peer's
+    // credits rather than copy into the send buffer, which makes a third copy
+    // of every byte of a stream whose writer is ahead of its reader. If
+    // nothing arrives in time, the data is buffered as before.
+    // (If there was room and the post itself failed, the buffered path
+    // below reports it.)
+    const auto can_send = [&s] { return s.error() != 0 || s.can_post_data_now(); };
+    if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 && !s.send_queued() &&
+        total - done <= max_inline && !can_send()) {
+      const auto until = std::min(deadline, Clock::now() + detail::kRoomWait);
+      if (e.wait(lock, s, until, can_send)) {
+        if (s.error() != 0) break;
+        continue;
+      }
+      room_wait = false;
+    }
+    s.restart_empty_send_buffer();
+    const uint64_t free = s.tx_free();
+    if (free > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(free, total - done));
+      IovCursor at(iov, iovcnt, done);
+      s.stage(at, n);
+      done += n;
+      e.pump(s);
+      continue;
+    }
+    if (dontwait) {
+      e.before_would_block();
+      break;
+    }
+    if (!e.wait(lock, s, deadline, [&s] { return s.error() != 0 || s.tx_free() > 0; }))
+      break;
+  }
+  s.update();
+  if (done > 0) return static_cast<ssize_t>(done);
+  if (s.error() != 0) return -s.error();
+  return -EAGAIN;
+}
+
+// readv() and writev(): an open handle and a valid iovec array, then Body
+// under the engine lock.
+template <LockedIo Body>
+ssize_t locked_io(EngineImpl* engine, StreamCore* core, const iovec* iov, int iovcnt,
+                  int flags) noexcept {
+  if (core == nullptr) return -EBADF;
+  const ssize_t total = detail::iov_total(iov, iovcnt);
+  if (total < 0) return total;
+  std::unique_lock lock(engine->mu);
+  return Body(*engine, *core, lock, iov, iovcnt, static_cast<size_t>(total), flags);
+}
+
+// close() and abort(): `end` ends the stream under the engine lock, then the
+// handle lets go of it.
+template <typename End>
+int let_go(EngineImpl* engine, std::shared_ptr<StreamCore>& core, End end) noexcept {
+  if (!core) return -EBADF;
+  {
+    std::lock_guard lock(engine->mu);
+    end(*engine, *core);
+  }
+  core.reset();
+  return 0;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Engine
@@ -231,123 +370,11 @@ ssize_t Stream::write(const void* buf, size_t len, int flags) noexcept {
 }
 
 ssize_t Stream::readv(const iovec* iov, int iovcnt, int flags) noexcept {
-  if (!core_) return -EBADF;
-  const ssize_t total_or_err = detail::iov_total(iov, iovcnt);
-  if (total_or_err < 0) return total_or_err;
-  const auto total = static_cast<size_t>(total_or_err);
-  EngineImpl& e = *engine_;
-  StreamCore& s = *core_;
-  std::unique_lock lock(e.mu);
-  if (total == 0) return 0;
-  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
-  const bool peek = (flags & MSG_PEEK) != 0;
-  const bool waitall = (flags & MSG_WAITALL) != 0 && !peek;
-  const auto deadline = deadline_after(s.read_timeout);
-  size_t got = 0;
-  for (;;) {
-    if (s.read_shut()) return static_cast<ssize_t>(got);
-    const uint64_t avail = s.available();
-    if (avail > 0) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, total - got));
-      IovCursor cur(iov, iovcnt, got);
-      s.copy_unread(cur, n);
-      got += n;
-      if (!peek) {
-        s.consume(n);
-        e.pump(s);
-        s.update();
-      }
-      if (!waitall || got == total) return static_cast<ssize_t>(got);
-      continue;
-    }
-    if (s.fin_received()) return static_cast<ssize_t>(got);
-    if (s.error() != 0) return got > 0 ? static_cast<ssize_t>(got) : -s.error();
-    if (dontwait) {
-      e.before_would_block();
-      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
-    }
-    if (!e.wait(lock, s, deadline, [&s] { return s.readable(); }))
-      return got > 0 ? static_cast<ssize_t>(got) : -EAGAIN;
-  }
+  return locked_io<read_locked>(engine_.get(), core_.get(), iov, iovcnt, flags);
 }
 
 ssize_t Stream::writev(const iovec* iov, int iovcnt, int flags) noexcept {
-  if (!core_) return -EBADF;
-  const ssize_t total_or_err = detail::iov_total(iov, iovcnt);
-  if (total_or_err < 0) return total_or_err;
-  const auto total = static_cast<size_t>(total_or_err);
-  EngineImpl& e = *engine_;
-  StreamCore& s = *core_;
-  std::unique_lock lock(e.mu);
-  if (s.error() != 0) return -s.error();
-  if (s.write_shut()) return -EPIPE;
-  if (total == 0) return 0;
-  const bool dontwait = s.nonblocking || (flags & MSG_DONTWAIT) != 0;
-  const auto deadline = deadline_after(s.write_timeout);
-  const uint32_t max_inline = s.max_inline();
-  const uint32_t record_max = s.record_max();
-  size_t done = 0;
-  bool room_wait = true;
-  while (done < total) {
-    if (s.error() != 0) break;
-    // Nothing queued: small pieces go out straight from the caller's memory.
-    IovCursor cur(iov, iovcnt, done);
-    while (!s.send_queued() && done < total && total - done <= max_inline &&
-           s.can_post_data()) {
-      const StreamCore::DataTarget at = s.data_target();
-      // The last few bytes of a write ride in the message itself (a DATA
-      // record: the peer places them in its ring, wrapping as needed).
-      const bool record = total - done <= record_max;
-      auto [src, len] =
-          cur.piece(record ? std::min<uint64_t>(at.room, record_max)
-                           : std::min<uint64_t>({at.room, at.to_end, max_inline}));
-      if (len == 0) break;
-      const auto kind = record ? StreamCore::DataKind::kInlineRecord
-                               : StreamCore::DataKind::kInlineWrite;
-      // Not posted: the buffered path below reports errors.
-      if (!s.post_data(at, kind, src, static_cast<uint32_t>(len)).ok()) break;
-      cur.advance(len);
-      done += len;
-    }
-    if (done == total) break;
-    // A busy-polling writer with nothing queued whose rest would go out
-    // inline, short of ring room or credits: wait (briefly) for the peer's
-    // credits rather than copy into the send buffer, which makes a third copy
-    // of every byte of a stream whose writer is ahead of its reader. If
-    // nothing arrives in time, the data is buffered as before.
-    // (If there was room and the post itself failed, the buffered path
-    // below reports it.)
-    const auto can_send = [&s] { return s.error() != 0 || s.can_post_data_now(); };
-    if (room_wait && !dontwait && s.opt.busy_poll.count() > 0 && !s.send_queued() &&
-        total - done <= max_inline && !can_send()) {
-      const auto until = std::min(deadline, Clock::now() + detail::kRoomWait);
-      if (e.wait(lock, s, until, can_send)) {
-        if (s.error() != 0) break;
-        continue;
-      }
-      room_wait = false;
-    }
-    s.restart_empty_send_buffer();
-    const uint64_t free = s.tx_free();
-    if (free > 0) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(free, total - done));
-      IovCursor at(iov, iovcnt, done);
-      s.stage(at, n);
-      done += n;
-      e.pump(s);
-      continue;
-    }
-    if (dontwait) {
-      e.before_would_block();
-      break;
-    }
-    if (!e.wait(lock, s, deadline, [&s] { return s.error() != 0 || s.tx_free() > 0; }))
-      break;
-  }
-  s.update();
-  if (done > 0) return static_cast<ssize_t>(done);
-  if (s.error() != 0) return -s.error();
-  return -EAGAIN;
+  return locked_io<write_locked>(engine_.get(), core_.get(), iov, iovcnt, flags);
 }
 
 size_t Stream::available() const noexcept {
@@ -369,23 +396,13 @@ int Stream::shutdown(int how) noexcept {
 }
 
 int Stream::close() noexcept {
-  if (!core_) return -EBADF;
-  {
-    std::lock_guard lock(engine_->mu);
-    engine_->close(*core_);
-  }
-  core_.reset();
-  return 0;
+  return let_go(engine_.get(), core_,
+                [](EngineImpl& e, StreamCore& s) noexcept { e.close(s); });
 }
 
 int Stream::abort() noexcept {
-  if (!core_) return -EBADF;
-  {
-    std::lock_guard lock(engine_->mu);
-    engine_->abort(*core_);
-  }
-  core_.reset();
-  return 0;
+  return let_go(engine_.get(), core_,
+                [](EngineImpl& e, StreamCore& s) noexcept { e.abort(s); });
 }
 
 void Stream::set_nonblocking(bool on) noexcept {
