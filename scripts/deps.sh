@@ -24,7 +24,7 @@ pkgs+=(help2man dpkg-dev file lintian man-db mmdebstrap)
 pkgs+=(iperf3 sockperf curl redis-server redis-tools nginx-light wrk postgresql openssh-server
   socat netcat-openbsd memcached libmemcached-tools haproxy mosquitto mosquitto-clients lighttpd
   apache2-utils mariadb-server sysbench nodejs
-  openssh-client systemd)
+  openssh-client systemd git)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

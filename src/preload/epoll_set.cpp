@@ -94,7 +94,7 @@ void sync_kernel(EpSet& s) noexcept {
   for (size_t i = 0; i < s.ups.size();) {
     Upgraded& u = s.ups[i];
     auto c = u.conn.lock();
-    if (!c || find_conn(u.fd) != c) {
+    if (!c || find_conn(u.fd, false) != c) {
       // Closed: its registration left the kernel set with it, and the number
       // may name another file now (never touched here).
       remove_reg(s, s.epfd, u.fd);
@@ -162,7 +162,7 @@ void remove_reg(EpSet& s, int epfd, int fd) {
 }
 
 void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
-  auto c = is_conn(fd) ? find_conn(fd) : nullptr;
+  auto c = is_conn(fd) ? find_conn(fd, false) : nullptr;
   if (!c || c->owner != process_id()) {
     s.regs.set(fd, Reg{ev.data.u64, -1});
     s.use_data(ev.data.u64, false, 1);
@@ -283,7 +283,7 @@ void reset_set(EpSet& s, int epfd) noexcept {
 // to it keeps its readiness socket current.
 void added_to_kernel_set(int op, int fd) noexcept {
   if (op != EPOLL_CTL_ADD) return;
-  if (auto c = find_conn(fd)) keep_readiness_current(*c);
+  if (auto c = find_conn(fd, false)) keep_readiness_current(*c);
 }
 
 }  // namespace
@@ -374,7 +374,7 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
   uintptr_t now = fd_word(fd);
   std::shared_ptr<Conn> settled;
   if (now < kConnWord) {
-    settled = find_conn(fd);
+    settled = find_conn(fd, ev != nullptr && (ev->events & (EPOLLIN | EPOLLPRI)) != 0);
     now = reinterpret_cast<uintptr_t>(settled.get());
   }
   std::lock_guard lock(s->mu);

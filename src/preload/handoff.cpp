@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "adopt.hpp"
+#include "adoption.hpp"
 #include "conn_guard.hpp"
 #include "fd_place.hpp"
 #include "libc.hpp"
@@ -99,8 +101,11 @@ bool is_candidate(int fd, int* domain) {
 
 // The other holders of the connection never see its bytes on kernel TCP
 // again: every alias becomes the relay socket.
+// A relay starts dormant: the owner delivers to it from its first read
+// (find_conn), so a holder that only writes takes none of the bytes its
+// owner reads.
 bool install_grant(const std::vector<int>& aliases, RelayGrant& g,
-                   Entry kind = Entry::kRelayed) {
+                   Entry kind = Entry::kDormant) {
   int private_copy = -1;
   if (g.relay >= 0) {
     private_copy = place_high(real().fcntl(g.relay, F_DUPFD_CLOEXEC, 0));
@@ -181,8 +186,9 @@ bool still_held(int fd, const std::shared_ptr<Pending>& p, std::vector<int>* now
 }
 
 // The client's end: the kernel connect done (or failed), the server's
-// answer taken up within the budget, else kernel TCP.
-void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
+// answer taken up within the budget, else kernel TCP. true: upgraded.
+bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
+                    const std::string& marker) {
   const std::vector<int> aliases = aliases_of(p);
   PendingOfferPtr offer = std::move(p->offer);
   sockaddr_storage peer{};
@@ -221,8 +227,8 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
     std::vector<int> now;
     if (up.stream != nullptr && !still_held(fd, p, &now)) {
       up.reason = kClosedMeanwhile;
-    } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where)) {
-      return;
+    } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
+      return true;
     }
     reason = up.reason;
   } else if (reason.empty()) {
@@ -233,33 +239,38 @@ void settle_connect(int fd, const std::shared_ptr<Pending>& p) {
     publish_fallback(fd, "connect", reason);
   }
   for (const int a : aliases) (void)remove_conn(a);
+  return false;
 }
 
-void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
-  if (p->offer) {
-    settle_connect(fd, p);
-    return;
-  }
-  const std::vector<int> aliases = aliases_of(p);
-  const std::string where = describe(fd);
-  // A connection another process may also hold: it may have adopted it
-  // first, and this process must not decide on its own.
-  const bool shared =
-      p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
-  std::string marker = shared ? adoption_marker(fd) : std::string();
-  const pid_t owner = adoption_owner(marker);
-  if (owner < 0) {
+// Another holder of the connection claimed it first: this one follows how
+// that holder settled it.
+void follow_adoption(const char* side, int fd, const Adoption& other,
+                     const std::vector<int>& aliases, const std::string& where) {
+  const int pid = static_cast<int>(other.pid);
+  if (other.holder == Holder::kKernel) {
     log_line(
-        "accept fd=%d %s path=none reason=pid %d carried the connection and has exited "
-        "(reads end, writes fail with EPIPE)",
-        fd, where.c_str(), static_cast<int>(-owner));
-    install_dead(aliases);
+        "%s fd=%d %s path=kernel reason=pid %d holds it too and settled it on "
+        "kernel TCP",
+        side, fd, where.c_str(), pid);
+    for (const int a : aliases) (void)remove_conn(a);
     return;
   }
-  if (owner != 0 && owner != process_id()) {
-    relay_or_dead("accept", fd, fd, owner, aliases, where);
+  if (other.holder == Holder::kOwned && other.alive) {
+    relay_or_dead(side, fd, fd, other.pid, aliases, where);
     return;
   }
+  log_line("%s fd=%d %s path=none reason=pid %d %s (reads end, writes fail with EPIPE)",
+           side, fd, where.c_str(), pid,
+           !other.alive ? "carried the connection and has exited"
+                        : "holds it too and did not settle it within the budget");
+  install_dead(aliases);
+}
+
+// The server's end: upgraded if its client offered, else kernel TCP.
+// true: upgraded.
+bool settle_accepted(int fd, const std::shared_ptr<Pending>& p,
+                     const std::vector<int>& aliases, const std::string& where,
+                     const std::string& marker) {
   // The client end is this process's too: settled alongside (mirror.hpp).
   std::optional<MirrorSettle> other_end;
   if (Mirror m = find_mirror(fd, false); m.pending) other_end.emplace(std::move(m));
@@ -272,16 +283,36 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
     up.reason = kClosedMeanwhile;
   }
   if (up.stream != nullptr) {
-    if (!shared) marker.clear();
-    write_adoption_marker(marker);
-    if (adopt(fd, now, up, "accept", where, marker)) return;
-    if (!marker.empty()) unlink(marker.c_str());
+    if (adopt(fd, now, up, "accept", where, marker)) return true;
   } else {
     log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(),
              up.reason.c_str());
     publish_fallback(fd, "accept", up.reason);
   }
   for (const int a : aliases) (void)remove_conn(a);
+  return false;
+}
+
+void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
+  const bool client = p->offer != nullptr;
+  // A connection another process may also hold (a fork, exec or SCM_RIGHTS
+  // since the accept or connect): the first holder to use it settles it,
+  // the others follow (adoption.hpp).
+  const bool shared =
+      p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
+  const AdoptionMarker marker =
+      shared ? adoption_marker_of(fd, client) : AdoptionMarker{};
+  if (Adoption other; !claim_adoption(
+          marker, std::chrono::steady_clock::now() + config().timeout, &other)) {
+    follow_adoption(client ? "connect" : "accept", fd, other, aliases_of(p),
+                    describe(fd));
+    return;
+  }
+  const bool upgraded =
+      client ? settle_connect(fd, p, marker.path)
+             : settle_accepted(fd, p, aliases_of(p), describe(fd), marker.path);
+  // Only now can a follower's relay request find the connection here.
+  mark_adoption(marker, upgraded ? Holder::kOwned : Holder::kKernel);
 }
 
 void settle_inherited(int fd, const std::shared_ptr<Pending>& p) {
@@ -463,9 +494,9 @@ void relay_foreign_in_child() noexcept {
       for (const int a : foreign) {
         if (entry_of(a) == Entry::kForeign && entry_conn(a) == c) aliases.push_back(a);
       }
-      RelayGrant g = request_relay(c->owner, c->tcp_fd, true);
+      RelayGrant g = request_relay(c->owner, c->tcp_fd);
       if (g.granted && install_grant(aliases, g, Entry::kDormant)) {
-        log_line("fork fd=%d %s path=relay owner=%d (until first use, dormant)", fd,
+        log_line("fork fd=%d %s path=relay owner=%d (dormant until its first read)", fd,
                  describe(kernel_socket(fd)).c_str(), static_cast<int>(c->owner));
       } else {
         if (g.wake >= 0) real().close(g.wake);
@@ -558,7 +589,10 @@ void settle_for_plain_exec(const char* why, int handed_fds) {
       case Entry::kInherited:
       case Entry::kForeign:
       case Entry::kDormant:
-        settle(fd);  // a relay socket: bytes a plain program can read and write
+        // A relay socket: bytes a plain program reads and writes, with no
+        // library to say when it reads, so delivery starts now.
+        settle(fd);
+        if (entry_of(fd) == Entry::kDormant) wake_relayed(fd);
         break;
       case Entry::kConn:
         // The stream lives in this image's memory: the plain program would

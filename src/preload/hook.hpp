@@ -15,9 +15,11 @@
 namespace rdmakit::preload {
 
 // What a hook does with the connection: kData is a use (a pending entry is
-// settled first: handoff.hpp), kMeta only reads or sets the socket's
-// metadata (flags, options) and leaves a pending connection pending.
-enum class Use : uint8_t { kData, kMeta };
+// settled first: handoff.hpp), kWrite a use that only sends (a dormant
+// relay carries it without starting to deliver: relay.hpp), kMeta only
+// reads or sets the socket's metadata (flags, options) and leaves a pending
+// connection pending.
+enum class Use : uint8_t { kData, kWrite, kMeta };
 
 // The rarely taken part of on_conn: an entry to settle first (its first
 // use), one the I/O calls pass through (a listener, a relay socket), or a
@@ -26,7 +28,7 @@ enum class Use : uint8_t { kData, kMeta };
 template <Use U, class Io, class Pass>
 [[gnu::noinline]] auto on_conn_slow(int fd, Io io, Pass pass) -> decltype(pass()) {
   if (!is_conn(fd)) return pass();
-  const auto c = U == Use::kData ? find_conn(fd) : meta_conn(fd);
+  const auto c = U == Use::kMeta ? meta_conn(fd) : find_conn(fd, U == Use::kData);
   if (!c) return pass();
   return io(*c);
 }

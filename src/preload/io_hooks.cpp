@@ -109,7 +109,7 @@ EXPORT ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
 }
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, 0); },
       [=] { return real().write(fd, buf, len); });
 }
@@ -121,7 +121,7 @@ EXPORT ssize_t readv(int fd, const iovec* iov, int n) {
 }
 
 EXPORT ssize_t writev(int fd, const iovec* iov, int n) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd, [=](Conn& c) { return conn_send(c, fd, iov, n, 0); },
       [=] { return real().writev(fd, iov, n); });
 }
@@ -140,7 +140,7 @@ EXPORT ssize_t __recv_chk(int fd, void* buf, size_t len, size_t buflen, int flag
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
       [=] { return real().send(fd, buf, len, flags); });
 }
@@ -165,7 +165,7 @@ EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t len, size_t buflen, int 
 // Connected: the address is ignored, as TCP does.
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
                       const sockaddr* addr, socklen_t alen) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
       [=] { return real().sendto(fd, buf, len, flags, addr, alen); });
 }
@@ -181,7 +181,7 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   if (msg != nullptr && msg->msg_controllen > 0 && !internal_caller(CALLER)) {
     note_sent(msg);  // connections handed to another process stay shared
   }
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd,
       [=](Conn& c) {
         return conn_send(c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
@@ -190,7 +190,7 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
 }
 
 EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       out, [=](Conn& c) { return stream_sendfile(c, out, in, offset, count); },
       [=] { return real().sendfile(out, in, offset, count); });
 }

@@ -86,7 +86,7 @@ int stream_recvmmsg(Conn& c, int fd, mmsghdr* vec, unsigned vlen, int flags,
 }  // namespace
 
 EXPORT int sendmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags) {
-  return on_conn(
+  return on_conn<Use::kWrite>(
       fd, [=](Conn& c) { return stream_sendmmsg(c, fd, vec, vlen, flags); },
       [=] { return real().sendmmsg(fd, vec, vlen, flags); });
 }

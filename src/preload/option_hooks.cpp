@@ -98,19 +98,24 @@ int stream_ioctl(Conn& c, unsigned long req, void* arg) {
 
 // A relayed connection (relay.hpp): its I/O and timeouts are the relay
 // socket's, its names and every other option the kernel TCP socket's.
+bool is_relay_socket(int fd) {
+  const Entry e = entry_of(fd);
+  return e == Entry::kRelayed || e == Entry::kDormant;
+}
+
 bool relay_side(int level, int name) {
   return level == SOL_SOCKET &&
          (name == SO_ERROR || name == SO_RCVTIMEO || name == SO_SNDTIMEO);
 }
 
 int kernel_getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
-  const bool relayed = entry_of(fd) == Entry::kRelayed;
+  const bool relayed = is_relay_socket(fd);
   return real().getsockopt(relayed && relay_side(level, name) ? fd : kernel_socket(fd),
                            level, name, val, len);
 }
 
 int kernel_setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
-  if (entry_of(fd) == Entry::kRelayed && relay_side(level, name)) {
+  if (is_relay_socket(fd) && relay_side(level, name)) {
     (void)real().setsockopt(fd, level, name, val, len);
   }
   return real().setsockopt(kernel_socket(fd), level, name, val, len);

@@ -54,7 +54,7 @@ void give_back(Conn& c) {
   c.relay_fd = -1;
 }
 
-RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
+RelayGrant request_relay(pid_t owner, int held_fd) {
   RelayGrant g;
   const InternalScope internal;
   const int s = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -80,7 +80,7 @@ RelayGrant request_relay(pid_t owner, int held_fd, bool dormant) {
     return g;
   }
   Message m;
-  m.status = dormant ? kDormant : 0;
+  m.status = kDormant;
   Message reply;
   int fds[2] = {-1, -1};
   if (!send_message(s, m, &held_fd, 1) ||

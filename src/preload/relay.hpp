@@ -47,13 +47,14 @@ struct RelayGrant {
   bool granted = false;
   int relay = -1;   // the new relay socket; -1 when held_fd already is one
   int tcp = -1;     // a copy of the connection's kernel TCP socket
-  int wake = -1;    // dormant relays: one byte written here starts it
+  int wake = -1;    // one byte written here starts delivery (the first read)
   std::string why;  // not granted: why
 };
 // Asker side: asks process `owner` to relay the connection held_fd names.
-// dormant: the owner carries the asker's writes at once but sends it
-// nothing until a byte arrives on `wake` (a forked child that may never use
-// the connection must not take the owner's incoming bytes).
-RelayGrant request_relay(pid_t owner, int held_fd, bool dormant = false);
+// The relay starts dormant: the owner carries the asker's writes at once
+// but sends it nothing until a byte arrives on `wake` (the asker's first
+// read), so a process that holds the connection and only writes (a forked
+// helper, git's pack-objects) takes none of the bytes its owner reads.
+RelayGrant request_relay(pid_t owner, int held_fd);
 
 }  // namespace rdmakit::preload

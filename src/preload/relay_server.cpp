@@ -167,8 +167,7 @@ class Server {
       for (size_t i = 0; i < relays_.size() && relays_at + 2 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
         const size_t at = relays_at + 3 * i;
-        if (p[at + 2].revents != 0) stop_requested(r);
-        if (!r.awake) r.awake = woken(r, p[at + 2].revents, p[at].revents);
+        if (p[at + 2].revents != 0) read_control(r);
         pump(r, p[at].revents);
       }
       take_requests(p.data() + waiting_at);
@@ -240,7 +239,6 @@ class Server {
     // An exec'd image asking with the relay socket it inherited.
     for (auto& r : relays_) {
       if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
-        r->awake = true;  // asked for at its first use (an exec'd image)
         reply->status = kAlreadyRelayed;
         const int tcp = r->conn->tcp_fd;
         if (send_message(s, *reply, &tcp, 1)) {
@@ -294,29 +292,31 @@ class Server {
     }
   }
 
-  // A dormant relay starts when its asker uses it: a wake byte, or bytes
-  // of its own. Its end closing (the asker exited without using it) is not
-  // a use: the owner's incoming bytes stay the owner's.
-  // 'S' on the wake channel: the asker lets go and will give back what it
-  // has not read; nothing more goes to it ('A' says so).
-  static void stop_requested(Relay& r) {
+  // The wake channel carries the asker's control bytes: 'w', it reads now
+  // (a dormant relay starts delivering; its own writes never start it, nor
+  // does its end closing: the owner's incoming bytes stay the owner's); 'S',
+  // it lets go and will give back what it has not read, so nothing more
+  // goes to it ('A' says so). What follows 'S' ('G' + count) is take_back's.
+  // At its end (the asker exec'd, its copy closed) the channel is dropped.
+  static void read_control(Relay& r) {
     std::lock_guard lock(r.mu);
     char b = 0;
-    if (real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) != 1 || b != 'S') return;
-    (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
-    r.down_stopped = true;
-    (void)real().send(r.wake, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
-
-  static bool woken(Relay& r, short wake_rev, short so_rev) {
-    char b = 0;
-    if (wake_rev != 0 && real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1 &&
-        b == 'w') {
+    while (!r.down_stopped && r.wake >= 0) {
+      const ssize_t n = real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        real().close(r.wake);
+        r.wake = -1;
+        return;
+      }
+      if (n != 1 || (b != 'w' && b != 'S')) return;
       (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
-      return true;
+      if (b == 'w') {
+        r.awake = true;
+        continue;
+      }
+      r.down_stopped = true;
+      (void)real().send(r.wake, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     }
-    return (so_rev & POLLIN) != 0 &&
-           real().recv(r.so, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 1;
   }
 
   // The asker let go of the connection: what it received and never read,

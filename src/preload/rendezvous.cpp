@@ -145,21 +145,12 @@ bool loopback_connection(int tcp_fd) {
          loopback(local) && loopback(peer);
 }
 
-std::string adoption_marker(int tcp_fd) {
+std::string adoption_marker(int tcp_fd, bool client) {
   if (!config().dir_problem.empty()) return {};
   Tuple t;
   std::string where;
-  if (!read_tuple(tcp_fd, false, &t, &where).empty()) return {};
-  return tuple_path(t, 'a');
-}
-
-void write_adoption_marker(const std::string& path) {
-  if (!path.empty()) write_pid_file(path);
-}
-
-pid_t adoption_owner(const std::string& path) {
-  const pid_t pid = path.empty() ? 0 : read_pid_file(path);
-  return pid == 0 || alive(pid) ? pid : -pid;
+  if (!read_tuple(tcp_fd, client, &t, &where).empty()) return {};
+  return tuple_path(t, client ? 'b' : 'a');
 }
 
 bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }
@@ -225,6 +216,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   }
   reserve_stream(eng, +1);
   p->reserved_on = eng;
+  p->fork_gen = fork_generation();
   p->offer.tuple = t;
   p->offer.stream_port = p->listener->port();
   if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=
@@ -254,6 +246,31 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   return p;
 }
 
+namespace {
+
+// An offer prepared before a fork and taken up in the child: its stream
+// listener is on the parent's engine, which has no progress thread here, so
+// this process listens anew (the offer is sent only when the server comes).
+std::string listen_again(PendingOffer& p) {
+  (void)p.listener.release();  // the parent's, in memory this child copied
+  p.reserved_on = nullptr;
+  std::string why;
+  stream::Engine* eng = engine(&why);
+  if (eng == nullptr) return why;
+  try {
+    p.listener = eng->listen("127.0.0.1:0");
+  } catch (const std::exception& e) {
+    return std::string("stream listener: ") + e.what();
+  }
+  reserve_stream(eng, +1);
+  p.reserved_on = eng;
+  p.fork_gen = fork_generation();
+  p.offer.stream_port = p.listener->port();
+  return {};
+}
+
+}  // namespace
+
 Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
   if (p->remote) return finish_remote(*p, tcp_fd);
   if (p->other_user) return finish_other_user(*p, tcp_fd);
@@ -268,6 +285,10 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;
+  if (p->fork_gen != fork_generation()) {
+    up.reason = listen_again(*p);
+    if (!up.reason.empty()) return up;
+  }
   try {
     pollfd pfd{p->usock, POLLIN, 0};
     int ready = 0;

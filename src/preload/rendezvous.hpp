@@ -51,17 +51,11 @@ Upgrade finish_connect(PendingOfferPtr offer, int tcp_fd);
 Upgrade upgrade_accepted(int tcp_fd, const std::string& deny,
                          uint32_t deny_status = wire::kDeniedByRules);
 
-// Adoption markers: a connection adopted by a process other than the one
-// that accepted it (after fork, exec or SCM_RIGHTS) is named in the
-// rendezvous directory (<dir>/a-<hash of the 4-tuple>, the owner's pid), so
-// another holder of the same kernel socket that uses it later asks that
-// owner to relay it instead of finding no offer. "" when fd is not a
-// loopback connection or the directory is unusable.
-std::string adoption_marker(int tcp_fd);
-void write_adoption_marker(const std::string& path);
-// The live process named by the marker; 0: no marker; -pid: the process
-// that carried the connection has exited.
-pid_t adoption_owner(const std::string& path);
+// The adoption marker's path for fd's end of its connection (adoption.hpp):
+// <dir>/a-<hash of the 4-tuple> for an accepted end, b- for a connected
+// one; "" when fd is not a loopback connection or the directory is
+// unusable.
+std::string adoption_marker(int tcp_fd, bool client);
 // Whether fd's connection has both ends on loopback (the lazy, same-host
 // rendezvous applies).
 bool loopback_connection(int tcp_fd);

@@ -211,6 +211,7 @@ struct PendingOffer {
   wire::Offer offer;
   std::unique_ptr<stream::StreamListener> listener;
   stream::Engine* reserved_on = nullptr;  // counted there until it ends
+  uint64_t fork_gen = 0;       // the process's fork_generation() when listener was made
   bool remote = false;         // rdv is a TCP connection to the peer host's rendezvous
   bool other_user = false;     // same host, a listener of another user: abstract offer
   bool listener_here = false;  // the listener is this process's (mirror.hpp)

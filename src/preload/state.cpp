@@ -194,20 +194,25 @@ std::shared_ptr<Conn> conn_locked(int fd) {
 }
 }  // namespace
 
-std::shared_ptr<Conn> find_conn(int fd) {
+std::shared_ptr<Conn> find_conn(int fd, bool reads) {
   const Entry e = entry_of(fd);
   if (e == Entry::kConn) return conn_locked(fd);
-  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign &&
-      e != Entry::kDormant) {
+  if (e == Entry::kDormant) {
+    if (reads) wake_relayed(fd);
+    return nullptr;
+  }
+  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign) {
     return nullptr;
   }
   settle(fd);
-  return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
+  const Entry now = entry_of(fd);
+  if (now == Entry::kDormant && reads) wake_relayed(fd);
+  return now == Entry::kConn ? conn_locked(fd) : nullptr;
 }
 
 std::shared_ptr<Conn> meta_conn(int fd) {
   const Entry e = entry_of(fd);
-  if (e == Entry::kInherited || e == Entry::kForeign || e == Entry::kDormant) settle(fd);
+  if (e == Entry::kInherited || e == Entry::kForeign) settle(fd);
   return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
 }
 
@@ -419,13 +424,13 @@ void disown_all_in_child() {
 }
 
 namespace {
-std::vector<std::shared_ptr<Conn>> take_conns(Entry e) {
+std::vector<std::shared_ptr<Conn>> take_conns(Entry e, Entry also = Entry::kNone) {
   std::vector<std::shared_ptr<Conn>> out;
   Table& t = table();
   std::lock_guard lock(t.mu);
   for (int fd = 0; fd < kMaxFd; ++fd) {
-    if (kind(fd) == e) {
-      if (settled_by_use(e)) g_pending.fetch_sub(1, std::memory_order_relaxed);
+    if (const Entry k = kind(fd); k == e || (k == also && also != Entry::kNone)) {
+      if (settled_by_use(k)) g_pending.fetch_sub(1, std::memory_order_relaxed);
       set_kind(fd, Entry::kNone);
       out.push_back(std::move(t.conns[fd]));
     }
@@ -435,7 +440,9 @@ std::vector<std::shared_ptr<Conn>> take_conns(Entry e) {
 }  // namespace
 
 std::vector<std::shared_ptr<Conn>> take_relayed_conns() {
-  return take_conns(Entry::kRelayed);
+  // A dormant one too: an exec'd image re-asks dormant for a relay its
+  // previous image had started.
+  return take_conns(Entry::kRelayed, Entry::kDormant);
 }
 
 std::vector<std::shared_ptr<Conn>> take_all_conns() { return take_conns(Entry::kConn); }

@@ -172,10 +172,13 @@ inline bool is_conn(int fd) noexcept {
 }
 // The connection this process carries for fd, after settling a pending,
 // inherited or foreign entry (the fd's first use); null: the fd is a plain
-// kernel socket now (kernel TCP, or a relay socket).
-std::shared_ptr<Conn> find_conn(int fd);
+// kernel socket now (kernel TCP, or a relay socket). reads: the use may
+// read (or wait to), which starts a dormant relay's delivery; a use that
+// only writes leaves it dormant.
+std::shared_ptr<Conn> find_conn(int fd, bool reads = true);
 // As find_conn, for calls that only look at or set the socket's metadata
-// (fcntl, ioctl(FIONBIO), options): a pending connection stays pending.
+// (fcntl, ioctl(FIONBIO), options): a pending connection stays pending, a
+// dormant relay dormant.
 std::shared_ptr<Conn> meta_conn(int fd);
 // The kernel TCP socket behind fd (names and options): fd itself unless fd
 // is an upgraded, relayed or foreign connection.
@@ -186,7 +189,8 @@ std::shared_ptr<Conn> entry_conn(int fd);
 void install_conn(int fd, std::shared_ptr<Conn> conn);
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only,
                      Entry kind = Entry::kRelayed);
-// A dormant relay is used: it and its aliases become kRelayed.
+// A dormant relay is read: it and its aliases become kRelayed, and its
+// owner starts delivering to it.
 void wake_relayed(int fd);
 // Every relayed connection, removed from the table (at exit).
 std::vector<std::shared_ptr<Conn>> take_relayed_conns();

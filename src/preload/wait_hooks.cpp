@@ -40,16 +40,21 @@ namespace {
 // the streams directly (one poll_readiness per entry and try).
 constexpr size_t kMaxDirect = 16;
 
+bool waits_for_input(const pollfd& p) {
+  return (p.events & (POLLIN | POLLPRI | POLLRDNORM | POLLRDBAND)) != 0;
+}
+
 // The kernel is about to look at fd (poll, select): an upgraded
 // connection's readiness socket must be current, and an epoll set polled
 // leaves user mode (epoll_set.hpp). Returns fd's connection, if any, so that
-// a wait looks each fd up once.
-std::shared_ptr<Conn> kernel_looks_at(int fd) {
+// a wait looks each fd up once. reads: the wait is for input (a dormant
+// relay starts delivering; a wait to write leaves it dormant).
+std::shared_ptr<Conn> kernel_looks_at(int fd, bool reads) {
   if (!is_conn(fd)) {
     epoll_seen_by_kernel(fd);
     return nullptr;
   }
-  auto c = find_conn(fd);
+  auto c = find_conn(fd, reads);
   if (c) keep_readiness_current(*c);
   return c;
 }
@@ -59,7 +64,7 @@ std::shared_ptr<Conn> kernel_looks_at(int fd) {
 void kernel_looks_at(pollfd* fds, nfds_t n) {
   if ((!any_upgraded() && !any_pending()) || engine_thread()) return;
   for (nfds_t i = 0; i < n; ++i) {
-    if (fds[i].fd >= 0) (void)kernel_looks_at(fds[i].fd);
+    if (fds[i].fd >= 0) (void)kernel_looks_at(fds[i].fd, waits_for_input(fds[i]));
   }
 }
 
@@ -69,7 +74,8 @@ void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex
   if ((!any_upgraded() && !any_pending()) || engine_thread() || n <= 0 || n > FD_SETSIZE)
     return;
   for (int fd = 0; fd < n; ++fd) {
-    if (in(rd, fd) || in(wr, fd) || in(ex, fd)) (void)kernel_looks_at(fd);
+    if (in(rd, fd) || in(wr, fd) || in(ex, fd))
+      (void)kernel_looks_at(fd, in(rd, fd) || in(ex, fd));
   }
 }
 
@@ -129,7 +135,7 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
   for (nfds_t i = 0; i < n; ++i) {
     const int fd = fds[i].fd;
     if (fd < 0) continue;
-    auto c = kernel_looks_at(fd);
+    auto c = kernel_looks_at(fd, waits_for_input(fds[i]));
     const bool usable = engines.add(c);
     if (all_conns && usable) {
       direct[i] = std::move(c);
@@ -191,8 +197,13 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   // A registration is a use: it must name the file that carries the data.
   // An upgraded entry already does (one load: redis-benchmark ADDs twice per
   // request); others are settled first.
-  if (op == EPOLL_CTL_ADD && fd_word(fd) < kConnWord && is_conn(fd) && !engine_thread())
-    (void)find_conn(fd);
+  if (op != EPOLL_CTL_DEL && fd_word(fd) < kConnWord && is_conn(fd) && !engine_thread()) {
+    const bool reads =
+        event != nullptr && (event->events & (EPOLLIN | EPOLLPRI | EPOLLRDNORM)) != 0;
+    // A modification matters only to a dormant relay that starts to read.
+    if (op == EPOLL_CTL_ADD || (reads && entry_of(fd) == Entry::kDormant))
+      (void)find_conn(fd, reads);
+  }
   int answer = 0;
   if (!engine_thread() && user_epoll_ctl(epfd, op, fd, event, &answer)) return answer;
   const int r = real().epoll_ctl(epfd, op, fd, event);
@@ -235,7 +246,7 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
   // Each fd looked up once: kernel_looks_at(fd) before any kernel call below.
   for (int fd = 0; fd < n; ++fd) {
     if (!in(rd, fd) && !in(wr, fd) && !in(ex, fd)) continue;
-    auto c = kernel_looks_at(fd);
+    auto c = kernel_looks_at(fd, in(rd, fd) || in(ex, fd));
     const bool usable = engines.add(c);
     if (all_conns && usable && ndirect < kMaxDirect) {
       direct_fd[ndirect] = fd;
@@ -323,7 +334,8 @@ EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mas
   {
     EngineDrain engines;
     for (nfds_t i = 0; i < n; ++i) {
-      if (fds[i].fd >= 0) (void)engines.add(kernel_looks_at(fds[i].fd));
+      if (fds[i].fd >= 0)
+        (void)engines.add(kernel_looks_at(fds[i].fd, waits_for_input(fds[i])));
     }
     engines.before_sleep();
   }
@@ -340,7 +352,8 @@ EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tm
   {
     EngineDrain engines;
     for (int fd = 0; fd < n; ++fd) {
-      if (in(rd, fd) || in(wr, fd) || in(ex, fd)) (void)engines.add(kernel_looks_at(fd));
+      if (in(rd, fd) || in(wr, fd) || in(ex, fd))
+        (void)engines.add(kernel_looks_at(fd, in(rd, fd) || in(ex, fd)));
     }
     engines.before_sleep();
   }

@@ -23,6 +23,10 @@
 #                TCP, told at once
 #   rsyncd       rsync's daemon (a fork per connection): a tree pulled, a file
 #                pushed (the client forks a receiver that waits first)
+#   git-daemon   git daemon (forks and execs upload-pack/receive-pack per
+#                connection): clone, push (the client's exec'd pack-objects
+#                writes the pack while its parent reads the server's answer),
+#                clone of what was pushed
 # Every connection must take the shm path on both ends; the bytes that moved
 # are checked against what was sent.
 set -euo pipefail
@@ -417,6 +421,36 @@ CFG
     cmp -s "$work/up/g" "$work/mod/up/g" || fail "the pushed file differs"
     expect_shm 2 2
     echo "OK rsyncd: a 202-file tree pulled, a file pushed, 2 shm connections"
+    ;;
+  git-daemon)
+    # git daemon execs upload-pack or receive-pack per connection; git push
+    # forks and execs pack-objects, which only writes the pack to its copy
+    # of the connection while the parent reads the server's status from it.
+    need git
+    export GIT_CONFIG_NOSYSTEM=1 HOME=$work
+    git config --global user.email t@example.org
+    git config --global user.name t
+    git config --global init.defaultBranch main
+    mkdir -p "$work/repos" "$work/src"
+    git init -q --bare "$work/repos/r.git"
+    (cd "$work/src" && git init -q && head -c 3000000 /dev/urandom >blob && git add blob &&
+      git commit -qm one && git push -q "$work/repos/r.git" HEAD:refs/heads/main)
+    port=$(free_port)
+    bg git daemon --reuseaddr --base-path="$work/repos" --export-all --enable=receive-pack \
+      --listen=127.0.0.1 --port="$port" "$work/repos"
+    wait_listen "$port"
+    "${pre[@]}" timeout 30 git clone -q -b main "git://127.0.0.1:$port/r.git" "$work/clone" ||
+      fail "git clone"
+    cmp -s "$work/src/blob" "$work/clone/blob" || fail "the cloned file differs"
+    (cd "$work/clone" && head -c 1000000 /dev/urandom >b2 && git add b2 && git commit -qm two &&
+      "${pre[@]}" timeout 30 git push -q origin HEAD:refs/heads/other) || fail "git push"
+    "${pre[@]}" timeout 30 git clone -q -b other "git://127.0.0.1:$port/r.git" "$work/clone2" ||
+      fail "git clone of the pushed branch"
+    cmp -s "$work/clone/b2" "$work/clone2/b2" || fail "the pushed file differs"
+    [ "$(git -C "$work/repos/r.git" rev-parse other)" = "$(git -C "$work/clone" rev-parse HEAD)" ] ||
+      fail "the pushed branch is not the client's commit"
+    expect_shm 3 3
+    echo "OK git-daemon: clone, push, clone of the push, 3 shm connections"
     ;;
   socat-stdio)
     # socat hands each connection to sha256sum as its stdin and stdout

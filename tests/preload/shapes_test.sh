@@ -2,8 +2,9 @@
 # Process shapes of real servers, preloaded at both ends on loopback:
 #   shapes_test.sh SHAPE RUN
 # SHAPE is one of tests/preload/shapes/server.py's: fork, double-fork,
-# keep-copy, fork-after-use, exec, exec-after-use, exec-plain,
-# exec-plain-after-use, scm-rights, signals.
+# keep-copy, both-use, fork-after-use, exec, exec-after-use, exec-plain,
+# exec-plain-after-use, scm-rights, signals, client-child-first,
+# client-parent-first (the client forks after its connect: client.py).
 # Every connection's bytes are checked (digest and echo), and the log must
 # show how each one was carried: adopted (path=shm) by the process that
 # serves it, or relayed through the process that carries it (path=relay).
@@ -28,6 +29,7 @@ conns=5 size=300000
 server_pid=$!
 for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
 [ -s "$work/port" ] || fail "server did not start: $(cat "$work/s.out")"
+case $shape in client-*) export CLIENT_FORK=${shape#client-} ;; esac
 "$run" --log "$log" timeout 60 python3 "$here/shapes/client.py" "$(cat "$work/port")" $conns $size \
   >"$work/c.out" 2>&1 || fail "client: $(cat "$work/c.out")"
 wait "$server_pid" || fail "server: $(cat "$work/s.out")"
@@ -52,6 +54,17 @@ if [ "$shape" = exec-plain ]; then
 fi
 expect $conns "connect fd=[0-9]+ .*path=shm" "client connections on shm"
 expect 0 "path=kernel|path=none|EOPNOTSUPP" "connections off the fast path"
+case $shape in
+  both-use)  # whichever used it first carries it, the other is relayed
+    expect $conns "accept fd=[0-9]+ .*path=shm" "server connections adopted"
+    expect $conns "accept fd=[0-9]+ .*path=relay owner=[0-9]+" "server connections relayed"
+    grep -c '^parent:[0-9]* child:[0-9]*$' "$work/c.out" | grep -qx $conns ||
+      fail "each answer should end with the child's line: $(cat "$work/c.out")"
+    ;;
+  client-*)
+    expect $conns "connect fd=[0-9]+ .*path=relay owner=[0-9]+" "client connections relayed"
+    ;;
+esac
 # Who served each connection (client.py prints SHAPE:PID per connection).
 servers=$(grep -oE '^[a-z]+:[0-9]+' "$work/c.out" | sort -u)
 [ "$(echo "$servers" | wc -l)" -ge 1 ] || fail "no server named in $(cat "$work/c.out")"

@@ -80,6 +80,25 @@ for i in range(conns):
             ls.close(); serve(c, "child"); c.close(); os._exit(0)
         os.waitpid(pid, 0)
         c.close()
+    elif shape == "both-use":
+        # Parent and child both use the connection, neither having used it
+        # before the fork: the child's first use (an empty send) races the
+        # parent's read, then the child only writes (its line after the
+        # parent's answer) while the parent reads and answers.
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            ls.close(); os.close(w)
+            c.send(b"")
+            os.read(r, 1)
+            c.sendall(b"child:%d\n" % os.getpid()); c.close(); os._exit(0)
+        os.close(r)
+        serve(c, "parent")
+        os.write(w, b"x"); os.close(w)
+        os.waitpid(pid, 0)
+        c.close()
+    elif shape.startswith("client-"):  # the client forks (client.py): plain serving
+        serve(c, "server"); c.close()
     elif shape == "fork-after-use":  # the parent reads the head, a child the rest
         n = struct.unpack("!I", exact(c, 4))[0]
         first = exact(c, min(n, 1000))

@@ -1,0 +1,117 @@
+#include "adoption.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "libc.hpp"
+#include "process.hpp"
+#include "rendezvous.hpp"
+
+namespace rdmakit::preload {
+namespace {
+
+bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+
+// Written whole under another name, then renamed into place: a reader sees
+// the old marker or the new one, never a part.
+void write_marker(const AdoptionMarker& m, Holder h) {
+  const std::string tmp = m.path + ".tmp" + std::to_string(process_id());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  char buf[64];
+  const int n = std::snprintf(buf, sizeof buf, "%c %d %llu\n", static_cast<char>(h),
+                              static_cast<int>(process_id()),
+                              static_cast<unsigned long long>(m.socket));
+  (void)real().write(fd, buf, static_cast<size_t>(n));
+  real().close(fd);
+  if (rename(tmp.c_str(), m.path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+// Claims are made under one lock per rendezvous directory: reading the
+// marker and writing the claim must be one step across processes.
+class DirLock {
+ public:
+  explicit DirLock(const std::string& marker_path) {
+    const std::string dir = marker_path.substr(0, marker_path.rfind('/'));
+    fd_ = open((dir + "/a.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) return;
+    while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~DirLock() {
+    if (fd_ >= 0) real().close(fd_);  // releases the lock
+  }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+AdoptionMarker adoption_marker_of(int tcp_fd, bool client) {
+  AdoptionMarker m;
+  struct stat st {};
+  if (fstat(tcp_fd, &st) != 0) return m;
+  m.path = adoption_marker(tcp_fd, client);
+  m.socket = st.st_ino;
+  return m;
+}
+
+Adoption read_adoption(const AdoptionMarker& m) {
+  Adoption a;
+  if (m.path.empty()) return a;
+  const int fd = open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return a;
+  char buf[64] = {};
+  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
+  real().close(fd);
+  char h = 0;
+  int pid = 0;
+  unsigned long long ino = 0;
+  // Our own directory (0700, our uid), but read as any file: bounded parse.
+  if (n <= 0 || std::sscanf(buf, "%c %d %llu", &h, &pid, &ino) != 3 || pid <= 0 ||
+      ino != m.socket) {
+    return a;
+  }
+  if (h != 'c' && h != 'o' && h != 'k') return a;
+  a.holder = static_cast<Holder>(h);
+  a.pid = pid;
+  a.alive = process_exists(pid);
+  return a;
+}
+
+bool claim_adoption(const AdoptionMarker& m,
+                    std::chrono::steady_clock::time_point deadline, Adoption* other) {
+  if (m.path.empty()) return true;
+  for (;;) {
+    {
+      const DirLock lock(m.path);
+      const Adoption a = read_adoption(m);
+      if (a.holder == Holder::kNone || a.pid == process_id() ||
+          (a.holder == Holder::kClaimed && !a.alive)) {
+        write_marker(m, Holder::kClaimed);
+        return true;
+      }
+      *other = a;
+      if (a.holder != Holder::kClaimed) return false;
+    }
+    // Another holder is settling it now: a rendezvous takes milliseconds.
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    (void)real().poll(nullptr, 0, 1);
+  }
+}
+
+void mark_adoption(const AdoptionMarker& m, Holder outcome) {
+  if (!m.path.empty()) write_marker(m, outcome);
+}
+
+}  // namespace rdmakit::preload
