@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <string>
 
@@ -27,6 +28,35 @@
 #include "state.hpp"
 
 using namespace rdmakit::preload;  // NOLINT(google-build-using-namespace)
+
+namespace {
+
+// The application closes a number that is the library's (it never received
+// it: a loop over every number up to the limit, say): EBADF, as for a
+// number it does not hold.
+int refuse_library_close(int fd) {
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
+    log_line(
+        "close(%d) by the application: a descriptor of the library, which the "
+        "application never received; left open (EBADF; further ones are not logged)",
+        fd);
+  }
+  errno = EBADF;
+  return -1;
+}
+
+// Part of an application's close_range or closefrom that holds no library
+// descriptor.
+int close_app_range(unsigned lo, unsigned hi, int flags) {
+  const unsigned end = hi < static_cast<unsigned>(kMaxFd) ? hi : kMaxFd - 1;
+  for (unsigned fd = lo; fd <= end && fd < static_cast<unsigned>(kMaxFd); ++fd) {
+    forget_stale(static_cast<int>(fd));
+  }
+  return real().close_range(lo, hi, flags);
+}
+
+}  // namespace
 
 void rdmakit::preload::forget_stale(int fd) {
   (void)remove_conn(fd);
@@ -233,6 +263,7 @@ EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 }
 
 EXPORT int close(int fd) {
+  if (library_fd(fd) && !internal_caller(CALLER)) return refuse_library_close(fd);
   settle_before_close(fd);
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     // A connect()ed pending connection withdraws its offer after its kernel
@@ -258,13 +289,21 @@ EXPORT int close(int fd) {
 }
 
 EXPORT int close_range(unsigned first, unsigned last, int flags) {
-  if ((flags & CLOSE_RANGE_CLOEXEC) == 0) {
-    const unsigned end = last < static_cast<unsigned>(kMaxFd) ? last : kMaxFd - 1;
-    for (unsigned fd = first; fd <= end && fd < static_cast<unsigned>(kMaxFd); ++fd) {
-      forget_stale(static_cast<int>(fd));
-    }
+  if (internal_caller(CALLER) || (flags & CLOSE_RANGE_CLOEXEC) != 0 || first > last) {
+    return real().close_range(first, last, flags);
   }
-  return real().close_range(first, last, flags);
+  return for_each_app_range(first, last, close_app_range, flags);
+}
+
+// glibc's closefrom calls the system call itself: interposed, so that it
+// leaves the library's descriptors alone too.
+EXPORT void closefrom(int lowfd) {
+  if (for_each_app_range(lowfd < 0 ? 0 : static_cast<unsigned>(lowfd), ~0U,
+                         close_app_range, 0) != 0) {
+    // No close_range (an old kernel): one number at a time, up to the
+    // application's limit (the library's descriptors are above it).
+    for (int fd = lowfd; fd < sysconf(_SC_OPEN_MAX); ++fd) (void)close(fd);
+  }
 }
 
 EXPORT int shutdown(int fd, int how) {

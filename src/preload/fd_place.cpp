@@ -83,14 +83,69 @@ bool internal_caller(const void* ret) noexcept {
 
 int high_base() noexcept { return g_base.load(std::memory_order_relaxed); }
 
+namespace {
+
+// One bit per descriptor number the library owns. Past the bitmap (a real
+// limit above a million) descriptors are not told apart: they are closed
+// when asked, as before.
+constexpr unsigned kOwnBits = 1u << 20;
+std::atomic<uint64_t> g_own[kOwnBits / 64];
+
+void own(int fd) noexcept {
+  if (fd >= 0 && static_cast<unsigned>(fd) < kOwnBits) {
+    g_own[static_cast<unsigned>(fd) / 64].fetch_or(uint64_t{1} << (fd % 64),
+                                                   std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
+bool library_fd(int fd) noexcept {
+  return fd >= 0 && static_cast<unsigned>(fd) < kOwnBits &&
+         (g_own[static_cast<unsigned>(fd) / 64].load(std::memory_order_relaxed) &
+          (uint64_t{1} << (fd % 64))) != 0;
+}
+
+void forget_library_fd(int fd) noexcept {
+  if (library_fd(fd)) {
+    g_own[static_cast<unsigned>(fd) / 64].fetch_and(~(uint64_t{1} << (fd % 64)),
+                                                    std::memory_order_relaxed);
+  }
+}
+
+int for_each_app_range(unsigned first, unsigned last,
+                       int (*close_gap)(unsigned lo, unsigned hi, int flags), int flags) {
+  unsigned lo = first;
+  const unsigned end = last < kOwnBits - 1 ? last : kOwnBits - 1;
+  for (unsigned fd = first; fd <= end && fd >= first; ++fd) {
+    const uint64_t word = g_own[fd / 64].load(std::memory_order_relaxed);
+    if (word == 0 && fd % 64 == 0 && fd + 63 <= end) {
+      fd += 63;  // a word of numbers the library does not hold
+      continue;
+    }
+    if ((word & (uint64_t{1} << (fd % 64))) == 0) continue;
+    if (fd > lo) {
+      if (const int r = close_gap(lo, fd - 1, flags); r != 0) return r;
+    }
+    lo = fd + 1;
+  }
+  if (lo <= last && lo >= first) return close_gap(lo, last, flags);
+  return 0;
+}
+
 int place_high(int fd) noexcept {
   const int base = g_base.load(std::memory_order_relaxed);
-  if (fd < 0 || base == 0 || fd >= base) return fd;
+  if (fd < 0 || base == 0) return fd;
+  if (fd >= base) {
+    own(fd);
+    return fd;
+  }
   const int far = g_far.load(std::memory_order_relaxed);
   int moved = real().fcntl(fd, F_DUPFD_CLOEXEC, far);
   if (moved < 0 && far != base) moved = real().fcntl(fd, F_DUPFD_CLOEXEC, base);
   real().close(fd);
   if (moved < 0) errno = EMFILE;
+  own(moved);
   return moved;
 }
 

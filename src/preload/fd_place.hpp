@@ -39,6 +39,20 @@ int place_high(int fd) noexcept;
 // The lowest fd number the high range starts at (0: no high range).
 int high_base() noexcept;
 
+// The library's own descriptors: those place_high put in the high range,
+// until the library closes them (real().close forgets them). The
+// application never received their numbers, so its close, close_range and
+// closefrom leave them alone, as if they were another process's (a daemon
+// that closes every descriptor it does not know would otherwise cut its
+// own upgraded connections).
+bool library_fd(int fd) noexcept;
+void forget_library_fd(int fd) noexcept;
+// Calls close_gap(lo, hi) for each maximal part of [first, last] that holds
+// no library descriptor, lowest first; stops at the first nonzero result
+// and returns it.
+int for_each_app_range(unsigned first, unsigned last,
+                       int (*close_gap)(unsigned lo, unsigned hi, int flags), int flags);
+
 // A descriptor the application's own call created: past the application's
 // soft limit (the library's room) it is closed and -1 returned (EMFILE), as
 // the kernel would have refused it; select() users count on that.

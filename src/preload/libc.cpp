@@ -2,11 +2,22 @@
 
 #include <dlfcn.h>
 
+#include "fd_place.hpp"
+
 namespace rdmakit::preload {
 
 Libc libc{};
 
 namespace {
+
+int (*g_libc_close)(int) = nullptr;
+
+// Every close the library makes itself: the number is no longer its own.
+int close_own(int fd) {
+  forget_library_fd(fd);
+  return g_libc_close(fd);
+}
+
 template <typename F>
 void bind(F*& slot, const char* name) noexcept {
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): dlsym returns void*
@@ -21,7 +32,8 @@ void resolve_libc() noexcept {
   bind(l.listen, "listen");
   bind(l.accept, "accept");
   bind(l.accept4, "accept4");
-  bind(l.close, "close");
+  bind(g_libc_close, "close");
+  l.close = g_libc_close != nullptr ? &close_own : nullptr;
   bind(l.close_range, "close_range");
   bind(l.shutdown, "shutdown");
   bind(l.write, "write");

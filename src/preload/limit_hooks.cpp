@@ -1,6 +1,7 @@
 // RLIMIT_NOFILE as the application set it (fd_place.hpp): the real soft
 // limit has room above it for the library's descriptors. Other resources,
 // and other processes' limits, pass straight through.
+#include <dlfcn.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -68,6 +69,25 @@ EXPORT RDMAKIT_EARLY int prlimit(pid_t pid, __rlimit_resource resource,
   if (!g_fd_limits_ready) return sys_prlimit(pid, resource, want, old);
   if (want == nullptr) return get_limit(pid, resource, old);
   return set_limit(pid, resource, want, old);
+}
+
+// The number of descriptors a program may open, which daemons loop up to
+// when they close every one: the application's limit (glibc answers both
+// from its own getrlimit, which is not interposed).
+EXPORT RDMAKIT_EARLY long sysconf(int name) {
+  static auto* const libc_sysconf =
+      reinterpret_cast<long (*)(int)>(dlsym(RTLD_NEXT, "sysconf"));  // NOLINT
+  if (name == _SC_OPEN_MAX && g_fd_limits_ready) {
+    rlimit lim{};
+    if (get_limit(0, RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+      return static_cast<long>(lim.rlim_cur);
+    }
+  }
+  return libc_sysconf(name);
+}
+
+EXPORT RDMAKIT_EARLY int getdtablesize() {
+  return static_cast<int>(sysconf(_SC_OPEN_MAX));
 }
 
 EXPORT RDMAKIT_EARLY int prlimit64(pid_t pid, __rlimit_resource resource,

@@ -4,7 +4,9 @@
 # SHAPE is one of tests/preload/shapes/server.py's: fork, double-fork,
 # keep-copy, both-use, fork-after-use, exec, exec-after-use, exec-plain,
 # exec-plain-after-use, scm-rights, signals, client-child-first,
-# client-parent-first (the client forks after its connect: client.py).
+# client-parent-first (the client forks after its connect: client.py),
+# close-all-from, close-all-range, close-all-loop (the server closes every
+# descriptor it does not know of; run at a soft limit of 1024, as usual).
 # Every connection's bytes are checked (digest and echo), and the log must
 # show how each one was carried: adopted (path=shm) by the process that
 # serves it, or relayed through the process that carries it (path=relay).
@@ -24,6 +26,7 @@ export RDMAKIT_PRELOAD_DIR=$work/rdv
 mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 log=$work/log
 conns=5 size=300000
+case $shape in close-all-*) ulimit -Sn 1024 ;; esac
 "$run" --log "$log" timeout 60 python3 "$here/shapes/server.py" "$shape" "$work/port" $conns \
   >"$work/s.out" 2>&1 &
 server_pid=$!
@@ -63,6 +66,10 @@ case $shape in
     ;;
   client-*)
     expect $conns "connect fd=[0-9]+ .*path=relay owner=[0-9]+" "client connections relayed"
+    ;;
+  close-all-loop)  # the library's descriptors were among the numbers closed
+    expect 1 "close\([0-9]+\) by the application: a descriptor of the library" \
+      "refusal logged (once per process)"
     ;;
 esac
 # Who served each connection (client.py prints SHAPE:PID per connection).

@@ -97,6 +97,26 @@ for i in range(conns):
         os.write(w, b"x"); os.close(w)
         os.waitpid(pid, 0)
         c.close()
+    elif shape.startswith("close-all-"):
+        # A daemon that closes every descriptor it does not know of, once its
+        # connection is up (adopted by its first read): closefrom, close_range,
+        # or close() on every number up to the hard limit. The library's own
+        # descriptors must survive.
+        head = exact(c, 4)
+        keep = max(ls.fileno(), c.fileno())
+        import ctypes, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if os.sysconf("SC_OPEN_MAX") != soft:
+            raise SystemExit("sysconf(_SC_OPEN_MAX) %d, getrlimit %d" % (os.sysconf("SC_OPEN_MAX"), soft))
+        if shape == "close-all-from":
+            ctypes.CDLL(None).closefrom(keep + 1)
+        elif shape == "close-all-range":
+            os.closerange(keep + 1, 1 << 30)
+        else:
+            for fd in range(keep + 1, hard):
+                try: os.close(fd)
+                except OSError: pass
+        serve(c, "server", head); c.close()
     elif shape.startswith("client-"):  # the client forks (client.py): plain serving
         serve(c, "server"); c.close()
     elif shape == "fork-after-use":  # the parent reads the head, a child the rest
