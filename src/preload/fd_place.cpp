@@ -162,8 +162,9 @@ bool app_number(int fd) noexcept {
 
 namespace {
 
-// Room for the library: an upgraded connection holds 9 descriptors of which
-// one is the application's, and the library's engines hold a few more.
+// Room for the library: an upgraded connection holds up to 9 descriptors (7
+// on shm between processes of one user) of which one is the application's,
+// and the library's engines hold a few more.
 constexpr rlim_t kRoomPerFd = 9;
 constexpr rlim_t kRoomSlack = 4096;
 constexpr rlim_t kSmallLimit = 128;  // at or below: nothing moves

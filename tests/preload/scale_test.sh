@@ -5,7 +5,9 @@
 # opens the next one 64 streams before that), then uses
 # each in turn: one byte there, one back, every one checked. Every
 # connection must take the shm path at both ends, and each process must
-# have opened a second engine rather than fall back.
+# have opened a second engine rather than fall back. The server then holds
+# at most 7 descriptors per connection (docs/preload.md, "Ring size and
+# memory per connection"), plus 100 of its own and its engines'.
 set -euo pipefail
 run=$(realpath "$1") n=${2:-1100}
 work=$(mktemp -d /tmp/rdmakit-scale.XXXXXX)
@@ -20,8 +22,8 @@ fail() {
   grep -v "path=shm" "$work/log" 2>/dev/null | head -20 | sed 's/^/  log: /' >&2
   exit 1
 }
-# The programs need n + 100 descriptors; the library's own (9 per upgraded
-# connection) go above that, in room it makes within the hard limit
+# The programs need n + 100 descriptors; the library's own (room for up to
+# 9 per upgraded connection) go above that, in room it makes within the hard limit
 # (docs/preload.md, "Interception").
 need=$(((n + 100) * 9 + 4096))
 hard=$(ulimit -Hn)
@@ -48,6 +50,8 @@ if role == "server":
         b = one(c)
         if b[0] != i % 251: raise SystemExit("connection %d: byte %d" % (i, b[0]))
         c.sendall(bytes([(i * 7) % 251]))
+    import os
+    print("FDS", len(os.listdir("/proc/self/fd")))
     for c in conns: c.close()
     print("OK server", n)
 else:
@@ -75,4 +79,8 @@ count() { grep -cE "$1" "$log" || true; }
 [ "$(count 'accept fd=[0-9]+ .*path=shm')" = "$n" ] || fail "$(count 'accept fd=[0-9]+ .*path=shm') of $n server connections on shm"
 [ "$(count 'path=kernel|path=none')" = 0 ] || fail "connections off the fast path"
 [ "$(count 'engine 2 on shm opened')" = 2 ] || fail "a second engine was not opened in both processes"
-echo "OK scale: $n concurrent connections on shm in $ms ms, a second engine in each process"
+fds=$(sed -n 's/^FDS //p' "$work/s.out")
+[ -n "$fds" ] && [ "$fds" -le $((7 * n + 100)) ] ||
+  fail "the server held ${fds:-?} descriptors for $n connections (at most $((7 * n + 100)))"
+echo "OK scale: $n concurrent connections on shm in $ms ms, a second engine in each process," \
+  "$fds server descriptors"

@@ -1,9 +1,11 @@
 #include "providers/shm/shm_context.hpp"
 
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -125,6 +127,23 @@ std::unique_ptr<MemoryRegion> ShmContext::register_memory(void* addr, size_t len
   return region;
 }
 
+std::shared_ptr<const Fd> ShmContext::share_peer_wake(Fd fd) {
+  // Every eventfd has the same (anonymous) inode: the kernel tells whether
+  // two descriptors are one open file (kcmp). Without kcmp, no sharing.
+  const pid_t self = ::getpid();
+  std::lock_guard lock(peer_tables_mutex_);
+  std::erase_if(peer_wakes_, [](const auto& w) { return w.expired(); });
+  for (const auto& w : peer_wakes_) {
+    auto live = w.lock();
+    if (live && ::syscall(SYS_kcmp, self, self, KCMP_FILE, fd.get(), live->get()) == 0) {
+      return live;  // fd closes here
+    }
+  }
+  auto wake = std::make_shared<const Fd>(std::move(fd));
+  peer_wakes_.push_back(wake);
+  return wake;
+}
+
 std::shared_ptr<const RegionTable> ShmContext::map_peer_table(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return nullptr;
@@ -148,6 +167,17 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
     throw context_error("allocate", EINVAL, "unknown access bits");
   }
   const size_t mapped = page_round(length == 0 ? 1 : length);
+  // Memory no peer may reach needs no memfd: anonymous memory, and one
+  // descriptor fewer per region (a stream's send buffer).
+  if ((access & (kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic)) == 0) {
+    void* mem = map_anonymous(mapped, true);
+    if (mem == nullptr) throw context_error("mmap(region)", errno);
+    const uint32_t key = reserve_key();
+    auto region = std::make_unique<ShmMr>(*this, mem, length, key, access, Fd(), mapped);
+    publish_region(key, region.get(), RegionKind::kUser, reinterpret_cast<uint64_t>(mem),
+                   length, access);
+    return region;
+  }
   Fd memfd = create_resizable_sealed_memfd("rdmakit-shm-region", mapped);
   if (!memfd) {
     throw context_error("memfd_create(region)", errno,

@@ -69,6 +69,9 @@ class ShmContext final : public Context {
   // would otherwise hold up to 64 KiB resident (the kernel maps the pages
   // around every fault). nullptr with errno set on failure.
   std::shared_ptr<const RegionTable> map_peer_table(int fd);
+  // The wake descriptor of a peer's completion queue, one per queue however
+  // many QPs lead to it (each handshake passes its own copy).
+  std::shared_ptr<const Fd> share_peer_wake(Fd fd);
 
  private:
   uint64_t streaming_write_min_;
@@ -83,6 +86,7 @@ class ShmContext final : public Context {
   std::mutex peer_tables_mutex_;
   // By the memfd's (device, inode): a live mapping keeps its inode in use.
   std::map<std::pair<dev_t, ino_t>, std::weak_ptr<const RegionTable>> peer_tables_;
+  std::vector<std::weak_ptr<const Fd>> peer_wakes_;
   std::unique_ptr<ShmProgress> progress_;  // started last, stopped first
 };
 

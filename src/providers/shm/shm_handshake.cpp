@@ -317,6 +317,7 @@ void ShmQp::set_up() {
                       "the peer's shared memory is not sealed against resizing or is "
                       "smaller than announced");
   }
+  peer_wake_ = context_.share_peer_wake(std::move(peer_.cq_event));
   peer_table_ref_ = context_.map_peer_table(peer_.table_fd.get());
   if (!peer_table_ref_) throw fail("mmap(peer region table)", errno);
   peer_table_ = peer_table_ref_.get();

@@ -15,7 +15,7 @@ ShmMr::ShmMr(ShmContext& context, void* addr, size_t length, uint32_t key,
 
 ShmMr::~ShmMr() {
   context_.remove_region(rkey());
-  if (memfd_) ::munmap(addr(), mapped_length_);
+  if (mapped_length_ != 0) ::munmap(addr(), mapped_length_);
 }
 
 }  // namespace rdmakit::shm

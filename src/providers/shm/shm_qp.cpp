@@ -432,11 +432,11 @@ void ShmQp::signal_peer() noexcept {
     // one already wakes it.
     const char one = 1;
     [[maybe_unused]] ssize_t n =
-        ::send(peer_.cq_event.get(), &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ::send(peer_wake_->get(), &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     return;
   }
   const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(peer_.cq_event.get(), &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(peer_wake_->get(), &one, sizeof one);
 }
 
 }  // namespace rdmakit::shm

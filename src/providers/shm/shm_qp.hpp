@@ -179,7 +179,8 @@ class ShmQp final : public QueuePair {
   bool small_send_allowed_ = false;  // see try_small_send()
   uint32_t small_send_max_ = 0;      // bytes
   uint64_t peer_ring_mask_ = 0;
-  const std::atomic<bool>* peer_gone_;  // local_.link->peer_gone, one load closer
+  const std::atomic<bool>* peer_gone_;   // local_.link->peer_gone, one load closer
+  std::shared_ptr<const Fd> peer_wake_;  // the peer's receive CQ wake (shared)
   ShmCq* send_cq_;
   ShmCq* recv_cq_;
 
