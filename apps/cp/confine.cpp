@@ -49,6 +49,17 @@ const Probe& probe() {
   return p;
 }
 
+// The errno of a walk step that could not open comp in dir (err): a
+// symlinked directory could lead anywhere, so the ENOTDIR that O_DIRECTORY
+// gives on one is refused as an escape.
+int walk_errno(int dir, const std::string& comp, int err) {
+  struct stat st {};
+  if (err == ENOTDIR && ::fstatat(dir, comp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISLNK(st.st_mode))
+    return EXDEV;
+  return err;
+}
+
 }  // namespace
 
 bool have_openat2() { return probe().ok; }
@@ -99,13 +110,9 @@ int open_beneath(int dirfd, const std::string& path, int flags, unsigned mode) {
       // asked: a symlink there is refused as an escape (O_NOFOLLOW gives
       // ELOOP, or ENOTDIR with O_DIRECTORY; O_PATH opens the link itself).
       const int fd = ::openat(cur, comp.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
-      int err = errno;
-      struct stat st {};
-      if (fd < 0 && err == ENOTDIR &&
-          ::fstatat(cur, comp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-          S_ISLNK(st.st_mode))
-        err = EXDEV;
+      const int err = fd < 0 ? walk_errno(cur, comp, errno) : 0;
       ::close(cur);
+      struct stat st {};
       if (fd >= 0 && (flags & O_PATH) && ::fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
         ::close(fd);
         return -EXDEV;
@@ -116,13 +123,7 @@ int open_beneath(int dirfd, const std::string& path, int flags, unsigned mode) {
     if (comp.empty() || comp == ".") continue;  // (check_relative refused "..")
     const int next =
         ::openat(cur, comp.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int err = errno;
-    struct stat st {};
-    // A symlinked directory could lead anywhere: refused as an escape.
-    if (next < 0 && err == ENOTDIR &&
-        ::fstatat(cur, comp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISLNK(st.st_mode))
-      err = EXDEV;
+    const int err = next < 0 ? walk_errno(cur, comp, errno) : 0;
     ::close(cur);
     if (next < 0) return -err;
     cur = next;

@@ -43,26 +43,27 @@ NameCache& name_cache() {
   return c;
 }
 
-std::string user_name(uint32_t uid) {
-  NameCache& c = name_cache();
-  std::lock_guard lock(c.mu);
-  if (auto it = c.users.find(uid); it != c.users.end()) return it->second;
-  passwd pw{};
+// The name of an id, looked up once (lookup: getpwuid_r or getgrgid_r; ""
+// when there is none).
+template <typename Rec, typename Id>
+std::string cached_name(std::unordered_map<uint32_t, std::string>& names, uint32_t id,
+                        int (*lookup)(Id, Rec*, char*, size_t, Rec**),
+                        char* Rec::*name_field) {
+  std::lock_guard lock(name_cache().mu);
+  if (auto it = names.find(id); it != names.end()) return it->second;
+  Rec rec{};
   std::vector<char> buf;
   std::string name;
-  if (nss(::getpwuid_r, static_cast<uid_t>(uid), &pw, &buf)) name = pw.pw_name;
-  return c.users[uid] = name;
+  if (nss(lookup, static_cast<Id>(id), &rec, &buf)) name = rec.*name_field;
+  return names[id] = name;
+}
+
+std::string user_name(uint32_t uid) {
+  return cached_name(name_cache().users, uid, ::getpwuid_r, &passwd::pw_name);
 }
 
 std::string group_name(uint32_t gid) {
-  NameCache& c = name_cache();
-  std::lock_guard lock(c.mu);
-  if (auto it = c.groups.find(gid); it != c.groups.end()) return it->second;
-  group gr{};
-  std::vector<char> buf;
-  std::string name;
-  if (nss(::getgrgid_r, static_cast<gid_t>(gid), &gr, &buf)) name = gr.gr_name;
-  return c.groups[gid] = name;
+  return cached_name(name_cache().groups, gid, ::getgrgid_r, &group::gr_name);
 }
 
 // A peer chooses the names: the cache may not grow without end.
@@ -70,6 +71,27 @@ constexpr size_t kMaxCachedNames = 4096;
 
 bool sendable_name(const std::string& n) {
   return n.size() <= 255 && n.find('\0') == std::string::npos;
+}
+
+// The local id of a peer's user or group name (lookup: getpwnam_r or
+// getgrnam_r), cached in ids under mu; the peer's own id for root, an
+// unknown or unsendable name, or numeric ids.
+template <typename Rec, typename Id>
+uint32_t local_id(bool numeric, std::mutex& mu,
+                  std::unordered_map<std::string, int64_t>& ids, const std::string& name,
+                  uint32_t id, int (*lookup)(const char*, Rec*, char*, size_t, Rec**),
+                  Id Rec::*id_field) {
+  // A NUL would cut the name short: another user.
+  if (numeric || id == 0 || name.empty() || !sendable_name(name)) return id;
+  std::lock_guard lock(mu);
+  if (ids.size() >= kMaxCachedNames) ids.clear();
+  auto [it, fresh] = ids.try_emplace(name, -1);
+  if (fresh) {
+    Rec rec{};
+    std::vector<char> buf;
+    if (nss(lookup, name.c_str(), &rec, &buf)) it->second = rec.*id_field;
+  }
+  return it->second >= 0 ? static_cast<uint32_t>(it->second) : id;
 }
 
 bool in_group(uint32_t gid) {
@@ -109,30 +131,11 @@ Owner owner_of(const struct stat& st, bool numeric_ids) {
 }
 
 uint32_t IdMapper::uid(const Owner& o) {
-  // A NUL would cut the name short: another user.
-  if (numeric_ || o.uid == 0 || o.user.empty() || !sendable_name(o.user)) return o.uid;
-  std::lock_guard lock(mu_);
-  if (users_.size() >= kMaxCachedNames) users_.clear();
-  auto [it, fresh] = users_.try_emplace(o.user, -1);
-  if (fresh) {
-    passwd pw{};
-    std::vector<char> buf;
-    if (nss(::getpwnam_r, o.user.c_str(), &pw, &buf)) it->second = pw.pw_uid;
-  }
-  return it->second >= 0 ? static_cast<uint32_t>(it->second) : o.uid;
+  return local_id(numeric_, mu_, users_, o.user, o.uid, ::getpwnam_r, &passwd::pw_uid);
 }
 
 uint32_t IdMapper::gid(const Owner& o) {
-  if (numeric_ || o.gid == 0 || o.group.empty() || !sendable_name(o.group)) return o.gid;
-  std::lock_guard lock(mu_);
-  if (groups_.size() >= kMaxCachedNames) groups_.clear();
-  auto [it, fresh] = groups_.try_emplace(o.group, -1);
-  if (fresh) {
-    group gr{};
-    std::vector<char> buf;
-    if (nss(::getgrnam_r, o.group.c_str(), &gr, &buf)) it->second = gr.gr_gid;
-  }
-  return it->second >= 0 ? static_cast<uint32_t>(it->second) : o.gid;
+  return local_id(numeric_, mu_, groups_, o.group, o.gid, ::getgrnam_r, &group::gr_gid);
 }
 
 ChownPlan plan_chown(bool preserve_owner, bool preserve_group, uint32_t uid,

@@ -127,6 +127,12 @@ void Receiver::send(Writer& w) {
   }
 }
 
+void Receiver::send_ack(uint32_t lane, uint32_t slot, uint32_t seq, bool ok) {
+  Writer w = message(Msg::kAck);
+  w.put<uint32_t>(lane).put<uint32_t>(slot).put<uint32_t>(seq).put<uint8_t>(ok ? 1 : 0);
+  send(w);
+}
+
 void Receiver::fatal(Failure kind, const std::string& reason, bool tell_peer) {
   c_.report->error(kind, "", reason);
   if (tell_peer) {
@@ -682,20 +688,10 @@ void Receiver::writer_loop() {
                    "rdmakit-cp: chunk %u: file data failed verification (xxh3 block "
                    "digest); asking again\n",
                    seq);
-      Writer nack = message(Msg::kAck);
-      nack.put<uint32_t>(where.lane)
-          .put<uint32_t>(where.slot)
-          .put<uint32_t>(seq)
-          .put<uint8_t>(0);
-      send(nack);
+      send_ack(where.lane, where.slot, seq, false);
       continue;
     }
-    Writer ack = message(Msg::kAck);
-    ack.put<uint32_t>(where.lane)
-        .put<uint32_t>(where.slot)
-        .put<uint32_t>(seq)
-        .put<uint8_t>(1);
-    send(ack);
+    send_ack(where.lane, where.slot, seq, true);
     std::lock_guard lock(mu_);
     window_.advance();
   }

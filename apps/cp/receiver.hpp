@@ -139,6 +139,8 @@ class Receiver {
   void fix_dirs();
   int parent_fd(const std::string& dir);  // cached; -errno on failure
   void send(Writer& w);
+  // kAck for a slot: applied (ok), or damaged and to be sent again.
+  void send_ack(uint32_t lane, uint32_t slot, uint32_t seq, bool ok);
   void fatal(Failure kind, const std::string& reason, bool tell_peer);
 
   ReceiverConfig c_;

@@ -33,9 +33,7 @@ bool Receiver::on_chunk(uint32_t lane, uint32_t slot) {
                  "rdmakit-cp: chunk %u%s: records failed verification (xxh3); asking "
                  "again\n",
                  h.seq, where.c_str());
-    Writer nack = message(Msg::kAck);
-    nack.put<uint32_t>(lane).put<uint32_t>(slot).put<uint32_t>(h.seq).put<uint8_t>(0);
-    send(nack);
+    send_ack(lane, slot, h.seq, false);
     return true;
   }
   c_.report->chunks++;

@@ -55,6 +55,22 @@ void fill_meta(const struct stat& st, Entry* e) {
   e->stated = true;
 }
 
+// Queues a symlink with its target, read at dirfd and name ("": the link
+// that dirfd is). A target that cannot be read is reported under `shown` and
+// the walk goes on. False: the consumer has cancelled the walk.
+bool push_symlink(int dirfd, const char* name, const std::string& shown, Entry e,
+                  EntryQueue* out, Report* report) {
+  e.kind = Kind::kSymlink;
+  char buf[4096];
+  const ssize_t n = ::readlinkat(dirfd, name, buf, sizeof buf);
+  if (n < 0) {
+    report->error(classify_errno(errno), shown, std::strerror(errno));
+    return true;
+  }
+  e.link.assign(buf, static_cast<size_t>(n));
+  return out->push(std::move(e));
+}
+
 bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
               const WalkOptions& options, EntryQueue* out, Report* report) {
   const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -86,15 +102,7 @@ bool walk_dir(int dirfd, const std::string& rel, const std::string& open_path,
       e.kind = Kind::kFile;
       go_on = out->push(std::move(e));
     } else if (S_ISLNK(st.st_mode)) {
-      e.kind = Kind::kSymlink;
-      char buf[4096];
-      const ssize_t n = ::readlinkat(fd, name.c_str(), buf, sizeof buf);
-      if (n < 0) {
-        report->error(classify_errno(errno), child_open, std::strerror(errno));
-        continue;
-      }
-      e.link.assign(buf, static_cast<size_t>(n));
-      go_on = out->push(std::move(e));
+      go_on = push_symlink(fd, name.c_str(), child_open, std::move(e), out, report);
     } else if (S_ISDIR(st.st_mode)) {
       e.kind = Kind::kDir;
       const int sub =
@@ -160,15 +168,7 @@ bool walk_source(const SourceRoot& root, const std::string& source,
     e.kind = Kind::kFile;
     go_on = out->push(std::move(e));
   } else if (S_ISLNK(st.st_mode)) {
-    e.kind = Kind::kSymlink;
-    char buf[4096];
-    const ssize_t n = ::readlinkat(fd, "", buf, sizeof buf);
-    if (n < 0) {
-      report->error(classify_errno(errno), source, std::strerror(errno));
-    } else {
-      e.link.assign(buf, static_cast<size_t>(n));
-      go_on = out->push(std::move(e));
-    }
+    go_on = push_symlink(fd, "", source, std::move(e), out, report);
   } else if (S_ISDIR(st.st_mode)) {
     if (!options.recursive) {
       report->error(Failure::kFile, source, "is a directory (use -r)");

@@ -5,21 +5,13 @@
 #include <cstring>
 
 #include "fmt/format.h"
+#include "rdmakit/detail/tsan.hpp"
 
 // Under TSan: the table's bytes are read by peers outside the C++ memory model
 // (a NIC's DMA; on tcp, send(2) from the provider's progress thread), checked
 // by the entry checksums rather than ordered by atomics, so the server's table
 // stores are not recorded as racing those reads.
-#if defined(__SANITIZE_THREAD__)
-#define RDMAKIT_KV_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMAKIT_KV_TSAN 1
-#endif
-#endif
-#ifdef RDMAKIT_KV_TSAN
-extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
-extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+#ifdef RDMAKIT_TSAN
 #define KV_PUBLISH_BEGIN() AnnotateIgnoreWritesBegin(__FILE__, __LINE__)
 #define KV_PUBLISH_END() AnnotateIgnoreWritesEnd(__FILE__, __LINE__)
 #else

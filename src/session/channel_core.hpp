@@ -131,6 +131,10 @@ class ChannelCore final : public Channel {
 
   // Messages (channel_messages.cpp).
   OpResult wait_credit(std::unique_lock<DatapathMutex>& lock);
+  // Both sends start here: a message the peer can take, on an open channel,
+  // with a credit for it. Takes lock (deferred by the caller); on success it
+  // stays held for the post.
+  OpResult begin_send(size_t size, std::unique_lock<DatapathMutex>& lock);
   void count_sent() noexcept {
     ++sent_;
     if (++next_slot_ == peer_depth_) next_slot_ = 0;

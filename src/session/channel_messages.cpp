@@ -76,17 +76,22 @@ OpResult ChannelCore::wait_credit(std::unique_lock<detail::DatapathMutex>& lock)
   }
 }
 
+OpResult ChannelCore::begin_send(size_t size,
+                                 std::unique_lock<detail::DatapathMutex>& lock) {
+  if (size > peer_max_message_) {
+    return fail(Errc::kTooLarge, "send",
+                std::to_string(size) + " bytes exceed the peer's max_message " +
+                    std::to_string(peer_max_message_));
+  }
+  lock.lock();
+  if (closed_) return closed_result("send");
+  return wait_credit(lock);
+}
+
 OpResult Channel::send(std::span<const std::byte> message) {
   ChannelCore& c = core(*this);
-  if (message.size() > c.peer_max_message_) {
-    return c.fail(Errc::kTooLarge, "send",
-                  std::to_string(message.size()) +
-                      " bytes exceed the peer's max_message " +
-                      std::to_string(c.peer_max_message_));
-  }
-  std::unique_lock lock(c.mu_);
-  if (c.closed_) return c.closed_result("send");
-  if (OpResult r = c.wait_credit(lock); !r.ok()) return r;
+  std::unique_lock lock(c.mu_, std::defer_lock);
+  if (OpResult r = c.begin_send(message.size(), lock); !r.ok()) return r;
   // Credits bound unconsumed SENDs to peer_depth_, so the slot used
   // peer_depth_ sends ago has been delivered and may be overwritten.
   c.send_slot_ = c.next_slot_;
@@ -115,15 +120,8 @@ OpResult Channel::send(std::span<const std::byte> message) {
 OpResult Channel::send(Buffer&& buffer) {
   ChannelCore& c = core(*this);
   if (!buffer) return c.fail(Errc::kInvalid, "send", "empty buffer");
-  if (buffer.size() > c.peer_max_message_) {
-    return c.fail(Errc::kTooLarge, "send",
-                  std::to_string(buffer.size()) +
-                      " bytes exceed the peer's max_message " +
-                      std::to_string(c.peer_max_message_));
-  }
-  std::unique_lock lock(c.mu_);
-  if (c.closed_) return c.closed_result("send");
-  if (OpResult r = c.wait_credit(lock); !r.ok()) return r;
+  std::unique_lock lock(c.mu_, std::defer_lock);
+  if (OpResult r = c.begin_send(buffer.size(), lock); !r.ok()) return r;
   // The header goes into the buffer's headroom, in front of data().
   std::byte* base = buffer.data() - Buffer::kHeadroomBytes;
   const MsgHeader header{detail::kMagic, static_cast<uint16_t>(MsgKind::kData), 0,

@@ -1,5 +1,6 @@
 // The core's internal toolkit (include/rdmakit/detail/): the bit-field codec
-// of work request ids, the conditional lock, the hellos' framing.
+// of work request ids, the conditional lock, the hellos' framing, byte counts
+// as text.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -13,6 +14,7 @@
 
 #include "rdmakit/detail/bit_fields.hpp"
 #include "rdmakit/detail/conditional_lock.hpp"
+#include "rdmakit/detail/format_bytes.hpp"
 #include "rdmakit/detail/hello_frame.hpp"
 
 namespace rdmakit::detail {
@@ -145,6 +147,17 @@ TEST(HelloFrameTest, ChecksMagicThenVersionThenSize) {
   constexpr HelloFrame<uint16_t> at_least{0x53534b52, 2, 6, HelloSize::kAtLeast};
   at_least.put(in.data());
   EXPECT_TRUE(at_least.check(all));
+}
+
+TEST(FormatBytesTest, LargestUnitThatDividesExactly) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1024), "1 KiB");
+  EXPECT_EQ(format_bytes(1536), "1536 B");
+  EXPECT_EQ(format_bytes(3u << 20), "3 MiB");
+  EXPECT_EQ(format_bytes((1ull << 30) + (1ull << 20)), "1025 MiB");
+  EXPECT_EQ(format_bytes(8ull << 30), "8 GiB");
+  EXPECT_EQ(format_bytes(UINT64_MAX), "unlimited");
 }
 
 }  // namespace

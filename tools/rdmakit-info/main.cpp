@@ -11,20 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "rdmakit/detail/format_bytes.hpp"
 #include "rdmakit/rdmakit.hpp"
 
 namespace {
 
-std::string format_bytes(uint64_t bytes) {
-  if (bytes == UINT64_MAX) return "unlimited";
-  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0)
-    return fmt::format("{} GiB", bytes >> 30);
-  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0)
-    return fmt::format("{} MiB", bytes >> 20);
-  if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0)
-    return fmt::format("{} KiB", bytes >> 10);
-  return fmt::format("{} B", bytes);
-}
+using rdmakit::detail::format_bytes;
 
 void print_providers(const rdmakit::RdmaDeviceList& list) {
   fmt::print("Providers\n");

@@ -6,46 +6,33 @@
 
 #include "perf_clock.hpp"
 #include "perf_run.hpp"
+#include "rdmakit/detail/tsan.hpp"
+
+namespace rdmakit::perf {
+namespace {
 
 // write_lat polls a byte that the peer's WRITE lands in, as perftest does.
 // On a NIC that is DMA; on tcp it is the provider's receive thread doing a
 // memcpy, which ThreadSanitizer reports: rdmakit (like verbs) orders WRITE
 // data only through completions, and this poll is the benchmark's deliberate
 // shortcut. Only that load and the stamp store are hidden from TSan.
-#if defined(__SANITIZE_THREAD__)
-#define RDMAKIT_PERF_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMAKIT_PERF_TSAN 1
-#endif
-#endif
-#ifdef RDMAKIT_PERF_TSAN
-extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
-extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
-extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
-extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
-#endif
-
-namespace rdmakit::perf {
-namespace {
-
 uint8_t load_polled(uint8_t* p) noexcept {
-#ifdef RDMAKIT_PERF_TSAN
+#ifdef RDMAKIT_TSAN
   AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
 #endif
   const uint8_t v = std::atomic_ref<uint8_t>(*p).load(std::memory_order_acquire);
-#ifdef RDMAKIT_PERF_TSAN
+#ifdef RDMAKIT_TSAN
   AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
 #endif
   return v;
 }
 
 void store_stamp(uint8_t* p, uint8_t v) noexcept {
-#ifdef RDMAKIT_PERF_TSAN
+#ifdef RDMAKIT_TSAN
   AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
 #endif
   std::atomic_ref<uint8_t>(*p).store(v, std::memory_order_relaxed);
-#ifdef RDMAKIT_PERF_TSAN
+#ifdef RDMAKIT_TSAN
   AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
 #endif
 }

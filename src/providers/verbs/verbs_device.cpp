@@ -246,17 +246,6 @@ Status map_wc_status(ibv_wc_status status) noexcept {
   }
 }
 
-std::string format_bytes(uint64_t bytes) {
-  if (bytes == UINT64_MAX) return "unlimited";
-  if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0)
-    return fmt::format("{} GiB", bytes >> 30);
-  if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0)
-    return fmt::format("{} MiB", bytes >> 20);
-  if (bytes >= (1ull << 10) && bytes % (1ull << 10) == 0)
-    return fmt::format("{} KiB", bytes >> 10);
-  return fmt::format("{} B", bytes);
-}
-
 namespace {
 
 // The kernel skips RLIMIT_MEMLOCK for pinning when the caller has CAP_IPC_LOCK.

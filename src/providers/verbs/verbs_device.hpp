@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "providers/verbs/verbs_objects.hpp"
+#include "rdmakit/detail/format_bytes.hpp"
 #include "rdmakit/status.hpp"
 
 namespace rdmakit::verbs {
@@ -85,7 +86,7 @@ std::string memlock_limit_text();  // "unlimited", "8 MiB", ... for logs
 // Free huge pages of the default size (bytes per page in *page_size).
 size_t free_huge_pages(size_t* page_size);
 
-std::string format_bytes(uint64_t bytes);
+using rdmakit::detail::format_bytes;  // "8 MiB", ... for logs and errors
 
 class VerbsProgress;
 
