@@ -162,7 +162,10 @@ bool walk_source(const SourceRoot& root, const std::string& source,
   e.rel = name;
   e.open = source;
   fill_meta(st, &e);
-  if (options.excluded && options.excluded(e.rel, S_ISDIR(st.st_mode))) return true;
+  if (options.excluded && options.excluded(e.rel, S_ISDIR(st.st_mode))) {
+    ::close(fd);
+    return true;
+  }
   bool go_on = true;
   if (S_ISREG(st.st_mode)) {
     e.kind = Kind::kFile;
