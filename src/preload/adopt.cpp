@@ -61,6 +61,7 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
   const int fl_flags = real().fcntl(fd, F_GETFL);
   // Above the application's numbers (fd_place.hpp), in the fd table.
   const int tcp = real().fcntl(fd, F_DUPFD_CLOEXEC, high_base());
+  own_library_fd(tcp);
   const int ready = up.stream->fd();
   if (tcp < 0 || ready < 0 || tcp >= kMaxFd) {
     if (tcp >= 0) real().close(tcp);

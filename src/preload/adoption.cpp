@@ -35,24 +35,38 @@ void write_marker(const AdoptionMarker& m, Holder h) {
 }
 
 // Claims are made under one lock per rendezvous directory: reading the
-// marker and writing the claim must be one step across processes.
+// marker and writing the claim must be one step across processes. Waited
+// for without blocking, until deadline (a holder stopped by a signal must
+// not stop every other claim of the user): past it, the claim goes ahead
+// unlocked. Released explicitly: a copy of the descriptor a fork made
+// meanwhile would otherwise keep holding it.
 class DirLock {
  public:
-  explicit DirLock(const std::string& marker_path) {
+  DirLock(const std::string& marker_path,
+          std::chrono::steady_clock::time_point deadline) {
     const std::string dir = marker_path.substr(0, marker_path.rfind('/'));
     fd_ = open((dir + "/a.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd_ < 0) return;
-    while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    while (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if ((errno != EWOULDBLOCK && errno != EINTR) ||
+          std::chrono::steady_clock::now() >= deadline) {
+        return;
+      }
+      (void)real().poll(nullptr, 0, 1);
     }
+    locked_ = true;
   }
   ~DirLock() {
-    if (fd_ >= 0) real().close(fd_);  // releases the lock
+    if (fd_ < 0) return;
+    if (locked_) (void)flock(fd_, LOCK_UN);
+    real().close(fd_);
   }
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;
 
  private:
   int fd_ = -1;
+  bool locked_ = false;
 };
 
 }  // namespace
@@ -94,7 +108,7 @@ bool claim_adoption(const AdoptionMarker& m,
   if (m.path.empty()) return true;
   for (;;) {
     {
-      const DirLock lock(m.path);
+      const DirLock lock(m.path, deadline);
       const Adoption a = read_adoption(m);
       if (a.holder == Holder::kNone || a.pid == process_id() ||
           (a.holder == Holder::kClaimed && !a.alive)) {

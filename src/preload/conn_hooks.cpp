@@ -302,7 +302,9 @@ EXPORT void closefrom(int lowfd) {
                          close_app_range, 0) != 0) {
     // No close_range (an old kernel): one number at a time, up to the
     // application's limit (the library's descriptors are above it).
-    for (int fd = lowfd; fd < sysconf(_SC_OPEN_MAX); ++fd) (void)close(fd);
+    for (int fd = lowfd; fd < sysconf(_SC_OPEN_MAX); ++fd) {
+      if (!library_fd(fd)) (void)close(fd);
+    }
   }
 }
 

@@ -106,6 +106,14 @@ bool library_fd(int fd) noexcept {
           (uint64_t{1} << (fd % 64))) != 0;
 }
 
+void own_library_fd(int fd) noexcept {
+  if (g_base.load(std::memory_order_relaxed) != 0) own(fd);
+}
+
+void forget_all_library_fds() noexcept {
+  for (auto& word : g_own) word.store(0, std::memory_order_relaxed);
+}
+
 void forget_library_fd(int fd) noexcept {
   if (library_fd(fd)) {
     g_own[static_cast<unsigned>(fd) / 64].fetch_and(~(uint64_t{1} << (fd % 64)),

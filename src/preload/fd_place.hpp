@@ -47,6 +47,11 @@ int high_base() noexcept;
 // own upgraded connections).
 bool library_fd(int fd) noexcept;
 void forget_library_fd(int fd) noexcept;
+// fd, which the library placed itself in the high range, is its own.
+void own_library_fd(int fd) noexcept;
+// A forked child: the descriptors it inherited are copies the application
+// may close (its own library makes new ones).
+void forget_all_library_fds() noexcept;
 // Calls close_gap(lo, hi) for each maximal part of [first, last] that holds
 // no library descriptor, lowest first; stops at the first nonzero result
 // and returns it.

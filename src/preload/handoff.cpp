@@ -23,6 +23,7 @@
 #include "adoption.hpp"
 #include "conn_guard.hpp"
 #include "fd_place.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "mirror.hpp"
 #include "process.hpp"
@@ -185,6 +186,15 @@ bool still_held(int fd, const std::shared_ptr<Pending>& p, std::vector<int>* now
   return std::find(now->begin(), now->end(), fd) != now->end();
 }
 
+// A pending connection sent away before this process adopted it: the
+// descriptor may still be in flight to its receiver.
+void carry_sent(int fd, const Pending& p) {
+  if (auto conn = entry_conn(fd)) {
+    conn->sent_until_ns.store(p.sent_until_ns.load(std::memory_order_acquire),
+                              std::memory_order_release);
+  }
+}
+
 // The client's end: the kernel connect done (or failed), the server's
 // answer taken up within the budget, else kernel TCP. true: upgraded.
 bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
@@ -228,6 +238,7 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
     if (up.stream != nullptr && !still_held(fd, p, &now)) {
       up.reason = kClosedMeanwhile;
     } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
+      carry_sent(fd, *p);
       return true;
     }
     reason = up.reason;
@@ -283,7 +294,10 @@ bool settle_accepted(int fd, const std::shared_ptr<Pending>& p,
     up.reason = kClosedMeanwhile;
   }
   if (up.stream != nullptr) {
-    if (adopt(fd, now, up, "accept", where, marker)) return true;
+    if (adopt(fd, now, up, "accept", where, marker)) {
+      carry_sent(fd, *p);
+      return true;
+    }
   } else {
     log_line("accept fd=%d %s path=kernel reason=%s", fd, where.c_str(),
              up.reason.c_str());
@@ -302,8 +316,11 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
       p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
   const AdoptionMarker marker =
       shared ? adoption_marker_of(fd, client) : AdoptionMarker{};
-  if (Adoption other; !claim_adoption(
-          marker, std::chrono::steady_clock::now() + config().timeout, &other)) {
+  // A holder settling it may take a connect's wait and a rendezvous (a
+  // budget each): followers wait for all of that; inside exec, not at all.
+  const auto now = std::chrono::steady_clock::now();
+  if (Adoption other;
+      !claim_adoption(marker, t_no_wait ? now : now + 3 * config().timeout, &other)) {
     follow_adoption(client ? "connect" : "accept", fd, other, aliases_of(p),
                     describe(fd));
     return;
@@ -450,7 +467,12 @@ void scan_inherited() noexcept {
 void note_received(const msghdr* msg) noexcept {
   try {
     std::vector<Seen> seen;
-    for_each_passed_fd(msg, [&](int fd) { classify(fd, &seen); });
+    for_each_passed_fd(msg, [&](int fd) {
+      // A new number: what the table held for it was closed behind the
+      // library's back (libuv closes with a raw system call).
+      forget_stale(fd);
+      classify(fd, &seen);
+    });
   } catch (...) {
     // Out of memory: the descriptors stay plain kernel sockets.
   }
@@ -468,9 +490,15 @@ void settle_before_close(int fd) {
 
 void note_sent(const msghdr* msg) noexcept {
   for_each_passed_fd(msg, [](int fd) {
-    if (auto p = pending_of(fd)) p->inherited = true;
+    if (auto p = pending_of(fd)) {
+      p->inherited = true;
+      p->sent_until_ns.store(Conn::sent_deadline(), std::memory_order_release);
+    }
     if (entry_of(fd) == Entry::kConn) {
-      if (auto conn = entry_conn(fd)) conn->adopt_gen = ~uint64_t{0};
+      if (auto conn = entry_conn(fd)) {
+        conn->adopt_gen = ~uint64_t{0};
+        conn->sent_until_ns.store(Conn::sent_deadline(), std::memory_order_release);
+      }
     }
   });
 }
@@ -584,6 +612,9 @@ void settle_for_plain_exec(const char* why, int handed_fds) {
           break;
         }
         settle_on_kernel(fd, why, wire::kNotCarried);
+        // Another holder carries it (it claimed it first): a relay socket,
+        // delivering at once (no library in the new image to say it reads).
+        if (entry_of(fd) == Entry::kDormant) wake_relayed(fd);
         break;
       }
       case Entry::kInherited:

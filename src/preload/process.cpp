@@ -67,6 +67,7 @@ void on_parent() {
   g_engine_mu.unlock();
 }
 void on_child() {
+  forget_all_library_fds();
   g_pid = getpid();
   forget_relay_server_in_child();
   reset_counts_in_child();

@@ -20,13 +20,22 @@ namespace rdmakit::preload {
 
 using namespace relay_wire;  // NOLINT(google-build-using-namespace)
 
+ssize_t write_wake(int w, const void* buf, size_t len) noexcept {
+  pollfd p{w, POLLOUT, 0};
+  if (real().poll(&p, 1, 0) != 1 || (p.revents & (POLLHUP | POLLERR)) != 0) {
+    errno = EPIPE;
+    return -1;
+  }
+  return real().write(w, buf, len);
+}
+
 void give_back(Conn& c) {
   const int w = c.wake_fd.exchange(-1);
   if (c.relay_fd >= 0 && w >= 0) {
     // Only read, write and poll: a sandboxed process may allow no more.
     // The owner stops sending first (and says so), so what is unread here
     // is all it sent.
-    if (real().write(w, "S", 1) == 1) {
+    if (write_wake(w, "S", 1) == 1) {
       pollfd p{w, POLLIN, 0};
       char ack = 0;
       if (real().poll(&p, 1, kStopWaitMs) == 1) (void)real().read(w, &ack, 1);
@@ -46,7 +55,7 @@ void give_back(Conn& c) {
       char msg[1 + sizeof unread];
       msg[0] = 'G';
       std::memcpy(msg + 1, &unread, sizeof unread);
-      (void)real().write(w, msg, sizeof msg);
+      (void)write_wake(w, msg, sizeof msg);
     }
   }
   if (w >= 0) real().close(w);

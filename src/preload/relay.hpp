@@ -32,6 +32,11 @@ void forget_relay_server_in_child();
 struct Conn;
 void release_conn(const std::shared_ptr<Conn>& c);
 
+// Writes to a relay's wake channel, which may have been closed by its owner
+// (exited): never SIGPIPE (only poll and write: a sandboxed process may
+// allow no more).
+ssize_t write_wake(int w, const void* buf, size_t len) noexcept;
+
 // A relayed process lets go of c (its last copy closes, or it exits): what
 // arrived and was never read goes back to the owner.
 void give_back(Conn& c);

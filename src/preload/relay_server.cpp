@@ -71,6 +71,9 @@ struct Relay {
   int so = -1;    // the owner's end of the pair
   int wake = -1;  // dormant: the asker writes a byte here when it first uses it
   bool awake = true;
+  // Asked for again by an exec'd image: one that reads through stdio (no
+  // hook sees it) starts delivery by writing, as before its exec.
+  bool wake_on_bytes = false;
   dev_t given_dev = 0;
   ino_t given_ino = 0;  // the end given away (an exec'd image asks with it)
   std::unique_ptr<char[]> up{new char[kBuf]};    // asker -> stream
@@ -168,6 +171,7 @@ class Server {
         Relay& r = *relays_[i];
         const size_t at = relays_at + 3 * i;
         if (p[at + 2].revents != 0) read_control(r);
+        if (!r.awake && r.wake_on_bytes && (p[at].revents & POLLIN) != 0) r.awake = true;
         pump(r, p[at].revents);
       }
       take_requests(p.data() + waiting_at);
@@ -240,6 +244,7 @@ class Server {
     for (auto& r : relays_) {
       if (r->given_dev == st.st_dev && r->given_ino == st.st_ino) {
         reply->status = kAlreadyRelayed;
+        r->wake_on_bytes = true;
         const int tcp = r->conn->tcp_fd;
         if (send_message(s, *reply, &tcp, 1)) {
           if (r->wake >= 0) real().close(r->wake);
@@ -279,6 +284,7 @@ class Server {
     keep_readiness_current(*c);
     r->conn = std::move(c);
     reply->status = kNewRelay;
+    r->conn->sent_until_ns.store(0, std::memory_order_release);  // it has arrived
     const int fds[2] = {pair[1], r->conn->tcp_fd};
     const bool sent = send_message(s, *reply, fds, 2);
     real().close(pair[1]);
@@ -486,6 +492,7 @@ class Server {
     for (auto& r : relays_) {
       if (r->conn == c) return;
     }
+    if (c->in_flight()) return;  // reviewed until it arrives or the budget ends
     std::erase(parked_, c);
   }
 
@@ -512,7 +519,7 @@ class Server {
         for (auto& r : relays_) {
           if (r->conn == c) return false;
         }
-        if (held_elsewhere(*c)) return false;
+        if (c->in_flight() || held_elsewhere(*c)) return false;
         done.push_back(std::move(c));
         return true;
       });

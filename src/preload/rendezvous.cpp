@@ -216,7 +216,7 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
   }
   reserve_stream(eng, +1);
   p->reserved_on = eng;
-  p->fork_gen = fork_generation();
+  p->made_by = process_id();
   p->offer.tuple = t;
   p->offer.stream_port = p->listener->port();
   if (getrandom(p->offer.client_nonce.data(), kNonce, 0) !=
@@ -264,7 +264,7 @@ std::string listen_again(PendingOffer& p) {
   }
   reserve_stream(eng, +1);
   p.reserved_on = eng;
-  p.fork_gen = fork_generation();
+  p.made_by = process_id();
   p.offer.stream_port = p.listener->port();
   return {};
 }
@@ -285,7 +285,7 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
     return up;
   }
   const auto deadline = Clock::now() + cfg.timeout;
-  if (p->fork_gen != fork_generation()) {
+  if (p->made_by != process_id()) {
     up.reason = listen_again(*p);
     if (!up.reason.empty()) return up;
   }

@@ -3,6 +3,7 @@
 // other hosts: TCP, remote.cpp) exchange, and the helpers they share.
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <array>
 #include <chrono>
@@ -211,7 +212,7 @@ struct PendingOffer {
   wire::Offer offer;
   std::unique_ptr<stream::StreamListener> listener;
   stream::Engine* reserved_on = nullptr;  // counted there until it ends
-  uint64_t fork_gen = 0;       // the process's fork_generation() when listener was made
+  pid_t made_by = 0;                      // the process whose engine the listener is on
   bool remote = false;         // rdv is a TCP connection to the peer host's rendezvous
   bool other_user = false;     // same host, a listener of another user: abstract offer
   bool listener_here = false;  // the listener is this process's (mirror.hpp)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "handoff.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "relay.hpp"
 #include "rendezvous.hpp"
 #include "stat.hpp"
 
@@ -186,6 +188,19 @@ Conn::~Conn() {
   stats::release(stat_slot);
 }
 
+int64_t Conn::sent_deadline() noexcept {
+  const auto until = std::chrono::steady_clock::now() + config().timeout;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch())
+      .count();
+}
+
+bool Conn::in_flight() const noexcept {
+  const int64_t until = sent_until_ns.load(std::memory_order_acquire);
+  return until != 0 && std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                               .count() < until;
+}
+
 namespace {
 std::shared_ptr<Conn> conn_locked(int fd) {
   Table& t = table();
@@ -273,7 +288,7 @@ void wake_relayed(int fd) {
     }
   }
   const int w = c->wake_fd.load();
-  if (w >= 0) (void)real().write(w, "w", 1);  // a write: sandboxed children may make it
+  if (w >= 0) (void)write_wake(w, "w", 1);  // a write: sandboxed children may make it
 }
 
 void install_relayed(int fd, std::shared_ptr<Conn> tcp_only, Entry e) {

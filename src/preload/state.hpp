@@ -102,6 +102,14 @@ struct Conn {
   std::string pushback;
   // fork_generation() when it was upgraded: a later fork may have copied it.
   uint64_t adopt_gen = 0;
+  // Sent over a unix socket (SCM_RIGHTS) and not yet asked for by a relay:
+  // until then (steady clock, ns; 0 none) the descriptor may be in flight,
+  // held by no process's table, so closing this process's copy must not
+  // end the connection (relay_server.cpp).
+  std::atomic<int64_t> sent_until_ns{0};
+  bool in_flight() const noexcept;
+  // Marks it sent now (note_sent), for the rendezvous budget.
+  static int64_t sent_deadline() noexcept;
   ~Conn();
 };
 
@@ -158,6 +166,8 @@ struct Pending {
   uint64_t fork_gen = 0;               // forks made by that process before the accept
   std::atomic<bool> inherited{false};  // came across exec or SCM_RIGHTS, or was sent away
   pid_t unix_peer = 0;                 // kInherited: the socket's creator, to ask
+  // Sent over a unix socket: Conn::sent_until_ns for the Conn it becomes.
+  std::atomic<int64_t> sent_until_ns{0};
   // A connect()ed one: the offer made before the kernel connect, taken up
   // (or not) by the server when it first uses its end.
   PendingOfferPtr offer;
