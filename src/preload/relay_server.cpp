@@ -163,7 +163,9 @@ class Server {
         if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
         p.push_back({r->so, so_ev, 0});
         p.push_back({r->conn->stream->fd(), st_ev, 0});
-        p.push_back({r->wake, POLLIN, 0});
+        // After 'S' what follows on the wake channel ('G' + count, then its
+        // end) is take_back's: polled here, it would wake this loop at once.
+        p.push_back({r->down_stopped ? -1 : r->wake, POLLIN, 0});
       }
       if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
       // Relays first (their indexes shift when requests are taken).
