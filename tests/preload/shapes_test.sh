@@ -58,7 +58,7 @@ fi
 expect $conns "connect fd=[0-9]+ .*path=shm" "client connections on shm"
 expect 0 "path=kernel|path=none|EOPNOTSUPP" "connections off the fast path"
 case $shape in
-  both-use)  # whichever used it first carries it, the other is relayed
+  both-use)  # the parent used it first and carries it, the child is relayed
     expect $conns "accept fd=[0-9]+ .*path=shm" "server connections adopted"
     expect $conns "accept fd=[0-9]+ .*path=relay owner=[0-9]+" "server connections relayed"
     grep -c '^parent:[0-9]* child:[0-9]*$' "$work/c.out" | grep -qx $conns ||

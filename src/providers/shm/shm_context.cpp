@@ -167,10 +167,17 @@ std::unique_ptr<MemoryRegion> ShmContext::allocate(size_t length, uint32_t acces
     throw context_error("allocate", EINVAL, "unknown access bits");
   }
   const size_t mapped = page_round(length == 0 ? 1 : length);
-  // Memory no peer may reach needs no memfd: anonymous memory, and one
-  // descriptor fewer per region (a stream's send buffer).
+  // Memory no peer may reach keeps no descriptor (one fewer per region: a
+  // stream's send buffer). Still a memfd, closed once mapped: its pages are
+  // charged as they are touched, where private anonymous memory would be
+  // charged whole under strict overcommit, and a fork shares it.
   if ((access & (kAccessRemoteRead | kAccessRemoteWrite | kAccessRemoteAtomic)) == 0) {
-    void* mem = map_anonymous(mapped, true);
+    const Fd memfd = create_resizable_sealed_memfd("rdmakit-shm-local", mapped);
+    if (!memfd) {
+      throw context_error("memfd_create(region)", errno,
+                          "allocating " + std::to_string(length) + " bytes");
+    }
+    void* mem = map_fd(memfd.get(), mapped, true, true);
     if (mem == nullptr) throw context_error("mmap(region)", errno);
     const uint32_t key = reserve_key();
     auto region = std::make_unique<ShmMr>(*this, mem, length, key, access, Fd(), mapped);

@@ -10,7 +10,8 @@ class ShmContext;
 class ShmMr final : public MemoryRegion {
  public:
   // memfd may be empty (registered user memory, or memory no peer may
-  // reach); mapped_length != 0: the region owns that mapping.
+  // reach, whose memfd closed once mapped); mapped_length != 0: the region
+  // owns that mapping.
   ShmMr(ShmContext& context, void* addr, size_t length, uint32_t key, uint32_t access,
         Fd memfd, size_t mapped_length);
   ~ShmMr() override;

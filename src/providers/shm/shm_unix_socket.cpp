@@ -155,9 +155,8 @@ bool sealed_and_sized(int fd, size_t bytes) {
 
 void* map_fd(int fd, size_t length, bool writable, bool populate) {
   const bool whole = populate && length <= kPopulateBytes;
-  const int sharing = fd < 0 ? MAP_PRIVATE | MAP_ANONYMOUS : MAP_SHARED;
   void* p = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
-                   sharing | (whole ? MAP_POPULATE : 0), fd, 0);
+                   MAP_SHARED | (whole ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) return nullptr;
   if (populate && !whole) {
     // Best effort (kernel >= 5.14); without it the prefix faults on first touch.
@@ -165,10 +164,6 @@ void* map_fd(int fd, size_t length, bool writable, bool populate) {
                     writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
   }
   return p;
-}
-
-void* map_anonymous(size_t length, bool populate) {
-  return map_fd(-1, length, true, populate);
 }
 
 }  // namespace rdmakit::shm

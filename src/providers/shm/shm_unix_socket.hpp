@@ -68,7 +68,5 @@ bool sealed_and_sized(int fd, size_t bytes);
 inline constexpr size_t kPopulateBytes = size_t{64} << 10;
 inline constexpr size_t kPopulatePrefix = size_t{16} << 10;
 void* map_fd(int fd, size_t length, bool writable, bool populate = false);
-// The same for private anonymous memory (memory no peer ever maps).
-void* map_anonymous(size_t length, bool populate);
 
 }  // namespace rdmakit::shm

@@ -6,7 +6,7 @@ process served it (SHAPE:PID), then the same bytes back. Which process reads
 and writes the connection depends on the shape; every one must get every
 byte, in order.
 """
-import hashlib, os, signal, socket, struct, sys
+import hashlib, os, signal, socket, struct, sys, time
 
 shape, port_file, conns = sys.argv[1], sys.argv[2], int(sys.argv[3])
 signal.alarm(60)
@@ -82,21 +82,30 @@ for i in range(conns):
         c.close()
     elif shape == "both-use":
         # Parent and child both use the connection, neither having used it
-        # before the fork: the child's first use (an empty send) races the
-        # parent's read, then the child only writes (its line after the
-        # parent's answer) while the parent reads and answers.
+        # before the fork: the child's first use (an empty send) comes while
+        # the parent's first read is still upgrading it (about 1 ms in), so
+        # it must wait for the parent's claim and follow it; the child then
+        # only writes (its line after the parent's answer) while the parent
+        # reads and answers. The child closes last.
         r, w = os.pipe()
+        r2, w2 = os.pipe()
         pid = os.fork()
         if pid == 0:
-            ls.close(); os.close(w)
+            ls.close(); os.close(w); os.close(r2)
+            time.sleep(0.0005)
             c.send(b"")
             os.read(r, 1)
-            c.sendall(b"child:%d\n" % os.getpid()); c.close(); os._exit(0)
-        os.close(r)
+            c.sendall(b"child:%d\n" % os.getpid())
+            os.write(w2, b"x")
+            os.read(r, 1)  # the parent has closed its copy
+            c.close(); os._exit(0)
+        os.close(r); os.close(w2)
         serve(c, "parent")
-        os.write(w, b"x"); os.close(w)
-        os.waitpid(pid, 0)
+        os.write(w, b"x")
+        os.read(r2, 1)
         c.close()
+        os.write(w, b"x"); os.close(w); os.close(r2)
+        os.waitpid(pid, 0)
     elif shape.startswith("close-all-"):
         # A daemon that closes every descriptor it does not know of, once its
         # connection is up (adopted by its first read): closefrom, close_range,
