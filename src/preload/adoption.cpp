@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,21 +16,12 @@
 namespace rdmakit::preload {
 namespace {
 
-bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
-
-// Written whole under another name, then renamed into place: a reader sees
-// the old marker or the new one, never a part.
 void write_marker(const AdoptionMarker& m, Holder h) {
-  const std::string tmp = m.path + ".tmp" + std::to_string(process_id());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return;
   char buf[64];
-  const int n = std::snprintf(buf, sizeof buf, "%c %d %llu\n", static_cast<char>(h),
-                              static_cast<int>(process_id()),
-                              static_cast<unsigned long long>(m.socket));
-  (void)real().write(fd, buf, static_cast<size_t>(n));
-  real().close(fd);
-  if (rename(tmp.c_str(), m.path.c_str()) != 0) unlink(tmp.c_str());
+  std::snprintf(buf, sizeof buf, "%c %d %llu\n", static_cast<char>(h),
+                static_cast<int>(process_id()),
+                static_cast<unsigned long long>(m.socket));
+  write_file_whole(m.path, buf);
 }
 
 // Claims are made under one lock per rendezvous directory: reading the
@@ -99,7 +89,7 @@ Adoption read_adoption(const AdoptionMarker& m) {
   if (h != 'c' && h != 'o' && h != 'k') return a;
   a.holder = static_cast<Holder>(h);
   a.pid = pid;
-  a.alive = process_exists(pid);
+  a.alive = alive(pid);
   return a;
 }
 

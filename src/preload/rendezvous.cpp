@@ -56,17 +56,9 @@ std::string listener_path(uint16_t port) {
   return config().dir + "/l-" + std::to_string(port);
 }
 
-// A file naming this process (the listener registry, adoption markers):
-// written whole under another name, then renamed into place.
+// A file naming this process (the listener registry).
 void write_pid_file(const std::string& path) {
-  const std::string tmp = path + ".tmp" + std::to_string(process_id());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return;
-  char buf[24];
-  const int n = std::snprintf(buf, sizeof buf, "%d\n", static_cast<int>(process_id()));
-  (void)real().write(fd, buf, static_cast<size_t>(n));
-  real().close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+  write_file_whole(path, std::to_string(process_id()) + "\n");
 }
 
 // The pid such a file names (0: none or unreadable).
@@ -79,8 +71,6 @@ pid_t read_pid_file(const std::string& path) {
   const pid_t pid = n > 0 ? static_cast<pid_t>(std::atoi(buf)) : 0;
   return pid > 0 ? pid : 0;
 }
-
-bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 pid_t registered_listener(uint16_t port) {
   const pid_t pid = read_pid_file(listener_path(port));
@@ -110,6 +100,17 @@ sockaddr_un unix_address(const std::string& path, bool* fits) {
 }
 
 }  // namespace
+
+void write_file_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp" + std::to_string(process_id());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  (void)real().write(fd, text.data(), text.size());
+  real().close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 void register_listener(uint16_t port) {
   register_host_listener(port);

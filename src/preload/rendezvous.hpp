@@ -5,6 +5,7 @@
 // application byte has been sent on the TCP connection yet: the cut-over is
 // at byte 0 in both directions.
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -56,6 +57,11 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny,
 // one; "" when fd is not a loopback connection or the directory is
 // unusable.
 std::string adoption_marker(int tcp_fd, bool client);
+// A file of the rendezvous directory, written whole under another name and
+// renamed into place: a reader sees the old one or the new one, never a part.
+void write_file_whole(const std::string& path, const std::string& text);
+// pid names a live process (of any user).
+bool alive(pid_t pid);
 // Whether fd's connection has both ends on loopback (the lazy, same-host
 // rendezvous applies).
 bool loopback_connection(int tcp_fd);
