@@ -188,17 +188,20 @@ Conn::~Conn() {
   stats::release(stat_slot);
 }
 
-int64_t Conn::sent_deadline() noexcept {
-  const auto until = std::chrono::steady_clock::now() + config().timeout;
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch())
+namespace {
+int64_t steady_ns(std::chrono::steady_clock::time_point t) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch())
       .count();
+}
+}  // namespace
+
+int64_t Conn::sent_deadline() noexcept {
+  return steady_ns(std::chrono::steady_clock::now() + config().timeout);
 }
 
 bool Conn::in_flight() const noexcept {
   const int64_t until = sent_until_ns.load(std::memory_order_acquire);
-  return until != 0 && std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now().time_since_epoch())
-                               .count() < until;
+  return until != 0 && steady_ns(std::chrono::steady_clock::now()) < until;
 }
 
 namespace {
