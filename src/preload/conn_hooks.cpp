@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <string>
 
 #include "adopt.hpp"
@@ -58,12 +59,39 @@ int close_app_range(unsigned lo, unsigned hi, int flags) {
 
 }  // namespace
 
-void rdmakit::preload::forget_stale(int fd) {
-  (void)remove_conn(fd);
+namespace {
+
+// The library lets go of what it holds for fd, as the application lets go
+// of the number: by close() (close_number), or behind the library's back
+// (libuv closes with a raw system call), found when the number comes back
+// or by the audit (hook.hpp).
+int let_go(int fd, bool close_number) {
+  if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
+    // A connect()ed pending connection withdraws its offer after its kernel
+    // socket closed: a server that takes the offer up meanwhile sees the end
+    // of stream too (a client that closed before using the connection).
+    std::shared_ptr<Pending> pending = pending_of(fd);
+    auto c = remove_conn(fd);
+    if (c && !c->stream && c.use_count() == 1) give_back(*c);  // its last relayed copy
+    const int r = close_number ? real().close(fd) : 0;
+    const int saved = errno;
+    // Last alias: the stream closes (queued data still delivered), unless
+    // another process still holds the connection (relay.hpp).
+    release_conn(c);
+    c.reset();
+    pending.reset();
+    errno = saved;
+    return r;
+  }
   if (is_listener(fd)) remove_listener(fd);
   forget_epoll(fd);
   stats::forget_fd(fd);
+  return close_number ? real().close(fd) : 0;
 }
+
+}  // namespace
+
+void rdmakit::preload::forget_stale(int fd) { (void)let_go(fd, false); }
 
 namespace {
 
@@ -262,37 +290,44 @@ EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
   return accept_hook(fd, addr, len, 0, CALLER);
 }
 
-EXPORT int close(int fd) {
-  if (library_fd(fd) && !internal_caller(CALLER)) return refuse_library_close(fd);
+namespace {
+
+int close_from(int fd, const void* caller) {
+  if (library_fd(fd) && !internal_caller(caller)) return refuse_library_close(fd);
   settle_before_close(fd);
-  if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
-    // A connect()ed pending connection withdraws its offer after its kernel
-    // socket closed: a server that takes the offer up meanwhile sees the end
-    // of stream too (a client that closed before using the connection).
-    std::shared_ptr<Pending> pending = pending_of(fd);
-    auto c = remove_conn(fd);
-    if (c && !c->stream && c.use_count() == 1) give_back(*c);  // its last relayed copy
-    const int r = real().close(fd);
-    const int saved = errno;
-    // Last alias: the stream closes (queued data still delivered), unless
-    // another process still holds the connection (relay.hpp).
-    release_conn(c);
-    c.reset();
-    pending.reset();
-    errno = saved;
-    return r;
-  }
-  if (is_listener(fd)) remove_listener(fd);
-  forget_epoll(fd);
-  stats::forget_fd(fd);
-  return real().close(fd);
+  return let_go(fd, true);
 }
 
-EXPORT int close_range(unsigned first, unsigned last, int flags) {
-  if (internal_caller(CALLER) || (flags & CLOSE_RANGE_CLOEXEC) != 0 || first > last) {
+int close_range_from(unsigned first, unsigned last, int flags, const void* caller) {
+  if (internal_caller(caller) || (flags & CLOSE_RANGE_CLOEXEC) != 0 || first > last) {
     return real().close_range(first, last, flags);
   }
   return for_each_app_range(first, last, close_app_range, flags);
+}
+
+}  // namespace
+
+EXPORT int close(int fd) { return close_from(fd, CALLER); }
+
+EXPORT int close_range(unsigned first, unsigned last, int flags) {
+  return close_range_from(first, last, flags, CALLER);
+}
+
+// libuv (node) closes with syscall(SYS_close, fd), to avoid a cancellation
+// point: those closes are the application's too. Every other number goes
+// to the kernel unchanged.
+EXPORT long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);  // as many as any system call takes
+  va_end(ap);
+  if (number == SYS_close) return close_from(static_cast<int>(a[0]), CALLER);
+  if (number == SYS_close_range) {
+    return close_range_from(static_cast<unsigned>(a[0]), static_cast<unsigned>(a[1]),
+                            static_cast<int>(a[2]), CALLER);
+  }
+  return forward_syscall(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 // glibc's closefrom calls the system call itself: interposed, so that it

@@ -373,6 +373,10 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
   // first use), as find_conn does.
   uintptr_t now = fd_word(fd);
   std::shared_ptr<Conn> settled;
+  // Taking a connection out of a set is no use of it (libuv does so just
+  // before it closes a connection it handed to another process): the
+  // registration of an unsettled one is the kernel's.
+  if (now < kConnWord && op == EPOLL_CTL_DEL) return false;
   if (now < kConnWord) {
     settled = find_conn(fd, ev != nullptr && (ev->events & (EPOLLIN | EPOLLPRI)) != 0);
     now = reinterpret_cast<uintptr_t>(settled.get());

@@ -78,6 +78,7 @@ void resolve_libc() noexcept {
   bind(l.execvpe, "execvpe");
   bind(l.fexecve, "fexecve");
   bind(l.poll, "poll");
+  bind(l.syscall, "syscall");
   bind(l.epoll_wait, "epoll_wait");
   bind(l.select, "select");
   bind(l.epoll_ctl, "epoll_ctl");
@@ -89,6 +90,12 @@ void resolve_libc() noexcept {
   bind(l.ppoll_chk, "__ppoll_chk");
   bind(l.read, "read");  // last: real() treats a set read as "resolved"
   libc = l;
+}
+
+long forward_syscall(long n, long a1, long a2, long a3, long a4, long a5,
+                     long a6) noexcept {
+  if (libc.syscall == nullptr) return raw_syscall(n, a1, a2, a3, a4, a5, a6);
+  return libc.syscall(n, a1, a2, a3, a4, a5, a6);
 }
 
 }  // namespace rdmakit::preload

@@ -3,6 +3,7 @@
 // resolved once when the library loads so the pass-through path for
 // non-socket fds is a table load and an indirect call: no lock, no malloc,
 // async-signal-safe.
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
@@ -77,14 +78,55 @@ struct Libc {
                       const sigset_t*);  // or null
   int (*poll_chk)(pollfd*, nfds_t, int, size_t);
   int (*ppoll_chk)(pollfd*, nfds_t, const timespec*, const sigset_t*, size_t);
+  long (*syscall)(long, ...);
 };
+
+// A system call made here, without glibc's syscall() (interposed by
+// conn_hooks.cpp, and needed before dlsym can run): the result, or -1 with
+// errno.
+inline long raw_syscall(long n, long a1, long a2, long a3, long a4, long a5,
+                        long a6) noexcept {
+  long ret = 0;
+#if defined(__x86_64__)
+  register long r10 asm("r10") = a4;
+  register long r8 asm("r8") = a5;
+  register long r9 asm("r9") = a6;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "a"(n), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8), "r"(r9)
+               : "rcx", "r11", "memory");
+#elif defined(__aarch64__)
+  register long x8 asm("x8") = n;
+  register long x0 asm("x0") = a1;
+  register long x1 asm("x1") = a2;
+  register long x2 asm("x2") = a3;
+  register long x3 asm("x3") = a4;
+  register long x4 asm("x4") = a5;
+  register long x5 asm("x5") = a6;
+  asm volatile("svc 0"
+               : "+r"(x0)
+               : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+               : "memory", "cc");
+  ret = x0;
+#else
+#error "raw_syscall: add this architecture's system call convention"
+#endif
+  if (ret < 0 && ret > -4096) {
+    errno = static_cast<int>(-ret);
+    return -1;
+  }
+  return ret;
+}
 
 // The prlimit system call itself: the limit hooks run before this table is
 // resolved (a sanitizer runtime reads the limits while it starts, when
 // dlsym cannot run yet). 0, or -1 with errno.
 inline int sys_prlimit(pid_t pid, int resource, const rlimit* want,
                        rlimit* old) noexcept {
-  return static_cast<int>(syscall(SYS_prlimit64, pid, resource, want, old));
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): system call arguments
+  return static_cast<int>(raw_syscall(SYS_prlimit64, pid, resource,
+                                      reinterpret_cast<long>(want),
+                                      reinterpret_cast<long>(old), 0, 0));
 }
 inline int sys_getrlimit(int resource, rlimit* lim) noexcept {
   return sys_prlimit(0, resource, nullptr, lim);
@@ -92,6 +134,11 @@ inline int sys_getrlimit(int resource, rlimit* lim) noexcept {
 inline int sys_setrlimit(int resource, const rlimit* lim) noexcept {
   return sys_prlimit(0, resource, lim, nullptr);
 }
+
+// glibc's syscall() (its errno handling), or the raw call before the table
+// is resolved.
+long forward_syscall(long n, long a1, long a2, long a3, long a4, long a5,
+                     long a6) noexcept;
 
 // Filled by resolve_libc() (library constructor; also called by a hook that
 // runs before it, e.g. from another library's constructor).
