@@ -11,6 +11,14 @@
 #   haproxy      haproxy (threads) in front of nginx (master + workers);
 #                curl downloads through it
 #   node         node's http server and a node client (keep-alive agent)
+#   node-cluster node's cluster module, round robin: the primary accepts and
+#                hands each connection to a worker over its IPC channel; GETs
+#                and POSTs verified, the workers adopt every connection, and
+#                the server is idle once its clients are done
+#   node-destroy a node server that destroys each connection after its
+#                answer (libuv closes with syscall()) and then reads a file,
+#                which may get the connection's number: the client sees the
+#                end, the file its own bytes
 #   python-http  python3 -m http.server (a thread per connection) + urllib
 #   mosquitto    mosquitto, mosquitto_sub and mosquitto_pub (QoS 1)
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
@@ -298,6 +306,126 @@ JS
       fail "node client: $(cat "$work/client.out")"
     expect_shm 4 4
     echo "OK node: $(cat "$work/client.out") over 4 shm connections"
+    ;;
+  node-cluster)
+    need node
+    port=$(free_port)
+    cat >"$work/server.js" <<'JS'
+const cluster = require('cluster'), http = require('http'), crypto = require('crypto');
+if (cluster.isPrimary) {
+  cluster.schedulingPolicy = cluster.SCHED_RR;
+  for (let i = 0; i < 2; i++) cluster.fork();
+} else {
+  const big = crypto.randomBytes(2e6);
+  const sha = crypto.createHash('sha256').update(big).digest('hex');
+  http.createServer((req, res) => {
+    const h = crypto.createHash('sha256'); let n = 0;
+    req.on('data', d => { h.update(d); n += d.length; });
+    req.on('end', () => {
+      if (req.method === 'POST') return res.end(JSON.stringify({ n, sha: h.digest('hex') }));
+      res.setHeader('x-sha', sha);
+      res.end(big);
+    });
+  }).listen(+process.argv[2], '127.0.0.1');
+}
+JS
+    cat >"$work/client.js" <<'JS'
+const http = require('http'), crypto = require('crypto');
+const port = +process.argv[2], count = +process.argv[3];
+const sha = b => crypto.createHash('sha256').update(b).digest('hex');
+function req(method, body) {
+  return new Promise((ok, ko) => {
+    const r = http.request({ host: '127.0.0.1', port, method, path: '/', agent: false }, res => {
+      const parts = []; res.on('data', d => parts.push(d));
+      res.on('end', () => ok({ headers: res.headers, body: Buffer.concat(parts) }));
+    });
+    r.setTimeout(10000, () => r.destroy(new Error('no answer within 10 s')));
+    r.on('error', ko); r.end(body);
+  });
+}
+(async () => {
+  for (let i = 0; i < count; i++) {
+    if (i % 2) {
+      const up = crypto.randomBytes(3e6);
+      const r = JSON.parse((await req('POST', up)).body);
+      if (r.n !== up.length || r.sha !== sha(up)) throw new Error('upload ' + i + ' differs');
+    } else {
+      const r = await req('GET');
+      if (r.body.length !== 2e6 || sha(r.body) !== r.headers['x-sha'])
+        throw new Error('download ' + i + ' differs');
+    }
+  }
+  console.log(count + ' requests');
+})().catch(e => { console.error(e.message); process.exit(1); });
+JS
+    bg node "$work/server.js" "$port" >"$work/node.out" 2>&1
+    wait_listen "$port"
+    primary=$(ss -ltnpH "sport = :$port" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+    [ -n "$primary" ] || fail "no pid listens on $port"
+    sleep 1  # the workers are up
+    for round in 1 2; do
+      "${pre[@]}" timeout 60 node "$work/client.js" "$port" 8 >"$work/client.out" 2>&1 ||
+        fail "node client, round $round: $(cat "$work/client.out")"
+      sleep 0.5
+      fds[$round]=$(for w in $(pgrep -P "$primary"); do ls "/proc/$w/fd"; done | wc -l)
+    done
+    expect_shm 16 16
+    [ "$(count "\[$primary node\]: accept")" = 0 ] ||
+      fail "the primary settled connections it handed on: $(grep "\[$primary node\]" "$log")"
+    # Every connection's descriptors went with it: the second round left
+    # what the first did.
+    [ "${fds[2]}" -le $((fds[1] + 2)) ] || fail "worker descriptors grew: ${fds[1]} then ${fds[2]}"
+    # Idle once the clients are done: no loop on a closed connection's events.
+    ticks() { for p in "$primary" $(pgrep -P "$primary"); do cut -d' ' -f14,15 "/proc/$p/stat"; done |
+      awk '{t += $1 + $2} END {print t}'; }
+    t0=$(ticks); sleep 1; t1=$(ticks)
+    [ $((t1 - t0)) -le 20 ] || fail "server busy while idle: $((t1 - t0)) ticks in 1 s"
+    echo "OK node-cluster: 16 requests (2-3 MB each) through 2 workers over 16 shm connections"
+    ;;
+  node-destroy)
+    need node
+    port=$(free_port)
+    head -c 30000 /dev/urandom >"$work/file"
+    cat >"$work/server.js" <<'JS'
+const net = require('net'), fs = require('fs'), crypto = require('crypto');
+const [port, file] = [+process.argv[2], process.argv[3]];
+const sha = b => crypto.createHash('sha256').update(b).digest('hex');
+const want = sha(fs.readFileSync(file));
+net.createServer(s => {
+  s.once('data', () => s.write('answer\n', () => {
+    s.destroy();
+    setTimeout(() => {
+      const fd = fs.openSync(file, 'r'), buf = Buffer.alloc(65536);
+      const n = fs.readSync(fd, buf, 0, buf.length, null);
+      fs.closeSync(fd);
+      console.log(`fd ${fd}: ${sha(buf.subarray(0, n)) === want ? 'same' : 'DIFFERENT'}`);
+    }, 50);
+  }));
+}).listen(port, '127.0.0.1');
+JS
+    cat >"$work/client.py" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(10)
+s.sendall(b"question\n")
+got = b""
+while True:
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+assert got == b"answer\n", got
+PY
+    bg node "$work/server.js" "$port" "$work/file" >"$work/node.out" 2>&1
+    wait_listen "$port"
+    for i in 1 2 3 4 5; do
+      "${pre[@]}" timeout 20 python3 "$work/client.py" "$port" || fail "client $i: no answer or no end"
+      sleep 0.2
+    done
+    sleep 0.3
+    [ "$(grep -c ': same' "$work/node.out")" = 5 ] || fail "server's file reads: $(cat "$work/node.out")"
+    expect_shm 5 5
+    echo "OK node-destroy: 5 connections ended by the server, its file reads intact"
     ;;
   python-http)
     mkdir "$work/www"
