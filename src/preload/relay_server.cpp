@@ -80,6 +80,7 @@ struct Relay {
   std::unique_ptr<char[]> down{new char[kBuf]};  // stream -> asker
   size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
   bool asker_eof = false;   // the asker shut down writing
+  bool asker_shut = false;  // it said so ('h'): its end of stream is a shutdown
   bool asker_gone = false;  // every copy of the asker's end is closed
   bool stream_eof = false;
   bool dead = false;
@@ -161,8 +162,12 @@ class Server {
         if (!r->stream_eof && r->down_len == 0 && !r->down_stopped) st_ev |= POLLIN;
         if (r->up_len > r->up_off) st_ev |= POLLOUT;
         if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
-        p.push_back({r->so, so_ev, 0});
-        p.push_back({r->conn->stream->fd(), st_ev, 0});
+        // Polled with no events, an end that hung up would wake this loop at
+        // once, again and again: only the asker's end is, and only while its
+        // hang-up is news (it shut down writing; its close ends the relay).
+        const bool watch_hangup = r->asker_eof && !r->asker_gone && !r->stream_eof;
+        p.push_back({so_ev != 0 || watch_hangup ? r->so : -1, so_ev, 0});
+        p.push_back({st_ev != 0 ? r->conn->stream->fd() : -1, st_ev, 0});
         // After 'S' what follows on the wake channel ('G' + count, then its
         // end) is take_back's: polled here, it would wake this loop at once.
         p.push_back({r->down_stopped ? -1 : r->wake, POLLIN, 0});
@@ -172,7 +177,9 @@ class Server {
       for (size_t i = 0; i < relays_.size() && relays_at + 2 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
         const size_t at = relays_at + 3 * i;
-        if (p[at + 2].revents != 0) read_control(r);
+        // Control first: an 'h' is written before the end of stream it explains.
+        if (p[at + 2].revents != 0 || (p[at].revents & (POLLIN | POLLHUP)) != 0)
+          read_control(r);
         if (!r.awake && r.wake_on_bytes && (p[at].revents & POLLIN) != 0) r.awake = true;
         pump(r, p[at].revents);
       }
@@ -300,7 +307,8 @@ class Server {
     }
   }
 
-  // The wake channel carries the asker's control bytes: 'w', it reads now
+  // The wake channel carries the asker's control bytes: 'h', it shut down
+  // writing (what it wrote before is all on the relay socket); 'w', it reads now
   // (a dormant relay starts delivering; its own writes never start it, nor
   // does its end closing: the owner's incoming bytes stay the owner's); 'S',
   // it lets go and will give back what it has not read, so nothing more
@@ -308,6 +316,11 @@ class Server {
   // At its end (the asker exec'd, its copy closed) the channel is dropped.
   static void read_control(Relay& r) {
     std::lock_guard lock(r.mu);
+    read_control_locked(r);
+  }
+
+  // r.mu held.
+  static void read_control_locked(Relay& r) {
     char b = 0;
     while (!r.down_stopped && r.wake >= 0) {
       const ssize_t n = real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK);
@@ -316,10 +329,10 @@ class Server {
         r.wake = -1;
         return;
       }
-      if (n != 1 || (b != 'w' && b != 'S')) return;
+      if (n != 1 || (b != 'w' && b != 'S' && b != 'h')) return;
       (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
-      if (b == 'w') {
-        r.awake = true;
+      if (b == 'w' || b == 'h') {
+        (b == 'w' ? r.awake : r.asker_shut) = true;
         continue;
       }
       r.down_stopped = true;
@@ -354,7 +367,7 @@ class Server {
       }
       size_t i = 0;
       while (i < raw.size()) {
-        if (raw[i] == 'w' || raw[i] == 'S') {
+        if (raw[i] == 'w' || raw[i] == 'S' || raw[i] == 'h') {
           ++i;
           continue;
         }
@@ -388,12 +401,15 @@ class Server {
         r.up_off = 0;
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
         r.asker_eof = true;
-        // A shutdown(SHUT_WR) of the asker's copy leaves its read side open
-        // (no POLLHUP): that is a half close of the connection. A close is
-        // not: other copies of the connection may still write.
-        r.asker_gone = (so_rev & POLLHUP) != 0 || n < 0;
+        // A shutdown(SHUT_WR) of the asker's copy is a half close of the
+        // connection: said with 'h', or seen as its read side left open (no
+        // POLLHUP). A close is not: other copies may still write.
+        r.asker_gone = !r.asker_shut && ((so_rev & POLLHUP) != 0 || n < 0);
         if (!r.asker_gone) (void)st.shutdown(SHUT_WR);
       }
+    } else if (r.asker_eof && !r.asker_gone && !r.stream_eof &&
+               (so_rev & (POLLHUP | POLLERR)) != 0) {
+      r.asker_gone = true;  // it had shut down writing, and now closed too
     }
     if (r.up_len > r.up_off) {
       const ssize_t w =
@@ -473,6 +489,9 @@ class Server {
       pollfd p{r->so, POLLIN, 0};
       if (real().poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) != 0) {
         push_written(*r);  // its last bytes first (written before it went)
+        // Its end of stream after an 'h' is a shutdown of the connection.
+        read_control_locked(*r);
+        if (!r->asker_eof && r->asker_shut) (void)r->conn->stream->shutdown(SHUT_WR);
         r->asker_eof = r->asker_gone = true;
         take_back(*r);
         r->dead = true;

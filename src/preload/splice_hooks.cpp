@@ -153,7 +153,7 @@ EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t l
       in,
       [=](Conn& c) {
         // A stream at both ends: neither is a pipe.
-        if (on_conn(
+        if (on_conn<Use::kWrite>(
                 out, [](Conn&) { return true; }, [] { return false; })) {
           errno = EINVAL;
           return ssize_t{-1};
@@ -161,7 +161,8 @@ EXPORT ssize_t splice(int in, loff_t* off_in, int out, loff_t* off_out, size_t l
         return splice_stream(c, true, in, off_in, out, off_out, len, flags);
       },
       [=] {
-        return on_conn(
+        // Into the connection: a write, which never starts a dormant relay.
+        return on_conn<Use::kWrite>(
             out,
             [=](Conn& c) {
               return splice_stream(c, false, in, off_in, out, off_out, len, flags);

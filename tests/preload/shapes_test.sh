@@ -6,7 +6,9 @@
 # exec-plain-after-use, scm-rights, signals, client-child-first,
 # client-parent-first (the client forks after its connect: client.py),
 # close-all-from, close-all-range, close-all-loop (the server closes every
-# descriptor it does not know of; run at a soft limit of 1024, as usual).
+# descriptor it does not know of; run at a soft limit of 1024, as usual),
+# child-answers (a child writes the answer, shuts down writing and exits; the
+# parent, which read the request, holds its copy until the client closes).
 # Every connection's bytes are checked (digest and echo), and the log must
 # show how each one was carried: adopted (path=shm) by the process that
 # serves it, or relayed through the process that carries it (path=relay).
@@ -78,7 +80,7 @@ servers=$(grep -oE '^[a-z]+:[0-9]+' "$work/c.out" | sort -u)
 for who in $servers; do
   pid=${who#*:} role=${who%%:*}
   case $shape in
-    fork-after-use|exec-after-use|exec-plain-after-use)  # the parent read first: it carries, the child relays
+    fork-after-use|exec-after-use|exec-plain-after-use|child-answers)  # the parent read first: it carries, the child relays
       grep -qE "^rdmakit-preload\[$pid [^]]*\]: (use|inherited|fork) fd=[0-9]+ .*path=relay owner=[0-9]+" "$log" ||
         fail "$role $pid did not relay"
       ;;

@@ -42,6 +42,7 @@ for i in range(conns):
     if back != data:
         raise SystemExit("connection %d: echo differs (%d bytes back)" % (i, len(back)))
     rest = f.read().decode().strip()
+    f.close(); s.close()  # before the next connect: a server may wait for this end
     if split:
         os.write(parent_w, b"x"); os.close(parent_w); os.close(parent_r)
         os.waitpid(child, 0)

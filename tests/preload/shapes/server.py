@@ -148,6 +148,23 @@ for i in range(conns):
                 os.execve(sys.executable, argv, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
             os.execvp(sys.executable, argv)
         c.close(); os.waitpid(pid, 0)
+    elif shape == "child-answers":
+        # The parent reads the request; a forked child writes the answer,
+        # shuts down writing and exits at once, while the parent keeps its
+        # copy open until the client, told the end, closes.
+        n = struct.unpack("!I", exact(c, 4))[0]
+        data = exact(c, n)
+        pid = os.fork()
+        if pid == 0:
+            ls.close()
+            c.sendall(hashlib.sha256(data).hexdigest().encode() + b" child:%d\n" % os.getpid())
+            c.sendall(data)
+            c.shutdown(socket.SHUT_WR)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if c.recv(1) != b"":
+            raise SystemExit("the client wrote after its request")
+        c.close()
     elif shape == "scm-rights":
         socket.send_fds(a, [b"x"], [c.fileno()]); c.close()
     elif shape == "signals":  # a child whose first use is interrupted by signals
