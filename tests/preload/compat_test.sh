@@ -19,6 +19,9 @@
 #                answer (libuv closes with syscall()) and then reads a file,
 #                which may get the connection's number: the client sees the
 #                end, the file its own bytes
+#   redis-replica  a redis master and its replica: diskless full sync (the
+#                master forks a child that streams the snapshot through it),
+#                then live replication of later writes
 #   python-http  python3 -m http.server (a thread per connection) + urllib
 #   mosquitto    mosquitto, mosquitto_sub and mosquitto_pub (QoS 1)
 #   lighttpd     lighttpd (one event loop) with curl and ab -k
@@ -426,6 +429,43 @@ PY
     [ "$(grep -c ': same' "$work/node.out")" = 5 ] || fail "server's file reads: $(cat "$work/node.out")"
     expect_shm 5 5
     echo "OK node-destroy: 5 connections ended by the server, its file reads intact"
+    ;;
+  redis-replica)
+    need redis-server; need redis-cli
+    master=$(free_port) replica=$(free_port)
+    mkdir "$work/m" "$work/r"
+    common=(--save "" --appendonly no --daemonize no --bind 127.0.0.1 --protected-mode no)
+    bg redis-server --port "$master" --dir "$work/m" "${common[@]}" \
+      --repl-diskless-sync yes --repl-diskless-sync-delay 0 >"$work/m.out" 2>&1
+    wait_listen "$master"
+    python3 -c '
+for i in range(100000): print(f"SET k{i} {i * 7919 % 1000003}-" + "v" * 80)' |
+      "${pre[@]}" timeout 30 redis-cli -p "$master" --pipe >"$work/pipe.out" 2>&1 ||
+      fail "filling the master: $(cat "$work/pipe.out")"
+    bg redis-server --port "$replica" --dir "$work/r" "${common[@]}" \
+      --replicaof 127.0.0.1 "$master" >"$work/r.out" 2>&1
+    wait_listen "$replica"
+    rcli() { "${pre[@]}" timeout 10 redis-cli "$@"; }
+    for _ in $(seq 200); do
+      rcli -p "$replica" info replication | grep -q 'master_link_status:up' && break
+      sleep 0.1
+    done
+    rcli -p "$replica" info replication | grep -q 'master_link_status:up' ||
+      fail "the replica never synced: $(tail -n 5 "$work/r.out")"
+    [ "$(rcli -p "$replica" dbsize)" = 100000 ] || fail "replica holds $(rcli -p "$replica" dbsize) keys"
+    for k in k0 k4242 k99999; do
+      [ "$(rcli -p "$replica" get $k)" = "$(rcli -p "$master" get $k)" ] || fail "key $k differs"
+    done
+    rcli -p "$master" set after-sync yes >/dev/null
+    for _ in $(seq 100); do [ "$(rcli -p "$replica" get after-sync)" = yes ] && break; sleep 0.05; done
+    [ "$(rcli -p "$replica" get after-sync)" = yes ] || fail "a write after the sync did not replicate"
+    grep -q "Diskless rdb transfer" "$work/m.out" || fail "no diskless transfer: $(tail -n 5 "$work/m.out")"
+    # The replica's link to its master, and every redis-cli, on shm.
+    [ "$(count 'connect fd=[0-9]+ local=127.0.0.1:[0-9]+ peer=127.0.0.1:'"$master"' path=shm')" -ge 2 ] ||
+      fail "the replica's link is not on shm"
+    [ "$(count 'path=kernel|path=none')" = 0 ] ||
+      fail "connections off the fast path: $(grep -E 'path=kernel|path=none' "$log")"
+    echo "OK redis-replica: 100,000 keys by diskless sync, then live replication, on shm"
     ;;
   python-http)
     mkdir "$work/www"
