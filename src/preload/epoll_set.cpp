@@ -414,6 +414,15 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
       set_user(*s, *u, true, ev->events, ev->data);
     } else if (op == EPOLL_CTL_DEL && u->in_user) {
       set_user(*s, *u, false, 0, {});
+      // Out of the kernel's set now, while the number still names the file:
+      // a close follows (libuv deletes, then closes), and if the library
+      // keeps the readiness socket open (a parked or relayed connection) the
+      // registration would outlive the number, reporting events no DEL can
+      // remove.
+      if (u->in_kernel) {
+        (void)real().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+        set_kernel(*s, *u, false, 0, 0);
+      }
     } else if (op == EPOLL_CTL_MOD || op == EPOLL_CTL_DEL) {
       r = ENOENT;
     } else {

@@ -2,7 +2,7 @@
 # (compat_test.sh; docs/preload.md, "Compatibility"). Each case checks the bytes
 # that moved and that every connection took the shm path at both ends.
 set(compat_cases socat socat-proxy nc memcached haproxy node node-cluster node-destroy
-                 redis-replica python-http mosquitto lighttpd
+                 node-handoff redis-replica python-http mosquitto lighttpd
                  mariadb rsyncd git-daemon socket-activate socat-stdio)
 if(RDMAKIT_SANITIZE MATCHES "address")
   # curl hangs with the ASan runtime preloaded into it even without this

@@ -19,6 +19,10 @@
 #                answer (libuv closes with syscall()) and then reads a file,
 #                which may get the connection's number: the client sees the
 #                end, the file its own bytes
+#   node-handoff a node server reads each connection's first bytes, then
+#                hands the socket to a child process (child_process.fork,
+#                IPC) that answers; the parent closes its copy and must
+#                then be idle
 #   redis-replica  a redis master and its replica: diskless full sync (the
 #                master forks a child that streams the snapshot through it),
 #                then live replication of later writes
@@ -429,6 +433,57 @@ PY
     [ "$(grep -c ': same' "$work/node.out")" = 5 ] || fail "server's file reads: $(cat "$work/node.out")"
     expect_shm 5 5
     echo "OK node-destroy: 5 connections ended by the server, its file reads intact"
+    ;;
+  node-handoff)
+    need node
+    port=$(free_port)
+    cat >"$work/parent.js" <<'JS'
+const { fork } = require('child_process'), net = require('net');
+const child = fork(__dirname + '/child.js');
+let n = 0;
+net.createServer(s => {
+  s.once('data', d => {
+    s.pause();
+    child.send({ first: d.toString() }, s, { keepOpen: false });
+    if (++n === 5) setTimeout(() => {
+      const u = process.cpuUsage();
+      setTimeout(() => {
+        const v = process.cpuUsage(u);
+        console.log(`idle cpu ${Math.round((v.user + v.system) / 1000)} ms`);
+        child.kill(); process.exit(0);
+      }, 1000);
+    }, 1000);
+  });
+}).listen(+process.argv[2], '127.0.0.1');
+JS
+    cat >"$work/child.js" <<'JS'
+process.on('message', (m, s) => s.end('got ' + m.first.trim() + ' from ' + process.pid + '\n'));
+JS
+    cat >"$work/client.py" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(10)
+s.sendall(b"hello %s\n" % sys.argv[2].encode())
+got = b""
+while True:
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+assert got.startswith(b"got hello %s from " % sys.argv[2].encode()), got
+PY
+    "${pre[@]}" timeout 60 node "$work/parent.js" "$port" >"$work/node.out" 2>&1 & srv=$!; pids+=($srv)
+    wait_listen "$port"
+    for i in 1 2 3 4 5; do
+      "${pre[@]}" timeout 20 python3 "$work/client.py" "$port" "$i" || fail "client $i"
+    done
+    wait "$srv" || fail "server: $(cat "$work/node.out")"
+    ms=$(sed -n 's/^idle cpu \([0-9]*\) ms$/\1/p' "$work/node.out")
+    [ -n "$ms" ] && [ "$ms" -le 200 ] || fail "the parent was busy while idle: $(cat "$work/node.out")"
+    [ "$(count 'inherited fd=[0-9]+ .*path=relay owner=[0-9]+')" = 5 ] ||
+      fail "expected 5 connections relayed to the child"
+    expect_shm 5 5
+    echo "OK node-handoff: 5 connections handed to a child after a first read, parent idle (${ms} ms in 1 s)"
     ;;
   redis-replica)
     need redis-server; need redis-cli
