@@ -46,6 +46,7 @@
 # are checked against what was sent.
 set -euo pipefail
 case_name=$1 run=$(realpath "$2") lib=$(realpath "$3")
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/rdmakit-compat.XXXXXX)
 pids=()
 cleanup() {
@@ -410,23 +411,12 @@ net.createServer(s => {
   }));
 }).listen(port, '127.0.0.1');
 JS
-    cat >"$work/client.py" <<'PY'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.settimeout(10)
-s.sendall(b"question\n")
-got = b""
-while True:
-    b = s.recv(100)
-    if not b:
-        break
-    got += b
-assert got == b"answer\n", got
-PY
     bg node "$work/server.js" "$port" "$work/file" >"$work/node.out" 2>&1
     wait_listen "$port"
     for i in 1 2 3 4 5; do
-      "${pre[@]}" timeout 20 python3 "$work/client.py" "$port" || fail "client $i: no answer or no end"
+      got=$("${pre[@]}" timeout 20 python3 "$here/ask.py" "$port" question) ||
+        fail "client $i: no answer or no end"
+      [ "$got" = answer ] || fail "client $i: answer '$got'"
       sleep 0.2
     done
     sleep 0.3
@@ -459,23 +449,11 @@ JS
     cat >"$work/child.js" <<'JS'
 process.on('message', (m, s) => s.end('got ' + m.first.trim() + ' from ' + process.pid + '\n'));
 JS
-    cat >"$work/client.py" <<'PY'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.settimeout(10)
-s.sendall(b"hello %s\n" % sys.argv[2].encode())
-got = b""
-while True:
-    b = s.recv(100)
-    if not b:
-        break
-    got += b
-assert got.startswith(b"got hello %s from " % sys.argv[2].encode()), got
-PY
     "${pre[@]}" timeout 60 node "$work/parent.js" "$port" >"$work/node.out" 2>&1 & srv=$!; pids+=($srv)
     wait_listen "$port"
     for i in 1 2 3 4 5; do
-      "${pre[@]}" timeout 20 python3 "$work/client.py" "$port" "$i" || fail "client $i"
+      got=$("${pre[@]}" timeout 20 python3 "$here/ask.py" "$port" "hello $i") || fail "client $i"
+      [[ "$got" == "got hello $i from "* ]] || fail "client $i: answer '$got'"
     done
     wait "$srv" || fail "server: $(cat "$work/node.out")"
     ms=$(sed -n 's/^idle cpu \([0-9]*\) ms$/\1/p' "$work/node.out")
