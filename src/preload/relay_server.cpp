@@ -25,89 +25,18 @@
 #include "process.hpp"
 #include "relay.hpp"
 #include "relay_holders.hpp"
+#include "relay_pump.hpp"
 #include "relay_wire.hpp"
 #include "state.hpp"
 
-// The owner side of relays (relay.hpp): the relay server thread, its
-// pumps, and the connections it keeps open for other processes.
+// The owner side of relays (relay.hpp): the relay server thread, which
+// grants relays and runs their pumps (relay_pump.hpp), and the connections it
+// keeps open for other processes.
 namespace rdmakit::preload {
 
 namespace {
 
 using namespace relay_wire;  // NOLINT(google-build-using-namespace)
-
-std::atomic<int> g_relay_count{0};  // relays this process serves
-
-struct Relay {
-  std::mutex mu;  // the pumping (server thread) vs flush and reclaim (owner's threads)
-  bool taken_back = false;
-  // The last kHistory bytes sent to the asker (a ring; made on first send).
-  std::unique_ptr<char[]> history;
-  uint64_t sent = 0;
-  void remember(const char* p, size_t n) {
-    if (!history) history.reset(new char[kHistory]);
-    for (size_t done = 0; done < n;) {
-      const size_t at = (sent + done) % kHistory;
-      const size_t k = std::min(n - done, kHistory - at);
-      std::memcpy(history.get() + at, p + done, k);
-      done += k;
-    }
-    sent += n;
-  }
-  // The last n bytes sent; false when more than were kept.
-  bool last_sent(uint64_t n, std::string* out) const {
-    if (n > sent || n > kHistory || !history) return n == 0;
-    out->resize(n);
-    for (uint64_t done = 0; done < n;) {
-      const size_t at = (sent - n + done) % kHistory;
-      const size_t k = std::min<size_t>(n - done, kHistory - at);
-      std::memcpy(out->data() + done, history.get() + at, k);
-      done += k;
-    }
-    return true;
-  }
-  bool down_stopped = false;  // the asker is letting go: send it nothing more
-  std::shared_ptr<Conn> conn;
-  int so = -1;    // the owner's end of the pair
-  int wake = -1;  // dormant: the asker writes a byte here when it first uses it
-  bool awake = true;
-  // Asked for again by an exec'd image: one that reads through stdio (no
-  // hook sees it) starts delivery by writing, as before its exec.
-  bool wake_on_bytes = false;
-  dev_t given_dev = 0;
-  ino_t given_ino = 0;  // the end given away (an exec'd image asks with it)
-  std::unique_ptr<char[]> up{new char[kBuf]};    // asker -> stream
-  std::unique_ptr<char[]> down{new char[kBuf]};  // stream -> asker
-  size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
-  bool asker_eof = false;   // the asker shut down writing
-  bool asker_shut = false;  // it said so ('h'): its end of stream is a shutdown
-  bool asker_gone = false;  // every copy of the asker's end is closed
-  bool stream_eof = false;
-  bool dead = false;
-  ~Relay() {
-    if (so >= 0) real().close(so);
-    if (wake >= 0) real().close(wake);
-    if (conn) {
-      conn->relay_ended();
-      g_relay_count.fetch_sub(1, std::memory_order_acq_rel);
-    }
-  }
-};
-
-// The connection's next bytes: given-back ones first, then the stream's.
-ssize_t read_conn(Conn& c, char* buf, size_t len) {
-  if (c.has_pushback()) {
-    std::lock_guard lock(c.pushback_mu);
-    const size_t n = std::min(len, c.pushback.size());
-    if (n > 0) {
-      c.pushback.copy(buf, n);
-      c.pushback.erase(0, n);
-      if (c.pushback.empty() && c.mark_pushback(false)) count_pushback(-1);
-      return static_cast<ssize_t>(n);
-    }
-  }
-  return c.stream->read(buf, len, stream::Stream::kDontWait);
-}
 
 class Server {
  public:
@@ -155,22 +84,7 @@ class Server {
       for (const auto& w : waiting_) p.push_back({w.fd, POLLIN, 0});
       const size_t relays_at = p.size();
       for (auto& r : relays_) {
-        short so_ev = 0;
-        short st_ev = 0;
-        if (!r->asker_eof && r->up_len == 0) so_ev |= POLLIN;
-        if (r->down_len > r->down_off && !r->down_stopped) so_ev |= POLLOUT;
-        if (!r->stream_eof && r->down_len == 0 && !r->down_stopped) st_ev |= POLLIN;
-        if (r->up_len > r->up_off) st_ev |= POLLOUT;
-        if (!r->awake) st_ev = static_cast<short>(st_ev & ~POLLIN);
-        // Polled with no events, an end that hung up would wake this loop at
-        // once, again and again: only the asker's end is, and only while its
-        // hang-up is news (it shut down writing; its close ends the relay).
-        const bool watch_hangup = r->asker_eof && !r->asker_gone && !r->stream_eof;
-        p.push_back({so_ev != 0 || watch_hangup ? r->so : -1, so_ev, 0});
-        p.push_back({st_ev != 0 ? r->conn->stream->fd() : -1, st_ev, 0});
-        // After 'S' what follows on the wake channel ('G' + count, then its
-        // end) is take_back's: polled here, it would wake this loop at once.
-        p.push_back({r->down_stopped ? -1 : r->wake, POLLIN, 0});
+        add_poll_entries(*r, &p);
       }
       if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
       // Relays first (their indexes shift when requests are taken).
@@ -300,150 +214,10 @@ class Server {
     if (sent) {
       r->wake = *keep = s;
       r->awake = !dormant;
-      r->conn->relay_started();
-      g_relay_count.fetch_add(1, std::memory_order_acq_rel);
+      r->start_counting();
       std::lock_guard lock(registry_mu_);
       relays_.push_back(std::move(r));
     }
-  }
-
-  // The wake channel carries the asker's control bytes: 'h', it shut down
-  // writing (what it wrote before is all on the relay socket); 'w', it reads now
-  // (a dormant relay starts delivering; its own writes never start it, nor
-  // does its end closing: the owner's incoming bytes stay the owner's); 'S',
-  // it lets go and will give back what it has not read, so nothing more
-  // goes to it ('A' says so). What follows 'S' ('G' + count) is take_back's.
-  // At its end (the asker exec'd, its copy closed) the channel is dropped.
-  static void read_control(Relay& r) {
-    std::lock_guard lock(r.mu);
-    read_control_locked(r);
-  }
-
-  // r.mu held.
-  static void read_control_locked(Relay& r) {
-    char b = 0;
-    while (!r.down_stopped && r.wake >= 0) {
-      const ssize_t n = real().recv(r.wake, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-        real().close(r.wake);
-        r.wake = -1;
-        return;
-      }
-      if (n != 1 || (b != 'w' && b != 'S' && b != 'h')) return;
-      (void)real().recv(r.wake, &b, 1, MSG_DONTWAIT);
-      if (b == 'w' || b == 'h') {
-        (b == 'w' ? r.awake : r.asker_shut) = true;
-        continue;
-      }
-      r.down_stopped = true;
-      (void)real().send(r.wake, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    }
-  }
-
-  // The asker let go of the connection: what it received and never read,
-  // given back on the wake channel, and what this relay had not yet sent it,
-  // go before the stream's next bytes (as they would stay in a kernel
-  // socket for its next reader).
-  static void take_back(Relay& r) {
-    if (r.taken_back) return;
-    r.taken_back = true;
-    std::string back;
-    if (r.wake >= 0) {
-      // The asker wrote it all before it closed: read to the end (bounded).
-      const auto until =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-      std::string raw;
-      char buf[16384];
-      for (;;) {
-        pollfd w{r.wake, POLLIN, 0};
-        if (real().poll(&w, 1, 20) <= 0) {
-          if (std::chrono::steady_clock::now() > until) break;
-          continue;
-        }
-        const ssize_t n = real().recv(r.wake, buf, sizeof buf, MSG_DONTWAIT);
-        if (n <= 0) break;
-        raw.append(buf, static_cast<size_t>(n));
-        if (raw.size() > 4096) break;  // a few control bytes and one count
-      }
-      size_t i = 0;
-      while (i < raw.size()) {
-        if (raw[i] == 'w' || raw[i] == 'S' || raw[i] == 'h') {
-          ++i;
-          continue;
-        }
-        uint64_t unread = 0;
-        if (raw[i] != 'G' || i + 1 + sizeof unread > raw.size()) break;
-        std::memcpy(&unread, raw.data() + i + 1, sizeof unread);
-        i += 1 + sizeof unread;
-        // The last `unread` bytes sent, from this side's own copy; a count
-        // larger than what was kept is a lie: nothing is taken back.
-        if (!r.last_sent(unread, &back)) back.clear();
-      }
-    }
-    if (r.down_len > r.down_off)
-      back.append(r.down.get() + r.down_off, r.down_len - r.down_off);
-    r.down_len = r.down_off = 0;
-    if (back.empty()) return;
-    Conn& c = *r.conn;
-    std::lock_guard lock(c.pushback_mu);
-    c.pushback.insert(0, back);
-    if (!c.mark_pushback(true)) count_pushback(1);
-  }
-
-  static void pump(Relay& r, short so_rev) {
-    stream::Stream& st = *r.conn->stream;
-    // Asker -> stream.
-    std::lock_guard lock(r.mu);
-    if (!r.asker_eof && r.up_len == 0 && (so_rev & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
-      if (n > 0) {
-        r.up_len = static_cast<size_t>(n);
-        r.up_off = 0;
-      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        r.asker_eof = true;
-        // A shutdown(SHUT_WR) of the asker's copy is a half close of the
-        // connection: said with 'h', or seen as its read side left open (no
-        // POLLHUP). A close is not: other copies may still write.
-        r.asker_gone = !r.asker_shut && ((so_rev & POLLHUP) != 0 || n < 0);
-        if (!r.asker_gone) (void)st.shutdown(SHUT_WR);
-      }
-    } else if (r.asker_eof && !r.asker_gone && !r.stream_eof &&
-               (so_rev & (POLLHUP | POLLERR)) != 0) {
-      r.asker_gone = true;  // it had shut down writing, and now closed too
-    }
-    if (r.up_len > r.up_off) {
-      const ssize_t w =
-          st.write(r.up.get() + r.up_off, r.up_len - r.up_off, stream::Stream::kDontWait);
-      if (w > 0) r.up_off += static_cast<size_t>(w);
-      if (w < 0 && w != -EAGAIN) r.dead = true;  // the stream failed: nothing to carry
-      if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
-    }
-    // Stream -> asker.
-    if (r.awake && !r.down_stopped && !r.stream_eof && r.down_len == 0) {
-      const ssize_t n = read_conn(*r.conn, r.down.get(), kBuf);
-      if (n > 0) {
-        r.down_len = static_cast<size_t>(n);
-        r.down_off = 0;
-      } else if (n == 0 || n != -EAGAIN) {
-        r.stream_eof = true;
-        (void)real().shutdown(r.so, SHUT_WR);
-      }
-    }
-    if (r.down_len > r.down_off && !r.down_stopped) {
-      const ssize_t w = real().send(r.so, r.down.get() + r.down_off,
-                                    r.down_len - r.down_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w > 0) {
-        r.remember(r.down.get() + r.down_off, static_cast<size_t>(w));
-        r.down_off += static_cast<size_t>(w);
-      }
-      if (w < 0 && errno != EAGAIN && errno != EINTR) r.asker_gone = true;
-      if (r.down_off == r.down_len) r.down_len = r.down_off = 0;
-    }
-    if (r.asker_gone && r.up_len == 0) {
-      take_back(r);
-      r.dead = true;
-    }
-    if (r.asker_eof && r.stream_eof && r.up_len == 0 && r.down_len == 0) r.dead = true;
   }
 
  public:
@@ -455,26 +229,6 @@ class Server {
       if (r->conn.get() != &c) continue;
       std::lock_guard up(r->mu);
       push_written(*r);
-    }
-  }
-
-  // r->mu held: every byte the asker has written so far goes into the
-  // stream (blocking on its credit); EOF is left to the server thread.
-  static void push_written(Relay& r) {
-    for (;;) {
-      if (r.up_len > r.up_off) {
-        const ssize_t w =
-            r.conn->stream->write(r.up.get() + r.up_off, r.up_len - r.up_off);
-        if (w <= 0) return;
-        r.up_off += static_cast<size_t>(w);
-        if (r.up_off == r.up_len) r.up_len = r.up_off = 0;
-        continue;
-      }
-      if (r.asker_eof) return;
-      const ssize_t n = real().recv(r.so, r.up.get(), kBuf, MSG_DONTWAIT);
-      if (n <= 0) return;
-      r.up_len = static_cast<size_t>(n);
-      r.up_off = 0;
     }
   }
 
@@ -593,8 +347,6 @@ void forget_relay_server_in_child() {
   g_tried = false;
   new (&g_mu) std::mutex();
 }
-
-bool any_relayed() noexcept { return g_relay_count.load(std::memory_order_acquire) > 0; }
 
 void reclaim_relays(Conn& c) {
   Server* s = nullptr;
