@@ -63,8 +63,8 @@ namespace {
 
 // The library lets go of what it holds for fd, as the application lets go
 // of the number: by close() (close_number), or behind the library's back
-// (libuv closes with a raw system call), found when the number comes back
-// or by the audit (hook.hpp).
+// (a system call the hooks do not see), found when the number comes back
+// (forget_stale).
 int let_go(int fd, bool close_number) {
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     // A connect()ed pending connection withdraws its offer after its kernel

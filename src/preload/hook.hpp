@@ -52,7 +52,8 @@ inline auto on_conn(int fd, Io&& io, Pass&& pass) -> decltype(pass()) {
 }
 
 // A new kernel fd with this number: whatever the tables held for it was
-// closed behind the library's back (fclose, a raw syscall) and is stale.
+// closed behind the library's back (fclose, a raw syscall) and is stale:
+// the library lets go of it as at close().
 void forget_stale(int fd);
 
 }  // namespace rdmakit::preload
