@@ -387,11 +387,9 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
   }
   const int r = real().dup3(oldfd, newfd, flags);
   if (r < 0) return r;
-  // newfd was closed by the kernel: drop what it was, keep the old alias.
-  const std::shared_ptr<Conn> replaced = remove_conn(newfd);
-  if (is_listener(newfd)) remove_listener(newfd);
-  forget_epoll(newfd);
-  stats::forget_fd(newfd);
+  // newfd was closed by the kernel: the library lets go of what it was, as at
+  // its close(), and keeps the old alias.
+  forget_stale(newfd);
   epoll_seen_by_kernel(oldfd);  // an epoll set now also answers under another number
   copy_entry(oldfd, newfd);
   return r;
