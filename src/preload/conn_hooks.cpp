@@ -347,14 +347,11 @@ EXPORT void closefrom(int lowfd) {
 
 EXPORT int shutdown(int fd, int how) {
   // A relayed copy's shutdown is the connection's, as on kernel TCP: its
-  // owner is told before the relay socket's end of stream, which alone
-  // cannot tell a shutdown from a close followed by an exit.
+  // owner is told before the relay socket's end of stream.
   if (how != SHUT_RD) {
     const Entry e = entry_of(fd);
     if (e == Entry::kRelayed || e == Entry::kDormant) {
-      if (auto c = entry_conn(fd)) {
-        if (const int w = c->wake_fd.load(); w >= 0) (void)write_wake(w, "h", 1);
-      }
+      if (auto c = entry_conn(fd)) say_shutdown(*c);
     }
   }
   // A shutdown is no read: it never starts a dormant relay's delivery.

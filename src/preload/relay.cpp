@@ -29,6 +29,10 @@ ssize_t write_wake(int w, const void* buf, size_t len) noexcept {
   return real().write(w, buf, len);
 }
 
+void say_shutdown(Conn& c) noexcept {
+  if (const int w = c.wake_fd.load(); w >= 0) (void)write_wake(w, "h", 1);
+}
+
 void give_back(Conn& c) {
   const int w = c.wake_fd.exchange(-1);
   if (c.relay_fd >= 0 && w >= 0) {

@@ -37,6 +37,10 @@ void release_conn(const std::shared_ptr<Conn>& c);
 // allow no more).
 ssize_t write_wake(int w, const void* buf, size_t len) noexcept;
 
+// A relayed process shut c down for writing: the owner shuts the stream
+// down once it has carried every byte written before (its relay socket's
+// end of stream alone cannot tell this from a close and an exit).
+void say_shutdown(Conn& c) noexcept;
 // A relayed process lets go of c (its last copy closes, or it exits): what
 // arrived and was never read goes back to the owner.
 void give_back(Conn& c);

@@ -165,6 +165,8 @@ void pump(Relay& r, short so_rev) {
       r.up_off = 0;
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
       r.asker_eof = true;
+      // An 'h' is written before the end of stream it explains: read now.
+      if (!r.asker_shut) read_control_locked(r);
       // A shutdown(SHUT_WR) of the asker's copy is a half close of the
       // connection: said with 'h', or seen as its read side left open (no
       // POLLHUP). A close is not: other copies may still write.

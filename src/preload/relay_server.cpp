@@ -91,9 +91,7 @@ class Server {
       for (size_t i = 0; i < relays_.size() && relays_at + 2 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
         const size_t at = relays_at + 3 * i;
-        // Control first: an 'h' is written before the end of stream it explains.
-        if (p[at + 2].revents != 0 || (p[at].revents & (POLLIN | POLLHUP)) != 0)
-          read_control(r);
+        if (p[at + 2].revents != 0) read_control(r);
         if (!r.awake && r.wake_on_bytes && (p[at].revents & POLLIN) != 0) r.awake = true;
         pump(r, p[at].revents);
       }
