@@ -145,6 +145,10 @@ int place_high(int fd) noexcept {
   const int base = g_base.load(std::memory_order_relaxed);
   if (fd < 0 || base == 0) return fd;
   if (fd >= base) {
+    // Library descriptors never reach an exec'd image, whatever flags the
+    // call that made this one took (the low branch's F_DUPFD_CLOEXEC says
+    // the same).
+    (void)real().fcntl(fd, F_SETFD, FD_CLOEXEC);
     own(fd);
     return fd;
   }

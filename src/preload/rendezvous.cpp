@@ -22,6 +22,7 @@
 #include "remote.hpp"
 #include "rendezvous_users.hpp"
 #include "rendezvous_wire.hpp"
+#include "stale_files.hpp"
 #include "state.hpp"
 
 namespace rdmakit::preload {
@@ -113,6 +114,7 @@ void write_file_whole(const std::string& path, const std::string& text) {
 bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
 void register_listener(uint16_t port) {
+  sweep_stale_files();
   register_host_listener(port);
   if (!config().dir_problem.empty()) return;
   write_pid_file(listener_path(port));

@@ -109,6 +109,10 @@ std::string who(const ucred& c) {
 
 bool other_users_enabled() { return host_dir().problem.empty(); }
 
+std::string host_registration_prefix() {
+  return other_users_enabled() ? host_dir().prefix : std::string();
+}
+
 void register_host_listener(uint16_t port) {
   if (!other_users_enabled()) return;
   const std::string path = registration(port);

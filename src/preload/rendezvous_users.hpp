@@ -16,6 +16,9 @@ namespace rdmakit::preload {
 
 // RDMAKIT_PRELOAD_OTHER_USERS=0 turns the path off (both roles).
 bool other_users_enabled();
+// The host-wide registrations' path prefix, "<dir>/rdmakit-l-<netns inode>-"
+// ("" when other users are off).
+std::string host_registration_prefix();
 // listen(): <host dir>/rdmakit-l-<netns>-<port> names this process.
 void register_host_listener(uint16_t port);
 void unregister_host_listener(uint16_t port);

@@ -47,16 +47,18 @@ bool send_request(int fd, Request& r) {
 
 // Calls on_msg for every inet_diag_msg of the answer, up to NLMSG_DONE or
 // an error; bounded by the socket's receive timeout and a message count.
+// true: the whole answer was read.
 template <typename F>
-void read_answers(int fd, F&& on_msg) {
+bool read_answers(int fd, F&& on_msg) {
   alignas(nlmsghdr) std::array<char, 16384> buf{};
   for (int round = 0; round < 4096; ++round) {
     const ssize_t n = real().recv(fd, buf.data(), buf.size(), 0);
-    if (n <= 0) return;
+    if (n <= 0) return false;
     auto len = static_cast<size_t>(n);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data());  // NOLINT
          NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {         // NOLINT
-      if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) return;
+      if (h->nlmsg_type == NLMSG_DONE) return true;
+      if (h->nlmsg_type == NLMSG_ERROR) return false;
       if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
           h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg)))
         continue;
@@ -64,8 +66,9 @@ void read_answers(int fd, F&& on_msg) {
     }
     if ((reinterpret_cast<nlmsghdr*>(buf.data())->nlmsg_flags & NLM_F_MULTI) ==
         0)  // NOLINT
-      return;
+      return true;
   }
+  return false;
 }
 
 }  // namespace
@@ -131,6 +134,26 @@ std::vector<uid_t> listener_uids(uint16_t port) {
   }
   real().close(fd);
   return uids;
+}
+
+std::optional<std::vector<ino_t>> tcp_socket_inodes() {
+  const int fd = open_diag();
+  if (fd < 0) return std::nullopt;
+  std::vector<ino_t> inodes;
+  bool whole = true;
+  for (const int family : {AF_INET, AF_INET6}) {
+    Request r{};
+    r.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    r.req.sdiag_family = static_cast<uint8_t>(family);
+    r.req.idiag_states = ~0u;
+    whole = whole && send_request(fd, r) && read_answers(fd, [&](const inet_diag_msg& m) {
+              if (m.idiag_inode != 0) inodes.push_back(m.idiag_inode);
+            });
+  }
+  real().close(fd);
+  if (!whole) return std::nullopt;
+  std::sort(inodes.begin(), inodes.end());
+  return inodes;
 }
 
 }  // namespace rdmakit::preload

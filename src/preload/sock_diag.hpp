@@ -20,5 +20,8 @@ std::optional<uid_t> client_socket_uid(const wire::Tuple& t);
 // The uids owning TCP sockets that listen on `port` (any address, both
 // families). Empty when none or when the query fails.
 std::vector<uid_t> listener_uids(uint16_t port);
+// The inodes of every TCP socket of this network namespace that a process
+// holds, sorted; nullopt when the kernel's answer could not be read whole.
+std::optional<std::vector<ino_t>> tcp_socket_inodes();
 
 }  // namespace rdmakit::preload

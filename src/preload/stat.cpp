@@ -1,6 +1,5 @@
 #include "stat.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -17,6 +16,7 @@
 
 #include "libc.hpp"
 #include "process.hpp"
+#include "stale_files.hpp"
 #include "state.hpp"
 
 namespace rdmakit::preload::stats {
@@ -66,24 +66,18 @@ void remove_at_exit() {
 // atexit ran) are removed, so they do not pile up between runs of
 // rdmakit-stat, which removes them too.
 void remove_stale(const char* dir) {
-  DIR* d = opendir(dir);
-  if (d == nullptr) return;
   char prefix[64];
   const int plen = std::snprintf(prefix, sizeof prefix, "%s%u-", kFilePrefix,
                                  static_cast<unsigned>(geteuid()));
-  while (const dirent* e = readdir(d)) {
-    if (std::strncmp(e->d_name, prefix, static_cast<size_t>(plen)) != 0) continue;
+  remove_stale_entries(dir, [&](const char* name, const struct stat& st) {
+    if (std::strncmp(name, prefix, static_cast<size_t>(plen)) != 0 ||
+        !S_ISREG(st.st_mode))
+      return false;
     char* end = nullptr;
-    const long pid = std::strtol(e->d_name + plen, &end, 10);
-    if (end == nullptr || *end != '\0' || pid <= 0 || pid == process_id()) continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    char path[512];
-    std::snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    struct stat st {};
-    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
-      unlink(path);
-  }
-  closedir(d);
+    const long pid = std::strtol(name + plen, &end, 10);
+    return end != nullptr && *end == '\0' && pid > 0 && pid != process_id() &&
+           kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+  });
 }
 
 bool enabled() {

@@ -792,6 +792,75 @@ PY
     expect_count 1 "rdmakit_preload_pwait\]: accept fd=.* path=shm" "server connections on shm"
     expect_count 1 "rdmakit_preload_pwait\]: connect fd=.* path=shm" "client connections on shm"
     ;;
+  stale-files)  # what killed processes left behind is swept when a process listens
+    export RDMAKIT_PRELOAD_HOST_DIR=$work/host
+    mkdir -m 755 "$RDMAKIT_PRELOAD_HOST_DIR"
+    dir=$RDMAKIT_PRELOAD_DIR/net-$(stat -L -c %i /proc/self/ns/net)
+    host=$RDMAKIT_PRELOAD_HOST_DIR/rdmakit-l-$(stat -L -c %i /proc/self/ns/net)
+    # A real leftover: a preloaded listener killed by SIGKILL keeps both
+    # registrations.
+    kport=$(free_port)
+    "${pre[@]}" python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(30)' "$kport" &
+    killed=$!; pids+=("$killed")
+    wait_listen "$kport"
+    kill -9 "$killed"; wait "$killed" 2>/dev/null || true
+    [ -f "$dir/l-$kport" ] && [ -f "$host-$kport" ] ||
+      fail "the killed listener left no registration to sweep: $(ls "$dir" "$RDMAKIT_PRELOAD_HOST_DIR")"
+    # Files younger than 2 s are left to the next sweep (a process may be
+    # writing them).
+    touch -d '-1 min' "$dir/l-$kport" "$host-$kport"
+    # Made-up leftovers, and files that must stay: those of live processes
+    # or sockets, fresh ones, another uid's, another namespace's.
+    python3 - "$dir" "$host" "$RDMAKIT_PRELOAD_HOST_DIR" >"$work/live.out" 2>&1 <<'PY' &
+import os, socket, subprocess, sys, time
+d, host, hostdir = sys.argv[1:4]
+dead = int(subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout)
+live = os.getpid()
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen()
+old = time.time() - 120
+def put(path, text, age=old, uid=None):
+    with open(path, "w") as f: f.write(text)
+    if uid is not None: os.chown(path, uid, uid)
+    os.utime(path, (age, age))
+def sock(path, keep):
+    u = socket.socket(socket.AF_UNIX); u.bind(path); os.utime(path, (old, old))
+    if not keep: u.close()
+    return u
+ino = os.fstat(tcp.fileno()).st_ino
+put(f"{d}/a-00000000000000a1", "o %d 4000000000\n" % live)       # socket gone: swept
+put(f"{d}/b-00000000000000b1", "k %d %d\n" % (dead, ino))        # socket alive: kept
+put(f"{d}/l-1", "%d\n" % dead)                                   # swept
+put(f"{d}/l-2", "%d\n" % live)                                   # kept
+put(f"{d}/l-3", "%d\n" % dead, age=time.time())                  # fresh: kept
+put(f"{d}/l-4", "%d\n" % dead, uid=65534)                        # another uid: kept
+put(f"{d}/a-00000000000000a1.tmp%d" % dead, "c 1 1\n")           # swept
+put(f"{d}/l-2.tmp%d" % live, "1\n")                              # kept
+gone = sock(f"{d}/o-00000000000000c1", keep=False)               # swept
+held = sock(f"{d}/o-00000000000000c2", keep=True)                # kept
+put(f"{host}-1", "%d\n" % dead)                                  # swept
+put(f"{host}-2", "%d\n" % live)                                  # kept
+put(f"{hostdir}/rdmakit-l-1-1", "%d\n" % dead)                   # another netns: kept
+print("ready", flush=True)
+time.sleep(30)
+PY
+    holder=$!; pids+=("$holder")
+    for _ in $(seq 100); do grep -q ready "$work/live.out" && break; sleep 0.05; done
+    grep -q ready "$work/live.out" || fail "setup: $(cat "$work/live.out")"
+    start_pair_server 1 $size
+    "${pre[@]}" timeout 30 "$pair" client "$port" $size >"$work/client.out" 2>&1 ||
+      fail "client: $(cat "$work/client.out")"
+    finish_pair
+    expect_count 1 "\]: connect fd=.* path=shm" "client connections on shm"
+    for f in "$dir/l-$kport" "$host-$kport" "$dir/a-00000000000000a1" "$dir/l-1" \
+             "$dir/a-00000000000000a1.tmp"* "$dir/o-00000000000000c1" "$host-1"; do
+      [ ! -e "$f" ] || fail "stale $f was not swept"
+    done
+    for f in "$dir/b-00000000000000b1" "$dir/l-2" "$dir/l-3" "$dir/l-4" "$dir/l-2.tmp$holder" \
+             "$dir/o-00000000000000c2" "$host-2" "$RDMAKIT_PRELOAD_HOST_DIR/rdmakit-l-1-1"; do
+      [ -e "$f" ] || fail "$f was swept, but its owner is alive, it is fresh, or it is not ours"
+    done
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
