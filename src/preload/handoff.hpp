@@ -11,8 +11,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "relay.hpp"
 #include "rendezvous.hpp"
+#include "state.hpp"
 
 namespace rdmakit::preload {
 
@@ -24,20 +27,10 @@ bool defer_accepted(int fd);
 // so a client never waits in connect() for a server that has not yet used
 // its end. false: not deferred (offer untouched).
 bool defer_connect(int fd, PendingOfferPtr& offer);
-// Load time: the descriptors inherited across exec.
-void scan_inherited() noexcept;
-// The application received descriptors (SCM_RIGHTS).
-void note_received(const msghdr* msg) noexcept;
 // close() of fd: an accepted connection this process alone holds and never
 // used is settled first, so a client waiting for it learns of the close at
 // once (an upgraded stream that ends) instead of waiting out its budget.
 void settle_before_close(int fd);
-// The application sends descriptors (SCM_RIGHTS): a pending or upgraded
-// connection among them may now be used by another process.
-void note_sent(const msghdr* msg) noexcept;
-// In a forked child (after the table is disowned): dormant relays for the
-// parent's connections, when they are few.
-void relay_foreign_in_child() noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);
@@ -58,5 +51,11 @@ void settle_on_kernel(int fd, const char* why, uint32_t status);
 // else is settling it already.
 struct Pending;
 void settle_mirror(int fd, const std::shared_ptr<Pending>& p);
+// Makes every alias the relay socket g granted (or, with none, keeps the
+// first alias as the library's copy) and installs them as `kind` entries
+// of one relayed connection. The other holders of a connection never see
+// its bytes on kernel TCP again. false (g.why says why): nothing installed.
+bool install_grant(const std::vector<int>& aliases, RelayGrant& g,
+                   Entry kind = Entry::kDormant);
 
 }  // namespace rdmakit::preload

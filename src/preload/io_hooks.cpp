@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "arrival.hpp"
 #include "conn_io.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "arrival.hpp"
 #include "conn_guard.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
