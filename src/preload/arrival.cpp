@@ -15,8 +15,8 @@
 
 #include "adopt.hpp"
 #include "conn_guard.hpp"
-#include "hook.hpp"
 #include "handoff.hpp"
+#include "hook.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"

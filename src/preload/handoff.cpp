@@ -162,6 +162,13 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
       other_end.emplace(std::move(m));
     }
   }
+  // Early bytes (early_send.hpp) of a connection sent away since: the
+  // receiver does not know they went ahead.
+  const size_t early = offer->early.size();
+  if (connected && early != 0 && p->inherited.load()) {
+    connected = false;
+    reason = "sent to another process after its first bytes went on kernel TCP";
+  }
   if (connected) {
     Upgrade up = finish_connect(std::move(offer), fd);
     std::vector<int> now;
@@ -169,6 +176,13 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
       up.reason = kClosedMeanwhile;
     } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
       carry_sent(fd, *p);
+      if (early != 0) {
+        log_line(
+            "connect fd=%d: its first %zu bytes went on kernel TCP before the server "
+            "took "
+            "the offer up (early bytes); written again first on the stream",
+            fd, early);
+      }
       return true;
     }
     reason = up.reason;
@@ -361,6 +375,20 @@ bool defer_connect(int fd, PendingOfferPtr& offer) {
 void settle_before_close(int fd) {
   if (entry_of(fd) != Entry::kPending) return;
   auto p = pending_of(fd);
+  if (p && p->offer && aliases_of(p).size() == 1) {
+    // A client that sent early bytes and closes before the server took the
+    // offer up: the connection was kernel TCP all along.
+    const std::unique_lock lock(p->mu, std::try_to_lock);
+    if (lock.owns_lock() && p->offer && !p->offer->early.empty()) {
+      const std::string reason = "closed before any upgrade (its " +
+                                 std::to_string(p->offer->early.size()) +
+                                 " early bytes went on kernel TCP)";
+      log_line("connect fd=%d %s path=kernel reason=%s", fd, describe(fd).c_str(),
+               reason.c_str());
+      publish_fallback(fd, "connect", reason);
+    }
+    return;
+  }
   if (!p || p->offer || p->inherited || p->accepted_by != process_id() ||
       p->fork_gen != fork_generation() || aliases_of(p).size() != 1) {
     return;

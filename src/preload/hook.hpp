@@ -2,9 +2,12 @@
 // What every interposer shares (docs/preload.md, "Interception"): the
 // export macros, and on_conn, the one way a hooked call on an fd finds the
 // connection the library carries for it or falls through to libc.
+#include <sys/uio.h>
+
 #include <cstdint>
 
 #include "conn_guard.hpp"
+#include "early_send.hpp"
 #include "state.hpp"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -19,15 +22,21 @@ namespace rdmakit::preload {
 // relay carries it without starting to deliver: relay.hpp), kMeta only
 // reads or sets the socket's metadata (flags, options) and leaves a pending
 // connection pending.
-enum class Use : uint8_t { kData, kWrite, kMeta };
+// kSend is a kWrite of bytes (write, send, writev, sendmsg): a client's
+// first ones may go to kernel TCP before the upgrade (early_send.hpp).
+enum class Use : uint8_t { kData, kWrite, kSend, kMeta };
 
 // The rarely taken part of on_conn: an entry to settle first (its first
 // use), one the I/O calls pass through (a listener, a relay socket), or a
 // connection whose slot changed under the hook (it is looked up again,
 // under the table lock).
 template <Use U, class Io, class Pass>
-[[gnu::noinline]] auto on_conn_slow(int fd, Io io, Pass pass) -> decltype(pass()) {
+[[gnu::noinline]] auto on_conn_slow(int fd, Io io, Pass pass, const iovec* sent,
+                                    int sent_cnt) -> decltype(pass()) {
   if (!is_conn(fd)) return pass();
+  if constexpr (U == Use::kSend) {
+    if (EarlySend early(fd, sent, sent_cnt); early) return early.done(pass());
+  }
   const auto c = U == Use::kMeta ? meta_conn(fd) : find_conn(fd, U == Use::kData);
   if (!c) return pass();
   return io(*c);
@@ -37,9 +46,10 @@ template <Use U, class Io, class Pass>
 // (the libc call); both return the hook's result. The common cases are one
 // load of the fd's table word: 0 (not tracked) goes to libc at once, an
 // upgraded connection of this process to io under a ConnGuard; everything
-// else is on_conn_slow.
+// else is on_conn_slow. kSend: `sent` names the bytes the call sends.
 template <Use U = Use::kData, class Io, class Pass>
-inline auto on_conn(int fd, Io&& io, Pass&& pass) -> decltype(pass()) {
+inline auto on_conn(int fd, Io&& io, Pass&& pass, const iovec* sent = nullptr,
+                    int sent_cnt = 0) -> decltype(pass()) {
   const uintptr_t w = fd_word(fd);
   if (w == 0) [[likely]]
     return pass();
@@ -48,7 +58,7 @@ inline auto on_conn(int fd, Io&& io, Pass&& pass) -> decltype(pass()) {
     if (guard) [[likely]]
       return io(*guard);
   }
-  return on_conn_slow<U>(fd, io, pass);
+  return on_conn_slow<U>(fd, io, pass, sent, sent_cnt);
 }
 
 // A new kernel fd with this number: whatever the tables held for it was

@@ -109,10 +109,17 @@ EXPORT ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
       [=] { return real().read_chk(fd, buf, len, buflen); });
 }
 
+namespace {
+// 1 when a send's bytes may go ahead of the upgrade as early bytes (urgent
+// data may not: the stream has none), else 0.
+int plain_send(int flags) { return (flags & MSG_OOB) == 0 ? 1 : 0; }
+}  // namespace
+
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
-  return on_conn<Use::kWrite>(
+  const iovec sent{const_cast<void*>(buf), len};  // NOLINT: iovec's type
+  return on_conn<Use::kSend>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, 0); },
-      [=] { return real().write(fd, buf, len); });
+      [=] { return real().write(fd, buf, len); }, &sent, 1);
 }
 
 EXPORT ssize_t readv(int fd, const iovec* iov, int n) {
@@ -122,9 +129,9 @@ EXPORT ssize_t readv(int fd, const iovec* iov, int n) {
 }
 
 EXPORT ssize_t writev(int fd, const iovec* iov, int n) {
-  return on_conn<Use::kWrite>(
+  return on_conn<Use::kSend>(
       fd, [=](Conn& c) { return conn_send(c, fd, iov, n, 0); },
-      [=] { return real().writev(fd, iov, n); });
+      [=] { return real().writev(fd, iov, n); }, iov, n);
 }
 
 EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
@@ -141,9 +148,10 @@ EXPORT ssize_t __recv_chk(int fd, void* buf, size_t len, size_t buflen, int flag
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  return on_conn<Use::kWrite>(
+  const iovec sent{const_cast<void*>(buf), len};  // NOLINT: iovec's type
+  return on_conn<Use::kSend>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
-      [=] { return real().send(fd, buf, len, flags); });
+      [=] { return real().send(fd, buf, len, flags); }, &sent, plain_send(flags));
 }
 
 EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, sockaddr* addr,
@@ -166,9 +174,11 @@ EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t len, size_t buflen, int 
 // Connected: the address is ignored, as TCP does.
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags,
                       const sockaddr* addr, socklen_t alen) {
-  return on_conn<Use::kWrite>(
+  const iovec sent{const_cast<void*>(buf), len};  // NOLINT: iovec's type
+  return on_conn<Use::kSend>(
       fd, [=](Conn& c) { return conn_send_buf(c, fd, buf, len, flags); },
-      [=] { return real().sendto(fd, buf, len, flags, addr, alen); });
+      [=] { return real().sendto(fd, buf, len, flags, addr, alen); }, &sent,
+      plain_send(flags));
 }
 
 EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
@@ -182,12 +192,16 @@ EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   if (msg != nullptr && msg->msg_controllen > 0 && !internal_caller(CALLER)) {
     note_sent(msg);  // connections handed to another process stay shared
   }
-  return on_conn<Use::kWrite>(
+  return on_conn<Use::kSend>(
       fd,
       [=](Conn& c) {
         return conn_send(c, fd, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
       },
-      [=] { return real().sendmsg(fd, msg, flags); });
+      [=] { return real().sendmsg(fd, msg, flags); },
+      msg != nullptr ? msg->msg_iov : nullptr,
+      msg != nullptr && msg->msg_controllen == 0
+          ? plain_send(flags) * static_cast<int>(msg->msg_iovlen)
+          : 0);
 }
 
 EXPORT ssize_t sendfile(int out, int in, off_t* offset, size_t count) {

@@ -11,6 +11,7 @@
 
 #include "arrival.hpp"
 #include "conn_guard.hpp"
+#include "early_send.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
@@ -61,8 +62,10 @@ void on_prepare() {
   g_engine_mu.lock();
   lock_table_for_fork();
   stats::lock_for_fork();
+  early_lock_for_fork();
 }
 void on_parent() {
+  early_unlock_after_fork();
   stats::unlock_after_fork();
   unlock_table_after_fork();
   g_engine_mu.unlock();
@@ -70,6 +73,7 @@ void on_parent() {
 void on_child() {
   forget_all_library_fds();
   g_pid = getpid();
+  forget_answerer_in_child();
   forget_relay_server_in_child();
   reset_counts_in_child();
   disown_all_in_child();

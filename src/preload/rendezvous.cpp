@@ -319,8 +319,8 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
       up.reason = "rendezvous: peer went away before the offer";
       return up;
     }
-    up.stream =
-        client_commit(c.get(), *p->listener, p->offer.client_nonce, deadline, &up.reason);
+    up.stream = client_commit(c.get(), *p->listener, p->offer.client_nonce, deadline,
+                              &up.reason, -1, p->early);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }
@@ -387,10 +387,10 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny, uint32_t deny_stat
   up.reason = check_peer(c.get());
   if (!up.reason.empty()) return up;
   Offer offer;
-  if (!io_all(c.get(), &offer, sizeof offer, false, deadline)) {
+  if (!read_offer(c.get(), tcp_fd, &offer, deadline)) {
     // The client withdraws its offer after closing its kernel socket
     // (close()): an offer taken up just before then ends with the stream.
-    up.reason = peer_closed(tcp_fd) ? kClosedBeforeUse : "rendezvous: no offer received";
+    up.reason = peer_closed(tcp_fd) ? kClosedBeforeUse : no_offer_reason(tcp_fd);
     return up;
   }
   if (std::string bad = offer_problem(offer); !bad.empty()) {
@@ -410,7 +410,7 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny, uint32_t deny_stat
   try {
     up.stream =
         server_commit(c.get(), *eng, "127.0.0.1:" + std::to_string(offer.stream_port),
-                      offer.client_nonce, deadline, &up.reason);
+                      offer.client_nonce, deadline, &up.reason, -1, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

@@ -266,8 +266,8 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
       up.reason = "rendezvous: peer went away before the offer";
       return up;
     }
-    up.stream =
-        client_commit(c.get(), *listener, p.offer.client_nonce, deadline, &up.reason);
+    up.stream = client_commit(c.get(), *listener, p.offer.client_nonce, deadline,
+                              &up.reason, -1, p.early);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }
@@ -313,8 +313,8 @@ bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny,
     return true;
   }
   Offer offer;
-  if (!io_all(c.get(), &offer, sizeof offer, false, deadline)) {
-    up->reason = "rendezvous: no offer received from " + who(cred);
+  if (!read_offer(c.get(), tcp_fd, &offer, deadline)) {
+    up->reason = no_offer_reason(tcp_fd) + " from " + who(cred);
     return true;
   }
   if (std::string bad = offer_problem(offer); !bad.empty()) {
@@ -335,7 +335,7 @@ bool answer_other_user(int tcp_fd, const Tuple& t, const std::string& deny,
   try {
     up->stream =
         server_commit(c.get(), *eng, "127.0.0.1:" + std::to_string(offer.stream_port),
-                      offer.client_nonce, deadline, &up->reason);
+                      offer.client_nonce, deadline, &up->reason, -1, tcp_fd);
   } catch (const std::exception& e) {
     up->reason = std::string("upgrade failed: ") + e.what();
   }

@@ -211,10 +211,71 @@ std::string take_token(int kernel_fd, const Token& token, Clock::time_point dead
   return {};
 }
 
+namespace {
+
+// Reads and drops n bytes from the kernel socket, bounded by deadline; ""
+// or why not.
+std::string drop_early(int fd, uint32_t n, Clock::time_point deadline) {
+  char scratch[4096];
+  uint32_t left = n;
+  while (left > 0) {
+    const ssize_t r =
+        real().recv(fd, scratch, std::min<size_t>(left, sizeof scratch), MSG_DONTWAIT);
+    if (r > 0) {
+      left -= static_cast<uint32_t>(r);
+      continue;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EINTR) {
+      return std::string("the client's early bytes: ") + std::strerror(errno);
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    if (r == 0 || remaining_ms(deadline) == 0 ||
+        real().poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+      return "the client's early bytes did not arrive on kernel TCP (" +
+             std::to_string(n - left) + " of " + std::to_string(n) + ")";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline) {
+  bool watch_tcp = true;  // until early bytes or the end of stream show
+  for (;;) {
+    if (watch_tcp) {
+      uint8_t b = 0;
+      const ssize_t n = real().recv(tcp_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n >= 0) watch_tcp = false;
+      if (n > 0) deadline = std::min(deadline, Clock::now() + kEarlyOfferWait);
+    }
+    pollfd pfd[2] = {{rdv, POLLIN, 0}, {tcp_fd, POLLIN, 0}};
+    const int r = real().poll(pfd, watch_tcp ? 2 : 1, remaining_ms(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      return io_all(rdv, offer, sizeof *offer, false, deadline);
+    }
+    // Only the kernel socket woke: look at what arrived.
+  }
+}
+
+std::string no_offer_reason(int tcp_fd) {
+  uint8_t b = 0;
+  if (real().recv(tcp_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+    return "rendezvous: the client sent before the server used the connection and did "
+           "not answer within " +
+           std::to_string(kEarlyOfferWait.count()) +
+           " ms (stopped, or its library could not answer)";
+  }
+  return "rendezvous: no offer received";
+}
+
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd) {
+                                              std::string* reason, int kernel_fd,
+                                              const std::string& early) {
   Answer answer;
   if (!io_all(rdv, &answer, sizeof answer, false, deadline) || answer.magic != kMagic) {
     *reason = "rendezvous: no answer from the peer";
@@ -257,9 +318,23 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
   *reason = exchange_nonces(*s, client_nonce, answer.server_nonce, deadline);
   if (!reason->empty()) return nullptr;
   Final fin;
+  fin.early_bytes = static_cast<uint32_t>(early.size());
   if (!io_all(rdv, &fin, sizeof fin, true, deadline)) {
     *reason = "rendezvous: peer went away before the commit";
     return nullptr;
+  }
+  if (!early.empty()) {
+    // Committed: the server reads the stream next, and these come first.
+    const auto left = milliseconds(std::max(remaining_ms(deadline), 1));
+    s->set_timeouts(left, left);
+    const ssize_t w = s->write(early.data(), early.size());
+    s->set_timeouts(milliseconds(0), milliseconds(0));
+    if (w != static_cast<ssize_t>(early.size())) {
+      *reason = "the early bytes could not be written on the stream: " +
+                std::string(std::strerror(static_cast<int>(w < 0 ? -w : EIO)));
+      (void)s->abort();
+      return nullptr;
+    }
   }
   if (kernel_fd >= 0) {
     // Committed: the acceptor proved itself, so this in-band write reaches
@@ -275,7 +350,8 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
                                               const std::string& stream_address,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd) {
+                                              std::string* reason, int kernel_fd,
+                                              int early_fd) {
   Answer yes;
   if (getrandom(yes.server_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce)) {
     refuse(rdv, 1, deadline);
@@ -318,9 +394,19 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
   // The client commits after sending this; it has checked both nonces.
   Final fin;
   if (!io_all(rdv, &fin, sizeof fin, false, deadline + std::chrono::seconds(5)) ||
-      fin.magic != kMagic || fin.status != 0) {
+      fin.magic != kMagic || fin.status != 0 || fin.early_bytes > kMaxEarlyBytes ||
+      (fin.early_bytes != 0 && early_fd < 0)) {
     *reason = "rendezvous: peer did not commit";
     return nullptr;
+  }
+  if (fin.early_bytes != 0) {
+    // Sent before the commit, so they are here or on their way; the client
+    // writes them again first on the stream.
+    *reason = drop_early(early_fd, fin.early_bytes, deadline + std::chrono::seconds(5));
+    if (!reason->empty()) {
+      (void)s->abort();
+      return nullptr;
+    }
   }
   if (kernel_fd >= 0) {
     // The rendezvous peer must also own the client end: an offer left by

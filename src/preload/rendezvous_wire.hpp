@@ -19,7 +19,8 @@ namespace rdmakit::preload::wire {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x31504b52;  // "RKP1"
-constexpr uint32_t kVersion = 2;         // 2: in-band proof between hosts (Token)
+// 2: in-band proof between hosts (Token); 3: early bytes (Final::early_bytes)
+constexpr uint32_t kVersion = 3;
 constexpr size_t kNonce = 16;
 constexpr uint32_t kDeniedByRules = 2;  // Answer status: the server's rules say TCP
 // Answer status: the server's process passes the connection to a program
@@ -75,7 +76,14 @@ struct Answer {  // server -> client: 0 = go ahead, else refused
 struct Final {  // client -> server: both nonces checked, committed
   uint32_t magic = kMagic;
   uint32_t status = 0;
+  // Same host: the client's first bytes that went to kernel TCP before the
+  // server took the offer up (early bytes). The client writes them again
+  // first on the stream; the server drops them from its kernel socket.
+  uint32_t early_bytes = 0;
+  uint32_t pad = 0;
 };
+// The most early bytes a client sends (and a server believes).
+constexpr uint32_t kMaxEarlyBytes = 64 * 1024;
 // Between hosts, server -> client on a rendezvous connection: first when it
 // is accepted (before the client sends anything), then once the offer is
 // stored (status 0) or refused (kRefused, kDeniedByRules, kAuthRefused).
@@ -169,19 +177,34 @@ std::string take_token(int kernel_fd, const Token& token, Clock::time_point dead
 // checks the nonces, commits. Null and *reason when it stays on TCP.
 // kernel_fd >= 0 (between hosts): the acceptor's token must arrive on it
 // before anything else, and the client's token follows the commit.
+// early: the client's early bytes (same host), written first on the stream
+// once committed.
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd = -1);
+                                              std::string* reason, int kernel_fd = -1,
+                                              const std::string& early = {});
 // Server, for an offer it accepts: answers with a fresh nonce, connects a
 // stream to `stream_address`, checks the nonces, waits for the commit.
 // kernel_fd >= 0 (between hosts): writes the acceptor's token on it after
 // the answer, and takes the client's token after the commit.
+// early_fd >= 0 (same host): the kernel socket from which the client's early
+// bytes, as many as its commit says, are dropped.
 std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
                                               const std::string& stream_address,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd = -1);
+                                              std::string* reason, int kernel_fd = -1,
+                                              int early_fd = -1);
+// Server, same host: waits for the client's offer on rdv until deadline, or
+// only kEarlyOfferWait once the kernel socket shows the client's early
+// bytes (its library answers from a thread of its own, early_send.hpp; one
+// that does not, stopped or out of threads, leaves the connection on kernel
+// TCP rather than stall the server).
+bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline);
+constexpr auto kEarlyOfferWait = std::chrono::milliseconds(100);
+// Why read_offer found no offer, for the log.
+std::string no_offer_reason(int tcp_fd);
 // Refuses an offer (status != 0), best effort.
 void refuse(int rdv, uint32_t status, Clock::time_point deadline);
 
@@ -219,6 +242,9 @@ struct PendingOffer {
   void mark_listener_here() noexcept;
   std::string path;  // same host: the offer socket's path (removed with it)
   int usock = -1;    // same host: listening unix socket; remote: the connection
+  // Same host: bytes the application sent on kernel TCP before the server
+  // took the offer up (early_send.hpp), at most wire::kMaxEarlyBytes.
+  std::string early;
   ~PendingOffer();
 };
 

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 
+#include "early_send.hpp"
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "hook.hpp"
@@ -54,6 +55,7 @@ std::shared_ptr<Conn> kernel_looks_at(int fd, bool reads) {
     epoll_seen_by_kernel(fd);
     return nullptr;
   }
+  if (!reads && wait_to_send_in_kernel(fd)) return nullptr;
   auto c = find_conn(fd, reads);
   if (c) keep_readiness_current(*c);
   return c;

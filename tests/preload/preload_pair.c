@@ -316,7 +316,7 @@ static int forge(int c, struct sockaddr_in* server, const char* dir, int drop_ui
     struct offer o;
     memset(&o, 0, sizeof o);
     o.magic = 0x31504b52;
-    o.version = 2;
+    o.version = 3; /* wire::kVersion */
     o.t = t;
     o.t.client_port = htons((uint16_t)(ntohs(t.client_port) + 1)); /* another connection */
     o.stream_port = 1;

@@ -388,13 +388,13 @@ def squat(port):
     l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     l.bind(("10.251.78.1", port + 10000)); l.listen(4)
     c, _ = l.accept(); c.settimeout(20)
-    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))
+    c.sendall(struct.pack("<IIII", 0x31504b52, 3, 0, 0))
     offer = b""
     while len(offer) < 72:
         b = c.recv(72 - len(offer))
         if not b: return
         offer += b
-    c.sendall(struct.pack("<IIII", 0x31504b52, 2, 0, 0))  # "stored"
+    c.sendall(struct.pack("<IIII", 0x31504b52, 3, 0, 0))  # "stored"
     c.sendall(struct.pack("<II", 0x31504b52, 0) + os.urandom(16))  # the answer
     got.append(port)
     while c.recv(4096): pass  # until the client gives up on us
@@ -548,10 +548,10 @@ import socket, struct, sys
 s = socket.create_connection(("10.251.78.1", 15201), timeout=5)
 hello = s.recv(16, socket.MSG_WAITALL)
 magic, version, status, _ = struct.unpack("<IIII", hello)
-assert magic == 0x31504b52 and version == 2 and status == 0, hello
+assert magic == 0x31504b52 and version == 3 and status == 0, hello
 tuple_ = struct.pack("<B3x16s16sHH", socket.AF_INET, socket.inet_aton("10.251.78.99").ljust(16, b"\0"),
                      socket.inet_aton("10.251.78.1").ljust(16, b"\0"), socket.htons(40000), socket.htons(5201))
-offer = struct.pack("<II", 0x31504b52, 2) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
+offer = struct.pack("<II", 0x31504b52, 3) + tuple_ + bytes(16) + struct.pack("<H6x", 40001)
 assert len(offer) == 72
 s.sendall(offer)
 magic, version, status, _ = struct.unpack("<IIII", s.recv(16, socket.MSG_WAITALL))
@@ -860,6 +860,64 @@ PY
              "$dir/o-00000000000000c2" "$host-2" "$RDMAKIT_PRELOAD_HOST_DIR/rdmakit-l-1-1"; do
       [ -e "$f" ] || fail "$f was swept, but its owner is alive, it is fresh, or it is not ours"
     done
+    ;;
+  early-bytes)  # a client's first bytes before the server uses the connection
+    eb=$(dirname "$0")/early_bytes.py
+    # 1. The stall shape: each request on a new connection while the
+    #    previous one is open, to an iterative keep-alive server. Each must
+    #    answer within 1 s (kernel TCP: milliseconds; waiting for the server
+    #    to take the offer up: the 5 s budget).
+    mkdir "$work/www"; head -c 20000 /dev/urandom >"$work/www/page"
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$eb" keepalive-server "$port" "$work/www" 6 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$eb" keepalive-client "$port" "$work/www/page" 6 >"$work/c.out" 2>&1 ||
+      fail "keep-alive client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "keep-alive server: $(cat "$work/s.out")"
+    expect_count 6 "python3\]: connect fd=.* path=(shm|kernel reason=.*early bytes)" \
+      "client connections on shm (or on kernel TCP for the early-bytes reason)"
+    [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
+      fail "no connection was upgraded after its early bytes"
+    # 2. Order: 24,000 early bytes, then 500,000 that go once the upgrade is
+    #    made; the server's digest of everything it read must match.
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$eb" digest-server "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$eb" digest-client "$port" >"$work/c.out" 2>&1 ||
+      fail "digest client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "digest server: $(cat "$work/s.out")"
+    expect_count 1 "connect fd=.*: its first 24000 bytes went on kernel TCP" \
+      "clients whose 24,000 early bytes were written again on the stream"
+    # 3. A client that writes and then makes no call for 1.5 s: its library
+    #    answers the server's take-up from a thread of its own, so the
+    #    server reads the bytes at once, on the stream.
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$eb" quiet-server "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$eb" quiet-client "$port" 1.5 >"$work/c.out" 2>&1 ||
+      fail "quiet client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "quiet server: $(cat "$work/s.out")"
+    expect_count 1 "connect fd=.*: its first 6 bytes went on kernel TCP" \
+      "quiet clients upgraded after their early bytes"
+    # 4. The same client stopped (SIGSTOP) once it has written: nothing can
+    #    answer, so the server waits 100 ms and reads the bytes on kernel TCP.
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$eb" quiet-server "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" python3 "$eb" quiet-client "$port" 1 >"$work/c.out" 2>&1 &
+    client_pid=$!; pids+=("$client_pid")
+    for _ in $(seq 200); do grep -q sent "$work/c.out" && break; sleep 0.01; done
+    kill -STOP "$client_pid"
+    wait "$server_pid" || fail "quiet server (stopped client): $(cat "$work/s.out")"
+    kill -CONT "$client_pid"
+    wait "$client_pid" || fail "stopped client: $(cat "$work/c.out")"
+    expect_count 1 "accept fd=.*path=kernel reason=rendezvous: the client sent before the server used the connection and did not answer within 100 ms" \
+      "server fallbacks for a stopped client"
+    expect_count 1 "connect fd=.*peer=127.0.0.1:$port path=kernel" "the stopped client's fallback"
     ;;
   *) fail "unknown case" ;;
 esac

@@ -48,8 +48,10 @@ struct Answer {
 struct Final {
   uint32_t magic = kMagic;
   uint32_t status = 0;
+  uint32_t early_bytes = 0;
+  uint32_t pad = 0;
 };
-static_assert(sizeof(Offer) == 72 && sizeof(Answer) == 24);
+static_assert(sizeof(Offer) == 72 && sizeof(Answer) == 24 && sizeof(Final) == 16);
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "rendezvous_forger: %s: %s\n", what.c_str(), std::strerror(errno));

@@ -9,7 +9,7 @@
 namespace rdmakit::preload::test {
 
 constexpr uint32_t kMagic = 0x31504b52;
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 struct Tuple {
   uint8_t family = AF_INET;
   uint8_t pad[3] = {};

@@ -1,0 +1,223 @@
+#include "early_send.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "fd_place.hpp"
+#include "handoff.hpp"
+#include "libc.hpp"
+#include "process.hpp"
+#include "rendezvous_wire.hpp"
+#include "state.hpp"
+
+namespace rdmakit::preload {
+
+namespace {
+
+// The answerer: a thread that settles a connection with early bytes as soon
+// as its server starts to take the offer up, so the server never waits for
+// a client that wrote and then makes no call on the connection (a client
+// writing its requests on many connections before it reads any).
+struct Watched {
+  int fd;
+  int usock;  // the offer's listening socket, readable once the server connects
+  std::weak_ptr<Pending> p;
+};
+
+std::mutex g_mu;
+std::vector<Watched> g_watched;  // under g_mu
+int g_wake = -1;                 // eventfd: a new entry, or stop
+pid_t g_answerer_pid = 0;        // the process whose thread it is
+bool g_at_exit = false;          // stop_answerer registered (kept across fork)
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_running{false};
+
+bool still_pending(const Watched& w) {
+  const auto p = w.p.lock();
+  return p && entry_of(w.fd) == Entry::kPending && pending_of(w.fd) == p;
+}
+
+void answer_loop() {
+  const InternalScope internal;
+  std::vector<Watched> now;
+  std::vector<pollfd> fds;
+  while (!g_stop.load(std::memory_order_acquire)) {
+    {
+      const std::lock_guard lock(g_mu);
+      std::erase_if(g_watched, [](const Watched& w) { return !still_pending(w); });
+      now = g_watched;
+    }
+    fds.assign(1, pollfd{g_wake, POLLIN, 0});
+    for (const auto& w : now) fds.push_back({w.usock, POLLIN, 0});
+    // A second's tick prunes what the application settled or closed.
+    if (real().poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      (void)real().read(g_wake, &n, sizeof n);
+    }
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (fds[i + 1].revents == 0 || !still_pending(now[i])) continue;
+      settle(now[i].fd);  // as the application's next use would
+      const std::lock_guard lock(g_mu);
+      std::erase_if(g_watched, [&](const Watched& w) { return w.fd == now[i].fd; });
+    }
+  }
+  g_running.store(false, std::memory_order_release);
+}
+
+void stop_answerer() {
+  if (g_answerer_pid != getpid()) return;
+  g_stop.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  (void)real().write(g_wake, &one, sizeof one);
+  for (int i = 0; i < 2000 && g_running.load(std::memory_order_acquire); ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// Caller holds g_mu. false: no thread (the connection is then settled by
+// the application's next use, as without early bytes).
+bool ensure_answerer() {
+  if (g_answerer_pid == getpid() && g_running.load(std::memory_order_acquire))
+    return true;
+  if (g_wake < 0) g_wake = place_high(real().eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (g_wake < 0) return false;
+  sigset_t all;
+  sigset_t old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all,
+                  &old);  // the application's handlers run on its threads
+  bool started = false;
+  try {
+    g_stop.store(false, std::memory_order_relaxed);
+    g_running.store(true, std::memory_order_relaxed);
+    std::thread(answer_loop).detach();
+    if (!g_at_exit) g_at_exit = std::atexit(stop_answerer) == 0;
+    g_answerer_pid = getpid();
+    started = true;
+  } catch (...) {
+    g_running.store(false, std::memory_order_relaxed);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return started;
+}
+
+}  // namespace
+
+namespace {
+
+// fd is a connect()ed same-host connection of this process alone, not
+// settled, whose server has not started to take the offer up (waited for
+// up to kFirstSendGrace while nothing went early yet), with room for
+// `adding` more early bytes. Its Pending, with *lock holding its settle
+// lock; null otherwise. May throw (std::bad_alloc).
+std::shared_ptr<Pending> untaken_offer(int fd, size_t adding,
+                                       std::unique_lock<std::mutex>* lock) {
+  if (entry_of(fd) != Entry::kPending) return nullptr;
+  auto p = pending_of(fd);
+  if (!p || !p->offer) return nullptr;
+  // A settle in progress (another thread): the caller waits for it.
+  std::unique_lock held(p->mu, std::try_to_lock);
+  if (!held.owns_lock() || pending_of(fd) != p || !p->offer) return nullptr;
+  const PendingOffer& o = *p->offer;
+  // Only this process holds it: a forked copy, an exec'd image or a
+  // receiver would not know the bytes went ahead.
+  if (o.remote || o.listener_here || o.usock < 0 || p->inherited.load() ||
+      p->accepted_by != process_id() || p->fork_gen != fork_generation() ||
+      p->sent_until_ns.load(std::memory_order_acquire) != 0 ||
+      o.early.size() + adding > wire::kMaxEarlyBytes) {
+    return nullptr;
+  }
+  // The server has connected to the offer (it is taking it up now): the
+  // upgrade is a moment away, so the caller settles first.
+  pollfd pfd{o.usock, POLLIN, 0};
+  const int grace = o.early.empty() ? static_cast<int>(kFirstSendGrace.count()) : 0;
+  int ready = 0;
+  do {
+    ready = real().poll(&pfd, 1, grace);
+  } while (ready < 0 && errno == EINTR);
+  if (ready != 0) return nullptr;
+  *lock = std::move(held);
+  return p;
+}
+
+}  // namespace
+
+bool wait_to_send_in_kernel(int fd) noexcept {
+  try {
+    std::unique_lock<std::mutex> lock;
+    return untaken_offer(fd, 0, &lock) != nullptr;
+  } catch (...) {
+    return false;
+  }
+}
+
+EarlySend::EarlySend(int fd, const iovec* iov, int iovcnt) noexcept {
+  try {
+    if (iov == nullptr || iovcnt <= 0) return;
+    size_t len = 0;
+    for (int i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
+    if (len == 0) return;
+    std::unique_lock<std::mutex> lock;
+    auto p = untaken_offer(fd, len, &lock);
+    if (!p) return;
+    p->offer->early.reserve(wire::kMaxEarlyBytes);  // done() then never allocates
+    p_ = std::move(p);
+    lock_ = std::move(lock);
+    fd_ = fd;
+    iov_ = iov;
+    iovcnt_ = iovcnt;
+  } catch (...) {
+    p_.reset();  // out of memory: the send settles first, as before
+  }
+}
+
+EarlySend::~EarlySend() = default;
+
+void early_lock_for_fork() noexcept { g_mu.lock(); }
+void early_unlock_after_fork() noexcept { g_mu.unlock(); }
+
+void forget_answerer_in_child() noexcept {
+  // The thread is the parent's; so are the entries and the wake eventfd.
+  g_watched.clear();
+  if (g_wake >= 0) real().close(g_wake);
+  g_wake = -1;
+  g_answerer_pid = 0;
+  g_running.store(false, std::memory_order_relaxed);
+  g_mu.unlock();
+}
+
+ssize_t EarlySend::done(ssize_t sent) noexcept {
+  if (p_ == nullptr || sent <= 0) return sent;
+  std::string& copy = p_->offer->early;
+  if (copy.empty()) {
+    try {
+      const std::lock_guard lock(g_mu);
+      if (ensure_answerer()) {
+        g_watched.push_back({fd_, p_->offer->usock, p_});
+        const uint64_t one = 1;
+        (void)real().write(g_wake, &one, sizeof one);
+      }
+    } catch (...) {
+      // Out of memory: the application's next use settles it.
+    }
+  }
+  auto left = static_cast<size_t>(sent);
+  for (int i = 0; i < iovcnt_ && left > 0; ++i) {
+    const size_t n = std::min(left, iov_[i].iov_len);
+    copy.append(static_cast<const char*>(iov_[i].iov_base), n);
+    left -= n;
+  }
+  return sent;
+}
+
+}  // namespace rdmakit::preload
