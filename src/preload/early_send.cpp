@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
 #include "libc.hpp"
@@ -115,6 +117,23 @@ bool ensure_answerer() {
 
 namespace {
 
+// The answerer settles fd (pending p, whose settle lock the caller holds)
+// once its server starts to take the offer up. Once per connection.
+void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
+  try {
+    const std::lock_guard lock(g_mu);
+    for (const auto& w : g_watched) {
+      if (w.fd == fd && w.p.lock() == p) return;
+    }
+    if (!ensure_answerer()) return;  // the application's next use settles it
+    g_watched.push_back({fd, p->offer->usock, p});
+    const uint64_t one = 1;
+    (void)real().write(g_wake, &one, sizeof one);
+  } catch (...) {
+    // Out of memory: the application's next use settles it.
+  }
+}
+
 // fd is a connect()ed same-host connection of this process alone, not
 // settled, whose server has not started to take the offer up (waited for
 // up to kFirstSendGrace while nothing went early yet), with room for
@@ -183,6 +202,79 @@ EarlySend::EarlySend(int fd, const iovec* iov, int iovcnt) noexcept {
 
 EarlySend::~EarlySend() = default;
 
+EarlyEpoll::EarlyEpoll(int epfd, int op, int fd, const epoll_event* ev) noexcept {
+  try {
+    if (entry_of(fd) != Entry::kPending) return;
+    // One-shot and exclusive wake-ups live in the kernel's registration:
+    // moving it could fire or lose one.
+    const bool movable =
+        ev != nullptr && (ev->events & (EPOLLONESHOT | EPOLLEXCLUSIVE)) == 0;
+    std::unique_lock<std::mutex> lock;
+    std::shared_ptr<Pending> p;
+    if (op == EPOLL_CTL_ADD) {
+      if (!movable || !epoll_set_of_this_process(epfd)) return;
+      p = untaken_offer(fd, 0, &lock);
+      if (!p) return;
+    } else {
+      // A registration remembered before: wait for a settle in progress.
+      p = pending_of(fd);
+      if (!p) return;
+      lock = std::unique_lock(p->mu);
+      if (pending_of(fd) != p || entry_of(fd) != Entry::kPending || !p->offer) return;
+      const auto& regs = p->offer->early_epolls;
+      const bool known = std::any_of(regs.begin(), regs.end(), [&](const auto& r) {
+        return r.epfd == epfd && r.fd == fd;
+      });
+      if (!known) return;
+      if (op == EPOLL_CTL_MOD && !movable) {
+        must_settle_ = true;
+        return;
+      }
+    }
+    if (ev != nullptr) ev_ = *ev;
+    p->offer->early_epolls.reserve(p->offer->early_epolls.size() + 1);
+    p_ = std::move(p);
+    lock_ = std::move(lock);
+    epfd_ = epfd;
+    op_ = op;
+    fd_ = fd;
+  } catch (...) {
+    p_.reset();
+  }
+}
+
+EarlyEpoll::~EarlyEpoll() = default;
+
+int EarlyEpoll::done(int result) noexcept {
+  if (p_ == nullptr || result != 0) return result;
+  auto& regs = p_->offer->early_epolls;
+  std::erase_if(regs, [&](const auto& r) { return r.epfd == epfd_ && r.fd == fd_; });
+  if (op_ != EPOLL_CTL_DEL) regs.push_back({epfd_, fd_, ev_});  // reserved: no throw
+  // An event loop's wait sleeps on the kernel socket: the answerer settles
+  // the connection when its server takes the offer up, and moves this
+  // registration, so the wait sees the stream.
+  if (op_ == EPOLL_CTL_ADD) watch_offer(fd_, p_);
+  return result;
+}
+
+void take_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept {
+  for (const auto& r : regs) (void)real().epoll_ctl(r.epfd, EPOLL_CTL_DEL, r.fd, nullptr);
+}
+
+void put_back_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept {
+  for (const auto& r : regs) {
+    epoll_event ev = r.ev;
+    if (real().epoll_ctl(r.epfd, EPOLL_CTL_ADD, r.fd, &ev) == 0) {
+      epoll_registration_moved(r.epfd, r.fd, ev);
+    } else {
+      log_line(
+          "fd=%d: its epoll registration in set %d could not be moved to the "
+          "upgraded connection (%s)",
+          r.fd, r.epfd, std::strerror(errno));
+    }
+  }
+}
+
 void early_lock_for_fork() noexcept { g_mu.lock(); }
 void early_unlock_after_fork() noexcept { g_mu.unlock(); }
 
@@ -199,18 +291,7 @@ void forget_answerer_in_child() noexcept {
 ssize_t EarlySend::done(ssize_t sent) noexcept {
   if (p_ == nullptr || sent <= 0) return sent;
   std::string& copy = p_->offer->early;
-  if (copy.empty()) {
-    try {
-      const std::lock_guard lock(g_mu);
-      if (ensure_answerer()) {
-        g_watched.push_back({fd_, p_->offer->usock, p_});
-        const uint64_t one = 1;
-        (void)real().write(g_wake, &one, sizeof one);
-      }
-    } catch (...) {
-      // Out of memory: the application's next use settles it.
-    }
-  }
+  if (copy.empty()) watch_offer(fd_, p_);
   auto left = static_cast<size_t>(sent);
   for (int i = 0; i < iovcnt_ && left > 0; ++i) {
     const size_t n = std::min(left, iov_[i].iov_len);

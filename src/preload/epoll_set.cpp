@@ -162,7 +162,10 @@ void remove_reg(EpSet& s, int epfd, int fd) {
 }
 
 void add_reg(EpSet& s, int epfd, int fd, const epoll_event& ev) {
-  auto c = is_conn(fd) ? find_conn(fd, false) : nullptr;
+  // An unsettled entry registered by the kernel socket (an early one,
+  // early_send.hpp) stays unsettled: a kernel registration until it moves.
+  auto c =
+      is_conn(fd) && entry_of(fd) != Entry::kPending ? find_conn(fd, false) : nullptr;
   if (!c || c->owner != process_id()) {
     s.regs.set(fd, Reg{ev.data.u64, -1});
     s.use_data(ev.data.u64, false, 1);
@@ -324,6 +327,29 @@ void keep_readiness_current(Conn& c) noexcept {
   set_lazy(c, false);
 }
 
+bool epoll_set_of_this_process(int epfd) noexcept {
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return false;
+  std::lock_guard lock(s->mu);
+  return s->tracked && s->owner == process_id();
+}
+
+void epoll_registration_moved(int epfd, int fd, const epoll_event& ev) noexcept {
+  EpSet* s = ep::set_of(epfd, false);
+  if (s == nullptr) return;
+  std::lock_guard lock(s->mu);
+  // Not imported yet: the kernel's set is read back, as it now stands, at
+  // the set's next epoll_ctl.
+  if (!s->tracked || !s->imported) return;
+  try {
+    remove_reg(*s, epfd, fd);
+    add_reg(*s, epfd, fd, ev);
+  } catch (...) {
+    s->nested = true;  // out of memory: the kernel judges the set
+  }
+  if (!s->user_mode()) kernel_current(*s);
+}
+
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
   // Before the first upgrade nothing is kept, so the fallback path pays one
@@ -377,6 +403,8 @@ bool user_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev,
   // before it closes a connection it handed to another process): the
   // registration of an unsettled one is the kernel's.
   if (now < kConnWord && op == EPOLL_CTL_DEL) return false;
+  // Left unsettled by the hook (early_send.hpp): the kernel socket's.
+  if (now < kConnWord && entry_of(fd) == Entry::kPending) return false;
   if (now < kConnWord) {
     settled = find_conn(fd, ev != nullptr && (ev->events & (EPOLLIN | EPOLLPRI)) != 0);
     now = reinterpret_cast<uintptr_t>(settled.get());

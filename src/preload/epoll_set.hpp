@@ -39,6 +39,11 @@ constexpr unsigned kKernelEvery = 8;
 
 // The application created epfd (epoll_create, epoll_create1).
 void epoll_created(int epfd) noexcept;
+// epfd is a set the application created in this process (tracked).
+bool epoll_set_of_this_process(int epfd) noexcept;
+// fd's registration in epfd was moved by the library from the kernel socket
+// it named to the upgraded connection's readiness socket (early_send.hpp).
+void epoll_registration_moved(int epfd, int fd, const epoll_event& ev) noexcept;
 // After a successful epoll_ctl(epfd, op, fd, ev).
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept;
 // epoll_ctl of an upgraded connection in a user-mode set, answered in

@@ -21,6 +21,7 @@
 #include "adopt.hpp"
 #include "adoption.hpp"
 #include "conn_guard.hpp"
+#include "early_send.hpp"
 #include "fd_place.hpp"
 #include "hook.hpp"
 #include "libc.hpp"
@@ -125,6 +126,17 @@ void carry_sent(int fd, const Pending& p) {
   }
 }
 
+// adopt(), with the epoll registrations made while the connection sent
+// early moved from its kernel socket to its readiness socket.
+bool adopt_moving(int fd, const std::vector<int>& now, Upgrade& up,
+                  const std::string& where, const std::string& marker,
+                  const std::vector<PendingOffer::EpollReg>& epolls) {
+  take_early_epolls(epolls);
+  const bool upgraded = adopt(fd, now, up, "connect", where, marker);
+  put_back_early_epolls(epolls);
+  return upgraded;
+}
+
 // The client's end: the kernel connect done (or failed), the server's
 // answer taken up within the budget, else kernel TCP. true: upgraded.
 bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
@@ -165,6 +177,7 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
   // Early bytes (early_send.hpp) of a connection sent away since: the
   // receiver does not know they went ahead.
   const size_t early = offer->early.size();
+  const std::vector<PendingOffer::EpollReg> epolls = offer->early_epolls;
   if (connected && early != 0 && p->inherited.load()) {
     connected = false;
     reason = "sent to another process after its first bytes went on kernel TCP";
@@ -174,7 +187,7 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
     std::vector<int> now;
     if (up.stream != nullptr && !still_held(fd, p, &now)) {
       up.reason = kClosedMeanwhile;
-    } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
+    } else if (up.stream != nullptr && adopt_moving(fd, now, up, where, marker, epolls)) {
       carry_sent(fd, *p);
       if (early != 0) {
         log_line(

@@ -199,6 +199,16 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   // A registration is a use: it must name the file that carries the data.
   // An upgraded entry already does (one load: redis-benchmark ADDs twice per
   // request); others are settled first.
+  if (fd_word(fd) < kConnWord && entry_of(fd) == Entry::kPending && !engine_thread()) {
+    // Registered by its kernel socket while its first sends go early.
+    if (EarlyEpoll early(epfd, op, fd, event); early) {
+      const int r = real().epoll_ctl(epfd, op, fd, event);
+      if (r == 0) track_epoll_ctl(epfd, op, fd, event);
+      return early.done(r);
+    } else if (early.must_settle()) {
+      (void)find_conn(fd, true);
+    }
+  }
   if (op != EPOLL_CTL_DEL && fd_word(fd) < kConnWord && is_conn(fd) && !engine_thread()) {
     const bool reads =
         event != nullptr && (event->events & (EPOLLIN | EPOLLPRI | EPOLLRDNORM)) != 0;

@@ -69,6 +69,35 @@ elif role == "keepalive-client":
         if took > 1.0:
             sys.exit(f"request {i} took {took:.3f} s (a stall)")
     f.close()
+elif role == "asyncio-client":
+    # The same on an event loop (epoll): the loop registers each new
+    # connection before it writes, and closes the previous one only after.
+    import asyncio
+
+    async def main():
+        want = open(sys.argv[3], "rb").read()
+        prev = None
+        for i in range(int(sys.argv[4])):
+            t = time.time()
+            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 20)
+            w.write(b"GET /page HTTP/1.1\r\nHost: x\r\n\r\n")
+            await w.drain()
+            if prev is not None:
+                prev.close()
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 20)
+            n = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                 if l.lower().startswith(b"content-length:")][0]
+            body = await asyncio.wait_for(r.readexactly(n), 20)
+            took = time.time() - t
+            print(f"request {i}: {len(body)} bytes in {took:.3f} s", flush=True)
+            if body != want:
+                sys.exit(f"request {i}: the page differs")
+            if took > 1.0:
+                sys.exit(f"request {i} took {took:.3f} s (a stall)")
+            prev = w
+        prev.close()
+
+    asyncio.run(main())
 elif role == "digest-server":
     # Busy when the client's first bytes come; then reads to the end and
     # answers with their digest.

@@ -879,6 +879,22 @@ PY
       "client connections on shm (or on kernel TCP for the early-bytes reason)"
     [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
       fail "no connection was upgraded after its early bytes"
+    # 1b. The same from an event loop (asyncio, epoll): it registers each
+    #     connection for reading before it writes; the registration moves to
+    #     the stream when the upgrade comes.
+    log=$work/log.asyncio; pre=("$run" --log "$log")
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$eb" keepalive-server "$port" "$work/www" 6 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$eb" asyncio-client "$port" "$work/www/page" 6 >"$work/c.out" 2>&1 ||
+      fail "asyncio client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "keep-alive server (asyncio client): $(cat "$work/s.out")"
+    expect_count 6 "python3\]: connect fd=.* path=(shm|kernel reason=.*early bytes)" \
+      "asyncio client connections on shm (or on kernel TCP for the early-bytes reason)"
+    [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
+      fail "no asyncio connection was upgraded after its early bytes"
+    log=$work/log; pre=("$run" --log "$log")
     # 2. Order: 24,000 early bytes, then 500,000 that go once the upgrade is
     #    made; the server's digest of everything it read must match.
     port=$(free_port)
