@@ -134,6 +134,12 @@ void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
   }
 }
 
+// At most this many early bytes: written again on the stream at the
+// upgrade, they must fit the peer's ring at once (a small --ring-kb).
+size_t early_limit() {
+  return std::min<size_t>(wire::kMaxEarlyBytes, config().shm_ring_bytes / 2);
+}
+
 // fd is a connect()ed same-host connection of this process alone, not
 // settled, whose server has not started to take the offer up (waited for
 // up to kFirstSendGrace while nothing went early yet), with room for
@@ -153,7 +159,7 @@ std::shared_ptr<Pending> untaken_offer(int fd, size_t adding,
   if (o.remote || o.listener_here || o.usock < 0 || p->inherited.load() ||
       p->accepted_by != process_id() || p->fork_gen != fork_generation() ||
       p->sent_until_ns.load(std::memory_order_acquire) != 0 ||
-      o.early.size() + adding > wire::kMaxEarlyBytes) {
+      o.early.size() + adding > early_limit()) {
     return nullptr;
   }
   // The server has connected to the offer (it is taking it up now): the

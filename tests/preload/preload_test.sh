@@ -926,7 +926,8 @@ PY
     wait_listen "$port"
     "${pre[@]}" python3 "$eb" quiet-client "$port" 1 >"$work/c.out" 2>&1 &
     client_pid=$!; pids+=("$client_pid")
-    for _ in $(seq 200); do grep -q sent "$work/c.out" && break; sleep 0.01; done
+    for _ in $(seq 2000); do grep -q sent "$work/c.out" && break; sleep 0.01; done
+    grep -q sent "$work/c.out" || fail "the quiet client did not send within 20 s: $(cat "$work/c.out")"
     kill -STOP "$client_pid"
     wait "$server_pid" || fail "quiet server (stopped client): $(cat "$work/s.out")"
     kill -CONT "$client_pid"
