@@ -1,5 +1,7 @@
 #include "early_send.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -31,7 +33,10 @@ namespace {
 // writing its requests on many connections before it reads any).
 struct Watched {
   int fd;
-  int usock;  // the offer's listening socket, readable once the server connects
+  // The offer's listening sockets, readable once the server connects (the
+  // abstract one -1 when there is none).
+  int usock;
+  int other_usock;
   std::weak_ptr<Pending> p;
 };
 
@@ -48,6 +53,17 @@ bool still_pending(const Watched& w) {
   return p && entry_of(w.fd) == Entry::kPending && pending_of(w.fd) == p;
 }
 
+bool same(const std::weak_ptr<Pending>& a, const std::weak_ptr<Pending>& b) {
+  return !a.owner_before(b) && !b.owner_before(a);
+}
+
+// Drops w's entry (g_mu taken here).
+void unwatch(const Watched& w) {
+  const std::lock_guard lock(g_mu);
+  std::erase_if(g_watched,
+                [&](const Watched& x) { return x.fd == w.fd && same(x.p, w.p); });
+}
+
 void answer_loop() {
   const InternalScope internal;
   std::vector<Watched> now;
@@ -55,11 +71,18 @@ void answer_loop() {
   while (!g_stop.load(std::memory_order_acquire)) {
     {
       const std::lock_guard lock(g_mu);
-      std::erase_if(g_watched, [](const Watched& w) { return !still_pending(w); });
       now = g_watched;
     }
+    // Outside g_mu: the fd table's lock comes first (fork takes both).
+    for (const auto& w : now) {
+      if (!still_pending(w)) unwatch(w);
+    }
+    std::erase_if(now, [](const Watched& w) { return !still_pending(w); });
     fds.assign(1, pollfd{g_wake, POLLIN, 0});
-    for (const auto& w : now) fds.push_back({w.usock, POLLIN, 0});
+    for (const auto& w : now) {
+      fds.push_back({w.usock, POLLIN, 0});
+      fds.push_back({w.other_usock, POLLIN, 0});  // -1: ignored by poll
+    }
     // A second's tick prunes what the application settled or closed.
     if (real().poll(fds.data(), fds.size(), 1000) <= 0) continue;
     if ((fds[0].revents & POLLIN) != 0) {
@@ -67,10 +90,10 @@ void answer_loop() {
       (void)real().read(g_wake, &n, sizeof n);
     }
     for (size_t i = 0; i < now.size(); ++i) {
-      if (fds[i + 1].revents == 0 || !still_pending(now[i])) continue;
-      settle(now[i].fd);  // as the application's next use would
-      const std::lock_guard lock(g_mu);
-      std::erase_if(g_watched, [&](const Watched& w) { return w.fd == now[i].fd; });
+      if ((fds[2 * i + 1].revents | fds[2 * i + 2].revents) == 0) continue;
+      // As the application's next use would, if fd still names it.
+      if (const auto p = now[i].p.lock()) settle_if_pending(now[i].fd, p);
+      unwatch(now[i]);
     }
   }
   g_running.store(false, std::memory_order_release);
@@ -126,7 +149,7 @@ void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
       if (w.fd == fd && w.p.lock() == p) return;
     }
     if (!ensure_answerer()) return;  // the application's next use settles it
-    g_watched.push_back({fd, p->offer->usock, p});
+    g_watched.push_back({fd, p->offer->usock, p->offer->other_usock, p});
     const uint64_t one = 1;
     (void)real().write(g_wake, &one, sizeof one);
   } catch (...) {
@@ -162,13 +185,20 @@ std::shared_ptr<Pending> untaken_offer(int fd, size_t adding,
       o.early.size() + adding > early_limit()) {
     return nullptr;
   }
+  // Corked bytes may stay in the kernel until a later send: the count the
+  // commit gives would not have arrived.
+  int cork = 0;
+  socklen_t cl = sizeof cork;
+  if (real().getsockopt(fd, IPPROTO_TCP, TCP_CORK, &cork, &cl) != 0 || cork != 0) {
+    return nullptr;
+  }
   // The server has connected to the offer (it is taking it up now): the
   // upgrade is a moment away, so the caller settles first.
-  pollfd pfd{o.usock, POLLIN, 0};
+  pollfd pfd[2] = {{o.usock, POLLIN, 0}, {o.other_usock, POLLIN, 0}};
   const int grace = o.early.empty() ? static_cast<int>(kFirstSendGrace.count()) : 0;
   int ready = 0;
   do {
-    ready = real().poll(&pfd, 1, grace);
+    ready = real().poll(pfd, 2, grace);  // a -1 entry is ignored
   } while (ready < 0 && errno == EINTR);
   if (ready != 0) return nullptr;
   *lock = std::move(held);
@@ -224,7 +254,7 @@ EarlyEpoll::EarlyEpoll(int epfd, int op, int fd, const epoll_event* ev) noexcept
     } else {
       // A registration remembered before: wait for a settle in progress.
       p = pending_of(fd);
-      if (!p) return;
+      if (!p || !p->early_epoll.load(std::memory_order_acquire)) return;
       lock = std::unique_lock(p->mu);
       if (pending_of(fd) != p || entry_of(fd) != Entry::kPending || !p->offer) return;
       const auto& regs = p->offer->early_epolls;
@@ -256,6 +286,7 @@ int EarlyEpoll::done(int result) noexcept {
   auto& regs = p_->offer->early_epolls;
   std::erase_if(regs, [&](const auto& r) { return r.epfd == epfd_ && r.fd == fd_; });
   if (op_ != EPOLL_CTL_DEL) regs.push_back({epfd_, fd_, ev_});  // reserved: no throw
+  p_->early_epoll.store(true, std::memory_order_release);
   // An event loop's wait sleeps on the kernel socket: the answerer settles
   // the connection when its server takes the offer up, and moves this
   // registration, so the wait sees the stream.
@@ -263,8 +294,16 @@ int EarlyEpoll::done(int result) noexcept {
   return result;
 }
 
-void take_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept {
-  for (const auto& r : regs) (void)real().epoll_ctl(r.epfd, EPOLL_CTL_DEL, r.fd, nullptr);
+std::vector<PendingOffer::EpollReg> take_early_epolls(
+    const std::vector<PendingOffer::EpollReg>& regs, const std::vector<int>& aliases) {
+  std::vector<PendingOffer::EpollReg> taken;
+  for (const auto& r : regs) {
+    // Only numbers that still name the connection, in sets that still hold
+    // them (a closed set's number may name another set now: ENOENT).
+    if (std::find(aliases.begin(), aliases.end(), r.fd) == aliases.end()) continue;
+    if (real().epoll_ctl(r.epfd, EPOLL_CTL_DEL, r.fd, nullptr) == 0) taken.push_back(r);
+  }
+  return taken;
 }
 
 void put_back_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept {

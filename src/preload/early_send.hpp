@@ -99,7 +99,10 @@ class EarlyEpoll {
 // The upgrade of a connection with remembered registrations: take them off
 // the kernel socket before the fd numbers change (take), and put them on the
 // readiness socket after (put_back). The settle lock is held throughout.
-void take_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept;
+// take returns those it took: registrations of numbers in `aliases` (those
+// that still name the connection) that their sets still hold.
+std::vector<PendingOffer::EpollReg> take_early_epolls(
+    const std::vector<PendingOffer::EpollReg>& regs, const std::vector<int>& aliases);
 void put_back_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept;
 
 }  // namespace rdmakit::preload

@@ -94,7 +94,9 @@ void sync_kernel(EpSet& s) noexcept {
   for (size_t i = 0; i < s.ups.size();) {
     Upgraded& u = s.ups[i];
     auto c = u.conn.lock();
-    if (!c || find_conn(u.fd, false) != c) {
+    // The table's word, not find_conn: a number reused by an unsettled
+    // connection must not be settled under the set's lock.
+    if (!c || entry_of(u.fd) != Entry::kConn || entry_conn(u.fd) != c) {
       // Closed: its registration left the kernel set with it, and the number
       // may name another file now (never touched here).
       remove_reg(s, s.epfd, u.fd);

@@ -131,9 +131,9 @@ void carry_sent(int fd, const Pending& p) {
 bool adopt_moving(int fd, const std::vector<int>& now, Upgrade& up,
                   const std::string& where, const std::string& marker,
                   const std::vector<PendingOffer::EpollReg>& epolls) {
-  take_early_epolls(epolls);
+  const auto taken = take_early_epolls(epolls, now);
   const bool upgraded = adopt(fd, now, up, "connect", where, marker);
-  put_back_early_epolls(epolls);
+  put_back_early_epolls(taken);
   return upgraded;
 }
 
@@ -177,7 +177,11 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
   // Early bytes (early_send.hpp) of a connection sent away since: the
   // receiver does not know they went ahead.
   const size_t early = offer->early.size();
-  const std::vector<PendingOffer::EpollReg> epolls = offer->early_epolls;
+  // Registrations remembered in this process (a forked child's copies name
+  // its parent's epoll sets, which it shares).
+  const bool own = p->accepted_by == process_id() && p->fork_gen == fork_generation();
+  const std::vector<PendingOffer::EpollReg> epolls =
+      own ? offer->early_epolls : std::vector<PendingOffer::EpollReg>{};
   if (connected && early != 0 && p->inherited.load()) {
     connected = false;
     reason = "sent to another process after its first bytes went on kernel TCP";
@@ -389,10 +393,13 @@ void settle_before_close(int fd) {
   if (entry_of(fd) != Entry::kPending) return;
   auto p = pending_of(fd);
   if (p && p->offer && aliases_of(p).size() == 1) {
+    // The answerer (early_send.hpp) may be settling it: wait for that, and
+    // keep it from starting once the number is let go.
+    const std::unique_lock lock(p->mu);
+    p->closing = true;
     // A client that sent early bytes and closes before the server took the
     // offer up: the connection was kernel TCP all along.
-    const std::unique_lock lock(p->mu, std::try_to_lock);
-    if (lock.owns_lock() && p->offer && !p->offer->early.empty()) {
+    if (pending_of(fd) == p && p->offer && !p->offer->early.empty()) {
       const std::string reason = "closed before any upgrade (its " +
                                  std::to_string(p->offer->early.size()) +
                                  " early bytes went on kernel TCP)";
@@ -409,11 +416,12 @@ void settle_before_close(int fd) {
   settle(fd);
 }
 
-void settle_mirror(int fd, const std::shared_ptr<Pending>& p) {
+void settle_if_pending(int fd, const std::shared_ptr<Pending>& p) {
   try {
     // Whoever holds it is settling this end (against ours): nothing to do.
     std::unique_lock lock(p->mu, std::try_to_lock);
-    if (!lock.owns_lock() || pending_of(fd) != p || entry_of(fd) != Entry::kPending)
+    if (!lock.owns_lock() || p->closing || pending_of(fd) != p ||
+        entry_of(fd) != Entry::kPending)
       return;
     settle_pending(fd, p);
   } catch (...) {

@@ -46,11 +46,12 @@ void settle_for_plain_exec(const char* why, int handed_fds);
 // its client's offer is refused with `status` (wire::kNotCarried or
 // wire::kUsedOutside) and `why` is logged.
 void settle_on_kernel(int fd, const char* why, uint32_t status);
-// fd (pending entry p) is the other end of a connection this process is
-// settling on another thread (mirror.hpp): settled here unless someone
-// else is settling it already.
+// fd, if it still names pending entry p and nobody is settling or closing
+// it: settled here (the other end of a connection this process settles on
+// another thread, mirror.hpp; a connection whose server took up its early
+// offer, early_send.hpp).
 struct Pending;
-void settle_mirror(int fd, const std::shared_ptr<Pending>& p);
+void settle_if_pending(int fd, const std::shared_ptr<Pending>& p);
 // Makes every alias the relay socket g granted (or, with none, keeps the
 // first alias as the library's copy) and installs them as `kind` entries
 // of one relayed connection. The other holders of a connection never see

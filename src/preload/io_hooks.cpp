@@ -110,9 +110,10 @@ EXPORT ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
 }
 
 namespace {
-// 1 when a send's bytes may go ahead of the upgrade as early bytes (urgent
-// data may not: the stream has none), else 0.
-int plain_send(int flags) { return (flags & MSG_OOB) == 0 ? 1 : 0; }
+// 1 when a send's bytes may go ahead of the upgrade as early bytes, else 0:
+// urgent data (the stream has none), and bytes the kernel may hold for a
+// later send (MSG_MORE), whose count the commit could give too soon.
+int plain_send(int flags) { return (flags & (MSG_OOB | MSG_MORE)) == 0 ? 1 : 0; }
 }  // namespace
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {

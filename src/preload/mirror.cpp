@@ -118,7 +118,7 @@ MirrorSettle::MirrorSettle(Mirror other) noexcept {
   try {
     thread_ = std::thread([other = std::move(other)] {
       t_mirror_helper = true;
-      settle_mirror(other.fd, other.pending);
+      settle_if_pending(other.fd, other.pending);
     });
   } catch (...) {
     // No thread: the caller settles its end alone (the budget then bounds

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "fd_place.hpp"
 #include "libc.hpp"
@@ -246,6 +247,14 @@ PendingOfferPtr prepare_connect(int fd, const sockaddr* dest, std::string* reaso
     *reason = "rendezvous socket " + p->path + ": " + std::strerror(errno);
     return nullptr;
   }
+  // The process that accepts may run as another user than the one that
+  // listened (it dropped privileges after listen()): it cannot reach this
+  // private directory, so the offer is on the abstract name as well. Best
+  // effort: a name another process holds leaves the private offer alone.
+  if (other_users_enabled()) {
+    std::string ignored;
+    p->other_usock = listen_on_other_user_name(t, &ignored);
+  }
   return p;
 }
 
@@ -293,11 +302,24 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
     if (!up.reason.empty()) return up;
   }
   try {
-    pollfd pfd{p->usock, POLLIN, 0};
+    pollfd pfd[2] = {{p->usock, POLLIN, 0}, {p->other_usock, POLLIN, 0}};
     int ready = 0;
-    do {
-      ready = poll(&pfd, 1, remaining_ms(deadline));
-    } while (ready < 0 && errno == EINTR);
+    for (;;) {
+      do {
+        ready = poll(pfd, p->other_usock >= 0 ? 2 : 1, remaining_ms(deadline));
+      } while (ready < 0 && errno == EINTR);
+      if (ready <= 0 || (pfd[0].revents & POLLIN) != 0 || p->other_usock < 0) break;
+      // An acceptor of another uid took the abstract offer up.
+      const int private_offer = p->usock;
+      p->usock = std::exchange(p->other_usock, -1);
+      bool proven = false;
+      Upgrade other = finish_other_user(*p, tcp_fd, &proven);
+      p->usock = private_offer;
+      if (other.stream != nullptr || proven) return other;
+      // Not the server (anyone may connect to an abstract name): the offer
+      // in the private directory still waits for it.
+      log_line("connect: %s; still waiting for the server", other.reason.c_str());
+    }
     Fd c(ready > 0 ? place_high(real().accept4(p->usock, nullptr, nullptr, SOCK_CLOEXEC))
                    : -1);
     // One-shot: a late peer finds nothing and stays on TCP.

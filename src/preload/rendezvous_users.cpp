@@ -28,6 +28,8 @@ using namespace wire;  // NOLINT(google-build-using-namespace)
 
 namespace {
 
+constexpr int kProofWaitMs = 200;
+
 struct HostDir {
   std::string prefix;   // "<dir>/rdmakit-l-<netns inode>-"
   std::string problem;  // why the path is off ("" = usable)
@@ -176,25 +178,36 @@ bool other_user_listener(uint16_t port, std::string* why) {
   return true;
 }
 
+int listen_on_other_user_name(const Tuple& t, std::string* why) {
+  socklen_t len = 0;
+  const sockaddr_un sa = offer_address(t, &len);
+  const int s = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s < 0) {
+    *why = std::string("rendezvous socket: ") + std::strerror(errno);
+    return -1;
+  }
+  if (bind(s, reinterpret_cast<const sockaddr*>(&sa), len) != 0 ||  // NOLINT
+      real().listen(s, 1) != 0) {
+    // Another process holds the name: it might answer as the client would.
+    *why = std::string("the abstract offer socket for this connection is taken (") +
+           std::strerror(errno) + ")";
+    real().close(s);
+    return -1;
+  }
+  return s;
+}
+
 std::string listen_other_user_offer(PendingOffer* p) {
   p->other_user = true;
   if (getrandom(p->offer.client_nonce.data(), kNonce, 0) != static_cast<ssize_t>(kNonce))
     return "getrandom failed";
   p->offer.tuple = p->tuple;
-  socklen_t len = 0;
-  const sockaddr_un sa = offer_address(p->tuple, &len);
-  p->usock = place_high(real().socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (p->usock < 0) return std::string("rendezvous socket: ") + std::strerror(errno);
-  if (bind(p->usock, reinterpret_cast<const sockaddr*>(&sa), len) != 0 ||  // NOLINT
-      real().listen(p->usock, 1) != 0) {
-    // Another process holds the name: it might answer as the client would.
-    return std::string("the abstract offer socket for this connection is taken (") +
-           std::strerror(errno) + ")";
-  }
-  return {};
+  std::string why;
+  p->usock = listen_on_other_user_name(p->tuple, &why);
+  return why;
 }
 
-Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
+Upgrade finish_other_user(PendingOffer& p, int tcp_fd, bool* proven) {
   // The streams' own calls on this thread (the shm handshake receives a peer
   // of another user's wake socket) are not the application's: with a
   // sanitizer runtime preloaded, the return address cannot tell.
@@ -225,8 +238,10 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
   }
   OwnerProof hello;
   int proof = -1;
+  // A server sends its proof as soon as it connects; anyone may connect to
+  // an abstract name, and one that sends nothing holds us only this long.
   if (!relay_wire::recv_with_fds(c.get(), &hello, sizeof hello, &proof, 1,
-                                 remaining_ms(deadline))) {
+                                 std::min(remaining_ms(deadline), kProofWaitMs))) {
     if (proof >= 0) real().close(proof);
     up.reason =
         "rendezvous peer " + who(cred) + " sent no proof of holding the connection";
@@ -257,6 +272,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd) {
     up.reason = "rendezvous peer " + who(cred) + ": " + up.reason + ": refused";
     return up;
   }
+  if (proven != nullptr) *proven = true;
   stream::Engine* eng = engine_for_user(cred.uid, &up.reason);
   if (eng == nullptr) return up;
   try {

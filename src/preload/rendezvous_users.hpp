@@ -28,8 +28,13 @@ void unregister_host_listener(uint16_t port);
 bool other_user_listener(uint16_t port, std::string* why);
 // Client: listens on the abstract offer socket for p->tuple (p->usock).
 std::string listen_other_user_offer(PendingOffer* p);
+// A listening socket on the abstract offer name of t, or -1 (*why) when it
+// cannot be made or another process holds the name.
+int listen_on_other_user_name(const wire::Tuple& t, std::string* why);
 // Client, at first use: the server's proof, the offer, the commit.
-Upgrade finish_other_user(PendingOffer& p, int tcp_fd);
+// *proven: the peer proved it holds the server end (a failure after that is
+// the real server's; before it, a squatter's).
+Upgrade finish_other_user(PendingOffer& p, int tcp_fd, bool* proven = nullptr);
 // Server, at first use: false when no client of another user offers this
 // connection; else *up holds the stream or why not.
 bool answer_other_user(int tcp_fd, const wire::Tuple& t, const std::string& deny,

@@ -484,6 +484,7 @@ PendingOffer::~PendingOffer() {
     if (!remote) unlink(path.c_str());
     real().close(usock);
   }
+  if (other_usock >= 0) real().close(other_usock);
 }
 
 }  // namespace rdmakit::preload

@@ -244,6 +244,10 @@ struct PendingOffer {
   void mark_listener_here() noexcept;
   std::string path;  // same host: the offer socket's path (removed with it)
   int usock = -1;    // same host: listening unix socket; remote: the connection
+  // Same host, a listener of this user: the offer on the abstract name too,
+  // for an acceptor of another uid (a server that dropped privileges after
+  // listen(): nginx's workers, a daemon's service user).
+  int other_usock = -1;
   // Same host: bytes the application sent on kernel TCP before the server
   // took the offer up (early_send.hpp), at most wire::kMaxEarlyBytes.
   std::string early;

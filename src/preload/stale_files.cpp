@@ -75,12 +75,14 @@ std::optional<std::vector<std::string>> bound_unix_paths() {
   std::vector<std::string> paths;
   char line[4096 + 128];
   while (std::fgets(line, sizeof line, f) != nullptr) {
-    // Num RefCount Protocol Flags Type St Inode [Path]
-    char path[4096 + 1] = {};
-    if (std::sscanf(line, "%*s %*s %*s %*s %*s %*s %*s %4096s", path) == 1 &&
-        path[0] == '/') {
-      paths.emplace_back(path);
-    }
+    // Num RefCount Protocol Flags Type St Inode [Path]: the path is the
+    // rest of the line (it may hold spaces).
+    int at = 0;
+    if (std::sscanf(line, "%*s %*s %*s %*s %*s %*s %*s %n", &at) != 0 || at <= 0)
+      continue;
+    std::string path(line + at);
+    while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    if (!path.empty() && path[0] == '/') paths.push_back(std::move(path));
   }
   std::fclose(f);
   std::sort(paths.begin(), paths.end());

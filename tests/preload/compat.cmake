@@ -1,14 +1,14 @@
 # More real Debian programs under the preload, both ends on loopback
 # (compat_test.sh; docs/preload.md, "Compatibility"). Each case checks the bytes
 # that moved and that every connection took the shm path at both ends.
-set(compat_cases socat socat-proxy nc memcached haproxy node node-cluster node-destroy
+set(compat_cases socat socat-proxy nc memcached haproxy nginx-proxy node node-cluster node-destroy
                  node-handoff redis-replica python-http mosquitto lighttpd
                  mariadb rsyncd git-daemon socket-activate socat-stdio)
 if(RDMAKIT_SANITIZE MATCHES "address")
   # curl hangs with the ASan runtime preloaded into it even without this
   # library (see CMakeLists.txt), so the cases that download with curl run in
   # the release stage only.
-  list(REMOVE_ITEM compat_cases socat-proxy haproxy lighttpd)
+  list(REMOVE_ITEM compat_cases socat-proxy haproxy nginx-proxy lighttpd)
   # Under the ASan build, sysbench's prepare step (2 x 2000 rows and their
   # indexes) did not finish within the case's 60 s (measured once); mariadb
   # and sysbench run in the release stage.

@@ -10,6 +10,8 @@
 #                and read back, a file through memccp/memccat, memcslap
 #   haproxy      haproxy (threads) in front of nginx (master + workers);
 #                curl downloads through it
+#   nginx-proxy  nginx as Debian runs it (master root, workers www-data) as a
+#                reverse proxy to python3's http.server; curl through it
 #   node         node's http server and a node client (keep-alive agent)
 #   node-cluster node's cluster module, round robin: the primary accepts and
 #                hands each connection to a worker over its IPC channel; GETs
@@ -263,6 +265,64 @@ CFG
     c=$(count "haproxy\]: connect fd=.*path=shm")
     expect_shm $((3 + c)) $((3 + c))
     echo "OK haproxy: 3 x 20 MB through haproxy from nginx, $((3 + c)) shm connections each end"
+    ;;
+  nginx-proxy)
+    # nginx as Debian runs it: the master (root) listens, its workers run as
+    # www-data; a reverse proxy to python3's http.server (keep-alive
+    # upstream connections). Each client connection is accepted by a process
+    # of another uid than the one that listened.
+    need nginx; need curl
+    [ "$(id -u)" = 0 ] || fail "nginx-proxy needs root (its workers drop to www-data)"
+    mkdir -p "$work/www" "$work/ngx"
+    head -c 300000 /dev/urandom >"$work/www/file.bin"
+    back=$(free_port) front=$(free_port)
+    cat >"$work/nginx.conf" <<NGINX
+daemon off;
+master_process on;
+worker_processes 2;
+user www-data www-data;
+pid $work/ngx/nginx.pid;
+error_log $work/ngx/error.log info;
+events { use epoll; worker_connections 512; }
+http {
+  access_log off;
+  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
+  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+  upstream app { server 127.0.0.1:$back; keepalive 4; }
+  server {
+    listen 127.0.0.1:$front;
+    location / {
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+    bg python3 -m http.server -b 127.0.0.1 "$back" -d "$work/www" >"$work/py.out" 2>&1
+    bg nginx -c "$work/nginx.conf" -p "$work/ngx" -e "$work/ngx/error.log" >"$work/nginx.out" 2>&1; ngx=$!
+    wait_listen "$back"; wait_listen "$front"
+    [ "$(ps -o user= -C nginx | grep -c www-data)" = 2 ] || fail "the nginx workers do not run as www-data"
+    start=$(date +%s%N)
+    for i in $(seq 10); do
+      "${pre[@]}" timeout 30 curl -sS -o "$work/got" "http://127.0.0.1:$front/file.bin" ||
+        fail "curl $i: $(tail -n 3 "$work/ngx/error.log")"
+      cmp -s "$work/www/file.bin" "$work/got" || fail "download $i differs"
+    done
+    took_ms=$((($(date +%s%N) - start) / 1000000))
+    for _ in $(seq 100); do [ -s "$work/ngx/nginx.pid" ] && break; sleep 0.05; done
+    kill -QUIT "$(cat "$work/ngx/nginx.pid")"; wait "$ngx" 2>/dev/null || true
+    # Kernel TCP: well under a second for all ten; a client waiting for a
+    # take-up that cannot come: 5 s each.
+    [ "$took_ms" -lt 10000 ] || fail "10 downloads took $took_ms ms"
+    [ "$(count "curl\]: connect fd=.*path=shm")" = 10 ] || fail "curl connections not on shm"
+    [ "$(count "nginx: worker process\]: accept fd=.*path=shm")" = 10 ] ||
+      fail "the workers (www-data) did not take every connection up on shm"
+    u=$(count "nginx: worker process\]: connect fd=.*path=shm")
+    [ "$u" -ge 1 ] || fail "the workers' upstream connections are not on shm"
+    expect_shm $((10 + u)) $((10 + u))
+    echo "OK nginx-proxy: 10 x 300 kB through nginx (workers as www-data) from http.server in $took_ms ms, $((10 + u)) shm connections each end"
     ;;
   node)
     need node
