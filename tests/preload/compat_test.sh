@@ -82,6 +82,23 @@ expect_shm() {
     fail "connections off the fast path: $(grep -E 'path=kernel|path=none' "$log")"
 }
 sha() { sha256sum <"$1" | cut -d' ' -f1; }
+# The head of an nginx.conf under $work/ngx up to the http block's first
+# lines (master + 2 workers, epoll): nginx_conf_head "USER GROUP".
+nginx_conf_head() {
+  cat <<NGINX
+daemon off;
+master_process on;
+worker_processes 2;
+user $1;
+pid $work/ngx/nginx.pid;
+error_log $work/ngx/error.log info;
+events { use epoll; worker_connections 512; }
+http {
+  access_log off;
+  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
+  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+NGINX
+}
 # three_digests_told REASON: three socat clients send $work/up to the server
 # on $port, which answers its sha256sum; each digest must be right and each
 # client must have been told REASON at once (kernel TCP, no budget waited).
@@ -220,21 +237,11 @@ PY
     mkdir -p "$work/www" "$work/ngx"
     head -c 20000000 /dev/urandom >"$work/www/file.bin"
     back=$(free_port) front=$(free_port)
-    cat >"$work/nginx.conf" <<NGINX
-daemon off;
-master_process on;
-worker_processes 2;
-user $(id -un) $(id -gn);
-pid $work/ngx/nginx.pid;
-error_log $work/ngx/error.log info;
-events { use epoll; worker_connections 512; }
-http {
-  access_log off;
-  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
-  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+    { nginx_conf_head "$(id -un) $(id -gn)"; cat <<NGINX
   server { listen 127.0.0.1:$back; root $work/www; }
 }
 NGINX
+    } >"$work/nginx.conf"
     cat >"$work/haproxy.cfg" <<CFG
 global
   nbthread 2
@@ -276,18 +283,7 @@ CFG
     mkdir -p "$work/www" "$work/ngx"
     head -c 300000 /dev/urandom >"$work/www/file.bin"
     back=$(free_port) front=$(free_port)
-    cat >"$work/nginx.conf" <<NGINX
-daemon off;
-master_process on;
-worker_processes 2;
-user www-data www-data;
-pid $work/ngx/nginx.pid;
-error_log $work/ngx/error.log info;
-events { use epoll; worker_connections 512; }
-http {
-  access_log off;
-  client_body_temp_path $work/ngx/body; proxy_temp_path $work/ngx/proxy;
-  fastcgi_temp_path $work/ngx/fcgi; uwsgi_temp_path $work/ngx/uwsgi; scgi_temp_path $work/ngx/scgi;
+    { nginx_conf_head "www-data www-data"; cat <<NGINX
   upstream app { server 127.0.0.1:$back; keepalive 4; }
   server {
     listen 127.0.0.1:$front;
@@ -300,6 +296,7 @@ http {
   }
 }
 NGINX
+    } >"$work/nginx.conf"
     bg python3 -m http.server -b 127.0.0.1 "$back" -d "$work/www" >"$work/py.out" 2>&1
     bg nginx -c "$work/nginx.conf" -p "$work/ngx" -e "$work/ngx/error.log" >"$work/nginx.out" 2>&1; ngx=$!
     wait_listen "$back"; wait_listen "$front"

@@ -19,6 +19,20 @@ def listener():
     return s
 
 
+def check_page(i, started, body, want):
+    took = time.time() - started
+    print(f"request {i}: {len(body)} bytes in {took:.3f} s", flush=True)
+    if body != want:
+        sys.exit(f"request {i}: the page differs")
+    if took > 1.0:
+        sys.exit(f"request {i} took {took:.3f} s (a stall)")
+
+
+def content_length(head):
+    return [int(l.split(b":")[1]) for l in head.split(b"\r\n")
+            if l.lower().startswith(b"content-length:")][0]
+
+
 def recv_all(c):
     out = bytearray()
     while True:
@@ -59,15 +73,7 @@ elif role == "keepalive-client":
             if not b:
                 sys.exit(f"request {i}: the connection ended in the header")
             head += b
-        n = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
-             if l.lower().startswith(b"content-length:")][0]
-        body = f.read(n)
-        took = time.time() - t
-        print(f"request {i}: {len(body)} bytes in {took:.3f} s", flush=True)
-        if body != want:
-            sys.exit(f"request {i}: the page differs")
-        if took > 1.0:
-            sys.exit(f"request {i} took {took:.3f} s (a stall)")
+        check_page(i, t, f.read(content_length(head)), want)
     f.close()
 elif role == "asyncio-client":
     # The same on an event loop (epoll): the loop registers each new
@@ -85,15 +91,8 @@ elif role == "asyncio-client":
             if prev is not None:
                 prev.close()
             head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 20)
-            n = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
-                 if l.lower().startswith(b"content-length:")][0]
-            body = await asyncio.wait_for(r.readexactly(n), 20)
-            took = time.time() - t
-            print(f"request {i}: {len(body)} bytes in {took:.3f} s", flush=True)
-            if body != want:
-                sys.exit(f"request {i}: the page differs")
-            if took > 1.0:
-                sys.exit(f"request {i} took {took:.3f} s (a stall)")
+            body = await asyncio.wait_for(r.readexactly(content_length(head)), 20)
+            check_page(i, t, body, want)
             prev = w
         prev.close()
 

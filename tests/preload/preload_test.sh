@@ -868,62 +868,48 @@ PY
     #    answer within 1 s (kernel TCP: milliseconds; waiting for the server
     #    to take the offer up: the 5 s budget).
     mkdir "$work/www"; head -c 20000 /dev/urandom >"$work/www/page"
-    port=$(free_port)
-    "${pre[@]}" timeout 60 python3 "$eb" keepalive-server "$port" "$work/www" 6 >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    "${pre[@]}" timeout 60 python3 "$eb" keepalive-client "$port" "$work/www/page" 6 >"$work/c.out" 2>&1 ||
-      fail "keep-alive client: $(cat "$work/c.out")"
-    wait "$server_pid" || fail "keep-alive server: $(cat "$work/s.out")"
-    expect_count 6 "python3\]: connect fd=.* path=(shm|kernel reason=.*early bytes)" \
-      "client connections on shm (or on kernel TCP for the early-bytes reason)"
-    [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
-      fail "no connection was upgraded after its early bytes"
+    eb_server() {  # ROLE [ARGS...]: started on a free port ($port, $server_pid)
+      port=$(free_port)
+      "${pre[@]}" timeout 60 python3 "$eb" "$1" "$port" "${@:2}" >"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen "$port"
+    }
+    eb_pair() {  # WHAT CLIENT_ROLE [ARGS...]: the client, then the server, must succeed
+      "${pre[@]}" timeout 60 python3 "$eb" "$2" "$port" "${@:3}" >"$work/c.out" 2>&1 ||
+        fail "$1 client: $(cat "$work/c.out")"
+      wait "$server_pid" || fail "$1 server: $(cat "$work/s.out")"
+    }
+    keepalive_round() {  # CLIENT_ROLE WHAT: six requests, each within 1 s, verified
+      eb_server keepalive-server "$work/www" 6
+      eb_pair "$2" "$1" "$work/www/page" 6
+      expect_count 6 "python3\]: connect fd=.* path=(shm|kernel reason=.*early bytes)" \
+        "$2 connections on shm (or on kernel TCP for the early-bytes reason)"
+      [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
+        fail "no $2 connection was upgraded after its early bytes"
+    }
+    keepalive_round keepalive-client "blocking client"
     # 1b. The same from an event loop (asyncio, epoll): it registers each
     #     connection for reading before it writes; the registration moves to
     #     the stream when the upgrade comes.
     log=$work/log.asyncio; pre=("$run" --log "$log")
-    port=$(free_port)
-    "${pre[@]}" timeout 60 python3 "$eb" keepalive-server "$port" "$work/www" 6 >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    "${pre[@]}" timeout 60 python3 "$eb" asyncio-client "$port" "$work/www/page" 6 >"$work/c.out" 2>&1 ||
-      fail "asyncio client: $(cat "$work/c.out")"
-    wait "$server_pid" || fail "keep-alive server (asyncio client): $(cat "$work/s.out")"
-    expect_count 6 "python3\]: connect fd=.* path=(shm|kernel reason=.*early bytes)" \
-      "asyncio client connections on shm (or on kernel TCP for the early-bytes reason)"
-    [ "$(count "early bytes\); written again first on the stream")" -ge 1 ] ||
-      fail "no asyncio connection was upgraded after its early bytes"
+    keepalive_round asyncio-client "asyncio client"
     log=$work/log; pre=("$run" --log "$log")
     # 2. Order: 24,000 early bytes, then 500,000 that go once the upgrade is
     #    made; the server's digest of everything it read must match.
-    port=$(free_port)
-    "${pre[@]}" timeout 60 python3 "$eb" digest-server "$port" >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    "${pre[@]}" timeout 60 python3 "$eb" digest-client "$port" >"$work/c.out" 2>&1 ||
-      fail "digest client: $(cat "$work/c.out")"
-    wait "$server_pid" || fail "digest server: $(cat "$work/s.out")"
+    eb_server digest-server
+    eb_pair digest digest-client
     expect_count 1 "connect fd=.*: its first 24000 bytes went on kernel TCP" \
       "clients whose 24,000 early bytes were written again on the stream"
     # 3. A client that writes and then makes no call for 1.5 s: its library
     #    answers the server's take-up from a thread of its own, so the
     #    server reads the bytes at once, on the stream.
-    port=$(free_port)
-    "${pre[@]}" timeout 60 python3 "$eb" quiet-server "$port" >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
-    "${pre[@]}" timeout 60 python3 "$eb" quiet-client "$port" 1.5 >"$work/c.out" 2>&1 ||
-      fail "quiet client: $(cat "$work/c.out")"
-    wait "$server_pid" || fail "quiet server: $(cat "$work/s.out")"
+    eb_server quiet-server
+    eb_pair quiet quiet-client 1.5
     expect_count 1 "connect fd=.*: its first 6 bytes went on kernel TCP" \
       "quiet clients upgraded after their early bytes"
     # 4. The same client stopped (SIGSTOP) once it has written: nothing can
     #    answer, so the server waits 100 ms and reads the bytes on kernel TCP.
-    port=$(free_port)
-    "${pre[@]}" timeout 60 python3 "$eb" quiet-server "$port" >"$work/s.out" 2>&1 &
-    server_pid=$!; pids+=("$server_pid")
-    wait_listen "$port"
+    eb_server quiet-server
     "${pre[@]}" python3 "$eb" quiet-client "$port" 1 >"$work/c.out" 2>&1 &
     client_pid=$!; pids+=("$client_pid")
     for _ in $(seq 2000); do grep -q sent "$work/c.out" && break; sleep 0.01; done
