@@ -1,6 +1,7 @@
 #include "adopt.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 
 #include "conn_guard.hpp"
 #include "fd_place.hpp"
+#include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
@@ -18,6 +20,16 @@
 namespace rdmakit::preload {
 
 namespace {
+
+// Puts the registrations back when adopt() returns, on whatever the numbers
+// name by then: the readiness socket, or the kernel socket after a failure.
+struct PutBack {
+  explicit PutBack(const std::vector<KernelRegistration>& r) : regs(r) {}
+  const std::vector<KernelRegistration>& regs;
+  PutBack(const PutBack&) = delete;
+  PutBack& operator=(const PutBack&) = delete;
+  ~PutBack() { put_back_registrations(regs); }
+};
 
 stats::Side side_of(const char* side) {
   return std::strcmp(side, "accept") == 0 ? stats::kSideAccept : stats::kSideConnect;
@@ -70,6 +82,11 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
     publish_fallback(fd, side, "no descriptor for the readiness mirror");
     return false;  // the stream is dropped before any byte; the peer sees a reset stream
   }
+  // Registrations made on the kernel socket move with the numbers.
+  struct stat kernel {};
+  std::vector<KernelRegistration> regs;
+  if (::fstat(fd, &kernel) == 0) regs = take_kernel_registrations(aliases, kernel.st_ino);
+  const PutBack put_back{regs};
   for (const int alias : aliases) {
     const int fd_flags = real().fcntl(alias, F_GETFD);
     if (real().dup3(ready, alias, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {

@@ -18,6 +18,7 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
+#include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous_wire.hpp"
@@ -252,26 +253,19 @@ EarlyEpoll::EarlyEpoll(int epfd, int op, int fd, const epoll_event* ev) noexcept
       p = untaken_offer(fd, 0, &lock);
       if (!p) return;
     } else {
-      // A registration remembered before: wait for a settle in progress.
+      // A registration the upgrade would move: wait for a settle in progress.
+      if (!has_kernel_registration(epfd, fd)) return;
       p = pending_of(fd);
-      if (!p || !p->early_epoll.load(std::memory_order_acquire)) return;
+      if (!p) return;
       lock = std::unique_lock(p->mu);
       if (pending_of(fd) != p || entry_of(fd) != Entry::kPending || !p->offer) return;
-      const auto& regs = p->offer->early_epolls;
-      const bool known = std::any_of(regs.begin(), regs.end(), [&](const auto& r) {
-        return r.epfd == epfd && r.fd == fd;
-      });
-      if (!known) return;
       if (op == EPOLL_CTL_MOD && !movable) {
         must_settle_ = true;
         return;
       }
     }
-    if (ev != nullptr) ev_ = *ev;
-    p->offer->early_epolls.reserve(p->offer->early_epolls.size() + 1);
     p_ = std::move(p);
     lock_ = std::move(lock);
-    epfd_ = epfd;
     op_ = op;
     fd_ = fd;
   } catch (...) {
@@ -283,41 +277,12 @@ EarlyEpoll::~EarlyEpoll() = default;
 
 int EarlyEpoll::done(int result) noexcept {
   if (p_ == nullptr || result != 0) return result;
-  auto& regs = p_->offer->early_epolls;
-  std::erase_if(regs, [&](const auto& r) { return r.epfd == epfd_ && r.fd == fd_; });
-  if (op_ != EPOLL_CTL_DEL) regs.push_back({epfd_, fd_, ev_});  // reserved: no throw
-  p_->early_epoll.store(true, std::memory_order_release);
   // An event loop's wait sleeps on the kernel socket: the answerer settles
-  // the connection when its server takes the offer up, and moves this
-  // registration, so the wait sees the stream.
+  // the connection when its server takes the offer up, and the upgrade
+  // moves this registration (kernel_registrations.hpp), so the wait sees
+  // the stream.
   if (op_ == EPOLL_CTL_ADD) watch_offer(fd_, p_);
   return result;
-}
-
-std::vector<PendingOffer::EpollReg> take_early_epolls(
-    const std::vector<PendingOffer::EpollReg>& regs, const std::vector<int>& aliases) {
-  std::vector<PendingOffer::EpollReg> taken;
-  for (const auto& r : regs) {
-    // Only numbers that still name the connection, in sets that still hold
-    // them (a closed set's number may name another set now: ENOENT).
-    if (std::find(aliases.begin(), aliases.end(), r.fd) == aliases.end()) continue;
-    if (real().epoll_ctl(r.epfd, EPOLL_CTL_DEL, r.fd, nullptr) == 0) taken.push_back(r);
-  }
-  return taken;
-}
-
-void put_back_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept {
-  for (const auto& r : regs) {
-    epoll_event ev = r.ev;
-    if (real().epoll_ctl(r.epfd, EPOLL_CTL_ADD, r.fd, &ev) == 0) {
-      epoll_registration_moved(r.epfd, r.fd, ev);
-    } else {
-      log_line(
-          "fd=%d: its epoll registration in set %d could not be moved to the "
-          "upgraded connection (%s)",
-          r.fd, r.epfd, std::strerror(errno));
-    }
-  }
 }
 
 void early_lock_for_fork() noexcept { g_mu.lock(); }

@@ -65,13 +65,14 @@ class EarlySend {
 
 // epoll_ctl on such a connection. An ADD into a set this process created
 // registers the kernel socket and leaves the connection unsettled (an event
-// loop registers a connect()ed socket before it sends): the registration is
-// remembered and moved to the readiness socket at the upgrade, which the
-// answerer makes as soon as the server takes the offer up, so a wait on the
-// set sees the stream. A MOD or DEL of it keeps the memory current. Active:
-// the caller makes its kernel call while this holds the settle lock, then
-// calls done() with the result. One-shot and exclusive registrations are
-// not taken (the caller settles first, as for any use).
+// loop registers a connect()ed socket before it sends): the upgrade, which
+// the answerer makes as soon as the server takes the offer up, moves the
+// registration to the readiness socket (kernel_registrations.hpp), so a
+// wait on the set sees the stream. A MOD or DEL of a registration the
+// upgrade would move waits for a settle in progress. Active: the caller
+// makes its kernel call while this holds the settle lock, then calls done()
+// with the result. One-shot and exclusive registrations are not taken (the
+// caller settles first, as for any use).
 class EarlyEpoll {
  public:
   EarlyEpoll(int epfd, int op, int fd, const epoll_event* ev) noexcept;
@@ -82,27 +83,15 @@ class EarlyEpoll {
   explicit operator bool() const noexcept { return p_ != nullptr; }
   int done(int result) noexcept;
   // Not taken, and the connection must be settled before the caller's
-  // kernel call (a remembered registration changed in a way that cannot
-  // move).
+  // kernel call (a registration changed in a way that cannot move).
   bool must_settle() const noexcept { return must_settle_; }
 
  private:
   bool must_settle_ = false;
   std::shared_ptr<Pending> p_;
   std::unique_lock<std::mutex> lock_;
-  int epfd_ = -1;
   int op_ = 0;
   int fd_ = -1;
-  epoll_event ev_{};
 };
-
-// The upgrade of a connection with remembered registrations: take them off
-// the kernel socket before the fd numbers change (take), and put them on the
-// readiness socket after (put_back). The settle lock is held throughout.
-// take returns those it took: registrations of numbers in `aliases` (those
-// that still name the connection) that their sets still hold.
-std::vector<PendingOffer::EpollReg> take_early_epolls(
-    const std::vector<PendingOffer::EpollReg>& regs, const std::vector<int>& aliases);
-void put_back_early_epolls(const std::vector<PendingOffer::EpollReg>& regs) noexcept;
 
 }  // namespace rdmakit::preload

@@ -1,15 +1,14 @@
 #include "epoll_set.hpp"
 
-#include <fcntl.h>
 #include <sys/epoll.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <mutex>
-#include <string>
+#include <vector>
 
 #include "epoll_registry.hpp"
+#include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 
@@ -207,39 +206,14 @@ void mod_reg(EpSet& s, int fd, const epoll_event& ev) {
   set_kernel(s, u, true, ev.events, ev.data.u64);
 }
 
-// The set's registrations as the kernel holds them, from
-// /proc/self/fdinfo/EPFD ("tfd: FD events: HEX data: HEX ..."). s.mu held.
-// false when they cannot be read (the set then stays on the kernel path).
+// The set's registrations as the kernel holds them. s.mu held. false when
+// they cannot be read (the set then stays on the kernel path).
 bool import_from_kernel(EpSet& s) {
-  char path[48];
-  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", s.epfd);
-  const int fd = real().open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = real().read(fd, buf, sizeof buf)) > 0)
-    text.append(buf, static_cast<size_t>(n));
-  (void)real().close(fd);
-  if (n < 0) return false;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(at, end - at);
-    at = end + 1;
-    int tfd = -1;
-    unsigned events = 0;
-    unsigned long long data = 0;
-    if (std::sscanf(line.c_str(), "tfd: %d events: %x data: %llx", &tfd, &events,
-                    &data) != 3)
-      continue;
-    if (tfd < 0 || tfd >= kMaxFd) return false;
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.u64 = data;
-    remove_reg(s, s.epfd, tfd);
-    add_reg(s, s.epfd, tfd, ev);
+  std::vector<HeldRegistration> held;
+  if (!read_registrations(s.epfd, &held)) return false;
+  for (const auto& h : held) {
+    remove_reg(s, s.epfd, h.fd);
+    add_reg(s, s.epfd, h.fd, h.ev);
   }
   return true;
 }
@@ -329,6 +303,15 @@ void keep_readiness_current(Conn& c) noexcept {
   set_lazy(c, false);
 }
 
+std::vector<int> epoll_sets_of_this_process() {
+  std::vector<int> sets;
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    if (ep::set_of(fd, false) != nullptr && epoll_set_of_this_process(fd))
+      sets.push_back(fd);
+  }
+  return sets;
+}
+
 bool epoll_set_of_this_process(int epfd) noexcept {
   EpSet* s = ep::set_of(epfd, false);
   if (s == nullptr) return false;
@@ -354,6 +337,7 @@ void epoll_registration_moved(int epfd, int fd, const epoll_event& ev) noexcept 
 
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
+  if (fd_word(fd) < kConnWord) note_kernel_registration(epfd, op, fd);
   // Before the first upgrade nothing is kept, so the fallback path pays one
   // load per call; a set's registrations are read back from the kernel at
   // its first epoll_ctl after the upgrade (import_from_kernel).

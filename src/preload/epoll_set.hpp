@@ -29,6 +29,8 @@
 //   good.
 #include <sys/epoll.h>
 
+#include <vector>
+
 #include "wait_spin.hpp"
 
 namespace rdmakit::preload {
@@ -41,6 +43,8 @@ constexpr unsigned kKernelEvery = 8;
 void epoll_created(int epfd) noexcept;
 // epfd is a set the application created in this process (tracked).
 bool epoll_set_of_this_process(int epfd) noexcept;
+// Every set this process created and still holds.
+std::vector<int> epoll_sets_of_this_process();
 // fd's registration in epfd was moved by the library from the kernel socket
 // it named to the upgraded connection's readiness socket (early_send.hpp).
 void epoll_registration_moved(int epfd, int fd, const epoll_event& ev) noexcept;

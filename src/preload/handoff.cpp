@@ -126,17 +126,6 @@ void carry_sent(int fd, const Pending& p) {
   }
 }
 
-// adopt(), with the epoll registrations made while the connection sent
-// early moved from its kernel socket to its readiness socket.
-bool adopt_moving(int fd, const std::vector<int>& now, Upgrade& up,
-                  const std::string& where, const std::string& marker,
-                  const std::vector<PendingOffer::EpollReg>& epolls) {
-  const auto taken = take_early_epolls(epolls, now);
-  const bool upgraded = adopt(fd, now, up, "connect", where, marker);
-  put_back_early_epolls(taken);
-  return upgraded;
-}
-
 // The client's end: the kernel connect done (or failed), the server's
 // answer taken up within the budget, else kernel TCP. true: upgraded.
 bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
@@ -177,11 +166,6 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
   // Early bytes (early_send.hpp) of a connection sent away since: the
   // receiver does not know they went ahead.
   const size_t early = offer->early.size();
-  // Registrations remembered in this process (a forked child's copies name
-  // its parent's epoll sets, which it shares).
-  const bool own = p->accepted_by == process_id() && p->fork_gen == fork_generation();
-  const std::vector<PendingOffer::EpollReg> epolls =
-      own ? offer->early_epolls : std::vector<PendingOffer::EpollReg>{};
   if (connected && early != 0 && p->inherited.load()) {
     connected = false;
     reason = "sent to another process after its first bytes went on kernel TCP";
@@ -191,13 +175,12 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
     std::vector<int> now;
     if (up.stream != nullptr && !still_held(fd, p, &now)) {
       up.reason = kClosedMeanwhile;
-    } else if (up.stream != nullptr && adopt_moving(fd, now, up, where, marker, epolls)) {
+    } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
       carry_sent(fd, *p);
       if (early != 0) {
         log_line(
-            "connect fd=%d: its first %zu bytes went on kernel TCP before the server "
-            "took "
-            "the offer up (early bytes); written again first on the stream",
+            "connect fd=%d: its first %zu bytes went on kernel TCP before the "
+            "server took the offer up (early bytes); written again first on the stream",
             fd, early);
       }
       return true;

@@ -2,7 +2,6 @@
 // What both upgrade rendezvous (same host: unix sockets, rendezvous.cpp;
 // other hosts: TCP, remote.cpp) exchange, and the helpers they share.
 #include <netinet/in.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -11,7 +10,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "rdmakit/auth.hpp"
 #include "rdmakit/stream/stream.hpp"
@@ -251,14 +249,6 @@ struct PendingOffer {
   // Same host: bytes the application sent on kernel TCP before the server
   // took the offer up (early_send.hpp), at most wire::kMaxEarlyBytes.
   std::string early;
-  // Meanwhile registered in epoll sets (on the kernel socket): moved to the
-  // readiness socket when the upgrade comes (early_send.hpp).
-  struct EpollReg {
-    int epfd;
-    int fd;
-    epoll_event ev;
-  };
-  std::vector<EpollReg> early_epolls;
   ~PendingOffer();
 };
 

@@ -173,8 +173,6 @@ struct Pending {
   PendingOfferPtr offer;
   // Set (under mu) by close(): a library thread settles it no more.
   bool closing = false;
-  // An epoll registration of it is remembered (early_send.hpp).
-  std::atomic<bool> early_epoll{false};
 };
 
 inline Entry entry_of(int fd) noexcept { return entry_of_word(fd_word(fd)); }

@@ -922,6 +922,26 @@ PY
       "server fallbacks for a stopped client"
     expect_count 1 "connect fd=.*peer=127.0.0.1:$port path=kernel" "the stopped client's fallback"
     ;;
+  epoll-before-connect)  # an event loop registers a socket before connect()
+    # nginx's upstream connections: the registration (edge-triggered, read
+    # until a short read) must report the stream, not the kernel socket the
+    # upgrade leaves behind. The server keeps each connection open, so no
+    # end of stream on the kernel socket wakes a registration left there.
+    ebc=$(dirname "$0")/epoll_before_connect.py
+    for mode in et lt two-sets; do
+      : >"$log"
+      port=$(free_port)
+      "${pre[@]}" timeout 60 python3 "$ebc" server "$port" 3 >"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen "$port"
+      "${pre[@]}" timeout 60 python3 "$ebc" client "$port" "$mode" 3 >"$work/c.out" 2>&1 ||
+        fail "$mode client: $(cat "$work/c.out")"
+      wait "$server_pid" || fail "$mode server: $(cat "$work/s.out")"
+      expect_count 3 "connect fd=.* path=shm" "$mode client connections on shm"
+      expect_count 3 "accept fd=.* path=shm" "$mode server connections on shm"
+      expect_count 0 "could not be moved" "registrations left behind"
+    done
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
