@@ -75,10 +75,11 @@ void answer_loop() {
       now = g_watched;
     }
     // Outside g_mu: the fd table's lock comes first (fork takes both).
-    for (const auto& w : now) {
-      if (!still_pending(w)) unwatch(w);
-    }
-    std::erase_if(now, [](const Watched& w) { return !still_pending(w); });
+    std::erase_if(now, [](const Watched& w) {
+      if (still_pending(w)) return false;
+      unwatch(w);
+      return true;
+    });
     fds.assign(1, pollfd{g_wake, POLLIN, 0});
     for (const auto& w : now) {
       fds.push_back({w.usock, POLLIN, 0});
@@ -120,8 +121,8 @@ bool ensure_answerer() {
   sigset_t all;
   sigset_t old;
   sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all,
-                  &old);  // the application's handlers run on its threads
+  // The application's signal handlers run on its own threads.
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   bool started = false;
   try {
     g_stop.store(false, std::memory_order_relaxed);
