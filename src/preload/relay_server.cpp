@@ -201,6 +201,13 @@ class Server {
       r->given_dev = given.st_dev;
       r->given_ino = given.st_ino;
     }
+    // The asker's number named a file shared with this process (fork, exec,
+    // SCM_RIGHTS), whose O_NONBLOCK it shared: its relay socket has it too
+    // (libpq in pg_basebackup's forked WAL receiver expects EAGAIN).
+    if (c->nonblocking.load(std::memory_order_relaxed)) {
+      const int fl = real().fcntl(pair[1], F_GETFL);
+      if (fl >= 0) (void)real().fcntl(pair[1], F_SETFL, fl | O_NONBLOCK);
+    }
     // Someone else now reads the readiness socket's state: it must be current.
     keep_readiness_current(*c);
     r->conn = std::move(c);

@@ -922,6 +922,20 @@ PY
       "server fallbacks for a stopped client"
     expect_count 1 "connect fd=.*peer=127.0.0.1:$port path=kernel" "the stopped client's fallback"
     ;;
+  nonblock-fork)  # a used non-blocking connection shared by fork
+    # The child's copy is relayed through the parent; it must stay
+    # non-blocking, as the file it copies (pg_basebackup's WAL receiver).
+    nbf=$(dirname "$0")/nonblock_fork.py
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$nbf" server "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$nbf" client "$port" >"$work/c.out" 2>&1 ||
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    expect_count 1 "connect fd=.* path=shm" "client connection on shm"
+    expect_count 1 "fork fd=.* path=relay" "relay at fork"
+    ;;
   epoll-before-connect)  # an event loop registers a socket before connect()
     # nginx's upstream connections: the registration (edge-triggered, read
     # until a short read) must report the stream, not the kernel socket the

@@ -4,7 +4,9 @@
 #   postgres  the postmaster forks a backend per connection; runs as a
 #             service user. pgbench (4 clients) and psql; the pgbench
 #             invariant is checked: the sum of the balances equals the sum
-#             of the history's deltas.
+#             of the history's deltas. pg_basebackup -X stream (its forked
+#             WAL receiver reads a non-blocking connection through a relay),
+#             checked by pg_verifybackup.
 #   sshd      sshd re-executes itself per connection, then forks its
 #             privilege-separated children: ssh runs a command and scp copies
 #             a file both ways, every byte checked.
@@ -69,8 +71,19 @@ case "$case_name" in
     [ "$balances" = "$deltas" ] && [ "$tellers" = "$deltas" ] ||
       fail "pgbench invariant broken: accounts $balances, tellers $tellers, history $deltas"
     [ "$history" = 1200 ] || fail "history has $history rows, not 1200"
+    # pg_basebackup -X stream uses its WAL connection, then forks the WAL
+    # receiver, which reads it through a relay; libpq expects EAGAIN from it
+    # (the relay socket must keep O_NONBLOCK, or the receiver blocks for good).
+    mkdir -m 700 "$work/bk"; chown "$SECOND_UID:$SECOND_GID" "$work/bk"
+    as_second_user "${pre[@]}" timeout 30 "$pgbin/pg_basebackup" -h 127.0.0.1 -p "$port" \
+      -U bench -D "$work/bk/copy" -X stream -c fast >"$work/bk.out" 2>&1 ||
+      fail "pg_basebackup -X stream: $(tail -5 "$work/bk.out")"
+    as_second_user "$pgbin/pg_verifybackup" "$work/bk/copy" >"$work/verify.out" 2>&1 ||
+      fail "pg_verifybackup: $(tail -5 "$work/verify.out")"
+    [ "$(count "pg_basebackup\]: fork fd=[0-9]+ .*path=relay")" -ge 1 ] ||
+      fail "pg_basebackup's WAL receiver was not relayed"
     # Each client connection and each backend that served one, on shm.
-    clients=$(count "(pgbench|psql)\]: connect fd=[0-9]+ .*path=shm")
+    clients=$(count "(pgbench|psql|pg_basebackup)\]: connect fd=[0-9]+ .*path=shm")
     backends=$(count "postgres\]: accept fd=[0-9]+ .*path=shm")
     [ "$clients" -ge 9 ] && [ "$clients" = "$backends" ] ||
       fail "$clients client and $backends backend connections on shm"
