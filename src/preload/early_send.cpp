@@ -140,10 +140,6 @@ bool ensure_answerer() {
 
 }  // namespace
 
-namespace {
-
-// The answerer settles fd (pending p, whose settle lock the caller holds)
-// once its server starts to take the offer up. Once per connection.
 void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
   try {
     const std::lock_guard lock(g_mu);
@@ -158,6 +154,8 @@ void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
     // Out of memory: the application's next use settles it.
   }
 }
+
+namespace {
 
 // At most this many early bytes: written again on the stream at the
 // upgrade, they must fit the peer's ring at once (a small --ring-kb).

@@ -34,6 +34,10 @@ void early_lock_for_fork() noexcept;
 void early_unlock_after_fork() noexcept;
 void forget_answerer_in_child() noexcept;
 
+// The answerer settles fd, a connect()ed connection still pending (p), once
+// its server starts to take the offer up. Once per connection.
+void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept;
+
 // A wait (poll, select) only to write on fd, a connection whose first sends
 // would go early now: the kernel socket answers it, nothing is settled.
 bool wait_to_send_in_kernel(int fd) noexcept;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -177,6 +178,9 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
       up.reason = kClosedMeanwhile;
     } else if (up.stream != nullptr && adopt(fd, now, up, "connect", where, marker)) {
       carry_sent(fd, *p);
+      if (p->fork_gen != fork_generation()) {
+        if (auto c = entry_conn(fd)) c->kernel_copies_follow.store(true);
+      }
       if (early != 0) {
         log_line(
             "connect fd=%d: its first %zu bytes went on kernel TCP before the "
@@ -251,6 +255,46 @@ bool settle_accepted(int fd, const std::shared_ptr<Pending>& p,
   return false;
 }
 
+// The process that connect()ed fd still holds its copy of the kernel
+// socket (inode ino) under one of the numbers this fork inherited.
+bool creator_holds(pid_t creator, const std::vector<int>& aliases, ino_t ino) {
+  char want[48];
+  std::snprintf(want, sizeof want, "socket:[%llu]", static_cast<unsigned long long>(ino));
+  for (const int a : aliases) {
+    char path[64];
+    char got[48] = {};
+    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", static_cast<int>(creator), a);
+    const ssize_t n = readlink(path, got, sizeof got - 1);
+    if (n > 0 && std::strcmp(got, want) == 0) return true;
+  }
+  return false;
+}
+
+// A forked copy of a connect()ed connection whose creator still holds its
+// own: the creator settles it (its answerer does when the server takes the
+// offer up, early_send.hpp), so a forked helper that writes and exits does
+// not take the stream, and the bytes its parent reads, with it. true with
+// *other once the creator has settled it; false when the creator let go
+// (closed its copy, exited) or did not settle it within the budget: this
+// process claims it as any first user would.
+bool await_creator(const AdoptionMarker& m, const std::shared_ptr<Pending>& p,
+                   Adoption* other) {
+  const auto deadline = std::chrono::steady_clock::now() + config().timeout;
+  const std::vector<int> aliases = aliases_of(p);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const Adoption a = read_adoption(m);
+    if (a.holder == Holder::kOwned || a.holder == Holder::kKernel) {
+      *other = a;
+      return true;
+    }
+    if (a.holder != Holder::kClaimed &&
+        (!alive(p->accepted_by) || !creator_holds(p->accepted_by, aliases, m.socket)))
+      return false;
+    (void)real().poll(nullptr, 0, 1);
+  }
+  return false;
+}
+
 void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
   const bool client = p->offer != nullptr;
   // A connection another process may also hold (a fork, exec or SCM_RIGHTS
@@ -260,6 +304,12 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
       p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
   const AdoptionMarker marker =
       shared ? adoption_marker_of(fd, client) : AdoptionMarker{};
+  if (Adoption other; client && !p->inherited && p->accepted_by != process_id() &&
+                      !t_no_wait && !marker.path.empty() &&
+                      await_creator(marker, p, &other)) {
+    follow_adoption("connect", fd, other, aliases_of(p), describe(fd));
+    return;
+  }
   // A holder settling it may take a connect's wait and a rendezvous (a
   // budget each): followers wait for all of that; inside exec, not at all.
   const auto now = std::chrono::steady_clock::now();
@@ -397,6 +447,16 @@ void settle_before_close(int fd) {
     return;
   }
   settle(fd);
+}
+
+void watch_offers_after_fork() noexcept {
+  if (!any_pending()) return;
+  for (int fd = 0; fd < kMaxFd; ++fd) {
+    if (entry_of(fd) != Entry::kPending) continue;
+    const auto p = pending_of(fd);
+    if (p && p->offer && p->accepted_by == process_id() && !p->offer->listener_here)
+      watch_offer(fd, p);
+  }
 }
 
 void settle_if_pending(int fd, const std::shared_ptr<Pending>& p) {

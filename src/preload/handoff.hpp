@@ -31,6 +31,11 @@ bool defer_connect(int fd, PendingOfferPtr& offer);
 // used is settled first, so a client waiting for it learns of the close at
 // once (an upgraded stream that ends) instead of waiting out its budget.
 void settle_before_close(int fd);
+// In the parent after fork(): the connect()ed connections it has not
+// settled are settled by its answerer as soon as their servers take the
+// offers up, so that the process that connected carries each one while it
+// holds a copy (a forked child follows it).
+void watch_offers_after_fork() noexcept;
 // fd's first use: a pending, inherited or foreign entry becomes an
 // upgraded connection, a relayed one, or a plain kernel socket.
 void settle(int fd);

@@ -69,6 +69,7 @@ void on_parent() {
   stats::unlock_after_fork();
   unlock_table_after_fork();
   g_engine_mu.unlock();
+  watch_offers_after_fork();
 }
 void on_child() {
   forget_all_library_fds();

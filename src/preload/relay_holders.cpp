@@ -62,13 +62,17 @@ bool held_by_other_process(ino_t a, ino_t b) {
 // Copies of the readiness socket are what processes that got the
 // connection after its upgrade hold (forked children, exec'd images,
 // receivers of SCM_RIGHTS): they relay it. A copy of the kernel TCP socket
-// alone is a process that never used it (a listener's copy from before the
-// fork): it does not keep the connection open here.
+// alone is a process that never used it: a listener's copy from before the
+// fork does not keep the connection open here, but a forked copy of a
+// connect()ed one does (its first use follows this process: handoff.hpp).
 bool held_elsewhere(Conn& c) {
   struct stat ready {};
   const int rfd = c.stream ? c.stream->fd() : -1;
   if (rfd < 0 || fstat(rfd, &ready) != 0) return false;
-  return held_by_other_process(ready.st_ino, ready.st_ino);
+  struct stat kernel {};
+  const bool kernel_too = c.kernel_copies_follow.load(std::memory_order_acquire) &&
+                          c.tcp_fd >= 0 && fstat(c.tcp_fd, &kernel) == 0;
+  return held_by_other_process(ready.st_ino, kernel_too ? kernel.st_ino : ready.st_ino);
 }
 
 }  // namespace rdmakit::preload

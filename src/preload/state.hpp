@@ -102,6 +102,10 @@ struct Conn {
   std::string pushback;
   // fork_generation() when it was upgraded: a later fork may have copied it.
   uint64_t adopt_gen = 0;
+  // connect()ed, then forked before this process upgraded it: other
+  // processes may hold copies of the kernel socket and be relayed at their
+  // first use, so those copies keep it open here too (relay_holders.hpp).
+  std::atomic<bool> kernel_copies_follow{false};
   // Sent over a unix socket (SCM_RIGHTS) and not yet asked for by a relay:
   // until then (steady clock, ns; 0 none) the descriptor may be in flight,
   // held by no process's table, so closing this process's copy must not

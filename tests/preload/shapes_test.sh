@@ -4,7 +4,8 @@
 # SHAPE is one of tests/preload/shapes/server.py's: fork, double-fork,
 # keep-copy, both-use, fork-after-use, exec, exec-after-use, exec-plain,
 # exec-plain-after-use, scm-rights, signals, client-child-first,
-# client-parent-first (the client forks after its connect: client.py),
+# client-parent-first, client-child-exits, client-parent-closes (the client
+# forks after its connect: client.py),
 # close-all-from, close-all-range, close-all-loop (the server closes every
 # descriptor it does not know of; run at a soft limit of 1024, as usual),
 # child-answers (a child writes the answer, shuts down writing and exits; the
@@ -66,7 +67,7 @@ case $shape in
     grep -c '^parent:[0-9]* child:[0-9]*$' "$work/c.out" | grep -qx $conns ||
       fail "each answer should end with the child's line: $(cat "$work/c.out")"
     ;;
-  client-*)
+  client-*)  # the process that connected carries it; its forked child is relayed
     expect $conns "connect fd=[0-9]+ .*path=relay owner=[0-9]+" "client connections relayed"
     ;;
   close-all-loop)  # the library's descriptors were among the numbers closed

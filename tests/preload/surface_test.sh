@@ -15,13 +15,22 @@ export RDMAKIT_PRELOAD_DIR=$work/rdv
 mkdir -m 700 "$RDMAKIT_PRELOAD_DIR"
 
 timeout 60 "$surface" "$case_name" || fail "on kernel TCP"
+# A client that writes and closes at once, before its server took the offer
+# up (a loaded host), stays on kernel TCP by design (docs/preload.md, "Early
+# bytes"): that run is made again, up to three times, as the case is meant
+# for the stream; any other fallback fails at once.
+early_close='reason=(closed before any upgrade \(its [0-9]+ early bytes went on kernel TCP\)|the client closed the connection before using it)$'
 for spin in ${SURFACE_SPINS:-0 50}; do
-  rm -f "$work/log"
-  timeout 60 "$run" --log "$work/log" --busy-poll "$spin" "$surface" "$case_name" ||
-    fail "under the preload (busy-poll $spin us)"
-  shm=$(grep -cE "(connect|accept) fd=.* path=shm" "$work/log" || true)
-  kernel=$(grep -c "path=kernel" "$work/log" || true)
-  [ "$shm" -ge 2 ] && [ "$kernel" = 0 ] ||
+  for try in 1 2 3; do
+    rm -f "$work/log"
+    timeout 60 "$run" --log "$work/log" --busy-poll "$spin" "$surface" "$case_name" ||
+      fail "under the preload (busy-poll $spin us)"
+    shm=$(grep -cE "(connect|accept) fd=.* path=shm" "$work/log" || true)
+    kernel=$(grep -c "path=kernel" "$work/log" || true)
+    [ "$shm" -ge 2 ] && [ "$kernel" = 0 ] && break
+    other=$(grep "path=kernel" "$work/log" | grep -cvE "$early_close" || true)
+    [ "$other" = 0 ] && [ "$try" -lt 3 ] && continue
     fail "expected every connection on shm (busy-poll $spin us): $shm on shm, $kernel on kernel TCP"
+  done
 done
 echo "PASS [$case_name]"
