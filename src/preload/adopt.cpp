@@ -21,16 +21,6 @@ namespace rdmakit::preload {
 
 namespace {
 
-// Puts the registrations back when adopt() returns, on whatever the numbers
-// name by then: the readiness socket, or the kernel socket after a failure.
-struct PutBack {
-  explicit PutBack(const std::vector<KernelRegistration>& r) : regs(r) {}
-  const std::vector<KernelRegistration>& regs;
-  PutBack(const PutBack&) = delete;
-  PutBack& operator=(const PutBack&) = delete;
-  ~PutBack() { put_back_registrations(regs); }
-};
-
 stats::Side side_of(const char* side) {
   return std::strcmp(side, "accept") == 0 ? stats::kSideAccept : stats::kSideConnect;
 }
@@ -86,7 +76,6 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
   struct stat kernel {};
   std::vector<KernelRegistration> regs;
   if (::fstat(fd, &kernel) == 0) regs = take_kernel_registrations(aliases, kernel.st_ino);
-  const PutBack put_back{regs};
   for (const int alias : aliases) {
     const int fd_flags = real().fcntl(alias, F_GETFD);
     if (real().dup3(ready, alias, (fd_flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0) < 0) {
@@ -95,6 +84,7 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
         if (done == alias) break;
         (void)real().dup3(tcp, done, 0);
       }
+      put_back_registrations(regs);  // on the kernel socket again
       real().close(tcp);
       const std::string why = std::string("dup3: ") + std::strerror(errno);
       log_line("%s fd=%d %s path=kernel reason=%s", side, fd, where.c_str(), why.c_str());
@@ -102,6 +92,10 @@ bool adopt(int fd, const std::vector<int>& aliases, Upgrade& up, const char* sid
       return false;
     }
   }
+  // Before the numbers name the connection: from then on an epoll_ctl on
+  // them takes the connection's path and finds these in place.
+  put_back_registrations(regs);
+  for (const int alias : aliases) forget_kernel_registrations(alias);
   auto conn = make_conn();
   conn->stream = std::move(up.stream);
   conn->tcp_fd = tcp;

@@ -2,14 +2,16 @@
 // Which process carries a connection that several processes hold before any
 // of them has used it (an accept or a connect followed by fork, exec or
 // SCM_RIGHTS). The
-// first holder to use it claims it in the connection's adoption marker
+// first holder to settle it claims it in the connection's adoption marker
 // (<dir>/a-<hash of the 4-tuple>); a holder that comes second waits for that
 // claim to end and then follows it: a relay through the owner when the
 // claim upgraded the connection, kernel TCP when it did not. So two holders
 // never settle one connection two ways (one on a stream, one writing to the
 // kernel socket the peer no longer reads). The marker also names the kernel
 // socket's inode: a marker left by an earlier connection with the same
-// 4-tuple is stale and ignored.
+// 4-tuple is stale and ignored. The first to settle is the first to use it,
+// except for a connect()ed one forked before its first use: the process
+// that connected settles it (handoff.hpp) and its children follow.
 #include <sys/types.h>
 
 #include <chrono>

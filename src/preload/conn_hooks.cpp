@@ -19,6 +19,7 @@
 #include "fd_place.hpp"
 #include "handoff.hpp"
 #include "hook.hpp"
+#include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "mirror.hpp"
 #include "relay.hpp"
@@ -66,6 +67,7 @@ namespace {
 // (a system call the hooks do not see), found when the number comes back
 // (forget_stale).
 int let_go(int fd, bool close_number) {
+  forget_kernel_registrations(fd);
   if (is_conn(fd) || entry_of(fd) == Entry::kRelayed) {
     // A connect()ed pending connection withdraws its offer after its kernel
     // socket closed: a server that takes the offer up meanwhile sees the end
@@ -358,6 +360,9 @@ EXPORT int shutdown(int fd, int how) {
   return on_conn<Use::kWrite>(
       fd,
       [=](Conn& c) {
+        // What relayed processes wrote before this call goes before the
+        // end of stream (a CGI child that wrote its answer and exited).
+        if (how != SHUT_RD && c.relays() > 0) flush_relays(c);
         const int r = c.stream->shutdown(how);
         if (r < 0) {
           errno = -r;

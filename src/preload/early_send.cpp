@@ -43,9 +43,13 @@ struct Watched {
 
 std::mutex g_mu;
 std::vector<Watched> g_watched;  // under g_mu
-int g_wake = -1;                 // eventfd: a new entry, or stop
-pid_t g_answerer_pid = 0;        // the process whose thread it is
-bool g_at_exit = false;          // stop_answerer registered (kept across fork)
+// Held by the answerer while it settles, and by fork(): a child never
+// inherits a settle half done (a Pending::mu locked by a thread it does
+// not have, some numbers already switched).
+std::mutex g_settling;
+int g_wake = -1;           // eventfd: a new entry, or stop
+pid_t g_answerer_pid = 0;  // the process whose thread it is
+bool g_at_exit = false;    // stop_answerer registered (kept across fork)
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_running{false};
 
@@ -94,7 +98,10 @@ void answer_loop() {
     for (size_t i = 0; i < now.size(); ++i) {
       if ((fds[2 * i + 1].revents | fds[2 * i + 2].revents) == 0) continue;
       // As the application's next use would, if fd still names it.
-      if (const auto p = now[i].p.lock()) settle_if_pending(now[i].fd, p);
+      if (const auto p = now[i].p.lock()) {
+        const std::lock_guard settling(g_settling);
+        settle_if_pending(now[i].fd, p);
+      }
       unwatch(now[i]);
     }
   }
@@ -252,16 +259,11 @@ EarlyEpoll::EarlyEpoll(int epfd, int op, int fd, const epoll_event* ev) noexcept
       p = untaken_offer(fd, 0, &lock);
       if (!p) return;
     } else {
-      // A registration the upgrade would move: wait for a settle in progress.
-      if (!has_kernel_registration(epfd, fd)) return;
+      // A settle in progress may be moving this registration: wait for it.
       p = pending_of(fd);
-      if (!p) return;
+      if (!p || !p->offer) return;
       lock = std::unique_lock(p->mu);
       if (pending_of(fd) != p || entry_of(fd) != Entry::kPending || !p->offer) return;
-      if (op == EPOLL_CTL_MOD && !movable) {
-        must_settle_ = true;
-        return;
-      }
     }
     p_ = std::move(p);
     lock_ = std::move(lock);
@@ -284,6 +286,8 @@ int EarlyEpoll::done(int result) noexcept {
   return result;
 }
 
+void settling_lock_for_fork() noexcept { g_settling.lock(); }
+void settling_unlock_after_fork() noexcept { g_settling.unlock(); }
 void early_lock_for_fork() noexcept { g_mu.lock(); }
 void early_unlock_after_fork() noexcept { g_mu.unlock(); }
 

@@ -30,6 +30,10 @@ constexpr auto kFirstSendGrace = std::chrono::milliseconds(1);
 
 // fork(): the answerer's lock is held across it; in the child its thread,
 // entries and wake descriptor are the parent's and are dropped.
+// The answerer's settle lock, taken before every other lock at fork: a
+// fork waits for a settle in progress.
+void settling_lock_for_fork() noexcept;
+void settling_unlock_after_fork() noexcept;
 void early_lock_for_fork() noexcept;
 void early_unlock_after_fork() noexcept;
 void forget_answerer_in_child() noexcept;
@@ -86,12 +90,8 @@ class EarlyEpoll {
 
   explicit operator bool() const noexcept { return p_ != nullptr; }
   int done(int result) noexcept;
-  // Not taken, and the connection must be settled before the caller's
-  // kernel call (a registration changed in a way that cannot move).
-  bool must_settle() const noexcept { return must_settle_; }
 
  private:
-  bool must_settle_ = false;
   std::shared_ptr<Pending> p_;
   std::unique_lock<std::mutex> lock_;
   int op_ = 0;

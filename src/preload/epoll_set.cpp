@@ -337,7 +337,7 @@ void epoll_registration_moved(int epfd, int fd, const epoll_event& ev) noexcept 
 
 void track_epoll_ctl(int epfd, int op, int fd, const epoll_event* ev) noexcept {
   if (op == EPOLL_CTL_ADD) epoll_seen_by_kernel(fd);  // nested epoll
-  if (fd_word(fd) < kConnWord) note_kernel_registration(epfd, op, fd);
+  if (fd_word(fd) < kConnWord) note_kernel_registration(epfd, op, ev, fd);
   // Before the first upgrade nothing is kept, so the fallback path pays one
   // load per call; a set's registrations are read back from the kernel at
   // its first epoll_ctl after the upgrade (import_from_kernel).

@@ -255,6 +255,8 @@ bool settle_accepted(int fd, const std::shared_ptr<Pending>& p,
   return false;
 }
 
+constexpr std::chrono::milliseconds kAwaitCreator{1000};
+
 // The process that connect()ed fd still holds its copy of the kernel
 // socket (inode ino) under one of the numbers this fork inherited.
 bool creator_holds(pid_t creator, const std::vector<int>& aliases, ino_t ino) {
@@ -279,7 +281,13 @@ bool creator_holds(pid_t creator, const std::vector<int>& aliases, ino_t ino) {
 // process claims it as any first user would.
 bool await_creator(const AdoptionMarker& m, const std::shared_ptr<Pending>& p,
                    Adoption* other) {
-  const auto deadline = std::chrono::steady_clock::now() + config().timeout;
+  // Not the whole budget: a creator that cannot settle (it exec'd, or has
+  // no answerer) would cost this use that much; the server's take-up of
+  // the offer is what the creator's answerer waits for, and a server that
+  // is slow to take it up is waited for below anyway.
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::min<std::chrono::steady_clock::duration>(config().timeout, kAwaitCreator);
   const std::vector<int> aliases = aliases_of(p);
   while (std::chrono::steady_clock::now() < deadline) {
     const Adoption a = read_adoption(m);
@@ -374,6 +382,24 @@ void settle_foreign(int fd) {
 // owner reads.
 bool install_grant(const std::vector<int>& aliases, RelayGrant& g, Entry kind) {
   int private_copy = -1;
+  // The file this process's numbers name shares O_NONBLOCK with the other
+  // holders' (fork, exec, SCM_RIGHTS): as this process last set it, on a
+  // kernel socket not settled yet, or as its copy of the upgraded
+  // connection says after a fork; else as the owner sees it (its grant).
+  if (g.relay >= 0 && !aliases.empty()) {
+    int nonblocking = -1;
+    if (entry_of(aliases.front()) == Entry::kPending) {
+      const int fl = real().fcntl(aliases.front(), F_GETFL);
+      if (fl >= 0) nonblocking = (fl & O_NONBLOCK) != 0 ? 1 : 0;
+    } else if (entry_of(aliases.front()) == Entry::kForeign) {
+      if (const auto c = entry_conn(aliases.front()))
+        nonblocking = c->nonblocking.load(std::memory_order_relaxed) ? 1 : 0;
+    }
+    const int fl = real().fcntl(g.relay, F_GETFL);
+    if (nonblocking >= 0 && fl >= 0)
+      (void)real().fcntl(g.relay, F_SETFL,
+                         nonblocking != 0 ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+  }
   if (g.relay >= 0) {
     private_copy = place_high(real().fcntl(g.relay, F_DUPFD_CLOEXEC, 0));
     for (const int a : aliases) {
@@ -415,6 +441,7 @@ bool defer_connect(int fd, PendingOfferPtr& offer) {
     p->accepted_by = process_id();
     p->fork_gen = fork_generation();
     p->offer = std::move(offer);
+    p->offer->mark_deferred();
     install_pending(fd, std::move(p), Entry::kPending);
     return true;
   } catch (...) {
@@ -450,7 +477,7 @@ void settle_before_close(int fd) {
 }
 
 void watch_offers_after_fork() noexcept {
-  if (!any_pending()) return;
+  if (!any_deferred_offer()) return;  // a server's forks: nothing to scan
   for (int fd = 0; fd < kMaxFd; ++fd) {
     if (entry_of(fd) != Entry::kPending) continue;
     const auto p = pending_of(fd);

@@ -11,13 +11,17 @@
 // sleep for good. Event loops register a socket before connect() (nginx's
 // upstreams) or before the server took the offer up (early_send.hpp).
 //
-// The epoll_ctl hook notes which set registered a number that is not an
-// upgraded connection; the upgrade reads those sets back from the kernel
-// (/proc/self/fdinfo/EPFD: the registration's events, data and the inode of
-// the file it names), takes off those on the kernel socket before the
-// numbers change and adds them, unchanged, on the readiness socket after.
-// Only sets this process created are touched (a forked child's copy of its
-// parent's set is the parent's).
+// The epoll_ctl hook notes, per number that is not an upgraded connection,
+// the set that registered it and with what events and data. Before the
+// numbers change, the upgrade deletes that registration (the kernel finds it
+// by the file the number names then: a DELETE that succeeds was the kernel
+// socket's) and adds it, unchanged, on the readiness socket after. A number
+// registered in several sets, or one-shot (fired or not), is read back from
+// the kernel instead (/proc/self/fdinfo/EPFD: events, data and the inode of
+// the file each registration names). Only sets this process created are
+// touched (a forked child's copy of its parent's set is the parent's).
+// The caller holds the connection's settle lock, which an epoll_ctl on a
+// connection not settled yet waits for (early_send.hpp).
 #include <sys/epoll.h>
 #include <sys/types.h>
 
@@ -25,12 +29,12 @@
 
 namespace rdmakit::preload {
 
-// After a successful epoll_ctl(epfd, op, fd) on a number that is not an
-// upgraded connection (ADD notes the set, DEL forgets it).
-void note_kernel_registration(int epfd, int op, int fd) noexcept;
-// A set noted for fd may hold a registration of it.
-bool has_kernel_registration(int fd) noexcept;
-bool has_kernel_registration(int epfd, int fd) noexcept;
+// After a successful epoll_ctl(epfd, op, fd, ev) on a number that is not an
+// upgraded connection: ADD and MOD note the set and the registration, DEL
+// forgets it.
+void note_kernel_registration(int epfd, int op, const epoll_event* ev, int fd) noexcept;
+// fd was closed: nothing of its is registered any more.
+void forget_kernel_registrations(int fd) noexcept;
 
 struct KernelRegistration {
   int epfd;

@@ -59,6 +59,8 @@ bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
 void on_prepare() {
+  // First: the answerer takes the others while it settles.
+  settling_lock_for_fork();
   g_engine_mu.lock();
   lock_table_for_fork();
   stats::lock_for_fork();
@@ -69,6 +71,7 @@ void on_parent() {
   stats::unlock_after_fork();
   unlock_table_after_fork();
   g_engine_mu.unlock();
+  settling_unlock_after_fork();
   watch_offers_after_fork();
 }
 void on_child() {
@@ -87,6 +90,7 @@ void on_child() {
   // own if it upgrades a connection of its own.
   for (auto& e : g_engines) e.clear();
   g_engine_mu.unlock();
+  settling_unlock_after_fork();
   relay_foreign_in_child();
 }
 

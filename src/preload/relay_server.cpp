@@ -373,6 +373,9 @@ void flush_relays(Conn& c) {
 
 void release_conn(const std::shared_ptr<Conn>& c) {
   if (!c || c.use_count() != 1 || !c->stream || c->owner != process_id()) return;
+  // What relayed processes wrote before the last close goes before the end
+  // of stream, as with a kernel socket's buffer.
+  if (c->relays() > 0) flush_relays(*c);
   if (c->adopt_gen == fork_generation() && c->marker.empty()) return;  // never shared
   Server* s = nullptr;
   {

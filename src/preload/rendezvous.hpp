@@ -40,6 +40,8 @@ bool offer_is_remote(const PendingOffer& offer);
 // This process has offers out to a listener of its own (client ends not
 // settled yet; mirror.hpp).
 bool offers_to_this_process() noexcept;
+// Some connect()ed connection of this process waits for its first use.
+bool any_deferred_offer() noexcept;
 // The offer's listener is this process (mirror.hpp).
 bool offer_listener_here(const PendingOffer& offer);
 PendingOfferPtr prepare_connect(int tcp_fd, const sockaddr* dest, std::string* reason);

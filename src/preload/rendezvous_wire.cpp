@@ -466,10 +466,20 @@ namespace rdmakit::preload {
 
 namespace {
 std::atomic<int> g_offers_here{0};  // offers to a listener of this process
+std::atomic<int> g_deferred{0};     // offers settled at first use (handoff.hpp)
 }  // namespace
 
 bool offers_to_this_process() noexcept {
   return g_offers_here.load(std::memory_order_relaxed) > 0;
+}
+
+bool any_deferred_offer() noexcept {
+  return g_deferred.load(std::memory_order_relaxed) > 0;
+}
+
+void PendingOffer::mark_deferred() noexcept {
+  if (!deferred) g_deferred.fetch_add(1, std::memory_order_relaxed);
+  deferred = true;
 }
 
 void PendingOffer::mark_listener_here() noexcept {
@@ -479,6 +489,7 @@ void PendingOffer::mark_listener_here() noexcept {
 
 PendingOffer::~PendingOffer() {
   if (listener_here) g_offers_here.fetch_sub(1, std::memory_order_relaxed);
+  if (deferred) g_deferred.fetch_sub(1, std::memory_order_relaxed);
   if (reserved_on != nullptr) reserve_stream(reserved_on, -1);
   if (usock >= 0) {
     if (!remote) unlink(path.c_str());

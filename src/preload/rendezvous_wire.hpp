@@ -240,6 +240,8 @@ struct PendingOffer {
   bool other_user = false;     // same host, a listener of another user: abstract offer
   bool listener_here = false;  // the listener is this process's (mirror.hpp)
   void mark_listener_here() noexcept;
+  bool deferred = false;  // settled at the connection's first use (handoff.hpp)
+  void mark_deferred() noexcept;
   std::string path;  // same host: the offer socket's path (removed with it)
   int usock = -1;    // same host: listening unix socket; remote: the connection
   // Same host, a listener of this user: the offer on the abstract name too,

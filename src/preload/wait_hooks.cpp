@@ -205,8 +205,6 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
       const int r = real().epoll_ctl(epfd, op, fd, event);
       if (r == 0) track_epoll_ctl(epfd, op, fd, event);
       return early.done(r);
-    } else if (early.must_settle()) {
-      (void)find_conn(fd, true);
     }
   }
   if (op != EPOLL_CTL_DEL && fd_word(fd) < kConnWord && is_conn(fd) && !engine_thread()) {

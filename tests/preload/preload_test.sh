@@ -922,6 +922,21 @@ PY
       "server fallbacks for a stopped client"
     expect_count 1 "connect fd=.*peer=127.0.0.1:$port path=kernel" "the stopped client's fallback"
     ;;
+  cgi-child)  # a forked and exec'd child answers, then its parent closes
+    # The child (relayed through the server, which read first) writes the
+    # answer and exits; the server's shutdown and close must come after
+    # every byte the child wrote.
+    cgi=$(dirname "$0")/cgi_child.py
+    port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$cgi" server "$port" 20 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$cgi" client "$port" 20 >"$work/c.out" 2>&1 ||
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    expect_count 20 "accept fd=.* path=shm" "server connections on shm"
+    [ "$(count "head\]: inherited fd=0 .*path=relay")" = 20 ] || fail "the children were not relayed"
+    ;;
   nonblock-fork)  # a used non-blocking connection shared by fork
     # The child's copy is relayed through the parent; it must stay
     # non-blocking, as the file it copies (pg_basebackup's WAL receiver).
@@ -935,6 +950,24 @@ PY
     wait "$server_pid" || fail "server: $(cat "$work/s.out")"
     expect_count 1 "connect fd=.* path=shm" "client connection on shm"
     expect_count 1 "fork fd=.* path=relay" "relay at fork"
+    # Forked before any use: the parent's answerer carries it, the child
+    # makes its copy blocking and is relayed.
+    : >"$log"; port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$nbf" server-hello "$port" >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$nbf" client-blocking "$port" >"$work/c.out" 2>&1 ||
+      fail "client-blocking: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server-hello: $(cat "$work/s.out")"
+    expect_count 1 "connect fd=.* path=relay owner=" "child relayed through its parent"
+    # Forks while the parent's answerer may be settling the connection.
+    : >"$log"; port=$(free_port)
+    "${pre[@]}" timeout 60 python3 "$nbf" server "$port" 20 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 60 python3 "$nbf" client-forks "$port" >"$work/c.out" 2>&1 ||
+      fail "client-forks: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
     ;;
   epoll-before-connect)  # an event loop registers a socket before connect()
     # nginx's upstream connections: the registration (edge-triggered, read

@@ -29,7 +29,10 @@ for spin in ${SURFACE_SPINS:-0 50}; do
     kernel=$(grep -c "path=kernel" "$work/log" || true)
     [ "$shm" -ge 2 ] && [ "$kernel" = 0 ] && break
     other=$(grep "path=kernel" "$work/log" | grep -cvE "$early_close" || true)
-    [ "$other" = 0 ] && [ "$try" -lt 3 ] && continue
+    if [ "$other" = 0 ] && [ "$try" -lt 3 ]; then
+      echo "retry [$case_name]: run $try stayed on kernel TCP, its client closed first: $(grep path=kernel "$work/log")" >&2
+      continue
+    fi
     fail "expected every connection on shm (busy-poll $spin us): $shm on shm, $kernel on kernel TCP"
   done
 done

@@ -8,9 +8,9 @@ sends the length and stays until the parent has the answer; "parent-first",
 the parent sends the length and the child the bytes (it only writes);
 "child-exits", the child sends the whole request and exits at once, and the
 parent reads the answer only once it has reaped the child (perlipc's
-forking client); "parent-closes", the parent closes its copy 50 ms after
-the fork (its server has taken the connection up by then) and the child,
-50 ms later, makes the whole exchange."""
+forking client); "parent-closes", the parent settles it (an empty send)
+and closes its copy, and the child, 100 ms after the fork, makes the whole
+exchange."""
 import hashlib, os, socket, struct, sys, time
 
 
@@ -57,7 +57,7 @@ for i in range(conns):
             os._exit(0)
         os.close(child_r); os.close(child_w)
         if split == "parent-closes":
-            time.sleep(0.05)
+            s.send(b"")  # a use: the parent settles it (and carries it)
             s.close()
             _, status = os.waitpid(child, 0)
             if status != 0:
