@@ -43,13 +43,9 @@ struct Watched {
 
 std::mutex g_mu;
 std::vector<Watched> g_watched;  // under g_mu
-// Held by the answerer while it settles, and by fork(): a child never
-// inherits a settle half done (a Pending::mu locked by a thread it does
-// not have, some numbers already switched).
-std::mutex g_settling;
-int g_wake = -1;           // eventfd: a new entry, or stop
-pid_t g_answerer_pid = 0;  // the process whose thread it is
-bool g_at_exit = false;    // stop_answerer registered (kept across fork)
+int g_wake = -1;                 // eventfd: a new entry, or stop
+pid_t g_answerer_pid = 0;        // the process whose thread it is
+bool g_at_exit = false;          // stop_answerer registered (kept across fork)
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_running{false};
 
@@ -73,6 +69,8 @@ void answer_loop() {
   const InternalScope internal;
   std::vector<Watched> now;
   std::vector<pollfd> fds;
+  // Everything but the wait runs under the fork guard (process.hpp).
+  std::shared_lock settling(fork_guard());
   while (!g_stop.load(std::memory_order_acquire)) {
     {
       const std::lock_guard lock(g_mu);
@@ -90,7 +88,10 @@ void answer_loop() {
       fds.push_back({w.other_usock, POLLIN, 0});  // -1: ignored by poll
     }
     // A second's tick prunes what the application settled or closed.
-    if (real().poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    settling.unlock();
+    const int ready = real().poll(fds.data(), fds.size(), 1000);
+    settling.lock();
+    if (ready <= 0) continue;
     if ((fds[0].revents & POLLIN) != 0) {
       uint64_t n = 0;
       (void)real().read(g_wake, &n, sizeof n);
@@ -98,10 +99,7 @@ void answer_loop() {
     for (size_t i = 0; i < now.size(); ++i) {
       if ((fds[2 * i + 1].revents | fds[2 * i + 2].revents) == 0) continue;
       // As the application's next use would, if fd still names it.
-      if (const auto p = now[i].p.lock()) {
-        const std::lock_guard settling(g_settling);
-        settle_if_pending(now[i].fd, p);
-      }
+      if (const auto p = now[i].p.lock()) settle_if_pending(now[i].fd, p);
       unwatch(now[i]);
     }
   }
@@ -148,6 +146,7 @@ bool ensure_answerer() {
 }  // namespace
 
 void watch_offer(int fd, const std::shared_ptr<Pending>& p) noexcept {
+  if (!p->offer) return;  // settled meanwhile
   try {
     const std::lock_guard lock(g_mu);
     for (const auto& w : g_watched) {
@@ -286,8 +285,6 @@ int EarlyEpoll::done(int result) noexcept {
   return result;
 }
 
-void settling_lock_for_fork() noexcept { g_settling.lock(); }
-void settling_unlock_after_fork() noexcept { g_settling.unlock(); }
 void early_lock_for_fork() noexcept { g_mu.lock(); }
 void early_unlock_after_fork() noexcept { g_mu.unlock(); }
 

@@ -30,10 +30,6 @@ constexpr auto kFirstSendGrace = std::chrono::milliseconds(1);
 
 // fork(): the answerer's lock is held across it; in the child its thread,
 // entries and wake descriptor are the parent's and are dropped.
-// The answerer's settle lock, taken before every other lock at fork: a
-// fork waits for a settle in progress.
-void settling_lock_for_fork() noexcept;
-void settling_unlock_after_fork() noexcept;
 void early_lock_for_fork() noexcept;
 void early_unlock_after_fork() noexcept;
 void forget_answerer_in_child() noexcept;

@@ -296,10 +296,19 @@ bool await_creator(const AdoptionMarker& m, const std::shared_ptr<Pending>& p,
       return true;
     }
     if (a.holder != Holder::kClaimed &&
-        (!alive(p->accepted_by) || !creator_holds(p->accepted_by, aliases, m.socket)))
+        (!alive(p->accepted_by) || !creator_holds(p->accepted_by, aliases, m.socket))) {
+      log_line("connect fd=%d: pid %d, which connected it, %s: this process settles it",
+               aliases.empty() ? -1 : aliases.front(), static_cast<int>(p->accepted_by),
+               alive(p->accepted_by) ? "no longer holds it" : "has exited");
       return false;
+    }
     (void)real().poll(nullptr, 0, 1);
   }
+  log_line(
+      "connect fd=%d: pid %d, which connected it, did not settle it within %lld ms: "
+      "this process settles it",
+      aliases.empty() ? -1 : aliases.front(), static_cast<int>(p->accepted_by),
+      static_cast<long long>(kAwaitCreator.count()));
   return false;
 }
 
@@ -481,7 +490,11 @@ void watch_offers_after_fork() noexcept {
   for (int fd = 0; fd < kMaxFd; ++fd) {
     if (entry_of(fd) != Entry::kPending) continue;
     const auto p = pending_of(fd);
-    if (p && p->offer && p->accepted_by == process_id() && !p->offer->listener_here)
+    if (!p) continue;
+    // Not one a thread of this process is settling now (it moves the offer).
+    const std::unique_lock lock(p->mu, std::try_to_lock);
+    if (lock.owns_lock() && p->offer && p->accepted_by == process_id() &&
+        !p->offer->listener_here)
       watch_offer(fd, p);
   }
 }

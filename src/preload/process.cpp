@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include "arrival.hpp"
@@ -26,6 +27,10 @@ extern char* program_invocation_short_name;  // glibc
 namespace rdmakit::preload {
 
 namespace {
+
+// fork_guard()'s mutex, constructed again in a forked child: glibc tells a
+// writer's unlock from a reader's by the thread id, the child's own there.
+alignas(std::shared_mutex) unsigned char g_fork_guard[sizeof(std::shared_mutex)];
 
 pid_t g_pid = 0;
 std::mutex g_engine_mu;
@@ -59,8 +64,8 @@ bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
 void on_prepare() {
-  // First: the answerer takes the others while it settles.
-  settling_lock_for_fork();
+  // First: the library's threads take the others while they work.
+  fork_guard().lock();
   g_engine_mu.lock();
   lock_table_for_fork();
   stats::lock_for_fork();
@@ -71,7 +76,7 @@ void on_parent() {
   stats::unlock_after_fork();
   unlock_table_after_fork();
   g_engine_mu.unlock();
-  settling_unlock_after_fork();
+  fork_guard().unlock();
   watch_offers_after_fork();
 }
 void on_child() {
@@ -90,7 +95,7 @@ void on_child() {
   // own if it upgrades a connection of its own.
   for (auto& e : g_engines) e.clear();
   g_engine_mu.unlock();
-  settling_unlock_after_fork();
+  new (g_fork_guard) std::shared_mutex();  // the parent's threads are not here
   relay_foreign_in_child();
 }
 
@@ -127,6 +132,11 @@ __attribute__((constructor)) void on_load() {
 }  // namespace
 
 pid_t process_id() noexcept { return g_pid; }
+
+std::shared_mutex& fork_guard() noexcept {
+  static std::shared_mutex* const guard = new (g_fork_guard) std::shared_mutex();
+  return *guard;
+}
 
 const char* program_name() noexcept { return program_invocation_short_name; }
 

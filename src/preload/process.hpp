@@ -4,6 +4,7 @@
 // handlers and the exit flush.
 #include <sys/types.h>
 
+#include <shared_mutex>
 #include <string>
 
 #include "rdmakit/stream/stream.hpp"
@@ -11,6 +12,13 @@
 namespace rdmakit::preload {
 
 pid_t process_id() noexcept;
+// The library's own threads (the answerer, the relay server) hold this,
+// shared, while they work and let go of it while they wait in the kernel;
+// fork() takes it first, exclusively. So a child never inherits one of them
+// in the middle of anything: a settle half done (a settle lock held by a
+// thread the child does not have) or an allocation (AddressSanitizer's
+// allocator is not locked around fork).
+std::shared_mutex& fork_guard() noexcept;
 const char* program_name() noexcept;
 // The program's name when the library loaded (nginx later rewrites its
 // argv, and so program_name(), to "nginx: worker process").

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -76,6 +77,8 @@ class Server {
   void run() {
     const InternalScope internal;
     std::vector<pollfd> p;
+    // Everything but the wait runs under the fork guard (process.hpp).
+    std::shared_lock guard(fork_guard());
     while (!stop_.load()) {
       p.clear();
       p.push_back({listener_, POLLIN, 0});
@@ -86,7 +89,11 @@ class Server {
       for (auto& r : relays_) {
         add_poll_entries(*r, &p);
       }
-      if (real().poll(p.data(), p.size(), kReviewMs) < 0 && errno != EINTR) break;
+      guard.unlock();
+      const int ready = real().poll(p.data(), p.size(), kReviewMs);
+      const int err = errno;
+      guard.lock();
+      if (ready < 0 && err != EINTR) break;
       // Relays first (their indexes shift when requests are taken).
       for (size_t i = 0; i < relays_.size() && relays_at + 2 + 3 * i < p.size(); ++i) {
         Relay& r = *relays_[i];
@@ -213,15 +220,26 @@ class Server {
     r->conn = std::move(c);
     reply->status = kNewRelay;
     r->conn->sent_until_ns.store(0, std::memory_order_release);  // it has arrived
-    const int fds[2] = {pair[1], r->conn->tcp_fd};
+    // Counted and listed before the asker has it: the owner's next write
+    // must push what the asker writes first (flush), however soon after
+    // the grant the asker writes.
+    r->wake = s;
+    r->awake = !dormant;
+    r->start_counting();
+    Relay* const granted = r.get();
+    {
+      std::lock_guard lock(registry_mu_);
+      relays_.push_back(std::move(r));
+    }
+    const int fds[2] = {pair[1], granted->conn->tcp_fd};
     const bool sent = send_message(s, *reply, fds, 2);
     real().close(pair[1]);
     if (sent) {
-      r->wake = *keep = s;
-      r->awake = !dormant;
-      r->start_counting();
+      *keep = s;
+    } else {
       std::lock_guard lock(registry_mu_);
-      relays_.push_back(std::move(r));
+      granted->wake = -1;  // the caller closes s
+      granted->dead = true;
     }
   }
 
