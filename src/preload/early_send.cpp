@@ -96,11 +96,23 @@ void answer_loop() {
       uint64_t n = 0;
       (void)real().read(g_wake, &n, sizeof n);
     }
+    bool busy = false;
     for (size_t i = 0; i < now.size(); ++i) {
       if ((fds[2 * i + 1].revents | fds[2 * i + 2].revents) == 0) continue;
       // As the application's next use would, if fd still names it.
       if (const auto p = now[i].p.lock()) settle_if_pending(now[i].fd, p);
+      // Still pending: another thread holds its settle lock (settling it,
+      // or about to let go); looked at again in a moment.
+      if (still_pending(now[i])) {
+        busy = true;
+        continue;
+      }
       unwatch(now[i]);
+    }
+    if (busy) {
+      settling.unlock();
+      (void)real().poll(nullptr, 0, 1);
+      settling.lock();
     }
   }
   g_running.store(false, std::memory_order_release);

@@ -491,11 +491,13 @@ void watch_offers_after_fork() noexcept {
     if (entry_of(fd) != Entry::kPending) continue;
     const auto p = pending_of(fd);
     if (!p) continue;
-    // Not one a thread of this process is settling now (it moves the offer).
-    const std::unique_lock lock(p->mu, std::try_to_lock);
-    if (lock.owns_lock() && p->offer && p->accepted_by == process_id() &&
-        !p->offer->listener_here)
-      watch_offer(fd, p);
+    // Not one a thread of this process is settling now (it moves the offer);
+    // the lock is let go before the answerer may need it.
+    std::unique_lock lock(p->mu, std::try_to_lock);
+    const bool watch = lock.owns_lock() && p->offer && p->accepted_by == process_id() &&
+                       !p->offer->listener_here;
+    if (lock.owns_lock()) lock.unlock();
+    if (watch) watch_offer(fd, p);
   }
 }
 
