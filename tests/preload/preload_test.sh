@@ -804,6 +804,8 @@ PY
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(30)' "$kport" &
     killed=$!; pids+=("$killed")
     wait_listen "$kport"
+    # The library registers just after the kernel's listen() returns.
+    for _ in $(seq 100); do [ -f "$dir/l-$kport" ] && [ -f "$host-$kport" ] && break; sleep 0.02; done
     kill -9 "$killed"; wait "$killed" 2>/dev/null || true
     [ -f "$dir/l-$kport" ] && [ -f "$host-$kport" ] ||
       fail "the killed listener left no registration to sweep: $(ls "$dir" "$RDMAKIT_PRELOAD_HOST_DIR")"
