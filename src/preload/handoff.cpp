@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -29,6 +28,7 @@
 #include "mirror.hpp"
 #include "process.hpp"
 #include "relay.hpp"
+#include "relay_holders.hpp"
 #include "rendezvous.hpp"
 #include "rules.hpp"
 #include "state.hpp"
@@ -260,16 +260,9 @@ constexpr std::chrono::milliseconds kAwaitCreator{1000};
 // The process that connect()ed fd still holds its copy of the kernel
 // socket (inode ino) under one of the numbers this fork inherited.
 bool creator_holds(pid_t creator, const std::vector<int>& aliases, ino_t ino) {
-  char want[48];
-  std::snprintf(want, sizeof want, "socket:[%llu]", static_cast<unsigned long long>(ino));
-  for (const int a : aliases) {
-    char path[64];
-    char got[48] = {};
-    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", static_cast<int>(creator), a);
-    const ssize_t n = readlink(path, got, sizeof got - 1);
-    if (n > 0 && std::strcmp(got, want) == 0) return true;
-  }
-  return false;
+  return std::any_of(aliases.begin(), aliases.end(), [&](int a) {
+    return proc_fd_names_socket(creator, std::to_string(a).c_str(), ino, ino);
+  });
 }
 
 // A forked copy of a connect()ed connection whose creator still holds its
@@ -295,11 +288,13 @@ bool await_creator(const AdoptionMarker& m, const std::shared_ptr<Pending>& p,
       *other = a;
       return true;
     }
-    if (a.holder != Holder::kClaimed &&
-        (!alive(p->accepted_by) || !creator_holds(p->accepted_by, aliases, m.socket))) {
+    if (a.holder == Holder::kClaimed) {
+      // The creator is settling it.
+    } else if (const bool gone = !alive(p->accepted_by);
+               gone || !creator_holds(p->accepted_by, aliases, m.socket)) {
       log_line("connect fd=%d: pid %d, which connected it, %s: this process settles it",
                aliases.empty() ? -1 : aliases.front(), static_cast<int>(p->accepted_by),
-               alive(p->accepted_by) ? "no longer holds it" : "has exited");
+               gone ? "has exited" : "no longer holds it");
       return false;
     }
     (void)real().poll(nullptr, 0, 1);

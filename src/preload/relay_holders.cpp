@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "state.hpp"
 
@@ -20,10 +19,6 @@ namespace {
 // (the readiness socket or the kernel TCP socket of a connection). Reads
 // /proc: only when a shared connection's last local copy closes.
 bool held_by_other_process(ino_t a, ino_t b) {
-  char want_a[40];
-  char want_b[40];
-  std::snprintf(want_a, sizeof want_a, "socket:[%lu]", static_cast<unsigned long>(a));
-  std::snprintf(want_b, sizeof want_b, "socket:[%lu]", static_cast<unsigned long>(b));
   DIR* procs = opendir("/proc");
   if (procs == nullptr) return false;
   bool found = false;
@@ -39,14 +34,7 @@ bool held_by_other_process(ino_t a, ino_t b) {
     DIR* fds = opendir(path);
     if (fds == nullptr) continue;  // gone, or another user's
     while (dirent* f = readdir(fds)) {
-      if (f->d_name[0] == '.') continue;
-      char link[320];
-      char target[64];
-      std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, f->d_name);
-      const ssize_t n = readlink(link, target, sizeof target - 1);
-      if (n <= 0) continue;
-      target[n] = '\0';
-      if (std::strcmp(target, want_a) == 0 || std::strcmp(target, want_b) == 0) {
+      if (f->d_name[0] != '.' && proc_fd_names_socket(pid, f->d_name, a, b)) {
         found = true;
         break;
       }
@@ -58,6 +46,19 @@ bool held_by_other_process(ino_t a, ino_t b) {
 }
 
 }  // namespace
+
+bool proc_fd_names_socket(long pid, const char* fd, ino_t a, ino_t b) {
+  char link[320];
+  char target[64];
+  std::snprintf(link, sizeof link, "/proc/%ld/fd/%s", pid, fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  unsigned long long ino = 0;
+  char tail = 0;
+  return std::sscanf(target, "socket:[%llu%c", &ino, &tail) == 2 && tail == ']' &&
+         (ino == a || ino == b);
+}
 
 // Copies of the readiness socket are what processes that got the
 // connection after its upgrade hold (forked children, exec'd images,
