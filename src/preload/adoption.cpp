@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "rendezvous.hpp"
@@ -42,7 +44,7 @@ class DirLock {
           std::chrono::steady_clock::now() >= deadline) {
         return;
       }
-      (void)real().poll(nullptr, 0, 1);
+      (void)poll_through_signals(nullptr, 0, 1);
     }
     locked_ = true;
   }
@@ -98,7 +100,10 @@ bool claim_adoption(const AdoptionMarker& m,
   if (m.path.empty()) return true;
   for (;;) {
     {
-      const DirLock lock(m.path, deadline);
+      // The lock is held for a read and a write: worth a short wait even
+      // for a claim that will not wait for another holder.
+      const DirLock lock(m.path, std::max(deadline, std::chrono::steady_clock::now() +
+                                                        std::chrono::milliseconds(100)));
       const Adoption a = read_adoption(m);
       if (a.holder == Holder::kNone || a.pid == process_id() ||
           (a.holder == Holder::kClaimed && !a.alive)) {
@@ -110,7 +115,7 @@ bool claim_adoption(const AdoptionMarker& m,
     }
     // Another holder is settling it now: a rendezvous takes milliseconds.
     if (std::chrono::steady_clock::now() >= deadline) return false;
-    (void)real().poll(nullptr, 0, 1);
+    (void)poll_through_signals(nullptr, 0, 1);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "adopt.hpp"
 #include "conn_guard.hpp"
+#include "creator.hpp"
 #include "handoff.hpp"
 #include "hook.hpp"
 #include "libc.hpp"
@@ -70,9 +71,10 @@ struct Seen {
 };
 
 // A descriptor that came from elsewhere: a loopback TCP connection is left
-// pending (its first use settles it), an AF_UNIX stream socket made by
-// another process may be that process's upgraded connection.
-void classify(int fd, std::vector<Seen>* seen) {
+// pending (its first use settles it; at exec, a connect()ed end nobody
+// settled yet stays on kernel TCP: creator.hpp), an AF_UNIX stream socket
+// made by another process may be that process's upgraded connection.
+void classify(int fd, std::vector<Seen>* seen, bool at_exec) {
   if (fd < 0 || fd >= kMaxFd || entry_of(fd) != Entry::kNone) return;
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
@@ -80,7 +82,7 @@ void classify(int fd, std::vector<Seen>* seen) {
   if (!is_candidate(fd, &domain)) return;
   for (auto& s : *seen) {
     if (s.dev == st.st_dev && s.ino == st.st_ino) {
-      install_pending(fd, s.p, s.kind);
+      if (s.kind != Entry::kNone) install_pending(fd, s.p, s.kind);
       return;
     }
   }
@@ -104,6 +106,13 @@ void classify(int fd, std::vector<Seen>* seen) {
       return;
     }
     e = Entry::kPending;
+    p->connect_side = offered_by_a_connect(fd);
+    // Only stdin, stdout and stderr: the numbers stdio uses. Any other is
+    // left to its first use (a shell's commands all inherit its fd 3).
+    if (at_exec && fd <= 2 && p->connect_side && keep_on_kernel_at_exec(fd)) {
+      seen->push_back({st.st_dev, st.st_ino, nullptr, Entry::kNone});  // its aliases too
+      return;
+    }
   }
   install_pending(fd, p, e);
   seen->push_back({st.st_dev, st.st_ino, std::move(p), e});
@@ -125,7 +134,17 @@ void scan_inherited() noexcept {
     }
     closedir(d);
     std::vector<Seen> seen;
-    for (const int fd : fds) classify(fd, &seen);
+    for (const int fd : fds) classify(fd, &seen, true);
+    // A connect()ed end on stdin, stdout or stderr that its creator claimed
+    // first: followed now (once its settle ends, a few milliseconds),
+    // before the program can use it through stdio, which the hooks do not
+    // see (a relay socket carries those bytes; the kernel socket would not
+    // reach the stream).
+    for (const auto& s : seen) {
+      if (s.kind == Entry::kPending && s.p->connect_side && !s.p->fds.empty() &&
+          s.p->fds.front() <= 2)
+        settle(s.p->fds.front());
+    }
   } catch (...) {
     // Out of memory at load: inherited connections stay as they are.
   }
@@ -138,7 +157,7 @@ void note_received(const msghdr* msg) noexcept {
       // A new number: what the table held for it was closed behind the
       // library's back (libuv closes with a raw system call).
       forget_stale(fd);
-      classify(fd, &seen);
+      classify(fd, &seen, false);
     });
   } catch (...) {
     // Out of memory: the descriptors stay plain kernel sockets.

@@ -19,6 +19,7 @@
 #include "fd_place.hpp"
 #include "handoff.hpp"
 #include "hook.hpp"
+#include "interruption.hpp"
 #include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "mirror.hpp"
@@ -192,7 +193,7 @@ EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
   // connect; if it takes longer the connection stays on kernel TCP.
   const int saved = errno;
   pollfd p{fd, POLLOUT, 0};
-  const int pr = poll(&p, 1, static_cast<int>(config().timeout.count()));
+  const int pr = poll_through_signals(&p, 1, static_cast<int>(config().timeout.count()));
   if (pr <= 0) {
     log_line(
         "connect fd=%d peer=%s path=kernel reason=non-blocking connect still in progress",

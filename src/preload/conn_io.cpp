@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "epoll_set.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay.hpp"
@@ -50,9 +51,13 @@ Clock::time_point timed_deadline(bool timed, int64_t tmo_us) {
 }
 
 // Waits for `events` on fd until deadline (or forever). 0 ready, -EAGAIN
-// timed out, -EINTR interrupted by a signal.
+// timed out, -EINTR interrupted by a signal (the caller restarts the wait
+// as the kernel would: signal_ends_call).
 int wait_for(Conn& c, int fd, short events, bool has_deadline,
              Clock::time_point deadline) {
+  // A signal that came while this call upgraded the connection: the kernel
+  // would have ended the wait with it (a write that must wait for room).
+  if (interrupted_now(!has_deadline)) return -EINTR;
   keep_readiness_current(c);  // it sleeps on the readiness socket
   int timeout = -1;
   if (has_deadline) {
@@ -140,6 +145,12 @@ ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
   const int64_t tmo = c.rcv_timeout_us.load(std::memory_order_relaxed);
   const bool timed = tmo > 0 && !nonblocking;
   const auto deadline = timed_deadline(timed, tmo);
+  // A signal that came while this call upgraded the connection came while
+  // the call waited: the bytes the upgrade brought stay for the next read.
+  if (!nonblocking && interrupted_now(!timed)) {
+    errno = EINTR;
+    return -1;
+  }
   Spin spin(!nonblocking, timed, deadline);
   // A non-blocking read of an empty stream: with a spin budget it looks at
   // the ring itself and, finding nothing, returns EAGAIN without telling the
@@ -202,6 +213,7 @@ ssize_t recv_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     if (spin.active()) continue;
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLIN) != 0) continue;
     const int w = wait_for(c, fd, POLLIN, timed, deadline);
+    if (w == -EINTR && !signal_ends_call(!timed)) continue;  // SA_RESTART
     if (w != 0) {
       if (got > 0) return static_cast<ssize_t>(got);
       errno = -w;
@@ -260,6 +272,7 @@ ssize_t send_impl(Conn& c, int fd, const iovec* iov, int iovcnt, int flags) {
     spin.stop();
     if (spin.spun() && (c.stream->poll_readiness(true) & POLLOUT) != 0) continue;
     const int w = wait_for(c, fd, POLLOUT, timed, deadline);
+    if (w == -EINTR && !signal_ends_call(!timed)) continue;  // SA_RESTART
     if (w != 0) {
       if (done > 0) return static_cast<ssize_t>(done);
       errno = -w;

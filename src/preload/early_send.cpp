@@ -18,9 +18,11 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "handoff.hpp"
+#include "interruption.hpp"
 #include "kernel_registrations.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rendezvous_wire.hpp"
 #include "state.hpp"
 
@@ -111,7 +113,7 @@ void answer_loop() {
     }
     if (busy) {
       settling.unlock();
-      (void)real().poll(nullptr, 0, 1);
+      (void)poll_through_signals(nullptr, 0, 1);
       settling.lock();
     }
   }
@@ -135,23 +137,17 @@ bool ensure_answerer() {
     return true;
   if (g_wake < 0) g_wake = place_high(real().eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (g_wake < 0) return false;
-  sigset_t all;
-  sigset_t old;
-  sigfillset(&all);
-  // The application's signal handlers run on its own threads.
-  pthread_sigmask(SIG_SETMASK, &all, &old);
   bool started = false;
   try {
     g_stop.store(false, std::memory_order_relaxed);
     g_running.store(true, std::memory_order_relaxed);
-    std::thread(answer_loop).detach();
+    rdmakit::detail::start_library_thread(answer_loop).detach();
     if (!g_at_exit) g_at_exit = std::atexit(stop_answerer) == 0;
     g_answerer_pid = getpid();
     started = true;
   } catch (...) {
     g_running.store(false, std::memory_order_relaxed);
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   return started;
 }
 
@@ -214,10 +210,7 @@ std::shared_ptr<Pending> untaken_offer(int fd, size_t adding,
   // upgrade is a moment away, so the caller settles first.
   pollfd pfd[2] = {{o.usock, POLLIN, 0}, {o.other_usock, POLLIN, 0}};
   const int grace = o.early.empty() ? static_cast<int>(kFirstSendGrace.count()) : 0;
-  int ready = 0;
-  do {
-    ready = real().poll(pfd, 2, grace);  // a -1 entry is ignored
-  } while (ready < 0 && errno == EINTR);
+  const int ready = poll_through_signals(pfd, 2, grace);  // a -1 entry is ignored
   if (ready != 0) return nullptr;
   *lock = std::move(held);
   return p;

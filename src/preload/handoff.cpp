@@ -21,14 +21,15 @@
 #include "adopt.hpp"
 #include "adoption.hpp"
 #include "conn_guard.hpp"
+#include "creator.hpp"
 #include "early_send.hpp"
 #include "fd_place.hpp"
 #include "hook.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "mirror.hpp"
 #include "process.hpp"
 #include "relay.hpp"
-#include "relay_holders.hpp"
 #include "rendezvous.hpp"
 #include "rules.hpp"
 #include "state.hpp"
@@ -141,10 +142,7 @@ bool settle_connect(int fd, const std::shared_ptr<Pending>& p,
   if (!connected) {
     pollfd w{fd, POLLOUT, 0};
     const int ms = static_cast<int>(config().timeout.count());
-    int r = 0;
-    do {
-      r = real().poll(&w, 1, ms);
-    } while (r < 0 && errno == EINTR);
+    const int r = poll_through_signals(&w, 1, ms);
     pl = sizeof peer;
     connected = r > 0 && real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer),
                                             &pl) == 0;  // NOLINT
@@ -255,70 +253,55 @@ bool settle_accepted(int fd, const std::shared_ptr<Pending>& p,
   return false;
 }
 
-constexpr std::chrono::milliseconds kAwaitCreator{1000};
-
-// The process that connect()ed fd still holds its copy of the kernel
-// socket (inode ino) under one of the numbers this fork inherited.
-bool creator_holds(pid_t creator, const std::vector<int>& aliases, ino_t ino) {
-  return std::any_of(aliases.begin(), aliases.end(), [&](int a) {
-    return proc_fd_names_socket(creator, std::to_string(a).c_str(), ino, ino);
-  });
-}
-
-// A forked copy of a connect()ed connection whose creator still holds its
-// own: the creator settles it (its answerer does when the server takes the
-// offer up, early_send.hpp), so a forked helper that writes and exits does
-// not take the stream, and the bytes its parent reads, with it. true with
-// *other once the creator has settled it; false when the creator let go
-// (closed its copy, exited) or did not settle it within the budget: this
-// process claims it as any first user would.
-bool await_creator(const AdoptionMarker& m, const std::shared_ptr<Pending>& p,
-                   Adoption* other) {
-  // Not the whole budget: a creator that cannot settle (it exec'd, or has
-  // no answerer) would cost this use that much; the server's take-up of
-  // the offer is what the creator's answerer waits for, and a server that
-  // is slow to take it up is waited for below anyway.
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::min<std::chrono::steady_clock::duration>(config().timeout, kAwaitCreator);
+// Without the offer, this process cannot upgrade it: it follows the
+// creator's settle, or, if nobody will settle it, claims it for kernel TCP
+// so that any other holder follows that.
+void settle_inherited_connect(int fd, const std::shared_ptr<Pending>& p) {
+  const AdoptionMarker marker = adoption_marker_of(fd, true);
   const std::vector<int> aliases = aliases_of(p);
-  while (std::chrono::steady_clock::now() < deadline) {
-    const Adoption a = read_adoption(m);
-    if (a.holder == Holder::kOwned || a.holder == Holder::kKernel) {
-      *other = a;
-      return true;
-    }
-    if (a.holder == Holder::kClaimed) {
-      // The creator is settling it.
-    } else if (const bool gone = !alive(p->accepted_by);
-               gone || !creator_holds(p->accepted_by, aliases, m.socket)) {
-      log_line("connect fd=%d: pid %d, which connected it, %s: this process settles it",
-               aliases.empty() ? -1 : aliases.front(), static_cast<int>(p->accepted_by),
-               gone ? "has exited" : "no longer holds it");
-      return false;
-    }
-    (void)real().poll(nullptr, 0, 1);
+  const std::string where = describe(fd);
+  if (Adoption other; !t_no_wait && await_offer_taken(marker, fd, &other)) {
+    follow_adoption("connect", fd, other, aliases, where);
+    return;
   }
-  log_line(
-      "connect fd=%d: pid %d, which connected it, did not settle it within %lld ms: "
-      "this process settles it",
-      aliases.empty() ? -1 : aliases.front(), static_cast<int>(p->accepted_by),
-      static_cast<long long>(kAwaitCreator.count()));
-  return false;
+  // A holder settling it may take a rendezvous: wait for that, as any
+  // second holder does (settle_pending); inside exec, not at all.
+  const auto now = std::chrono::steady_clock::now();
+  if (Adoption other;
+      !claim_adoption(marker, t_no_wait ? now : now + 3 * config().timeout, &other)) {
+    follow_adoption("connect", fd, other, aliases, where);
+    return;
+  }
+  const char* reason = "connected by another process, which did not settle it";
+  log_line("connect fd=%d %s path=kernel reason=%s", fd, where.c_str(), reason);
+  publish_fallback(fd, "connect", reason);
+  for (const int a : aliases) (void)remove_conn(a);
+  mark_adoption(marker, Holder::kKernel);
 }
 
 void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
+  // The connect()ed end of a connection whose offer stayed with the process
+  // that made it (exec, SCM_RIGHTS): that process settles it (creator.hpp).
+  if (p->offer == nullptr && p->connect_side) {
+    settle_inherited_connect(fd, p);
+    return;
+  }
   const bool client = p->offer != nullptr;
   // A connection another process may also hold (a fork, exec or SCM_RIGHTS
   // since the accept or connect): the first holder to use it settles it,
   // the others follow (adoption.hpp).
-  const bool shared =
+  bool shared =
       p->inherited || p->accepted_by != process_id() || p->fork_gen != fork_generation();
+  // A child spawned without fork's handlers (vfork, posix_spawn: Python's
+  // subprocess, Go, Java) may hold it too and have claimed it at its exec.
+  if (!shared && client &&
+      read_adoption(adoption_marker_of(fd, true)).holder != Holder::kNone)
+    shared = true;
   const AdoptionMarker marker =
       shared ? adoption_marker_of(fd, client) : AdoptionMarker{};
   if (Adoption other; client && !p->inherited && p->accepted_by != process_id() &&
                       !t_no_wait && !marker.path.empty() &&
-                      await_creator(marker, p, &other)) {
+                      await_creator(marker, p->accepted_by, aliases_of(p), &other)) {
     follow_adoption("connect", fd, other, aliases_of(p), describe(fd));
     return;
   }

@@ -8,6 +8,7 @@
 
 #include "conn_guard.hpp"
 #include "early_send.hpp"
+#include "interruption.hpp"
 #include "state.hpp"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -34,11 +35,25 @@ template <Use U, class Io, class Pass>
 [[gnu::noinline]] auto on_conn_slow(int fd, Io io, Pass pass, const iovec* sent,
                                     int sent_cnt) -> decltype(pass()) {
   if (!is_conn(fd)) return pass();
+  // A signal during the settle below ends a call that would then block.
+  const SignalWatch watch;
   if constexpr (U == Use::kSend) {
     if (EarlySend early(fd, sent, sent_cnt); early) return early.done(pass());
   }
-  const auto c = U == Use::kMeta ? meta_conn(fd) : find_conn(fd, U == Use::kData);
-  if (!c) return pass();
+  std::shared_ptr<Conn> c;
+  {
+    const SignalHold hold(settles_first(fd, U == Use::kMeta));
+    c = U == Use::kMeta ? meta_conn(fd) : find_conn(fd, U == Use::kData);
+  }
+  if (!c) {
+    if constexpr (U == Use::kData) {
+      if (signal_ends_kernel_read(fd)) {
+        errno = EINTR;
+        return -1;
+      }
+    }
+    return pass();
+  }
   return io(*c);
 }
 

@@ -11,6 +11,7 @@
 
 #include "handoff.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rendezvous.hpp"
 #include "rendezvous_wire.hpp"
 
@@ -110,13 +111,8 @@ AcceptWatch::~AcceptWatch() {
 }
 
 MirrorSettle::MirrorSettle(Mirror other) noexcept {
-  // The application's signal handlers run on its own threads only.
-  sigset_t all;
-  sigset_t old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
-    thread_ = std::thread([other = std::move(other)] {
+    thread_ = rdmakit::detail::start_library_thread([other = std::move(other)] {
       t_mirror_helper = true;
       settle_if_pending(other.fd, other.pending);
     });
@@ -124,7 +120,6 @@ MirrorSettle::MirrorSettle(Mirror other) noexcept {
     // No thread: the caller settles its end alone (the budget then bounds
     // the wait, as before this helper existed).
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 MirrorSettle::~MirrorSettle() {

@@ -1,9 +1,12 @@
 #include "process.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -63,9 +66,46 @@ EngineSlot g_engines[kMaxEngines];
 bool g_exit_registered = false;
 char g_launch_name[64] = "";
 
+#if defined(__SANITIZE_ADDRESS__)
+// GCC 12's AddressSanitizer does not lock its allocator around fork: a
+// child forked while another thread allocates inherits the allocator's lock
+// taken and hangs at its first malloc. The stream engine's and providers'
+// threads are not fork-guarded, so the ASan build waits (at most about
+// 20 ms) until every other thread is asleep in the kernel (not 'R' in
+// /proc/self/task/TID/stat) before it forks.
+void wait_for_idle_threads() {
+  const long self = gettid();
+  for (int tries = 0; tries < 200; ++tries) {
+    bool running = false;
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (const dirent* e = readdir(d)) {
+        const long tid = std::strtol(e->d_name, nullptr, 10);
+        if (tid <= 0 || tid == self) continue;
+        char path[64];
+        std::snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+        char buf[256] = {};
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        const ssize_t n = real().read(fd, buf, sizeof buf - 1);
+        real().close(fd);
+        // "tid (comm) S ...": the state follows the last ')'.
+        const char* paren = n > 0 ? std::strrchr(buf, ')') : nullptr;
+        if (paren != nullptr && paren[1] == ' ' && paren[2] == 'R') running = true;
+      }
+      closedir(d);
+    }
+    if (!running) return;
+    usleep(100);
+  }
+}
+#else
+void wait_for_idle_threads() {}
+#endif
+
 void on_prepare() {
   // First: the library's threads take the others while they work.
   fork_guard().lock();
+  wait_for_idle_threads();
   g_engine_mu.lock();
   lock_table_for_fork();
   stats::lock_for_fork();

@@ -24,6 +24,7 @@
 #include "fd_place.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "relay.hpp"
 #include "relay_holders.hpp"
 #include "relay_pump.hpp"
@@ -56,7 +57,7 @@ class Server {
           std::strerror(errno));
       return false;
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = rdmakit::detail::start_library_thread([this] { run(); });
     return true;
   }
 

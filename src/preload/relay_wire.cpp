@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "fd_place.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 
 namespace rdmakit::preload::relay_wire {
@@ -46,10 +47,7 @@ bool send_message(int s, const Message& m, const int* fds, int nfds) {
 
 bool recv_with_fds(int s, void* buf, size_t len, int* fds, int max_fds, int wait_ms) {
   pollfd p{s, POLLIN, 0};
-  int r = 0;
-  do {
-    r = real().poll(&p, 1, wait_ms);
-  } while (r < 0 && errno == EINTR);
+  const int r = poll_through_signals(&p, 1, wait_ms);
   if (r <= 0) return false;
   iovec v{buf, len};
   alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))] = {};

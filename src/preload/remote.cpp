@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fd_place.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "rules.hpp"
@@ -244,7 +245,7 @@ PendingOfferPtr prepare_remote(int fd, const sockaddr_storage& peer,
     int err = errno;
     if (err == EINPROGRESS) {
       pollfd pfd{us, POLLOUT, 0};
-      if (poll(&pfd, 1, remaining_ms(probe_end)) <= 0) {
+      if (poll_through_signals(&pfd, 1, remaining_ms(probe_end)) <= 0) {
         err = ETIMEDOUT;
       } else {
         socklen_t el = sizeof err;
@@ -360,7 +361,7 @@ Upgrade finish_remote(PendingOffer& p, int tcp_fd) {
   const auto deadline = Clock::now() + config().timeout;
   try {
     up.stream = client_commit(p.usock, *p.listener, p.offer.client_nonce, deadline,
-                              &up.reason, tcp_fd);
+                              &up.reason, tcp_fd, tcp_fd);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

@@ -23,6 +23,7 @@
 #include "libc.hpp"
 #include "offer_table.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "remote.hpp"
 #include "rules.hpp"
 #include "state.hpp"
@@ -312,7 +313,7 @@ void open_remote_listener(int app_fd, uint16_t port) {
     g_listeners->push_back(l);
   }
   try {
-    std::thread(serve, l).detach();
+    rdmakit::detail::start_library_thread([l] { serve(l); }).detach();
   } catch (const std::exception& e) {
     log_line("listen port=%u: no cross-host rendezvous thread: %s", port, e.what());
     close_remote_listener(port);

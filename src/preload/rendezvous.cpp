@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "fd_place.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "remote.hpp"
@@ -155,6 +156,14 @@ std::string adoption_marker(int tcp_fd, bool client) {
   std::string where;
   if (!read_tuple(tcp_fd, client, &t, &where).empty()) return {};
   return tuple_path(t, client ? 'b' : 'a');
+}
+
+std::string connect_offer_path(int tcp_fd) {
+  if (!config().dir_problem.empty()) return {};
+  Tuple t;
+  std::string where;
+  if (!read_tuple(tcp_fd, true, &t, &where).empty()) return {};
+  return tuple_path(t, 'o');
 }
 
 bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }
@@ -305,9 +314,8 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
     pollfd pfd[2] = {{p->usock, POLLIN, 0}, {p->other_usock, POLLIN, 0}};
     int ready = 0;
     for (;;) {
-      do {
-        ready = poll(pfd, p->other_usock >= 0 ? 2 : 1, remaining_ms(deadline));
-      } while (ready < 0 && errno == EINTR);
+      ready =
+          poll_through_signals(pfd, p->other_usock >= 0 ? 2 : 1, remaining_ms(deadline));
       if (ready <= 0 || (pfd[0].revents & POLLIN) != 0 || p->other_usock < 0) break;
       // An acceptor of another uid took the abstract offer up.
       const int private_offer = p->usock;
@@ -342,7 +350,7 @@ Upgrade finish_connect(PendingOfferPtr p, int tcp_fd) {
       return up;
     }
     up.stream = client_commit(c.get(), *p->listener, p->offer.client_nonce, deadline,
-                              &up.reason, -1, p->early);
+                              &up.reason, tcp_fd, -1, p->early);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

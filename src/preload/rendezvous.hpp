@@ -59,6 +59,9 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny,
 // one; "" when fd is not a loopback connection or the directory is
 // unusable.
 std::string adoption_marker(int tcp_fd, bool client);
+// The path of the offer a connect() of this user made for tcp_fd's
+// connection, tcp_fd being its connect()ed end ("" when unusable).
+std::string connect_offer_path(int tcp_fd);
 // A file of the rendezvous directory, written whole under another name and
 // renamed into place: a reader sees the old one or the new one, never a part.
 void write_file_whole(const std::string& path, const std::string& text);

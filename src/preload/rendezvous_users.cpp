@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "fd_place.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "relay_wire.hpp"
@@ -217,10 +218,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd, bool* proven) {
   if (!up.reason.empty()) return up;
   const auto deadline = Clock::now() + config().timeout;
   pollfd pfd{p.usock, POLLIN, 0};
-  int ready = 0;
-  do {
-    ready = real().poll(&pfd, 1, remaining_ms(deadline));
-  } while (ready < 0 && errno == EINTR);
+  const int ready = poll_through_signals(&pfd, 1, remaining_ms(deadline));
   Fd c(ready > 0 ? real().accept4(p.usock, nullptr, nullptr, SOCK_CLOEXEC) : -1);
   real().close(p.usock);  // one-shot: a late peer finds nothing
   p.usock = -1;
@@ -283,7 +281,7 @@ Upgrade finish_other_user(PendingOffer& p, int tcp_fd, bool* proven) {
       return up;
     }
     up.stream = client_commit(c.get(), *listener, p.offer.client_nonce, deadline,
-                              &up.reason, -1, p.early);
+                              &up.reason, tcp_fd, -1, p.early);
   } catch (const std::exception& e) {
     up.reason = std::string("upgrade failed: ") + e.what();
   }

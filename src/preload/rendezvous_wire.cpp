@@ -1,17 +1,22 @@
 #include "rendezvous_wire.hpp"
 
 #include <arpa/inet.h>
+#include <linux/sockios.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "process.hpp"
 #include "state.hpp"
@@ -136,7 +141,7 @@ bool io_all(int fd, void* buf, size_t len, bool out, Clock::time_point deadline)
     if (errno != EAGAIN && errno != EINTR) return false;
     pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
     const int left = remaining_ms(deadline);
-    if (left == 0 || (poll(&pfd, 1, left) == 0)) return false;
+    if (left == 0 || poll_through_signals(&pfd, 1, left) == 0) return false;
   }
   return true;
 }
@@ -200,7 +205,7 @@ std::string take_token(int kernel_fd, const Token& token, Clock::time_point dead
       std::this_thread::sleep_for(milliseconds(1));
     } else {
       pollfd pfd{kernel_fd, POLLIN, 0};
-      (void)poll(&pfd, 1, left);
+      (void)poll_through_signals(&pfd, 1, left);
     }
   }
   // Every byte matched: consume exactly the token, nothing after it.
@@ -230,7 +235,7 @@ std::string drop_early(int fd, uint32_t n, Clock::time_point deadline) {
     }
     pollfd pfd{fd, POLLIN, 0};
     if (r == 0 || remaining_ms(deadline) == 0 ||
-        real().poll(&pfd, 1, remaining_ms(deadline)) == 0) {
+        poll_through_signals(&pfd, 1, remaining_ms(deadline)) == 0) {
       return "the client's early bytes did not arrive on kernel TCP (" +
              std::to_string(n - left) + " of " + std::to_string(n) + ")";
     }
@@ -250,8 +255,7 @@ bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline) {
       if (n > 0) deadline = std::min(deadline, Clock::now() + kEarlyOfferWait);
     }
     pollfd pfd[2] = {{rdv, POLLIN, 0}, {tcp_fd, POLLIN, 0}};
-    const int r = real().poll(pfd, watch_tcp ? 2 : 1, remaining_ms(deadline));
-    if (r < 0 && errno == EINTR) continue;
+    const int r = poll_through_signals(pfd, watch_tcp ? 2 : 1, remaining_ms(deadline));
     if (r <= 0) return false;
     if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       return io_all(rdv, offer, sizeof *offer, false, deadline);
@@ -271,11 +275,36 @@ std::string no_offer_reason(int tcp_fd) {
   return "rendezvous: no offer received";
 }
 
+std::string moved_outside(int tcp_fd, uint64_t sent, uint64_t received) {
+  tcp_info ti{};
+  socklen_t len = sizeof ti;
+  if (tcp_fd < 0 || getsockopt(tcp_fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received) {
+    return {};
+  }
+  // Counted only on an established connection whose SYN was acknowledged
+  // (a kernel, or a sandbox, that does not count leaves them 0); a FIN
+  // either way would count too, and is the connection's end, not data.
+  constexpr uint8_t kEstablished =
+      1;  // TCP_ESTABLISHED: netinet/tcp.h clashes with linux/tcp.h
+  if (ti.tcpi_state != kEstablished || ti.tcpi_bytes_acked == 0) return {};
+  int queued = 0;  // written, not acknowledged yet
+  if (real().ioctl(tcp_fd, SIOCOUTQ, &queued) != 0) return {};
+  // An active opener's acknowledged bytes count its SYN.
+  const uint64_t written = ti.tcpi_bytes_acked - 1 + static_cast<uint64_t>(queued);
+  if (written == sent && ti.tcpi_bytes_received == received) return {};
+  return "bytes moved on the connection outside the library before the upgrade (" +
+         std::to_string(written) + " written, " + std::to_string(sent) +
+         " of them by rdmakit; " + std::to_string(ti.tcpi_bytes_received) +
+         " received, " + std::to_string(received) +
+         " by rdmakit): stdio or a raw system call, which rdmakit does not see";
+}
+
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd,
-                                              const std::string& early) {
+                                              std::string* reason, int tcp_fd,
+                                              int kernel_fd, const std::string& early) {
   Answer answer;
   if (!io_all(rdv, &answer, sizeof answer, false, deadline) || answer.magic != kMagic) {
     *reason = "rendezvous: no answer from the peer";
@@ -316,6 +345,11 @@ std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& l
   }
   auto s = listener.accept(milliseconds(std::max(remaining_ms(deadline), 1)));
   *reason = exchange_nonces(*s, client_nonce, answer.server_nonce, deadline);
+  if (!reason->empty()) return nullptr;
+  // The last moment before the commit: bytes the application moved where
+  // the hooks do not see would be lost once the stream carries it. Not
+  // committing leaves both ends on kernel TCP (the server sees no commit).
+  *reason = moved_outside(tcp_fd, early.size(), kernel_fd >= 0 ? sizeof proof : 0);
   if (!reason->empty()) return nullptr;
   Final fin;
   fin.early_bytes = static_cast<uint32_t>(early.size());

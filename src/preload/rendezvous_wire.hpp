@@ -178,12 +178,22 @@ std::string take_token(int kernel_fd, const Token& token, Clock::time_point dead
 // kernel_fd >= 0 (between hosts): the acceptor's token must arrive on it
 // before anything else, and the client's token follows the commit.
 // early: the client's early bytes (same host), written first on the stream
-// once committed.
+// once committed. tcp_fd: the connection's kernel socket, whose byte counts
+// must show nothing moved outside the library (moved_outside) before the
+// commit.
 std::unique_ptr<stream::Stream> client_commit(int rdv, stream::StreamListener& listener,
                                               const Nonce& client_nonce,
                                               Clock::time_point deadline,
-                                              std::string* reason, int kernel_fd = -1,
+                                              std::string* reason, int tcp_fd,
+                                              int kernel_fd = -1,
                                               const std::string& early = {});
+// The connect()ed end tcp_fd against the kernel's counts (TCP_INFO): the
+// library wrote `sent` bytes on it and read `received`. More means bytes
+// moved outside the library (stdio, whose calls inside libc no preload can
+// see, or a raw system call): on a stream they would be lost, so the
+// connection must stay on kernel TCP. "" when they match (or the kernel
+// does not count), else why.
+std::string moved_outside(int tcp_fd, uint64_t sent, uint64_t received);
 // Server, for an offer it accepts: answers with a fresh nonce, connects a
 // stream to `stream_address`, checks the nonces, waits for the commit.
 // kernel_fd >= 0 (between hosts): writes the acceptor's token on it after

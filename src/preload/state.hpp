@@ -177,6 +177,9 @@ struct Pending {
   PendingOfferPtr offer;
   // Set (under mu) by close(): a library thread settles it no more.
   bool closing = false;
+  // Came across exec or SCM_RIGHTS as the connect()ed end of a connection
+  // whose offer its creator still holds (creator.hpp).
+  bool connect_side = false;
 };
 
 inline Entry entry_of(int fd) noexcept { return entry_of_word(fd_word(fd)); }
@@ -185,6 +188,13 @@ inline bool is_conn(int fd) noexcept {
   const uintptr_t w = fd_word(fd);
   return w != 0 && w != static_cast<uintptr_t>(Entry::kListener) &&
          w != static_cast<uintptr_t>(Entry::kRelayed);
+}
+// find_conn settles the entry first (its first use): pending, inherited or
+// foreign (a dormant relay is only woken); meta_conn (meta) all but pending.
+inline bool settles_first(int fd, bool meta = false) noexcept {
+  const Entry e = entry_of(fd);
+  return (e == Entry::kPending && !meta) || e == Entry::kInherited ||
+         e == Entry::kForeign;
 }
 // The connection this process carries for fd, after settling a pending,
 // inherited or foreign entry (the fd's first use); null: the fd is a plain

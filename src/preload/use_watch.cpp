@@ -17,6 +17,7 @@
 #include "handoff.hpp"
 #include "libc.hpp"
 #include "process.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rendezvous_wire.hpp"
 #include "state.hpp"
 
@@ -119,21 +120,15 @@ void watch_inherited_use() noexcept {
   // The longest budget a client may wait. Not config(): reading it opens the
   // log now, at load, where a program's closefrom() would close it.
   const auto until = Clock::now() + std::chrono::seconds(kWatchSeconds);
-  sigset_t all;
-  sigset_t old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all,
-                  &old);  // the application's handlers run on its threads
   try {
     g_running.store(true, std::memory_order_relaxed);
     g_watch_pid = getpid();
-    std::thread(run, until).detach();
+    rdmakit::detail::start_library_thread([until] { run(until); }).detach();
     std::atexit(stop_watch);
   } catch (...) {
     g_running.store(false, std::memory_order_relaxed);
     // No thread: the clients wait their budget, as without the watch.
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 }  // namespace rdmakit::preload

@@ -28,6 +28,7 @@
 #include "epoll_set.hpp"
 #include "fd_place.hpp"
 #include "hook.hpp"
+#include "interruption.hpp"
 #include "libc.hpp"
 #include "relay.hpp"
 #include "state.hpp"
@@ -56,7 +57,11 @@ std::shared_ptr<Conn> kernel_looks_at(int fd, bool reads) {
     return nullptr;
   }
   if (!reads && wait_to_send_in_kernel(fd)) return nullptr;
-  auto c = find_conn(fd, reads);
+  std::shared_ptr<Conn> c;
+  {
+    const SignalHold hold(settles_first(fd));
+    c = find_conn(fd, reads);
+  }
   if (c) keep_readiness_current(*c);
   return c;
 }
@@ -71,6 +76,14 @@ void kernel_looks_at(pollfd* fds, nfds_t n) {
 }
 
 bool in(const fd_set* s, int fd) { return s != nullptr && FD_ISSET(fd, s); }
+
+// A signal came while the wait upgraded a connection it names (kernel_looks_at):
+// poll and select end with EINTR whatever SA_RESTART says (signal(7)).
+bool ended_by_signal() {
+  if (!interrupted(false)) return false;
+  errno = EINTR;
+  return true;
+}
 
 void kernel_looks_at(int n, const fd_set* rd, const fd_set* wr, const fd_set* ex) {
   if ((!any_upgraded() && !any_pending()) || engine_thread() || n <= 0 || n > FD_SETSIZE)
@@ -126,8 +139,10 @@ int answer_pushback(pollfd* fds, nfds_t n) {
 
 EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
   if (const int r = answer_pushback(fds, n); r >= 0) return r;
+  const SignalWatch watch;
   if (timeout == 0 || n == 0 || !wait_may_spin()) {
     kernel_looks_at(fds, n);
+    if (timeout != 0 && ended_by_signal()) return -1;
     return real().poll(fds, n, timeout);
   }
   EngineDrain engines;
@@ -145,6 +160,7 @@ EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
       all_conns = false;
     }
   }
+  if (ended_by_signal()) return -1;
   if (engines.empty()) return real().poll(fds, n, timeout);
   const auto spin = spin_budget(timeout);
   if (spin.count() == 0) return real().poll(fds, n, timeout);
@@ -244,8 +260,10 @@ struct FdSets {
 
 EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
   const bool zero = tv != nullptr && tv->tv_sec == 0 && tv->tv_usec == 0;
+  const SignalWatch watch;
   if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
     kernel_looks_at(n, rd, wr, ex);
+    if (!zero && ended_by_signal()) return -1;
     return real().select(n, rd, wr, ex, tv);
   }
   EngineDrain engines;
@@ -265,6 +283,7 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
       all_conns = false;
     }
   }
+  if (ended_by_signal()) return -1;
   if (engines.empty()) return real().select(n, rd, wr, ex, tv);
   // Milliseconds, rounded up so a sub-millisecond timeout still spins.
   const int timeout =
@@ -337,8 +356,10 @@ EXPORT int select(int n, fd_set* rd, fd_set* wr, fd_set* ex, timeval* tv) {
 EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mask) {
   if (const int r = answer_pushback(fds, n); r >= 0) return r;
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
+  const SignalWatch watch;
   if (zero || n == 0 || !wait_may_spin()) {
     kernel_looks_at(fds, n);
+    if (!zero && ended_by_signal()) return -1;
     return real().ppoll(fds, n, tmo, mask);
   }
   {
@@ -347,6 +368,7 @@ EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mas
       if (fds[i].fd >= 0)
         (void)engines.add(kernel_looks_at(fds[i].fd, waits_for_input(fds[i])));
     }
+    if (ended_by_signal()) return -1;
     engines.before_sleep();
   }
   return real().ppoll(fds, n, tmo, mask);
@@ -355,8 +377,10 @@ EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* tmo, const sigset_t* mas
 EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tmo,
                    const sigset_t* mask) {
   const bool zero = tmo != nullptr && tmo->tv_sec == 0 && tmo->tv_nsec == 0;
+  const SignalWatch watch;
   if (zero || n <= 0 || n > FD_SETSIZE || !wait_may_spin()) {
     kernel_looks_at(n, rd, wr, ex);
+    if (!zero && ended_by_signal()) return -1;
     return real().pselect(n, rd, wr, ex, tmo, mask);
   }
   {
@@ -365,6 +389,7 @@ EXPORT int pselect(int n, fd_set* rd, fd_set* wr, fd_set* ex, const timespec* tm
       if (in(rd, fd) || in(wr, fd) || in(ex, fd))
         (void)engines.add(kernel_looks_at(fd, in(rd, fd) || in(ex, fd)));
     }
+    if (ended_by_signal()) return -1;
     engines.before_sleep();
   }
   return real().pselect(n, rd, wr, ex, tmo, mask);

@@ -9,6 +9,7 @@
 #include "channel_core.hpp"
 #include "engine.hpp"
 #include "log.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -34,7 +35,8 @@ size_t Engine::endpoints() const {
 }
 
 void Engine::start_accepting() {
-  if (!acceptor_.joinable()) acceptor_ = std::thread([this] { accept_loop(); });
+  if (!acceptor_.joinable())
+    acceptor_ = rdmakit::detail::start_library_thread([this] { accept_loop(); });
 }
 
 void Engine::accept_loop() {

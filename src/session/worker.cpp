@@ -14,6 +14,7 @@
 
 #include "channel_core.hpp"
 #include "engine.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 
 namespace rdmakit::session::detail {
 
@@ -254,7 +255,8 @@ bool Worker::endpoints_gone() const {
 }
 
 void Worker::start() {
-  if (threaded_ && !thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  if (threaded_ && !thread_.joinable())
+    thread_ = rdmakit::detail::start_library_thread([this] { loop(); });
 }
 
 void Worker::stop() {

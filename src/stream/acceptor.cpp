@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "rdmakit/detail/library_thread.hpp"
 #include "stream/engine.hpp"
 
 namespace rdmakit::stream::detail {
@@ -11,7 +12,7 @@ Acceptor::Acceptor(AcceptOnce accept_once) : accept_once_(std::move(accept_once)
   const int rc = readiness_.open();
   if (rc < 0) throw Error("stream listener fd", "stream", "", -rc, "socketpair");
   readiness_.set(false, false);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = rdmakit::detail::start_library_thread([this] { loop(); });
 }
 
 Acceptor::~Acceptor() {

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "rdmakit/detail/library_thread.hpp"
+
 namespace rdmakit::stream::detail {
 
 void EngineImpl::validate(const StreamOptions& o) {
@@ -73,7 +75,7 @@ EngineImpl::EngineImpl(const EngineOptions& opts) : options(opts) {
     throw Error("stream engine", ctx->provider_name(), "", errno, "eventfd");
   tick_ = std::clamp(options.stream.keepalive / 4, std::chrono::milliseconds(5),
                      std::chrono::milliseconds(100));
-  thread_ = std::thread([this] {
+  thread_ = rdmakit::detail::start_library_thread([this] {
     if (options.on_thread_start != nullptr) options.on_thread_start();
     progress_loop();
   });

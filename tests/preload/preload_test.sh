@@ -939,6 +939,78 @@ PY
     expect_count 20 "accept fd=.* path=shm" "server connections on shm"
     [ "$(count "head\]: inherited fd=0 .*path=relay")" = 20 ] || fail "the children were not relayed"
     ;;
+  client-exec)  # a connect()ed connection used by exec'd programs and stdio
+    # bash's /dev/tcp: its builtin echo writes through stdio (libc's own
+    # write, which no hook sees), so the connection must stay on kernel TCP;
+    # coreutils' printf (stdio too) in an exec'd child while bash keeps its
+    # copy, and head reading the answer; a Python client whose forked child
+    # execs sh with the socket as stdin and stdout. Every answer is compared
+    # byte for byte; nothing may wait out a budget (20 s without the fix) or
+    # break.
+    ce=$(dirname "$0")/client_exec.py
+    size=300000
+    run_client() {  # NAME SHELL-COMMAND (PORT, LINE and OUT substituted)
+      local name=$1 cmd=$2 line="line-$1" p out="$work/$1.out"
+      p=$(free_port)
+      "${pre[@]}" timeout 30 python3 "$ce" server "$p" 1 $size >"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen "$p"
+      cmd=${cmd//PORT/$p}; cmd=${cmd//LINE/$line}; cmd=${cmd//OUT/$out}
+      "${pre[@]}" timeout 20 bash -c "$cmd" >"$work/c.out" 2>&1 ||
+        fail "$name: $(cat "$work/c.out")"
+      wait "$server_pid" || fail "$name server: $(cat "$work/s.out")"
+      cmp "$out" <(python3 "$ce" expect "$line" $size) || fail "$name: the answer differs"
+      # A wait that ran out its budget says so in the log. (A server whose
+      # client wrote first and whose creator does not answer waits 100 ms:
+      # a creator that spawned the program with vfork runs no fork handler,
+      # so nothing watches its offer.)
+      expect_count 0 "within the budget|within [0-9]{4,} ms" "waits that ran out a budget ($name)"
+    }
+    run_client builtin 'exec 3<>/dev/tcp/127.0.0.1/PORT; echo LINE >&3; head -c '$size' <&3 >OUT'
+    expect_count 1 "\[[0-9]+ bash\]: connect fd=3 .*path=kernel reason=bytes moved on the connection outside the library" \
+      "bash connection kept on kernel TCP after its builtin wrote through stdio"
+    : >"$log"
+    # sleep inherits fd 3 (not stdin, stdout or stderr) and leaves it alone;
+    # by the time bash forks printf, it carries the stream: the fork's copy
+    # is a relay socket, into which printf's stdio writes.
+    run_client exec-printf 'exec 3<>/dev/tcp/127.0.0.1/PORT; sleep 0.3; /usr/bin/printf "%s\n" LINE >&3; head -c '$size' <&3 >OUT'
+    expect_count 1 "\[[0-9]+ bash\]: connect fd=3 .*path=shm" "bash connection on shm"
+    expect_count 0 "path=(kernel|none)" "connections off the stream"
+    expect_count 0 "\[[0-9]+ sleep\]" "log lines of sleep"
+    : >"$log"
+    # printf at once: it may load before bash settles (then it keeps the
+    # connection on kernel TCP) or after (then it is relayed); either way
+    # every byte arrives.
+    run_client exec-printf-at-once 'exec 3<>/dev/tcp/127.0.0.1/PORT; /usr/bin/printf "%s\n" LINE >&3; head -c '$size' <&3 >OUT'
+    expect_count 1 "\[[0-9]+ bash\]: connect fd=3 .*path=(shm|kernel)" "bash settled once"
+    : >"$log"
+    for how in fork-exec spawn; do
+      : >"$log"
+      run_client "python-$how" "python3 $ce $how PORT LINE $size OUT"
+      expect_count 0 "path=none|EOPNOTSUPP" "broken connections"
+      expect_count 1 "\[[0-9]+ sh\]: connect fd=0 .*path=(relay|kernel)" "sh settled its copy at load"
+    done
+    sed 's/^/  log: /' "$log"
+    ;;
+  signal-upgrade)  # a signal while the first use waits for the upgrade
+    # The server takes the offer up 300 ms after its accept; the client's
+    # 50 ms timer fires inside its first recv or poll. The handler runs on
+    # the client's own thread; recv without SA_RESTART and poll end with
+    # EINTR, a restartable recv goes on; then the connection carries bytes.
+    sig=$(dirname "$pair")/rdmakit_preload_signals
+    for mode in recv-eintr recv-restart poll-eintr; do
+      : >"$log"; port=$(free_port)
+      "${pre[@]}" timeout 30 "$sig" server "$port" 300 >"$work/s.out" 2>&1 &
+      server_pid=$!; pids+=("$server_pid")
+      wait_listen "$port"
+      "${pre[@]}" timeout 30 "$sig" "$mode" "$port" >"$work/c.out" 2>&1 ||
+        fail "$mode: $(cat "$work/c.out")"
+      wait "$server_pid" || fail "server ($mode): $(cat "$work/s.out")"
+      expect_count 1 "connect fd=.* path=shm" "client connection on shm ($mode)"
+      expect_count 1 "accept fd=.* path=shm" "server connection on shm ($mode)"
+      cat "$work/c.out"
+    done
+    ;;
   nonblock-fork)  # a used non-blocking connection shared by fork
     # The child's copy is relayed through the parent; it must stay
     # non-blocking, as the file it copies (pg_basebackup's WAL receiver).

@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -355,6 +357,55 @@ TEST_P(StreamTest, HalfCloseKeepsTheOtherDirection) {
         recv_pattern(*cli.s, 200000, 4);
         char c;
         EXPECT_EQ(cli.s->read(&c, 1), 0);
+      });
+}
+
+// The threads of this process other than the caller whose signal mask lets
+// `sig` through (/proc/self/task/*/status, SigBlk).
+std::vector<std::string> threads_taking(int sig) {
+  std::vector<std::string> out;
+  const std::string self = std::to_string(gettid());
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    const std::string tid = task.path().filename();
+    if (tid == self) continue;
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    std::string name;
+    while (std::getline(status, line)) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(5);
+      if (line.rfind("SigBlk:", 0) != 0) continue;
+      const uint64_t blocked = std::stoull(line.substr(7), nullptr, 16);
+      if ((blocked & (uint64_t{1} << (sig - 1))) == 0) out.push_back(tid + name);
+    }
+  }
+  return out;
+}
+
+TEST_P(StreamTest, LibraryThreadsLeaveSignalsToTheApplication) {
+  // A process-directed signal goes to a thread that does not block it: the
+  // engine's and the provider's threads block every asynchronous one, so
+  // the application's handler runs on its own thread and interrupts its
+  // own blocking call. Synchronous ones stay deliverable (a fault).
+  const auto check = [](const char* role) {
+    for (const int sig : {SIGALRM, SIGINT, SIGTERM, SIGUSR1, SIGCHLD, SIGPIPE})
+      EXPECT_TRUE(threads_taking(sig).empty())
+          << role << ": signal " << sig << " may go to " << threads_taking(sig).front();
+    EXPECT_FALSE(threads_taking(SIGSEGV).empty()) << role << ": SIGSEGV blocked";
+  };
+  run(
+      [&](RoleEnv& env) {
+        auto srv = serve(env);
+        char c = 0;
+        read_exact(*srv.s, &c, 1);
+        check("server");
+        write_all(*srv.s, &c, 1);
+      },
+      [&](RoleEnv& env) {
+        auto cli = dial(env);
+        write_all(*cli.s, "s", 1);
+        char c = 0;
+        read_exact(*cli.s, &c, 1);
+        check("client");
       });
 }
 

@@ -1,7 +1,9 @@
 // The core's internal toolkit (include/rdmakit/detail/): the bit-field codec
 // of work request ids, the conditional lock, the hellos' framing, byte counts
-// as text.
+// as text, library threads' signal masks.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <array>
 #include <bit>
@@ -16,6 +18,7 @@
 #include "rdmakit/detail/conditional_lock.hpp"
 #include "rdmakit/detail/format_bytes.hpp"
 #include "rdmakit/detail/hello_frame.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 
 namespace rdmakit::detail {
 namespace {
@@ -158,6 +161,21 @@ TEST(FormatBytesTest, LargestUnitThatDividesExactly) {
   EXPECT_EQ(format_bytes((1ull << 30) + (1ull << 20)), "1025 MiB");
   EXPECT_EQ(format_bytes(8ull << 30), "8 GiB");
   EXPECT_EQ(format_bytes(UINT64_MAX), "unlimited");
+}
+
+TEST(LibraryThreadTest, StartsWithAsynchronousSignalsBlockedAndRestoresTheCaller) {
+  sigset_t before;
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &before), 0);
+  sigset_t inside;
+  start_library_thread([&] { pthread_sigmask(SIG_SETMASK, nullptr, &inside); }).join();
+  for (const int sig : {SIGALRM, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD, SIGPIPE})
+    EXPECT_EQ(sigismember(&inside, sig), 1) << sig;
+  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS})
+    EXPECT_EQ(sigismember(&inside, sig), 0) << sig;
+  sigset_t after;
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &after), 0);
+  for (int sig = 1; sig < NSIG; ++sig)
+    EXPECT_EQ(sigismember(&after, sig), sigismember(&before, sig)) << sig;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "core/log.hpp"
 #include "providers/shm/shm_context.hpp"
 #include "providers/shm/shm_layout.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::shm {
@@ -22,7 +23,7 @@ ShmProgress::ShmProgress(ShmContext& context) : context_(context) {
   ev.events = EPOLLIN;
   ev.data.u64 = 0;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stop_event_.get(), &ev);
-  thread_ = std::thread([this] { run(); });
+  thread_ = rdmakit::detail::start_library_thread([this] { run(); });
 }
 
 ShmProgress::~ShmProgress() {

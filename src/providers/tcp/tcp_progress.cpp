@@ -12,6 +12,7 @@
 
 #include "core/log.hpp"
 #include "providers/tcp/tcp_qp.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::tcp {
@@ -64,7 +65,7 @@ TcpProgress::TcpProgress(bool progress_thread)
   ev.events = EPOLLIN;
   ev.data.u64 = 0;  // qp numbers are never 0
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
-  if (with_thread_) thread_ = std::thread([this] { run(); });
+  if (with_thread_) thread_ = rdmakit::detail::start_library_thread([this] { run(); });
   core::log().debug("tcp: context up ({} progress thread, spin {} us)",
                     with_thread_ ? "with" : "without", spin_ns_ / 1000);
 }

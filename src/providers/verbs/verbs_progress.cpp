@@ -12,6 +12,7 @@
 
 #include "core/log.hpp"
 #include "providers/verbs/verbs_device.hpp"
+#include "rdmakit/detail/library_thread.hpp"
 #include "rdmakit/error.hpp"
 
 namespace rdmakit::verbs {
@@ -30,7 +31,7 @@ VerbsProgress::VerbsProgress() {
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw Error("eventfd", kProvider, "", errno, "progress thread");
-  thread_ = std::thread([this] { run(); });
+  thread_ = rdmakit::detail::start_library_thread([this] { run(); });
 }
 
 VerbsProgress::~VerbsProgress() {
