@@ -141,9 +141,14 @@ void scan_inherited() noexcept {
     // see (a relay socket carries those bytes; the kernel socket would not
     // reach the stream).
     for (const auto& s : seen) {
-      if (s.kind == Entry::kPending && s.p->connect_side && !s.p->fds.empty() &&
-          s.p->fds.front() <= 2)
-        settle(s.p->fds.front());
+      if (s.kind != Entry::kPending || !s.p->connect_side || s.p->fds.empty() ||
+          s.p->fds.front() > 2)
+        continue;
+      const bool is_stdin = s.p->fds.front() == 0;
+      settle(s.p->fds.front());
+      // Read as stdin, perhaps through stdio (sed, awk) whose reads reach no
+      // hook: its relay delivers from the start, not from a first read.
+      if (is_stdin && entry_of(0) == Entry::kDormant) wake_relayed(0);
     }
   } catch (...) {
     // Out of memory at load: inherited connections stay as they are.

@@ -5,9 +5,11 @@ The client side is a shell (bash's /dev/tcp, a forked and exec'd child), so
 the answer is checked with `cmp` against `client_exec.py expect LINE SIZE`.
    client_exec.py server PORT CONNS SIZE
    client_exec.py expect LINE SIZE      (the answer, to stdout)
-   client_exec.py fork-exec|spawn PORT LINE SIZE OUT
+   client_exec.py fork-exec|spawn|fork-exec-stdio PORT LINE SIZE OUT
 A client whose child runs `sh` on the connection (stdin and stdout):
-`printf` (stdio) writes the line and `head` reads the answer into OUT.
+`printf` (stdio) writes the line and `head` reads the answer into OUT
+(fork-exec-stdio: `sha256sum`, which reads through stdio, writes the
+answer's digest there).
 fork-exec: os.fork and os.execvp; spawn: subprocess, which uses vfork (no
 fork handlers run in the parent). The parent keeps its copy and waits."""
 import hashlib, os, socket, subprocess, sys
@@ -25,10 +27,12 @@ def pattern(line, size):
 if sys.argv[1] == "expect":
     sys.stdout.buffer.write(pattern(sys.argv[2].encode() + b"\n", int(sys.argv[3])))
     sys.exit(0)
-if sys.argv[1] in ("fork-exec", "spawn"):
+if sys.argv[1] in ("fork-exec", "spawn", "fork-exec-stdio"):
     port, line, size, out = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
     s = socket.create_connection(("127.0.0.1", port))
     script = '/usr/bin/printf "%%s\\n" %s; head -c %d >%s' % (line, size, out)
+    if sys.argv[1] == "fork-exec-stdio":
+        script = '/usr/bin/printf "%%s\\n" %s; sha256sum >%s' % (line, out)
     if sys.argv[1] == "spawn":
         sys.exit(subprocess.run(["sh", "-c", script], stdin=s, stdout=s).returncode)
     pid = os.fork()

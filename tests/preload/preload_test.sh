@@ -990,6 +990,18 @@ PY
       expect_count 0 "path=none|EOPNOTSUPP" "broken connections"
       expect_count 1 "\[[0-9]+ sh\]: connect fd=0 .*path=(relay|kernel)" "sh settled its copy at load"
     done
+    # The child reads the answer through stdio (sha256sum's fread reads
+    # inside libc): a relay on its stdin delivers without a first read.
+    : >"$log"; p=$(free_port)
+    "${pre[@]}" timeout 30 python3 "$ce" server "$p" 1 $size >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$p"
+    "${pre[@]}" timeout 20 python3 "$ce" fork-exec-stdio "$p" line-stdio $size "$work/sum" \
+      >"$work/c.out" 2>&1 || fail "python-fork-exec-stdio: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "python-fork-exec-stdio server: $(cat "$work/s.out")"
+    [ "$(cat "$work/sum")" = "$(python3 "$ce" expect line-stdio $size | sha256sum)" ] ||
+      fail "python-fork-exec-stdio: digest $(cat "$work/sum")"
+    expect_count 0 "path=none|EOPNOTSUPP" "broken connections (stdio reader)"
     sed 's/^/  log: /' "$log"
     ;;
   signal-upgrade)  # a signal while the first use waits for the upgrade
