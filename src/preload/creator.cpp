@@ -38,15 +38,15 @@ bool exists(const std::string& path) {
 
 }  // namespace
 
-bool await_creator(const AdoptionMarker& m, pid_t creator,
-                   const std::vector<int>& aliases, Adoption* other) {
+CreatorWait await_creator(const AdoptionMarker& m, pid_t creator,
+                          const std::vector<int>& aliases, Adoption* other) {
   const auto deadline = creator_deadline();
   const int fd = aliases.empty() ? -1 : aliases.front();
   while (std::chrono::steady_clock::now() < deadline) {
     const Adoption a = read_adoption(m);
     if (settled(a)) {
       *other = a;
-      return true;
+      return CreatorWait::kSettled;
     }
     if (a.holder != Holder::kClaimed) {  // a claim: the creator is settling it
       const bool gone = !alive(creator);
@@ -58,17 +58,16 @@ bool await_creator(const AdoptionMarker& m, pid_t creator,
         log_line("connect fd=%d: pid %d, which connected it, %s: this process settles it",
                  fd, static_cast<int>(creator),
                  gone ? "has exited" : "no longer holds it");
-        return false;
+        return CreatorWait::kLetGo;
       }
     }
     (void)poll_through_signals(nullptr, 0, 1);
   }
   log_line(
-      "connect fd=%d: pid %d, which connected it, did not settle it within the budget: "
-      "this "
-      "process settles it",
+      "connect fd=%d: pid %d, which connected it and still holds it, did not settle it "
+      "within the budget: kept on kernel TCP",
       fd, static_cast<int>(creator));
-  return false;
+  return CreatorWait::kStillHeld;
 }
 
 bool offered_by_a_connect(int tcp_fd) {

@@ -10,19 +10,28 @@
 // the server no longer reads.
 #include <sys/types.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "adoption.hpp"
 
 namespace rdmakit::preload {
 
+// How a forked copy's wait for its creator ended.
+enum class CreatorWait : uint8_t {
+  kSettled,  // *other: how the creator settled it; the caller follows
+  kLetGo,    // the creator closed its copy or exited: the caller settles it
+  // The creator still holds it and did not settle it within the budget (a
+  // server slow to take the offer up): the caller keeps it on kernel TCP,
+  // which the creator then follows. Upgraded by the caller, it would die
+  // with the caller, under the creator's copy.
+  kStillHeld,
+};
+
 // A forked copy (the creator's pid known): waits while the creator is alive
-// and holds its copy under one of `aliases`. true with *other once the
-// creator has settled it; false when the creator let go (closed its copy,
-// exited) or did not settle it within the budget: the caller claims it as
-// any first user would.
-bool await_creator(const AdoptionMarker& m, pid_t creator,
-                   const std::vector<int>& aliases, Adoption* other);
+// and holds its copy under one of `aliases`.
+CreatorWait await_creator(const AdoptionMarker& m, pid_t creator,
+                          const std::vector<int>& aliases, Adoption* other);
 
 // Whether tcp_fd is the connect()ed end of a connection a process of this
 // user offered to upgrade: its offer is outstanding, or its marker shows

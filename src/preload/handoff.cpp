@@ -299,11 +299,16 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
     shared = true;
   const AdoptionMarker marker =
       shared ? adoption_marker_of(fd, client) : AdoptionMarker{};
-  if (Adoption other; client && !p->inherited && p->accepted_by != process_id() &&
-                      !t_no_wait && !marker.path.empty() &&
-                      await_creator(marker, p->accepted_by, aliases_of(p), &other)) {
-    follow_adoption("connect", fd, other, aliases_of(p), describe(fd));
-    return;
+  bool keep_on_kernel = false;
+  if (client && !p->inherited && p->accepted_by != process_id() && !t_no_wait &&
+      !marker.path.empty()) {
+    Adoption other;
+    const CreatorWait w = await_creator(marker, p->accepted_by, aliases_of(p), &other);
+    if (w == CreatorWait::kSettled) {
+      follow_adoption("connect", fd, other, aliases_of(p), describe(fd));
+      return;
+    }
+    keep_on_kernel = w == CreatorWait::kStillHeld;
   }
   // A holder settling it may take a connect's wait and a rendezvous (a
   // budget each): followers wait for all of that; inside exec, not at all.
@@ -312,6 +317,15 @@ void settle_pending(int fd, const std::shared_ptr<Pending>& p) {
       !claim_adoption(marker, t_no_wait ? now : now + 3 * config().timeout, &other)) {
     follow_adoption(client ? "connect" : "accept", fd, other, aliases_of(p),
                     describe(fd));
+    return;
+  }
+  if (keep_on_kernel) {
+    const char* reason =
+        "its creator still holds it and did not settle it within the budget";
+    log_line("connect fd=%d %s path=kernel reason=%s", fd, describe(fd).c_str(), reason);
+    publish_fallback(fd, "connect", reason);
+    for (const int a : aliases_of(p)) (void)remove_conn(a);
+    mark_adoption(marker, Holder::kKernel);
     return;
   }
   const bool upgraded =

@@ -167,6 +167,9 @@ EXPORT int ioctl(int fd, unsigned long req,  // NOLINT(google-runtime-int): libc
   va_start(ap, req);
   void* arg = va_arg(ap, void*);
   va_end(ap);
+  // Close-on-exec belongs to the number itself, whatever file it names
+  // (Python's os.set_inheritable uses these).
+  if (req == FIOCLEX || req == FIONCLEX) return real().ioctl(fd, req, arg);
   const auto io = [=](Conn& c) { return stream_ioctl(c, req, arg); };
   const auto pass = [=] { return real().ioctl(fd, req, arg); };
   // FIONREAD and the like are a use; FIONBIO only sets a flag.

@@ -5,11 +5,13 @@ The client side is a shell (bash's /dev/tcp, a forked and exec'd child), so
 the answer is checked with `cmp` against `client_exec.py expect LINE SIZE`.
    client_exec.py server PORT CONNS SIZE
    client_exec.py expect LINE SIZE      (the answer, to stdout)
-   client_exec.py fork-exec|spawn|fork-exec-stdio PORT LINE SIZE OUT
+   client_exec.py fork-exec|spawn|fork-exec-stdio|inheritable PORT LINE SIZE OUT
 A client whose child runs `sh` on the connection (stdin and stdout):
 `printf` (stdio) writes the line and `head` reads the answer into OUT
 (fork-exec-stdio: `sha256sum`, which reads through stdio, writes the
-answer's digest there).
+answer's digest there). inheritable: no child; the client marks its
+socket inheritable (os.set_inheritable: ioctl FIONCLEX) and execs sh,
+which uses it as fd N.
 fork-exec: os.fork and os.execvp; spawn: subprocess, which uses vfork (no
 fork handlers run in the parent). The parent keeps its copy and waits."""
 import hashlib, os, socket, subprocess, sys
@@ -27,12 +29,19 @@ def pattern(line, size):
 if sys.argv[1] == "expect":
     sys.stdout.buffer.write(pattern(sys.argv[2].encode() + b"\n", int(sys.argv[3])))
     sys.exit(0)
-if sys.argv[1] in ("fork-exec", "spawn", "fork-exec-stdio"):
+if sys.argv[1] in ("fork-exec", "spawn", "fork-exec-stdio", "inheritable"):
     port, line, size, out = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
     s = socket.create_connection(("127.0.0.1", port))
     script = '/usr/bin/printf "%%s\\n" %s; head -c %d >%s' % (line, size, out)
     if sys.argv[1] == "fork-exec-stdio":
         script = '/usr/bin/printf "%%s\\n" %s; sha256sum >%s' % (line, out)
+    if sys.argv[1] == "inheritable":
+        fd = s.fileno()
+        os.set_inheritable(fd, True)
+        if os.get_inheritable(fd) is not True:
+            raise SystemExit("set_inheritable(%d) did not clear close-on-exec" % fd)
+        os.execvp("sh", ["sh", "-c", '/usr/bin/printf "%%s\\n" %s >&%d; head -c %d <&%d >%s'
+                         % (line, fd, size, fd, out)])
     if sys.argv[1] == "spawn":
         sys.exit(subprocess.run(["sh", "-c", script], stdin=s, stdout=s).returncode)
     pid = os.fork()

@@ -984,6 +984,9 @@ PY
     run_client exec-printf-at-once 'exec 3<>/dev/tcp/127.0.0.1/PORT; /usr/bin/printf "%s\n" LINE >&3; head -c '$size' <&3 >OUT'
     expect_count 1 "\[[0-9]+ bash\]: connect fd=3 .*path=(shm|kernel)" "bash settled once"
     : >"$log"
+    : >"$log"
+    run_client python-inheritable "python3 $ce inheritable PORT LINE $size OUT"
+    expect_count 0 "path=none|EOPNOTSUPP" "broken connections (inheritable)"
     for how in fork-exec spawn; do
       : >"$log"
       run_client "python-$how" "python3 $ce $how PORT LINE $size OUT"
@@ -1003,6 +1006,23 @@ PY
       fail "python-fork-exec-stdio: digest $(cat "$work/sum")"
     expect_count 0 "path=none|EOPNOTSUPP" "broken connections (stdio reader)"
     sed 's/^/  log: /' "$log"
+    ;;
+  slow-greeting)  # a forked child's wait for its creator runs out
+    # The server greets 1.5 s after its accept, past the child's 1 s wait
+    # for the creator, which still holds its copy: the child keeps the
+    # connection on kernel TCP (upgraded by the child, it would die with the
+    # child under the parent's copy), and the parent follows.
+    sg=$(dirname "$0")/slow_greeting.py
+    port=$(free_port)
+    "${pre[@]}" timeout 30 python3 "$sg" server "$port" 1.5 >"$work/s.out" 2>&1 &
+    server_pid=$!; pids+=("$server_pid")
+    wait_listen "$port"
+    "${pre[@]}" timeout 20 python3 "$sg" client "$port" >"$work/c.out" 2>&1 ||
+      fail "client: $(cat "$work/c.out")"
+    wait "$server_pid" || fail "server: $(cat "$work/s.out")"
+    expect_count 0 "path=none|EOPNOTSUPP" "broken connections"
+    expect_count 1 "connect fd=[0-9]+ .*path=kernel reason=its creator still holds it" \
+      "child's copy kept on kernel TCP"
     ;;
   signal-upgrade)  # a signal while the first use waits for the upgrade
     # The server takes the offer up 300 ms after its accept; the client's
