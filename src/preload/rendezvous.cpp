@@ -17,6 +17,7 @@
 #include <cstring>
 #include <utility>
 
+#include "adoption.hpp"
 #include "fd_place.hpp"
 #include "interruption.hpp"
 #include "libc.hpp"
@@ -24,6 +25,7 @@
 #include "remote.hpp"
 #include "rendezvous_users.hpp"
 #include "rendezvous_wire.hpp"
+#include "sock_diag.hpp"
 #include "stale_files.hpp"
 #include "state.hpp"
 
@@ -417,10 +419,28 @@ Upgrade upgrade_accepted(int tcp_fd, const std::string& deny, uint32_t deny_stat
   up.reason = check_peer(c.get());
   if (!up.reason.empty()) return up;
   Offer offer;
-  if (!read_offer(c.get(), tcp_fd, &offer, deadline)) {
+  // A process that got the client's end before its first use (an exec'd
+  // program, whose creator may watch no offers: a vfork) may have kept it
+  // on kernel TCP (creator.hpp): its marker says so, for the client
+  // socket's inode, which the kernel names.
+  AdoptionMarker client_marker{tuple_path(t, 'b'), 0};
+  bool kept_on_kernel = false;
+  const auto withdrawn = [&] {
+    if (client_marker.socket == 0) {
+      const auto ino = client_socket_inode(t);
+      if (!ino) return false;
+      client_marker.socket = *ino;
+    }
+    kept_on_kernel = read_adoption(client_marker).holder == Holder::kKernel;
+    return kept_on_kernel;
+  };
+  if (!read_offer(c.get(), tcp_fd, &offer, deadline, withdrawn)) {
     // The client withdraws its offer after closing its kernel socket
     // (close()): an offer taken up just before then ends with the stream.
-    up.reason = peer_closed(tcp_fd) ? kClosedBeforeUse : no_offer_reason(tcp_fd);
+    up.reason = peer_closed(tcp_fd) ? kClosedBeforeUse
+                : kept_on_kernel ? "rendezvous: a process holding the client's end kept "
+                                   "it on kernel TCP"
+                                 : no_offer_reason(tcp_fd);
     return up;
   }
   if (std::string bad = offer_problem(offer); !bad.empty()) {

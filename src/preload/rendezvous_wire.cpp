@@ -245,7 +245,8 @@ std::string drop_early(int fd, uint32_t n, Clock::time_point deadline) {
 
 }  // namespace
 
-bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline) {
+bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline,
+                const std::function<bool()>& withdrawn) {
   bool watch_tcp = true;  // until early bytes or the end of stream show
   for (;;) {
     if (watch_tcp) {
@@ -255,8 +256,12 @@ bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline) {
       if (n > 0) deadline = std::min(deadline, Clock::now() + kEarlyOfferWait);
     }
     pollfd pfd[2] = {{rdv, POLLIN, 0}, {tcp_fd, POLLIN, 0}};
-    const int r = poll_through_signals(pfd, watch_tcp ? 2 : 1, remaining_ms(deadline));
-    if (r <= 0) return false;
+    const int left = remaining_ms(deadline);
+    const int wait =
+        withdrawn ? std::min(left, static_cast<int>(kWithdrawnTick.count())) : left;
+    const int r = poll_through_signals(pfd, watch_tcp ? 2 : 1, wait);
+    if (r < 0 || (r == 0 && (wait == left || withdrawn()))) return false;
+    if (r == 0) continue;
     if ((pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       return io_all(rdv, offer, sizeof *offer, false, deadline);
     }

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -210,8 +211,12 @@ std::unique_ptr<stream::Stream> server_commit(int rdv, stream::Engine& engine,
 // only kEarlyOfferWait once the kernel socket shows the client's early
 // bytes (its library answers from a thread of its own, early_send.hpp; one
 // that does not, stopped or out of threads, leaves the connection on kernel
-// TCP rather than stall the server).
-bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline);
+// TCP rather than stall the server). withdrawn, asked every kWithdrawnTick
+// while it waits: the offer will not come (the client's end was settled
+// without it).
+constexpr std::chrono::milliseconds kWithdrawnTick{20};
+bool read_offer(int rdv, int tcp_fd, Offer* offer, Clock::time_point deadline,
+                const std::function<bool()>& withdrawn = {});
 constexpr auto kEarlyOfferWait = std::chrono::milliseconds(100);
 // Why read_offer found no offer, for the log.
 std::string no_offer_reason(int tcp_fd);

@@ -77,7 +77,11 @@ namespace {
 
 // One exact lookup of the client end in `family` (AF_INET6 with an IPv4
 // tuple: the v4-mapped addresses an AF_INET6 socket holds).
-std::optional<uid_t> lookup_client_end(int fd, const wire::Tuple& t, int family) {
+struct ClientEnd {
+  uid_t uid;
+  ino_t inode;
+};
+std::optional<ClientEnd> lookup_client_end(int fd, const wire::Tuple& t, int family) {
   Request r{};
   r.nlh.nlmsg_flags = NLM_F_REQUEST;
   r.req.sdiag_family = static_cast<uint8_t>(family);
@@ -96,24 +100,34 @@ std::optional<uid_t> lookup_client_end(int fd, const wire::Tuple& t, int family)
     std::memcpy(src + 12, t.client_addr, 4);
     std::memcpy(dst + 12, t.server_addr, 4);
   }
-  std::optional<uid_t> uid;
-  if (!send_request(fd, r)) return uid;
+  std::optional<ClientEnd> end;
+  if (!send_request(fd, r)) return end;
   read_answers(fd, [&](const inet_diag_msg& m) {
     if (m.id.idiag_sport == t.client_port && m.id.idiag_dport == t.server_port)
-      uid = m.idiag_uid;
+      end = ClientEnd{m.idiag_uid, m.idiag_inode};
   });
-  return uid;
+  return end;
+}
+
+std::optional<ClientEnd> client_end(const wire::Tuple& t) {
+  const int fd = open_diag();
+  if (fd < 0) return std::nullopt;
+  std::optional<ClientEnd> end = lookup_client_end(fd, t, t.family);
+  if (!end && t.family == AF_INET) end = lookup_client_end(fd, t, AF_INET6);
+  real().close(fd);
+  return end;
 }
 
 }  // namespace
 
 std::optional<uid_t> client_socket_uid(const wire::Tuple& t) {
-  const int fd = open_diag();
-  if (fd < 0) return std::nullopt;
-  std::optional<uid_t> uid = lookup_client_end(fd, t, t.family);
-  if (!uid && t.family == AF_INET) uid = lookup_client_end(fd, t, AF_INET6);
-  real().close(fd);
-  return uid;
+  const auto end = client_end(t);
+  return end ? std::optional<uid_t>(end->uid) : std::nullopt;
+}
+
+std::optional<ino_t> client_socket_inode(const wire::Tuple& t) {
+  const auto end = client_end(t);
+  return end && end->inode != 0 ? std::optional<ino_t>(end->inode) : std::nullopt;
 }
 
 std::vector<uid_t> listener_uids(uint16_t port) {

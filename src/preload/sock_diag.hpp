@@ -17,6 +17,8 @@ namespace rdmakit::preload {
 // tuple's client address and port, connected to its server end), or
 // nullopt when the kernel has no such socket.
 std::optional<uid_t> client_socket_uid(const wire::Tuple& t);
+// The inode of that socket (nullopt: none, or the kernel did not say).
+std::optional<ino_t> client_socket_inode(const wire::Tuple& t);
 // The uids owning TCP sockets that listen on `port` (any address, both
 // families). Empty when none or when the query fails.
 std::vector<uid_t> listener_uids(uint16_t port);

@@ -949,10 +949,10 @@ PY
     # break.
     ce=$(dirname "$0")/client_exec.py
     size=300000
-    run_client() {  # NAME SHELL-COMMAND (PORT, LINE and OUT substituted)
+    run_client() {  # NAME SHELL-COMMAND [greet] (PORT, LINE and OUT substituted)
       local name=$1 cmd=$2 line="line-$1" p out="$work/$1.out"
       p=$(free_port)
-      "${pre[@]}" timeout 30 python3 "$ce" server "$p" 1 $size >"$work/s.out" 2>&1 &
+      "${pre[@]}" timeout 30 python3 "$ce" server "$p" 1 $size ${3:-} >"$work/s.out" 2>&1 &
       server_pid=$!; pids+=("$server_pid")
       wait_listen "$p"
       cmd=${cmd//PORT/$p}; cmd=${cmd//LINE/$line}; cmd=${cmd//OUT/$out}
@@ -993,6 +993,13 @@ PY
       expect_count 0 "path=none|EOPNOTSUPP" "broken connections"
       expect_count 1 "\[[0-9]+ sh\]: connect fd=0 .*path=(relay|kernel)" "sh settled its copy at load"
     done
+    # Spawned (vfork: no fork handler, nothing watches the client's offer)
+    # against a server that speaks first: the server sees the spawned
+    # program's kernel claim instead of waiting its budget for the offer.
+    : >"$log"
+    run_client python-spawn-greeted "python3 $ce spawn-greeted PORT LINE $size OUT" greet
+    expect_count 0 "no rendezvous offer|no offer received" "servers that waited for an offer"
+    expect_count 0 "path=none|EOPNOTSUPP" "broken connections (spawn, greeted)"
     # The child reads the answer through stdio (sha256sum's fread reads
     # inside libc): a relay on its stdin delivers without a first read.
     : >"$log"; p=$(free_port)
