@@ -152,21 +152,23 @@ bool loopback_connection(int tcp_fd) {
          loopback(local) && loopback(peer);
 }
 
-std::string adoption_marker(int tcp_fd, bool client) {
+namespace {
+// The file named `prefix` for tcp_fd's connection, seen from its client
+// (client) or accepted end; "" when unusable.
+std::string connection_path(int tcp_fd, bool client, char prefix) {
   if (!config().dir_problem.empty()) return {};
   Tuple t;
   std::string where;
   if (!read_tuple(tcp_fd, client, &t, &where).empty()) return {};
-  return tuple_path(t, client ? 'b' : 'a');
+  return tuple_path(t, prefix);
+}
+}  // namespace
+
+std::string adoption_marker(int tcp_fd, bool client) {
+  return connection_path(tcp_fd, client, client ? 'b' : 'a');
 }
 
-std::string connect_offer_path(int tcp_fd) {
-  if (!config().dir_problem.empty()) return {};
-  Tuple t;
-  std::string where;
-  if (!read_tuple(tcp_fd, true, &t, &where).empty()) return {};
-  return tuple_path(t, 'o');
-}
+std::string connect_offer_path(int tcp_fd) { return connection_path(tcp_fd, true, 'o'); }
 
 bool offer_is_remote(const PendingOffer& offer) { return offer.remote; }
 

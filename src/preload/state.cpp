@@ -219,9 +219,7 @@ std::shared_ptr<Conn> find_conn(int fd, bool reads) {
     if (reads) wake_relayed(fd);
     return nullptr;
   }
-  if (e != Entry::kPending && e != Entry::kInherited && e != Entry::kForeign) {
-    return nullptr;
-  }
+  if (!settles_first(fd)) return nullptr;
   settle(fd);
   const Entry now = entry_of(fd);
   if (now == Entry::kDormant && reads) wake_relayed(fd);
@@ -229,8 +227,7 @@ std::shared_ptr<Conn> find_conn(int fd, bool reads) {
 }
 
 std::shared_ptr<Conn> meta_conn(int fd) {
-  const Entry e = entry_of(fd);
-  if (e == Entry::kInherited || e == Entry::kForeign) settle(fd);
+  if (settles_first(fd, /*meta=*/true)) settle(fd);
   return entry_of(fd) == Entry::kConn ? conn_locked(fd) : nullptr;
 }
 
